@@ -1,0 +1,36 @@
+# Two commands do everything (each sets up its own virtual environment first):
+#   make run    execute the whole notebook catalogue into runs/<timestamp>/ (ARGS="--smoke" for the quick one)
+#   make test   run the test suite (this is what .ci/run calls)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run smoke test test-all venv clean-venv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Reinstall when the pinned dependency list changes.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python -m workbench run $(ARGS)
+
+smoke: $(STAMP)
+	$(BIN)/python -m workbench run --smoke $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(ARGS)
+
+# Everything, including slow full-training checks and the real-browser test.
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -m "" $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

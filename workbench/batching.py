@@ -1,0 +1,123 @@
+"""Padding, position ids and padding-free (packed) batches.
+
+Three ways to put ragged sequences in one tensor, and the one thing each needs right:
+
+* left padding (what generation wants): real tokens at the end of each row; position ids must
+  come from the mask, or every row's positions shift by its pad count (pitfall S1);
+* right padding (what a PPO actor produces after masking post-EOS tokens): fine for a training
+  forward, but a hazard for cached batched generation (pitfall S2);
+* packing (``pack_sequences``): all sequences concatenated in one row, position ids restarting
+  at 0 per sequence, ``attention_mask=None`` and ``use_cache=False`` so transformers detects the
+  sequence boundaries from the position ids. Next-token targets are made per sequence *before*
+  packing, so no target crosses a boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions 0, 1, 2, … over the real tokens of each row, whatever the padding side.
+
+    The OpenRLHF fix for S1 (PR #218): ``cumsum(mask) - 1``, with pad positions set to 1 (any
+    valid index works there; those positions are masked out of attention and of every loss).
+    """
+    position_ids = attention_mask.long().cumsum(-1) - 1
+    position_ids.masked_fill_(attention_mask == 0, 1)
+    return position_ids
+
+
+def pad_sequences(
+    sequences: list[list[int]] | list[torch.Tensor], pad_token_id: int, side: str = "left", length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ragged token lists into ``(ids, attention_mask)`` padded on ``side`` ("left"/"right")."""
+    if side not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+    if len(sequences) == 0:
+        raise ValueError("pad_sequences got no sequences")
+    rows = [torch.as_tensor(s, dtype=torch.long).reshape(-1) for s in sequences]
+    width = max(len(r) for r in rows) if length is None else length
+    if any(len(r) > width for r in rows):
+        raise ValueError(f"a sequence is longer than length={width}")
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row) == 0:
+            continue
+        if side == "left":
+            ids[i, width - len(row) :] = row
+            mask[i, width - len(row) :] = 1
+        else:
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def unpad(ids: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+    """The real tokens of each row (works for left, right or mixed padding)."""
+    return [row[m.bool()] for row, m in zip(ids, attention_mask)]
+
+
+def repad(ids: torch.Tensor, attention_mask: torch.Tensor, pad_token_id: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move every row's real tokens to the other padding side (same width)."""
+    return pad_sequences(unpad(ids, attention_mask), pad_token_id, side=side, length=ids.shape[1])
+
+
+def padding_side_of(attention_mask: torch.Tensor) -> str:
+    """``"left"``, ``"right"``, ``"none"`` (no padding) or ``"mixed"`` for a 0/1 mask."""
+    mask = attention_mask.bool()
+    if bool(mask.all()):
+        return "none"
+    # Left padded: once a row becomes real, it stays real. Right padded: once pad, stays pad.
+    is_left = bool((mask.long().diff(dim=-1) >= 0).all())
+    is_right = bool((mask.long().diff(dim=-1) <= 0).all())
+    if is_left and not is_right:
+        return "left"
+    if is_right and not is_left:
+        return "right"
+    return "mixed"
+
+
+# --------------------------------------------------------------------------------------------
+# Padding-free (packed) batches
+# --------------------------------------------------------------------------------------------
+@dataclass
+class PackedBatch:
+    """Sequences concatenated into one row (batch size 1), ready for a packed forward.
+
+    ``input_ids``/``position_ids``: shape (1, total_tokens). ``targets``: the next token of each
+    position *within its own sequence* (``-100`` on each sequence's last token, which has no
+    next token inside that sequence). ``lengths``: the length of each packed sequence.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    targets: torch.Tensor
+    lengths: list[int]
+
+    def model_inputs(self) -> dict:
+        """Keyword arguments for a packed forward: no mask, no cache, restarting positions."""
+        return dict(input_ids=self.input_ids, position_ids=self.position_ids, attention_mask=None, use_cache=False)
+
+
+def pack_sequences(sequences: list[torch.Tensor] | list[list[int]]) -> PackedBatch:
+    """Pack sequences into one row; next-token targets are shifted per sequence before packing."""
+    rows = [torch.as_tensor(s, dtype=torch.long).reshape(-1) for s in sequences]
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError("pack_sequences needs at least one sequence and no empty sequence")
+    targets = [torch.cat([r[1:], torch.tensor([-100])]) for r in rows]
+    positions = [torch.arange(len(r)) for r in rows]
+    return PackedBatch(
+        input_ids=torch.cat(rows)[None],
+        position_ids=torch.cat(positions)[None],
+        targets=torch.cat(targets)[None],
+        lengths=[len(r) for r in rows],
+    )
+
+
+def unpack_token_values(packed_values: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
+    """Split a per-position tensor of shape (1, total) or (total,) into one tensor per sequence."""
+    return list(torch.split(packed_values.reshape(-1), lengths))

@@ -1,0 +1,161 @@
+"""Atomic, pickle-free checkpoints that a run can resume from.
+
+A checkpoint is a folder ``<run_dir>/checkpoints/step-NNNNNN/`` holding
+
+* ``<module>.safetensors``: the weights of each trained module;
+* ``<optimizer>.optim.safetensors`` + the JSON part of its state (step counts, param groups);
+* ``rng.safetensors``: the torch RNG state; ``state.json``: step, history, Python RNG state,
+  anything else the trainer needs (JSON only).
+
+Nothing is ever unpickled. Every file is written into a temporary folder that is renamed into
+place in one ``os.replace``, and the ``latest`` pointer is updated the same way afterwards: an
+interrupted write leaves either the previous checkpoint or the new one, never a half-written
+folder that a resume would trust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+CHECKPOINT_DIR = "checkpoints"
+LATEST = "latest"
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | Path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(value):
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    state_dict = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, param_state in state_dict["state"].items():
+        for key, value in param_state.items():
+            if torch.is_tensor(value):
+                tensors[f"{index}.{key}"] = value.detach().contiguous().cpu()
+            else:
+                scalars[f"{index}.{key}"] = value
+    return tensors, {"param_groups": state_dict["param_groups"], "scalars": scalars}
+
+
+def _optimizer_from_files(tensors: dict, meta: dict) -> dict:
+    state: dict[int, dict] = {}
+    for name, value in list(tensors.items()) + list(meta["scalars"].items()):
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    modules: dict[str, torch.nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer],
+    state: dict,
+    generators: dict[str, torch.Generator] | None = None,
+    keep: int = 2,
+) -> Path:
+    """Write a checkpoint for ``step`` atomically and point ``latest`` at it."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-step-{step:06d}-"))
+    try:
+        for name, module in modules.items():
+            weights = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+            save_file(_untie(weights), str(tmp / f"{name}.safetensors"))
+        for name, optimizer in optimizers.items():
+            tensors, meta = _optimizer_to_files(optimizer)
+            save_file(tensors, str(tmp / f"{name}.optim.safetensors"))
+            atomic_write_json(tmp / f"{name}.optim.json", meta)
+        rng = {"torch": torch.random.get_rng_state()}
+        for name, generator in (generators or {}).items():
+            rng[f"generator.{name}"] = generator.get_state()
+        save_file(rng, str(tmp / "rng.safetensors"))
+        atomic_write_json(tmp / "state.json", {"step": step, **state})
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_text(root / LATEST, final.name + "\n")
+    older = sorted(p for p in root.glob("step-*") if p != final)
+    for old in older[: max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses shared storage (tied embeddings): clone duplicates."""
+    seen, out = set(), {}
+    for key, value in weights.items():
+        ptr = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
+        out[key] = value.clone() if ptr in seen else value
+        seen.add(ptr)
+    return out
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The folder ``latest`` points to, or None when the run has no complete checkpoint."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    pointer = root / LATEST
+    if not pointer.is_file():
+        return None
+    folder = root / pointer.read_text().strip()
+    return folder if (folder / "state.json").is_file() else None
+
+
+def load_checkpoint(
+    folder: str | Path,
+    *,
+    modules: dict[str, torch.nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer],
+    generators: dict[str, torch.Generator] | None = None,
+) -> dict:
+    """Restore modules, optimizers, RNG states in place; return the JSON ``state``."""
+    folder = Path(folder)
+    for name, module in modules.items():
+        module.load_state_dict(load_file(str(folder / f"{name}.safetensors")), strict=True)
+    for name, optimizer in optimizers.items():
+        tensors = load_file(str(folder / f"{name}.optim.safetensors"))
+        meta = json.loads((folder / f"{name}.optim.json").read_text())
+        optimizer.load_state_dict(_optimizer_from_files(tensors, meta))
+    rng = load_file(str(folder / "rng.safetensors"))
+    torch.random.set_rng_state(rng["torch"])
+    for name, generator in (generators or {}).items():
+        generator.set_state(rng[f"generator.{name}"])
+    return json.loads((folder / "state.json").read_text())

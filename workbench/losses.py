@@ -1,0 +1,275 @@
+"""The maths of PPO, GRPO and DPO as pure functions on tensors.
+
+Every function here takes tensors and returns tensors — no models, no state — and each is
+tested against hand-computed values in ``tests/test_losses.py``. Conventions:
+
+* ``mask`` is 1 on real response tokens (EOS included) and 0 on padding / post-EOS tokens;
+  masked positions never influence a result (statistics, sums and means skip them);
+* log-probs are natural-log per-token values of shape (B, T);
+* the KL log-ratio is ``r = logp - ref_logp`` (log π/π_ref), as in Schulman's note.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# --------------------------------------------------------------------------------------------
+# Masked statistics
+# --------------------------------------------------------------------------------------------
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    return (values * mask).sum() if dim is None else (values * mask).sum(dim)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    """Mean over positions where mask is 1 (0 when there are none, never NaN)."""
+    mask = mask.to(values.dtype)
+    return masked_sum(values, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp_min(1)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance over masked-in positions only (Bessel-corrected by default)."""
+    mask = mask.to(values.dtype)
+    mean = masked_mean(values, mask)
+    count = mask.sum()
+    variance = masked_sum((values - mean) ** 2, mask) / count.clamp_min(1)
+    if unbiased:
+        variance = variance * count / (count - 1).clamp_min(1)
+    return variance
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """(x − mean) / std with mean and std computed over real tokens only; masked positions → 0.
+
+    ``shift_mean=False`` rescales without centring (reward whitening in the N-implementation-details
+    PPO keeps the reward's sign). Statistics polluted by padded positions are pitfall P13.
+    """
+    mean, variance = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(variance + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened * mask
+
+
+# --------------------------------------------------------------------------------------------
+# KL penalty
+# --------------------------------------------------------------------------------------------
+KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k1") -> torch.Tensor:
+    """Per-token KL(π‖π_ref) estimate from samples of π, with r = logp − ref_logp:
+
+    * ``k1`` = r (unbiased, high variance, can be negative);
+    * ``k2`` = r²/2 (biased, low variance, ≥ 0);
+    * ``k3`` = exp(−r) − 1 + r (unbiased, ≥ 0; TRL GRPO);
+    * ``low_var_kl`` = k3 clamped to [−10, 10] (verl).
+    """
+    log_ratio = logp - ref_logp
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio**2
+    if kind in ("k3", "low_var_kl"):
+        k3 = torch.exp(-log_ratio) - 1 + log_ratio
+        return k3.clamp(-10, 10) if kind == "low_var_kl" else k3
+    raise ValueError(f"Unknown KL estimator kind {kind!r}; choose one of {KL_KINDS}")
+
+
+# --------------------------------------------------------------------------------------------
+# PPO
+# --------------------------------------------------------------------------------------------
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 0.95
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over right-padded response tokens: ``(advantages, returns)``.
+
+    δ_t = r_t + γ·V_{t+1}·m_{t+1} − V_t and A_t = δ_t + γλ·m_{t+1}·A_{t+1}: the episode ends at the
+    last real token (its successor is masked), so nothing after it leaks back. Returns = A + V.
+    Masked positions get 0 advantage and 0 return.
+    """
+    mask = mask.to(values.dtype)
+    values, rewards = values * mask, rewards * mask
+    advantages = torch.zeros_like(values)
+    next_value = torch.zeros_like(values[:, 0])
+    next_advantage = torch.zeros_like(values[:, 0])
+    next_mask = torch.zeros_like(values[:, 0])
+    for t in reversed(range(values.shape[1])):
+        delta = rewards[:, t] + gamma * next_value * next_mask - values[:, t]
+        next_advantage = delta + gamma * lam * next_mask * next_advantage
+        advantages[:, t] = next_advantage
+        next_value, next_mask = values[:, t], mask[:, t]
+    advantages = advantages * mask
+    return advantages, (advantages + values) * mask
+
+
+def clipped_surrogate(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float = 0.2, clip_high: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped policy loss −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) and where it clipped."""
+    clip_high = clip_low if clip_high is None else clip_high
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped)
+
+
+def ppo_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    loss_agg: str = "token-mean",
+) -> tuple[torch.Tensor, dict]:
+    """PPO clipped surrogate aggregated with ``loss_agg``; stats: clip fraction, approx-KL, ratio."""
+    per_token, was_clipped = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
+    loss = aggregate_loss(per_token, mask, loss_agg)
+    with torch.no_grad():
+        log_ratio = logp - old_logp
+        stats = {
+            "clip_fraction": float(masked_mean(was_clipped.float(), mask)),
+            # k3 estimate of KL(old‖new), as in CleanRL: mean((ρ − 1) − log ρ).
+            "approx_kl": float(masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask)),
+            "ratio_mean": float(masked_mean(torch.exp(log_ratio), mask)),
+        }
+    return loss, stats
+
+
+def ppo_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float = 0.2
+) -> tuple[torch.Tensor, float]:
+    """0.5·max((V − R)², (V_clip − R)²), V_clip = V_old + clip(V − V_old, ±clip); token mean.
+
+    Returns ``(loss, clip_fraction)``. ``clip=None`` disables clipping.
+    """
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        return 0.5 * masked_mean(unclipped, mask), 0.0
+    clipped_values = old_values + (values - old_values).clamp(-clip, clip)
+    clipped = (clipped_values - returns) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
+    return loss, float(masked_mean((clipped > unclipped).float(), mask))
+
+
+# --------------------------------------------------------------------------------------------
+# Loss aggregation (pitfall S5)
+# --------------------------------------------------------------------------------------------
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOSS_AGG_ALIASES = {
+    "grpo": "seq-mean-token-mean",
+    "bnpo": "token-mean",
+    "dapo": "token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+}
+
+
+def canonical_loss_agg(mode: str) -> str:
+    """The verl-style name of a loss aggregation mode given by verl or TRL name."""
+    mode = LOSS_AGG_ALIASES.get(mode, mode)
+    if mode not in LOSS_AGG_MODES:
+        valid = ", ".join(LOSS_AGG_MODES + tuple(LOSS_AGG_ALIASES))
+        raise ValueError(f"Unknown loss aggregation mode {mode!r}; valid modes: {valid}")
+    return mode
+
+
+def aggregate_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int | None = None) -> torch.Tensor:
+    """Reduce a (B, T) per-token loss to a scalar:
+
+    * ``token-mean``: Σ(loss·mask) / Σmask over the whole batch (TRL ``bnpo``/``dapo``);
+    * ``seq-mean-token-mean``: mean over sequences of each sequence's token mean (TRL ``grpo``,
+      the GRPO paper);
+    * ``seq-mean-token-sum``: mean over sequences of each sequence's token sum;
+    * ``seq-mean-token-sum-norm``: Σ(loss·mask) / (B × max_len), ``max_len`` defaulting to T
+      (TRL ``dr_grpo``, Dr. GRPO).
+
+    Sequences whose mask is all zero count as absent in the ``seq-mean-*`` means (they would
+    otherwise be 0/0); an all-zero batch gives 0, never NaN.
+    """
+    mode = canonical_loss_agg(mode)
+    mask = mask.to(per_token_loss.dtype)
+    if mode == "token-mean":
+        return masked_sum(per_token_loss, mask) / mask.sum().clamp_min(1)
+    if mode == "seq-mean-token-sum-norm":
+        max_len = per_token_loss.shape[-1] if max_len is None else max_len
+        return masked_sum(per_token_loss, mask) / (per_token_loss.shape[0] * max_len)
+    lengths = mask.sum(-1)
+    sequence_sums = masked_sum(per_token_loss, mask, dim=-1)
+    present = (lengths > 0).to(per_token_loss.dtype)
+    if mode == "seq-mean-token-mean":
+        per_sequence = sequence_sums / lengths.clamp_min(1)
+    else:  # seq-mean-token-sum
+        per_sequence = sequence_sums
+    return (per_sequence * present).sum() / present.sum().clamp_min(1)
+
+
+# --------------------------------------------------------------------------------------------
+# GRPO
+# --------------------------------------------------------------------------------------------
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+def group_advantages(rewards: torch.Tensor, num_generations: int, scale: str = "group", eps: float = 1e-4) -> torch.Tensor:
+    """A_i = (R_i − mean_group(R)) / (std + eps) for rewards laid out group after group.
+
+    ``scale``: ``"group"`` divides by each group's std, ``"batch"`` by the std of the whole batch,
+    ``"none"`` does not divide (Dr. GRPO). Stds are Bessel-corrected, as ``torch.std`` (TRL).
+    """
+    if scale not in SCALE_REWARDS:
+        raise ValueError(f"Unknown scale_rewards {scale!r}; choose one of {SCALE_REWARDS}")
+    if num_generations < 2:
+        raise ValueError(f"num_generations must be ≥ 2 for group-relative advantages, got {num_generations}")
+    if rewards.numel() % num_generations:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of num_generations={num_generations}")
+    grouped = rewards.view(-1, num_generations)
+    centred = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
+    if scale == "group":
+        return centred / (grouped.std(dim=1).repeat_interleave(num_generations) + eps)
+    if scale == "batch":
+        return centred / (rewards.std() + eps)
+    return centred
+
+
+# --------------------------------------------------------------------------------------------
+# DPO
+# --------------------------------------------------------------------------------------------
+DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+
+
+def dpo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    beta: float,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-pair DPO losses and implicit rewards ``(losses, chosen_rewards, rejected_rewards)``.
+
+    With h = (log π_c − log π_ref,c) − (log π_r − log π_ref,r) (summed sequence log-probs):
+
+    * ``sigmoid``: −(1−s)·log σ(βh) − s·log σ(−βh), s = label smoothing (cDPO);
+    * ``ipo``: (h − 1/(2β))²;
+    * ``hinge``: max(0, 1 − βh).
+
+    Implicit rewards are β(log π − log π_ref), detached.
+    """
+    if loss_type not in DPO_LOSS_TYPES:
+        raise ValueError(f"Unknown DPO loss_type {loss_type!r}; choose one of {DPO_LOSS_TYPES}")
+    chosen_log_ratio = policy_chosen_logps - ref_chosen_logps
+    rejected_log_ratio = policy_rejected_logps - ref_rejected_logps
+    h = chosen_log_ratio - rejected_log_ratio
+    if loss_type == "sigmoid":
+        losses = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+    elif loss_type == "ipo":
+        losses = (h - 1 / (2 * beta)) ** 2
+    else:
+        losses = torch.relu(1 - beta * h)
+    return losses, beta * chosen_log_ratio.detach(), beta * rejected_log_ratio.detach()

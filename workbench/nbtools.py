@@ -1,0 +1,72 @@
+"""What a catalogue notebook calls to set itself up and to record its results.
+
+* ``prepare(stem, out_dir)``: resolves the output folder (``runs/interactive/<stem>`` when the
+  notebook is opened by hand, the runner's folder in batch), applies the plot style;
+* ``save_figure(fig, out_dir, name)``: PNG next to the executed notebook;
+* ``write_metrics(...)``: the ``metrics.json`` contract, written atomically.
+
+``metrics.json``: ``{"notebook", "parameters", "reproduced", "fixed", "metrics"}`` where
+``reproduced`` is true when the bug's signature was measured with the bug switched on and
+``fixed`` true when it vanished with the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from workbench.checkpoint import atomic_write_json
+from workbench.notebooks import NOTEBOOKS_DIR, REPO_ROOT, parse_parameters, parameters_cell_source
+
+
+def prepare(stem: str, out_dir: str = "") -> Path:
+    """The folder this notebook writes into (created), with the workbench plot style applied."""
+    from workbench import plots
+
+    plots.apply_style()
+    folder = Path(out_dir) if out_dir else REPO_ROOT / "runs" / "interactive" / stem
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def current_parameters(stem: str, namespace: dict) -> dict:
+    """The values of this notebook's parameters as they stand in ``namespace`` (its globals)."""
+    import nbformat
+
+    notebook = nbformat.read(str(NOTEBOOKS_DIR / f"{stem}.ipynb"), as_version=4)
+    names = parse_parameters(parameters_cell_source(notebook))
+    return {name: namespace[name] for name in names if name in namespace}
+
+
+def save_figure(fig, out_dir: str | Path, name: str) -> Path:
+    path = Path(out_dir) / f"{name}.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def _clean(value):
+    """JSON-safe: tensors/numpy to Python numbers, NaN/inf to strings (JSON has neither)."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def write_metrics(out_dir: str | Path, *, notebook: str, parameters: dict, reproduced: bool, fixed: bool, metrics: dict) -> dict:
+    """Write ``metrics.json`` atomically and return what was written."""
+    payload = _clean(
+        {"notebook": notebook, "parameters": parameters, "reproduced": bool(reproduced), "fixed": bool(fixed), "metrics": metrics}
+    )
+    atomic_write_json(Path(out_dir) / "metrics.json", payload)
+    return payload
+
+
+def read_metrics(out_dir: str | Path) -> dict | None:
+    path = Path(out_dir) / "metrics.json"
+    return json.loads(path.read_text()) if path.is_file() else None

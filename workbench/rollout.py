@@ -1,0 +1,225 @@
+"""Sampling responses from a policy, and what happens at the end-of-sequence token.
+
+``sample`` is the rollout engine of the trainers: a cached, batched sampling loop over any
+Hugging Face causal LM. Like ``transformers``' ``generate`` it takes left-padded prompts and
+derives position ids from the attention mask; unlike it, everything is explicit:
+
+* ``stop_at_eos=True`` (fix): a finished row emits pad tokens and decoding stops as soon as every
+  row has produced EOS (or a custom stop token);
+* ``stop_at_eos=False`` (pitfall S3, TRL's old PPOTrainer): decoding always runs
+  ``max_new_tokens`` steps and the text after EOS is thrown away afterwards.
+
+Either way the response goes through ``truncate_after_eos``: tokens after the first EOS are
+replaced by pad and masked out of every loss, the EOS itself stays an action.
+
+Sampling uses an explicit ``torch.Generator``: the trainers seed one per step, so a rollout is
+reproducible whatever happened before it, and the bug/fix runs of S3 sample identical responses.
+``engine="hf"`` runs ``model.generate`` instead (for cross-checks; same tokens for the same seed).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from workbench.batching import position_ids_from_mask
+
+
+def _stop_ids(eos_token_id: int | Sequence[int]) -> torch.Tensor:
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if not ids:
+        raise ValueError("eos_token_id must name at least one stop token")
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def truncate_after_eos(
+    response_ids: torch.Tensor, eos_token_id: int | Sequence[int], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, mask)``: everything after the first EOS becomes pad with mask 0; the EOS is kept.
+
+    A row without EOS (a truncated response) keeps all its tokens with mask 1.
+    ``eos_token_id`` may be a list of stop tokens.
+    """
+    is_stop = torch.isin(response_ids, _stop_ids(eos_token_id).to(response_ids.device))
+    stops_so_far = is_stop.long().cumsum(-1)
+    after_first_stop = (stops_so_far - is_stop.long()) > 0
+    ids = response_ids.masked_fill(after_first_stop, pad_token_id)
+    return ids, (~after_first_stop).long()
+
+
+@dataclass
+class Rollout:
+    """A batch of sampled responses.
+
+    ``prompt_ids``/``prompt_mask``: (B, P), left-padded. ``response_ids``/``response_mask``:
+    (B, R) after ``truncate_after_eos`` (right-padded). ``rollout_logprobs``: log-prob of each
+    sampled token under the sampling distribution (logits / temperature), 0 where masked.
+    ``finished``: the response contains EOS. ``decode_steps``: forward passes made after the
+    prompt; ``tokens_generated`` = B × decode_steps (everything the sampler produced, wasted or not).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    finished: torch.Tensor
+    decode_steps: int
+    tokens_generated: int
+    seconds: float
+
+    @property
+    def tokens_needed(self) -> int:
+        """Response tokens up to and including each row's first EOS."""
+        return int(self.response_mask.sum())
+
+    @property
+    def waste_fraction(self) -> float:
+        """Share of generated tokens that were thrown away (after EOS, or after every row finished)."""
+        return 1.0 - self.tokens_needed / max(self.tokens_generated, 1)
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1)
+
+    def sequences(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt and response side by side: ``(input_ids, attention_mask)``."""
+        return (
+            torch.cat([self.prompt_ids, self.response_ids], dim=1),
+            torch.cat([self.prompt_mask, self.response_mask], dim=1),
+        )
+
+
+@torch.no_grad()
+def sample(
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    eos_token_id: int | Sequence[int],
+    pad_token_id: int,
+    temperature: float = 1.0,
+    stop_at_eos: bool = True,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    engine: str = "workbench",
+) -> Rollout:
+    """Sample up to ``max_new_tokens`` tokens for each left-padded prompt (see module doc)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
+    if temperature <= 0 and not greedy:
+        raise ValueError(f"temperature must be > 0 for sampling, got {temperature}; use greedy=True instead")
+    if engine == "hf":
+        return _sample_with_generate(
+            model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id, temperature=temperature, stop_at_eos=stop_at_eos, greedy=greedy,
+            generator=generator,
+        )
+    if engine != "workbench":
+        raise ValueError(f"engine={engine!r}; use 'workbench' or 'hf'")
+    start = time.perf_counter()
+    was_training = model.training
+    model.eval()
+    stop_ids = _stop_ids(eos_token_id).to(prompt_ids.device)
+    attention_mask = prompt_mask.clone()
+    position_ids = position_ids_from_mask(attention_mask)
+    output = model(input_ids=prompt_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+    next_position = position_ids[:, -1:] + 1
+    finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
+    tokens, logprobs = [], []
+    for _ in range(max_new_tokens):
+        scores = output.logits[:, -1].float()
+        if not greedy:
+            scores = scores / temperature
+        step_logprobs = F.log_softmax(scores, dim=-1)
+        if greedy:
+            token = scores.argmax(-1)
+        else:
+            token = torch.multinomial(step_logprobs.exp(), 1, generator=generator).squeeze(-1)
+        logprob = step_logprobs.gather(-1, token[:, None]).squeeze(-1)
+        if stop_at_eos:  # a finished row only pads, as generate() does
+            token = token.masked_fill(finished, pad_token_id)
+        tokens.append(token)
+        logprobs.append(logprob)
+        finished |= torch.isin(token, stop_ids)
+        if stop_at_eos and bool(finished.all()):
+            break
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=1)
+        output = model(
+            input_ids=token[:, None],
+            attention_mask=attention_mask,
+            position_ids=next_position,
+            past_key_values=output.past_key_values,
+            use_cache=True,
+        )
+        next_position = next_position + 1
+    model.train(was_training)
+    raw_response = torch.stack(tokens, dim=1)
+    response_ids, response_mask = truncate_after_eos(raw_response, eos_token_id, pad_token_id)
+    rollout_logprobs = torch.stack(logprobs, dim=1) * response_mask
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        rollout_logprobs=rollout_logprobs,
+        finished=torch.isin(response_ids, stop_ids).any(-1),
+        decode_steps=len(tokens),
+        tokens_generated=len(tokens) * prompt_ids.shape[0],
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _sample_with_generate(
+    model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_id, pad_token_id, temperature, stop_at_eos,
+    greedy, generator,
+) -> Rollout:
+    """The same rollout through ``model.generate`` (which always uses the global RNG)."""
+    from transformers import GenerationConfig
+
+    start = time.perf_counter()
+    config = GenerationConfig(
+        do_sample=not greedy,
+        temperature=temperature if not greedy else None,
+        top_k=0 if not greedy else None,
+        top_p=1.0 if not greedy else None,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id if stop_at_eos else None,
+        pad_token_id=pad_token_id,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    saved_eos = model.generation_config.eos_token_id
+    # generate() falls back to the model's own eos_token_id when the config passes None.
+    model.generation_config.eos_token_id = eos_token_id if stop_at_eos else None
+    try:
+        with torch.random.fork_rng(devices=[]):
+            if generator is not None:
+                torch.random.set_rng_state(generator.get_state())
+            out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config)
+            if generator is not None:
+                generator.set_state(torch.random.get_rng_state())
+    finally:
+        model.generation_config.eos_token_id = saved_eos
+    raw_response = out.sequences[:, prompt_ids.shape[1] :]
+    logits = torch.stack(out.logits, dim=1).float()
+    if not greedy:
+        logits = logits / temperature
+    step_logprobs = F.log_softmax(logits, dim=-1).gather(-1, raw_response[..., None]).squeeze(-1)
+    response_ids, response_mask = truncate_after_eos(raw_response, eos_token_id, pad_token_id)
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        rollout_logprobs=step_logprobs * response_mask,
+        finished=torch.isin(response_ids, _stop_ids(eos_token_id)).any(-1),
+        decode_steps=raw_response.shape[1],
+        tokens_generated=raw_response.numel(),
+        seconds=time.perf_counter() - start,
+    )

@@ -1,0 +1,164 @@
+"""Execute catalogue notebooks in batch with papermill and collect their results.
+
+``run_catalogue`` validates every parameter before anything runs (unknown name or wrong type →
+``ParameterError``, exit code 2 on the command line), executes each notebook into
+``<out>/<stem>/`` (executed ``.ipynb``, its HTML rendering, PNG figures, ``metrics.json``),
+keeps going when one fails, and finishes with ``<out>/index.html`` (see ``report.py``) and
+``<out>/summary.json``.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from workbench.checkpoint import atomic_write_json
+from workbench.nbtools import read_metrics
+from workbench.notebooks import REPO_ROOT, NotebookInfo, ParameterError, catalogue, find_notebook, resolve_parameters
+
+
+@dataclass
+class NotebookResult:
+    stem: str
+    purpose: str
+    out_dir: str
+    parameters: dict
+    seconds: float
+    ok: bool
+    error: str | None = None
+    metrics: dict | None = None
+    figures: list[str] = field(default_factory=list)
+    main_figure: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        """``failed``, or which of the bug's signature (reproduced) and its absence (fixed) were shown."""
+        if not self.ok or self.metrics is None:
+            return "failed"
+        reproduced, fixed = self.metrics.get("reproduced"), self.metrics.get("fixed")
+        if reproduced and fixed:
+            return "reproduced + fixed"
+        if reproduced:
+            return "reproduced, fix not shown"
+        if fixed:
+            return "fixed, bug not reproduced"
+        return "not reproduced"
+
+
+def default_out_dir() -> Path:
+    return REPO_ROOT / "runs" / datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def plan(names: list[str] | None, overrides: dict, smoke: bool) -> list[tuple[NotebookInfo, dict]]:
+    """Which notebooks run with which parameters; raises ``ParameterError`` before anything runs.
+
+    A ``-p`` parameter goes to every selected notebook that has it; a name that no selected
+    notebook has is an error listing the valid names.
+    """
+    infos = [find_notebook(n) for n in names] if names else catalogue()
+    if not infos:
+        raise ParameterError("no notebooks found in notebooks/")
+    known = {name for info in infos for name in info.parameters}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ParameterError(
+            f"unknown parameter {', '.join(map(repr, unknown))}; valid names: {', '.join(sorted(known))}"
+        )
+    return [
+        (info, resolve_parameters(info, {k: v for k, v in overrides.items() if k in info.parameters}, smoke=smoke))
+        for info in infos
+    ]
+
+
+def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html: bool = True) -> NotebookResult:
+    """Run one notebook with papermill into ``out_dir`` and collect what it wrote."""
+    import papermill
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parameters = {**parameters, "out_dir": str(out_dir)}
+    output = out_dir / f"{info.stem}.ipynb"
+    start = time.perf_counter()
+    error = None
+    try:
+        papermill.execute_notebook(
+            str(info.path), str(output), parameters=parameters, kernel_name="python3", progress_bar=False, cwd=str(out_dir)
+        )
+    except Exception as exc:  # a failing notebook must not stop the others
+        error = _short_error(exc)
+    seconds = time.perf_counter() - start
+    if render_html and output.is_file():
+        try:
+            render_notebook_html(output)
+        except Exception as exc:
+            error = error or f"HTML rendering failed: {exc}"
+    metrics = read_metrics(out_dir)
+    if error is None and metrics is None:
+        error = "the notebook finished without writing metrics.json"
+    figures = sorted(p.name for p in out_dir.glob("*.png"))
+    wanted = f"{info.main_figure}.png" if info.main_figure else None
+    main = wanted if wanted in figures else (figures[0] if figures else None)
+    return NotebookResult(
+        stem=info.stem, purpose=info.purpose, out_dir=str(out_dir), parameters=parameters, seconds=seconds,
+        ok=error is None, error=error, metrics=metrics, figures=figures, main_figure=main,
+    )
+
+
+def _short_error(exc: Exception) -> str:
+    name = getattr(exc, "ename", type(exc).__name__)
+    value = getattr(exc, "evalue", str(exc))
+    text = f"{name}: {value}".strip()
+    return text if len(text) < 2000 else text[:2000] + " …"
+
+
+def render_notebook_html(notebook_path: Path) -> Path:
+    """The executed notebook as a stand-alone HTML page next to it (images embedded)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="lab")
+    exporter.mathjax_url = ""  # no external assets: formulas stay as TeX source offline
+    body, _ = exporter.from_notebook_node(nbformat.read(str(notebook_path), as_version=4))
+    path = notebook_path.with_suffix(".html")
+    path.write_text(body)
+    return path
+
+
+def run_catalogue(
+    names: list[str] | None = None,
+    *,
+    smoke: bool = False,
+    overrides: dict | None = None,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+    render_html: bool = True,
+) -> tuple[Path, list[NotebookResult]]:
+    """Execute notebooks, then write ``index.html`` and ``summary.json`` into ``out_dir``."""
+    from tqdm.auto import tqdm
+
+    from workbench.report import write_report
+
+    jobs = plan(names, overrides or {}, smoke)
+    out = Path(out_dir) if out_dir else default_out_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    start = time.perf_counter()
+    bar = tqdm(jobs, desc="notebooks", disable=not progress, unit="nb")
+    for info, parameters in bar:
+        bar.set_postfix_str(info.stem)
+        try:
+            results.append(execute(info, parameters, out / info.stem, render_html=render_html))
+        except Exception:
+            results.append(
+                NotebookResult(stem=info.stem, purpose=info.purpose, out_dir=str(out / info.stem), parameters=parameters,
+                               seconds=0.0, ok=False, error=traceback.format_exc(limit=3))
+            )
+    total = time.perf_counter() - start
+    write_report(out, results, total_seconds=total, smoke=smoke)
+    atomic_write_json(
+        out / "summary.json",
+        {"smoke": smoke, "total_seconds": total, "notebooks": [{**asdict(r), "verdict": r.verdict} for r in results]},
+    )
+    return out, results

@@ -1,0 +1,87 @@
+"""Supervised fine-tuning on the arithmetic task: how the shipped ``tiny-arith-*`` checkpoints
+are made (``scripts/train_tiny_checkpoint.py``).
+
+Each example is ``<bos> prompt answer <eos>``, right-padded; the loss is the token mean of the
+negative log-likelihood over answer tokens and EOS only (prompt tokens are masked). Training is
+deliberately short, so the RL notebooks start from a policy that is right only part of the time.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from workbench.batching import pad_sequences
+from workbench.scoring import forward, logprobs_of
+from workbench.tasks import Problem, encode_response
+from workbench.trainers.base import Trainer, TrainerConfig, check_finite_loss, clip_and_check_gradients, require
+
+
+@dataclass
+class SFTConfig(TrainerConfig):
+    batch_size: int = 64
+    """Examples per optimisation step."""
+    warmup_steps: int = 50
+    """Linear learning-rate warm-up, then cosine decay to 10% over ``steps``."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+
+    def validate(self) -> None:
+        super().validate()
+        require(self, "batch_size", self.batch_size >= 1, "must be ≥ 1")
+
+
+def sft_batch(tokenizer, problems: list[Problem]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids, attention_mask, loss_mask)``, right-padded; loss_mask marks answer + EOS targets."""
+    rows, loss_rows = [], []
+    for problem in problems:
+        prompt = tokenizer(problem.prompt)["input_ids"]
+        response = encode_response(tokenizer, problem.answer)
+        rows.append(prompt + response)
+        loss_rows.append([0] * len(prompt) + [1] * len(response))
+    ids, attention_mask = pad_sequences(rows, tokenizer.pad_token_id, side="right")
+    loss_mask, _ = pad_sequences(loss_rows, 0, side="right")
+    return ids, attention_mask, loss_mask
+
+
+class SFTTrainer(Trainer):
+    def __init__(self, model, tokenizer, problems: list[Problem], config: SFTConfig):
+        super().__init__()
+        self.model, self.tokenizer, self.problems, self.config = model, tokenizer, problems, config
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+        self.rng = random.Random(config.seed)
+
+    def modules(self):
+        return {"model": self.model}
+
+    def optimizers(self):
+        return {"optimizer": self.optimizer}
+
+    def learning_rate(self, step: int) -> float:
+        import math
+
+        c = self.config
+        if step < c.warmup_steps:
+            return c.learning_rate * (step + 1) / c.warmup_steps
+        progress = (step - c.warmup_steps) / max(1, c.steps - c.warmup_steps)
+        return c.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+    def train_step(self, step: int) -> dict:
+        rng = random.Random(self.config.seed * 1_000_003 + step)
+        batch = [self.problems[rng.randrange(len(self.problems))] for _ in range(self.config.batch_size)]
+        ids, attention_mask, loss_mask = sft_batch(self.tokenizer, batch)
+        self.model.train()
+        logits = forward(self.model, ids, attention_mask).logits
+        token_logprobs = logprobs_of(logits[:, :-1], ids[:, 1:])
+        mask = loss_mask[:, 1:].float()
+        loss = -(token_logprobs * mask).sum() / mask.sum()
+        check_finite_loss(loss)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = clip_and_check_gradients(self.model.parameters(), self.config.max_grad_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate(step)
+        self.optimizer.step()
+        return {"loss": float(loss.detach()), "grad_norm": grad_norm}
