@@ -65,3 +65,33 @@ def drift_table(model, rows, *, pad_token_id: int, extra_pads=(0, 4, 16), sides=
                 drift = logprob_drift(model, rows, pad_token_id=pad_token_id, side=side, extra_pad=extra_pad, position_ids=mode)
                 table.append({"side": side, "extra_pad": extra_pad, "position_ids": mode, "max_abs_dlogp": drift})
     return table
+
+
+@torch.no_grad()
+def first_step_mismatch(model, tokenizer, prompts: list[str], *, position_ids: str, max_new_tokens: int = 8, seed: int = 0) -> dict:
+    """What S1 does to PPO before any update.
+
+    Responses are sampled with mask-derived positions (as ``generate`` does) and their log-probs
+    recorded; the training forward then rescores them with ``position_ids``. With a reference
+    model identical to the policy, the importance ratio ρ = exp(logp_train − logp_rollout) should
+    be exactly 1 and the per-token KL estimate (k1 = logp_rollout − logp_ref) exactly 0.
+    """
+    from workbench.rollout import sample
+    from workbench.scoring import response_logprobs
+    from workbench.tasks import encode_prompts
+
+    ids, mask = encode_prompts(tokenizer, prompts)
+    rollout = sample(
+        model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed),
+    )
+    train_logp = response_logprobs(model, ids, mask, rollout.response_ids, rollout.response_mask, position_ids=position_ids)
+    response_mask = rollout.response_mask.bool()
+    gap = (train_logp - rollout.rollout_logprobs)[response_mask]
+    kl_k1 = (rollout.rollout_logprobs - train_logp)[response_mask]  # reference = the same weights
+    return {
+        "max_ratio_deviation": float((gap.exp() - 1).abs().max()),
+        "mean_abs_kl_k1": float(kl_k1.abs().mean()),
+        "sequence_kl_k1": float(((rollout.rollout_logprobs - train_logp) * rollout.response_mask).sum(-1).mean()),
+        "max_abs_logp_gap": float(gap.abs().max()),
+    }

@@ -1,0 +1,98 @@
+import json
+
+import pytest
+import torch
+
+from workbench import models
+from workbench.models import ModelLoadError, load, tiny_model
+
+
+@pytest.mark.parametrize("arch", models.ARCHITECTURES)
+def test_tiny_model_is_small_seeded_and_trainable(arch):
+    model, tokenizer = tiny_model(arch, seed=3)
+    again, _ = tiny_model(arch, seed=3)
+    other, _ = tiny_model(arch, seed=4)
+    assert models.count_parameters(model) < 200_000
+    first = next(iter(model.state_dict().values()))
+    assert torch.equal(first, next(iter(again.state_dict().values())))
+    assert not torch.equal(first, next(iter(other.state_dict().values())))
+    ids = torch.randint(4, len(tokenizer), (16, 128))
+    out = model(input_ids=ids, use_cache=False)
+    out.logits.float().mean().backward()
+    assert out.logits.shape == (16, 128, len(tokenizer))
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_rope_and_absolute_architectures_are_told_apart():
+    assert models.uses_rope(tiny_model("llama")[0]) and models.uses_rope(tiny_model("qwen2")[0])
+    assert not models.uses_rope(tiny_model("gpt2")[0])
+
+
+def test_tiny_model_dtype_and_overrides():
+    model, _ = tiny_model("qwen2", dtype=torch.bfloat16, hidden_size=32)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert model.config.hidden_size == 32
+    with pytest.raises(ValueError, match="no field"):
+        tiny_model("qwen2", hiden_size=32)
+    with pytest.raises(ValueError, match="Unknown architecture"):
+        tiny_model("mamba")
+
+
+def test_attention_backend_auto_falls_back_to_sdpa_and_flash_request_is_a_clear_error():
+    assert models.resolve_attn_implementation("auto") in ("sdpa", "flash_attention_2")
+    available, reason = models.flash_attention_status()
+    if not available:
+        assert models.resolve_attn_implementation("auto") == "sdpa"
+        with pytest.raises(models.AttentionBackendUnavailable, match="sdpa"):
+            load("tiny-qwen2", attn_implementation="flash_attention_2")
+    with pytest.raises(ValueError, match="not one of"):
+        models.resolve_attn_implementation("flash3")
+
+
+@pytest.mark.parametrize("name", models.BUILTIN_NAMES)
+def test_every_builtin_name_loads_offline(name):
+    model, tokenizer = load(name)
+    assert tokenizer.pad_token_id != tokenizer.eos_token_id
+    assert model.config.vocab_size == len(tokenizer)
+
+
+def test_a_saved_local_folder_round_trips(tmp_path):
+    model, tokenizer = tiny_model("gpt2", seed=1)
+    models.save(model, tokenizer, tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "model.safetensors").is_file()
+    loaded, _ = load(tmp_path / "ckpt")
+    ids = torch.tensor([[1, 5, 6, 7]])
+    torch.testing.assert_close(model(input_ids=ids).logits, loaded(input_ids=ids).logits)
+
+
+def test_missing_folder_names_the_fix(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist.*built-in names"):
+        load(tmp_path / "nope")
+
+
+def test_pickle_only_weights_are_refused(tmp_path):
+    model, tokenizer = tiny_model("gpt2")
+    models.save(model, tokenizer, tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(ModelLoadError, match="only pickle weights.*safe_serialization"):
+        load(tmp_path)
+
+
+def test_remote_code_checkpoints_are_refused(tmp_path):
+    model, tokenizer = tiny_model("gpt2")
+    models.save(model, tokenizer, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.Evil"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="trust_remote_code"):
+        load(tmp_path)
+
+
+def test_pad_equal_eos_tokenizer_is_refused_unless_opted_in(tmp_path):
+    model, tokenizer = tiny_model("gpt2")
+    models.save(model, tokenizer, tmp_path)
+    with pytest.raises(ModelLoadError, match="pad token equals its EOS"):
+        load(tmp_path, pad_token="<eos>")
+    _, loaded_tokenizer = load(tmp_path, pad_token="<eos>", allow_pad_equal_eos=True)
+    assert loaded_tokenizer.pad_token_id == loaded_tokenizer.eos_token_id

@@ -1,0 +1,48 @@
+"""The PPO critic: a copy of the policy's transformer body with a scalar value head.
+
+As in OpenRLHF, the critic is a separate model initialised from the policy (so it starts with
+useful features) whose value for response token t is read from the hidden state *before* that
+token — the state in which the action was taken. Its forward builds position ids exactly like
+``workbench.scoring.forward``, so the S1 switch reaches the value baseline too.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from workbench.batching import position_ids_from_mask
+
+
+class ValueModel(nn.Module):
+    def __init__(self, body: nn.Module, hidden_size: int):
+        super().__init__()
+        self.body = body
+        self.value_head = nn.Linear(hidden_size, 1)
+        nn.init.normal_(self.value_head.weight, std=1.0 / (hidden_size + 1))
+        nn.init.zeros_(self.value_head.bias)
+
+    @classmethod
+    def from_policy(cls, policy) -> "ValueModel":
+        body = copy.deepcopy(policy.base_model)
+        hidden = policy.config.hidden_size if hasattr(policy.config, "hidden_size") else policy.config.n_embd
+        critic = cls(body, hidden).to(next(policy.parameters()).dtype)
+        critic.value_head.float()
+        return critic
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, position_ids: str = "mask") -> torch.Tensor:
+        """A value (B, T) for every position."""
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        if position_ids == "mask":
+            inputs["position_ids"] = position_ids_from_mask(attention_mask)
+        hidden = self.body(**inputs).last_hidden_state
+        return self.value_head(hidden.float()).squeeze(-1)
+
+    def response_values(self, prompt_ids, prompt_mask, response_ids, response_mask, *, position_ids: str = "mask") -> torch.Tensor:
+        """V(s_t) for each response token t: read at the position just before it, shape (B, R)."""
+        values = self.forward(
+            torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, response_mask], 1), position_ids=position_ids
+        )
+        return values[:, prompt_ids.shape[1] - 1 : -1]

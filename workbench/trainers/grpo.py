@@ -1,0 +1,223 @@
+"""GRPO (group relative policy optimisation) for causal LMs, readable top to bottom.
+
+One step:
+
+1. **Group sampling** — ``prompts_per_step`` prompts, ``num_generations`` completions each, sampled
+   at ``temperature`` and stopped at EOS (post-EOS tokens masked, EOS kept).
+2. **Group-relative advantages** — A_i = (R_i − mean_group R) / (std + ε) with ``scale_rewards``
+   ``"group"``, ``"batch"`` or ``"none"`` (``losses.group_advantages``), one value per completion
+   broadcast to its tokens.
+3. **Loss** — per token: −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) + β·k3(π‖π_ref), reduced by
+   ``loss_agg`` (``losses.aggregate_loss``: verl names or TRL's ``grpo``/``bnpo``/``dapo``/``dr_grpo``).
+   With ``num_iterations=1`` π_old is π itself (``logp.detach()``), so ρ ≡ 1 and the loss *value*
+   is −mean(A) — zero or not depending on the aggregation (pitfall S5) — while gradients are not zero.
+
+S5 switch ``kl_aggregation``: ``"with_loss"`` (fix, TRL today) adds the KL per token before the
+aggregation so both terms share one normalisation; ``"per_sequence"`` reproduces the seed's mix: the
+policy term aggregated by ``loss_agg`` but the KL term always as a per-sequence token mean, so the
+effective β depends on the length distribution.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from workbench import losses
+from workbench.rollout import sample
+from workbench.scoring import POSITION_IDS_MODES, response_logprobs
+from workbench.tasks import Problem, encode_prompts, score_responses
+from workbench.trainers.base import (
+    Trainer,
+    TrainerConfig,
+    check_finite_loss,
+    clip_and_check_gradients,
+    require,
+    require_choice,
+    step_generator,
+)
+
+
+@dataclass
+class GRPOConfig(TrainerConfig):
+    learning_rate: float = 2e-4
+    """AdamW learning rate."""
+    prompts_per_step: int = 8
+    """Distinct prompts per step."""
+    num_generations: int = 8
+    """Completions sampled per prompt (the group size G ≥ 2)."""
+    num_iterations: int = 1
+    """Optimisation passes over each generated batch (μ in the GRPO paper)."""
+    mini_batches: int = 1
+    """Optimiser steps per pass: the batch is split into this many mini-batches of whole groups."""
+    max_new_tokens: int = 8
+    """Longest completion."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are recomputed from logits / temperature."""
+    beta: float = 0.0
+    """Coefficient of the k3 KL penalty to the reference (0: no reference model is used)."""
+    clip_low: float = 0.2
+    """ε_low of the clipped surrogate."""
+    clip_high: float = 0.2
+    """ε_high of the clipped surrogate (DAPO's clip-higher uses e.g. 0.28)."""
+    scale_rewards: str = "group"
+    """Advantage scaling: ``group``, ``batch`` or ``none`` (Dr. GRPO)."""
+    loss_agg: str = "seq-mean-token-mean"
+    """Loss aggregation mode: verl names or TRL aliases (``grpo``, ``bnpo``, ``dapo``, ``dr_grpo``)."""
+    kl_aggregation: str = "with_loss"
+    """S5 switch: ``with_loss`` adds β·KL per token before aggregating (fix); ``per_sequence``
+    normalises the KL per sequence whatever ``loss_agg`` is (the seed's inconsistent variant)."""
+    mask_truncated_completions: bool = False
+    """Leave completions that never produced EOS out of the loss (TRL's option)."""
+    position_ids: str = "mask"
+    """Position ids of the training forward: ``mask`` (fix) or ``model`` (S1 bug)."""
+    stop_at_eos: bool = True
+    """Stop decoding once every completion has produced EOS (S3 fix)."""
+
+    def validate(self) -> None:
+        super().validate()
+        require(self, "prompts_per_step", self.prompts_per_step >= 1, "must be ≥ 1")
+        require(self, "num_generations", self.num_generations >= 2,
+                "must be ≥ 2: group-relative advantages need at least two completions per prompt")
+        require(self, "num_iterations", self.num_iterations >= 1, "must be ≥ 1")
+        require(self, "mini_batches", self.mini_batches >= 1 and self.prompts_per_step % self.mini_batches == 0,
+                "must be ≥ 1 and divide prompts_per_step (mini-batches hold whole groups)")
+        require(self, "max_new_tokens", self.max_new_tokens >= 1, "must be ≥ 1")
+        require(self, "temperature", self.temperature > 0, "must be > 0")
+        require(self, "beta", self.beta >= 0, "must be ≥ 0 (a negative β rewards drifting from the reference)")
+        require(self, "clip_low", 0 < self.clip_low < 1, "must be in (0, 1)")
+        require(self, "clip_high", self.clip_high > 0, "must be > 0")
+        require_choice(self, "scale_rewards", losses.SCALE_REWARDS)
+        require(self, "loss_agg", self.loss_agg in losses.LOSS_AGG_MODES + tuple(losses.LOSS_AGG_ALIASES),
+                f"is not a loss aggregation mode; valid: {losses.LOSS_AGG_MODES + tuple(losses.LOSS_AGG_ALIASES)}")
+        require_choice(self, "kl_aggregation", ("with_loss", "per_sequence"))
+        require_choice(self, "position_ids", POSITION_IDS_MODES)
+
+    @property
+    def batch_size(self) -> int:
+        return self.prompts_per_step * self.num_generations
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_logp: torch.Tensor | None = None,
+    beta: float = 0.0,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    loss_agg: str = "seq-mean-token-mean",
+    kl_aggregation: str = "with_loss",
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, dict]:
+    """The GRPO objective for one batch of completions; ``advantages`` is per completion (B,)."""
+    per_token, was_clipped = losses.clipped_surrogate(logp, old_logp, advantages[:, None].expand_as(logp), clip_low, clip_high)
+    kl = losses.kl_penalty(logp, ref_logp, "k3") if (beta > 0 and ref_logp is not None) else torch.zeros_like(logp)
+    if kl_aggregation == "with_loss":
+        loss = losses.aggregate_loss(per_token + beta * kl, mask, loss_agg, max_len=max_len)
+    else:
+        loss = losses.aggregate_loss(per_token, mask, loss_agg, max_len=max_len) + beta * losses.aggregate_loss(
+            kl, mask, "seq-mean-token-mean"
+        )
+    stats = {
+        "clip_fraction": float(losses.masked_mean(was_clipped.float(), mask)),
+        "kl": float(losses.masked_mean(kl.detach(), mask)),
+    }
+    return loss, stats
+
+
+class GRPOTrainer(Trainer):
+    progress_keys = ("reward", "loss")
+
+    def __init__(self, policy, tokenizer, problems: list[Problem], config: GRPOConfig, reference=None):
+        super().__init__()
+        if not problems:
+            raise ValueError("GRPOTrainer got an empty prompt dataset; pass at least one Problem")
+        self.policy, self.tokenizer, self.problems, self.config = policy, tokenizer, problems, config
+        self.reference = None
+        if config.beta > 0:
+            self.reference = reference if reference is not None else copy.deepcopy(policy)
+            self.reference.eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+
+    def modules(self):
+        return {"policy": self.policy}
+
+    def optimizers(self):
+        return {"optimizer": self.optimizer}
+
+    def _logprobs(self, model, prompt_ids, prompt_mask, response_ids, response_mask, with_entropy=False):
+        return response_logprobs(
+            model, prompt_ids, prompt_mask, response_ids, response_mask, position_ids=self.config.position_ids,
+            temperature=self.config.temperature, with_entropy=with_entropy,
+        )
+
+    def train_step(self, step: int) -> dict:
+        c = self.config
+        generator = step_generator(c.seed, step)
+        # 1. Group sampling: each prompt repeated num_generations times, groups contiguous.
+        picks = torch.randint(len(self.problems), (c.prompts_per_step,), generator=generator).tolist()
+        problems = [self.problems[i] for i in picks for _ in range(c.num_generations)]
+        prompt_ids, prompt_mask = encode_prompts(self.tokenizer, [p.prompt for p in problems])
+        r = sample(
+            self.policy, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+            eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
+            stop_at_eos=c.stop_at_eos, generator=generator,
+        )
+        rewards = score_responses(self.tokenizer, problems, r.response_ids, r.response_mask, r.finished)
+        # 2. Group-relative advantages.
+        advantages = losses.group_advantages(rewards, c.num_generations, c.scale_rewards)
+        loss_mask = r.response_mask.float()
+        if c.mask_truncated_completions:
+            loss_mask = loss_mask * r.finished.float()[:, None]
+        with torch.no_grad():
+            ref_logp = self._logprobs(self.reference, prompt_ids, prompt_mask, r.response_ids, r.response_mask) if self.reference else None
+            old_logp = (
+                self._logprobs(self.policy, prompt_ids, prompt_mask, r.response_ids, r.response_mask)
+                if c.num_iterations > 1 else None
+            )
+        # 3. Optimise.
+        self.policy.train()
+        group_order = torch.arange(c.prompts_per_step)
+        groups_per_mini_batch = c.prompts_per_step // c.mini_batches
+        records: dict[str, list[float]] = {k: [] for k in ("loss", "clip_fraction", "kl", "entropy", "grad_norm")}
+        for _ in range(c.num_iterations):
+            for start in range(0, c.prompts_per_step, groups_per_mini_batch):
+                groups = group_order[start : start + groups_per_mini_batch]
+                rows = (groups[:, None] * c.num_generations + torch.arange(c.num_generations)).reshape(-1)
+                logp, entropy = self._logprobs(
+                    self.policy, prompt_ids[rows], prompt_mask[rows], r.response_ids[rows], r.response_mask[rows], with_entropy=True
+                )
+                loss, stats = grpo_loss(
+                    logp, logp.detach() if old_logp is None else old_logp[rows], advantages[rows], loss_mask[rows],
+                    ref_logp=None if ref_logp is None else ref_logp[rows], beta=c.beta, clip_low=c.clip_low,
+                    clip_high=c.clip_high, loss_agg=c.loss_agg, kl_aggregation=c.kl_aggregation, max_len=c.max_new_tokens,
+                )
+                check_finite_loss(loss)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                records["grad_norm"].append(clip_and_check_gradients(self.policy.parameters(), c.max_grad_norm))
+                self.optimizer.step()
+                records["loss"].append(float(loss.detach()))
+                records["clip_fraction"].append(stats["clip_fraction"])
+                records["kl"].append(stats["kl"])
+                records["entropy"].append(float(losses.masked_mean(entropy.detach(), loss_mask[rows])))
+        self.policy.eval()
+
+        lengths = r.response_lengths.float()
+        correct = rewards > 0
+        return {
+            "reward": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            **{k: sum(v) / len(v) for k, v in records.items()},
+            "response_length": float(lengths.mean()),
+            "length_correct": float(lengths[correct].mean()) if correct.any() else float("nan"),
+            "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
+            "finished_fraction": float(r.finished.float().mean()),
+            "tokens_generated": r.tokens_generated,
+            "rollout_seconds": r.seconds,
+        }

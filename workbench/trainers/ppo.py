@@ -1,0 +1,245 @@
+"""Actor-critic PPO for causal language models, readable top to bottom.
+
+One step, as in OpenRLHF / verl / "The N implementation details of RLHF with PPO":
+
+1. **Rollout** — sample ``prompts_per_step`` prompts, sample a response for each from the policy
+   at ``temperature`` (``workbench.rollout.sample``), truncate after the first EOS.
+2. **Score** — the task reward on each response, minus ``missing_eos_penalty`` for responses
+   that never produced EOS.
+3. **Reward shaping** — per-token reward = −kl_coef · KL(π_old ‖ π_ref) (estimator ``kl_kind``),
+   plus the score on the last response token; optional whitening over real tokens only.
+4. **Advantages** — GAE(γ, λ) from a separate critic, optionally whitened over real tokens.
+5. **Update** — ``ppo_epochs`` passes over shuffled mini-batches: clipped surrogate (ε low/high),
+   clipped value loss, gradient clipping, one AdamW step each for actor and critic.
+
+Switches that reproduce the seed bugs (defaults are the fixes):
+
+* ``position_ids="model"`` (S1): training/scoring forwards do not pass position ids, while the
+  sampler derives them from the mask (as ``generate`` does): on a left-padded batch the first-epoch
+  importance ratio is not 1 and the KL to an identical reference is not 0 — large for GPT-2,
+  float noise for rotary models.
+* ``stop_at_eos=False`` (S3): every rollout decodes ``max_new_tokens`` steps; the extra tokens are
+  thrown away afterwards, so learning is identical and only compute is wasted.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from workbench import losses
+from workbench.critic import ValueModel
+from workbench.rollout import Rollout, sample
+from workbench.scoring import POSITION_IDS_MODES, response_logprobs
+from workbench.tasks import Problem, encode_prompts, score_responses
+from workbench.trainers.base import (
+    Trainer,
+    TrainerConfig,
+    check_finite_loss,
+    clip_and_check_gradients,
+    require,
+    require_choice,
+    step_generator,
+)
+
+
+@dataclass
+class PPOConfig(TrainerConfig):
+    learning_rate: float = 2e-4
+    """Actor (policy) AdamW learning rate."""
+    critic_learning_rate: float = 1e-3
+    """Critic AdamW learning rate."""
+    prompts_per_step: int = 32
+    """Prompts sampled per step (one response each): the rollout batch."""
+    mini_batch_size: int = 16
+    """Responses per optimiser step inside a PPO epoch."""
+    ppo_epochs: int = 2
+    """Passes over the rollout batch per step."""
+    max_new_tokens: int = 8
+    """Longest response the sampler may produce."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are recomputed from logits / temperature."""
+    kl_coef: float = 0.05
+    """β of the per-token KL penalty in the reward."""
+    kl_kind: str = "k1"
+    """KL estimator in the reward: ``k1``, ``k2``, ``k3`` (see ``losses.kl_penalty``)."""
+    gamma: float = 1.0
+    """GAE discount."""
+    lam: float = 0.95
+    """GAE λ."""
+    clip_low: float = 0.2
+    """ε_low: the ratio is clipped below at 1 − ε_low."""
+    clip_high: float = 0.2
+    """ε_high: the ratio is clipped above at 1 + ε_high."""
+    value_clip: float = 0.2
+    """Clip range of the value update around the old values."""
+    whiten_rewards: bool = False
+    """Rescale per-token rewards by their std over real tokens (mean kept)."""
+    whiten_advantages: bool = True
+    """Whiten advantages over real (unmasked) tokens."""
+    missing_eos_penalty: float = 0.0
+    """Subtracted from the score of a response that never produced EOS (TRL's missing_eos_penalty)."""
+    loss_agg: str = "token-mean"
+    """Aggregation of the per-token policy loss (see ``losses.aggregate_loss``)."""
+    old_logprobs: str = "rollout"
+    """π_old log-probs: ``rollout`` (from the sampler, like an inference engine) or ``recompute``
+    (a training forward before the update)."""
+    position_ids: str = "mask"
+    """S1 switch: ``mask`` derives position ids from the attention mask (fix); ``model`` leaves them
+    to the model (bug)."""
+    stop_at_eos: bool = True
+    """S3 switch: stop decoding when every row has produced EOS (fix) or always decode
+    ``max_new_tokens`` steps (bug)."""
+
+    def validate(self) -> None:
+        super().validate()
+        require(self, "prompts_per_step", self.prompts_per_step >= 1, "must be ≥ 1")
+        require(self, "mini_batch_size", 1 <= self.mini_batch_size <= self.prompts_per_step, "must be in [1, prompts_per_step]")
+        require(self, "ppo_epochs", self.ppo_epochs >= 1, "must be ≥ 1")
+        require(self, "max_new_tokens", self.max_new_tokens >= 1, "must be ≥ 1")
+        require(self, "temperature", self.temperature > 0, "must be > 0")
+        require(self, "kl_coef", self.kl_coef >= 0, "must be ≥ 0 (a negative β rewards drifting away)")
+        require_choice(self, "kl_kind", losses.KL_KINDS)
+        require(self, "gamma", 0 <= self.gamma <= 1, "must be in [0, 1]")
+        require(self, "lam", 0 <= self.lam <= 1, "must be in [0, 1]")
+        require(self, "clip_low", 0 < self.clip_low < 1, "must be in (0, 1)")
+        require(self, "clip_high", self.clip_high > 0, "must be > 0")
+        require(self, "value_clip", self.value_clip > 0, "must be > 0")
+        require(self, "loss_agg", self.loss_agg in losses.LOSS_AGG_MODES + tuple(losses.LOSS_AGG_ALIASES),
+                f"is not a loss aggregation mode {losses.LOSS_AGG_MODES}")
+        require_choice(self, "old_logprobs", ("rollout", "recompute"))
+        require_choice(self, "position_ids", POSITION_IDS_MODES)
+
+
+def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, R) zeros with each row's score on its last real response token."""
+    rewards = torch.zeros_like(mask, dtype=torch.float32)
+    last = (mask.sum(-1).long() - 1).clamp_min(0)
+    rewards[torch.arange(mask.shape[0]), last] = scores.float()
+    return rewards * mask
+
+
+class PPOTrainer(Trainer):
+    progress_keys = ("reward", "kl", "policy_loss")
+
+    def __init__(self, policy, tokenizer, problems: list[Problem], config: PPOConfig, reference=None, critic=None):
+        super().__init__()
+        self.policy, self.tokenizer, self.problems, self.config = policy, tokenizer, problems, config
+        if not problems:
+            raise ValueError("PPOTrainer got an empty prompt dataset; pass at least one Problem")
+        self.reference = reference if reference is not None else copy.deepcopy(policy)
+        self.reference.eval().requires_grad_(False)
+        self.critic = critic if critic is not None else ValueModel.from_policy(policy)
+        self.policy_optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=config.critic_learning_rate, weight_decay=0.0)
+
+    def modules(self):
+        return {"policy": self.policy, "critic": self.critic}
+
+    def optimizers(self):
+        return {"policy_optimizer": self.policy_optimizer, "critic_optimizer": self.critic_optimizer}
+
+    # -- 1–2: rollout and score ------------------------------------------------------------------
+    def rollout(self, step: int) -> tuple[list[Problem], Rollout, torch.Tensor]:
+        c = self.config
+        generator = step_generator(c.seed, step)
+        picks = torch.randint(len(self.problems), (c.prompts_per_step,), generator=generator).tolist()
+        problems = [self.problems[i] for i in picks]
+        prompt_ids, prompt_mask = encode_prompts(self.tokenizer, [p.prompt for p in problems])
+        rollout = sample(
+            self.policy, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+            eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
+            stop_at_eos=c.stop_at_eos, generator=generator,
+        )
+        scores = score_responses(self.tokenizer, problems, rollout.response_ids, rollout.response_mask, rollout.finished)
+        return problems, rollout, scores
+
+    def _logprobs(self, model, r: Rollout, rows=slice(None), with_entropy=False):
+        return response_logprobs(
+            model, r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows],
+            position_ids=self.config.position_ids, temperature=self.config.temperature, with_entropy=with_entropy,
+        )
+
+    def _values(self, r: Rollout, rows=slice(None)):
+        return self.critic.response_values(
+            r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows],
+            position_ids=self.config.position_ids,
+        )
+
+    # -- one PPO step ----------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict:
+        c = self.config
+        problems, r, scores = self.rollout(step)
+        mask = r.response_mask.float()
+        penalised = scores - c.missing_eos_penalty * (~r.finished).float()
+
+        # 3. Reward shaping with a KL penalty to the frozen reference.
+        with torch.no_grad():
+            self.policy.eval()
+            old_logp = r.rollout_logprobs if c.old_logprobs == "rollout" else self._logprobs(self.policy, r)
+            ref_logp = self._logprobs(self.reference, r)
+            old_values = self._values(r) * mask
+            kl = losses.kl_penalty(old_logp, ref_logp, c.kl_kind) * mask
+            rewards = -c.kl_coef * kl + last_token_rewards(penalised, mask)
+            if c.whiten_rewards:
+                rewards = losses.masked_whiten(rewards, mask, shift_mean=False)
+            # 4. Advantages.
+            advantages, returns = losses.gae(rewards, old_values, mask, c.gamma, c.lam)
+            if c.whiten_advantages:
+                advantages = losses.masked_whiten(advantages, mask)
+
+        # 5. PPO epochs over mini-batches.
+        self.policy.train()
+        generator = step_generator(c.seed, step)
+        stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "clip_fraction", "approx_kl",
+                                                          "value_clip_fraction", "entropy", "grad_norm")}
+        first_ratio_deviation = None
+        for _ in range(c.ppo_epochs):
+            order = torch.randperm(c.prompts_per_step, generator=generator)
+            for start in range(0, c.prompts_per_step, c.mini_batch_size):
+                rows = order[start : start + c.mini_batch_size]
+                mb_mask = mask[rows]
+                logp, entropy = self._logprobs(self.policy, r, rows, with_entropy=True)
+                if first_ratio_deviation is None:  # before any update: ρ should be exactly 1
+                    first_ratio_deviation = float(((logp.detach() - old_logp[rows]).exp() - 1).abs().mul(mb_mask).max())
+                policy_loss, policy_stats = losses.ppo_policy_loss(
+                    logp, old_logp[rows], advantages[rows], mb_mask, clip_low=c.clip_low, clip_high=c.clip_high,
+                    loss_agg=c.loss_agg,
+                )
+                values = self._values(r, rows)
+                value_loss, value_clip_fraction = losses.ppo_value_loss(values, old_values[rows], returns[rows], mb_mask, c.value_clip)
+                check_finite_loss(policy_loss, "policy loss")
+                check_finite_loss(value_loss, "value loss")
+                self.policy_optimizer.zero_grad(set_to_none=True)
+                self.critic_optimizer.zero_grad(set_to_none=True)
+                (policy_loss + value_loss).backward()
+                grad_norm = clip_and_check_gradients(self.policy.parameters(), c.max_grad_norm)
+                clip_and_check_gradients(self.critic.parameters(), c.max_grad_norm)
+                self.policy_optimizer.step()
+                self.critic_optimizer.step()
+                stats["policy_loss"].append(float(policy_loss.detach()))
+                stats["value_loss"].append(float(value_loss.detach()))
+                stats["clip_fraction"].append(policy_stats["clip_fraction"])
+                stats["approx_kl"].append(policy_stats["approx_kl"])
+                stats["value_clip_fraction"].append(value_clip_fraction)
+                stats["entropy"].append(float(losses.masked_mean(entropy.detach(), mb_mask)))
+                stats["grad_norm"].append(grad_norm)
+        self.policy.eval()
+
+        lengths = r.response_lengths.float()
+        return {
+            "reward": float(scores.mean()),
+            "score_with_penalty": float(penalised.mean()),
+            "kl": float(kl.sum(-1).mean()),
+            "kl_token_max_abs": float(kl.abs().max()),
+            "first_ratio_deviation": first_ratio_deviation,
+            **{k: sum(v) / len(v) for k, v in stats.items()},
+            "response_length": float(lengths.mean()),
+            "finished_fraction": float(r.finished.float().mean()),
+            "tokens_generated": r.tokens_generated,
+            "tokens_needed": r.tokens_needed,
+            "decode_steps": r.decode_steps,
+            "rollout_seconds": r.seconds,
+        }
