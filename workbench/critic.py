@@ -17,18 +17,21 @@ from workbench.batching import position_ids_from_mask
 
 
 class ValueModel(nn.Module):
-    def __init__(self, body: nn.Module, hidden_size: int):
+    def __init__(self, body: nn.Module, hidden_size: int, seed: int = 0):
         super().__init__()
         self.body = body
         self.value_head = nn.Linear(hidden_size, 1)
-        nn.init.normal_(self.value_head.weight, std=1.0 / (hidden_size + 1))
-        nn.init.zeros_(self.value_head.bias)
+        # Seeded explicitly: the critic must not depend on whatever used the global RNG before.
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            nn.init.normal_(self.value_head.weight, std=1.0 / (hidden_size + 1), generator=generator)
+            nn.init.zeros_(self.value_head.bias)
 
     @classmethod
-    def from_policy(cls, policy) -> "ValueModel":
+    def from_policy(cls, policy, seed: int = 0) -> "ValueModel":
         body = copy.deepcopy(policy.base_model)
         hidden = policy.config.hidden_size if hasattr(policy.config, "hidden_size") else policy.config.n_embd
-        critic = cls(body, hidden).to(next(policy.parameters()).dtype)
+        critic = cls(body, hidden, seed).to(next(policy.parameters()).dtype)
         critic.value_head.float()
         return critic
 

@@ -104,6 +104,12 @@ def load_problems(path: str | Path = TRAIN_PROMPTS) -> list[Problem]:
     return [Problem(row["prompt"], row["answer"]) for row in read_jsonl(path)]
 
 
+def rl_problems(n: int = 256) -> list[Problem]:
+    """The first ``n`` training problems: a prompt set small enough that a short RL run revisits
+    each prompt and the reward visibly rises within tens of steps on a CPU."""
+    return load_problems(TRAIN_PROMPTS)[:n]
+
+
 def load_preferences(path: str | Path = TRAIN_PREFERENCES) -> list[dict]:
     """Preference pairs ``{"prompt", "chosen", "rejected", "answer"}`` from JSONL."""
     rows = read_jsonl(path)

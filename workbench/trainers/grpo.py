@@ -43,7 +43,7 @@ from workbench.trainers.base import (
 @dataclass
 class GRPOConfig(TrainerConfig):
     learning_rate: float = 2e-4
-    """AdamW learning rate."""
+    """AdamW learning rate (RL signal is weak next to Adam's noise: much higher degrades the policy)."""
     prompts_per_step: int = 8
     """Distinct prompts per step."""
     num_generations: int = 8

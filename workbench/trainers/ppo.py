@@ -47,7 +47,7 @@ from workbench.trainers.base import (
 
 @dataclass
 class PPOConfig(TrainerConfig):
-    learning_rate: float = 2e-4
+    learning_rate: float = 1e-4
     """Actor (policy) AdamW learning rate."""
     critic_learning_rate: float = 1e-3
     """Critic AdamW learning rate."""
@@ -61,7 +61,7 @@ class PPOConfig(TrainerConfig):
     """Longest response the sampler may produce."""
     temperature: float = 1.0
     """Sampling temperature; log-probs are recomputed from logits / temperature."""
-    kl_coef: float = 0.05
+    kl_coef: float = 0.02
     """β of the per-token KL penalty in the reward."""
     kl_kind: str = "k1"
     """KL estimator in the reward: ``k1``, ``k2``, ``k3`` (see ``losses.kl_penalty``)."""
@@ -131,7 +131,7 @@ class PPOTrainer(Trainer):
             raise ValueError("PPOTrainer got an empty prompt dataset; pass at least one Problem")
         self.reference = reference if reference is not None else copy.deepcopy(policy)
         self.reference.eval().requires_grad_(False)
-        self.critic = critic if critic is not None else ValueModel.from_policy(policy)
+        self.critic = critic if critic is not None else ValueModel.from_policy(policy, seed=config.seed)
         self.policy_optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
         self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=config.critic_learning_rate, weight_decay=0.0)
 
@@ -178,7 +178,11 @@ class PPOTrainer(Trainer):
         # 3. Reward shaping with a KL penalty to the frozen reference.
         with torch.no_grad():
             self.policy.eval()
-            old_logp = r.rollout_logprobs if c.old_logprobs == "rollout" else self._logprobs(self.policy, r)
+            # The training forward's view of the sampled tokens before any update. Against the
+            # sampler's own log-probs it must give ρ = 1 up to float noise (S1 breaks this).
+            policy_logp = self._logprobs(self.policy, r)
+            first_ratio_deviation = float(((policy_logp - r.rollout_logprobs).exp() - 1).abs().mul(mask).max())
+            old_logp = r.rollout_logprobs if c.old_logprobs == "rollout" else policy_logp
             ref_logp = self._logprobs(self.reference, r)
             old_values = self._values(r) * mask
             kl = losses.kl_penalty(old_logp, ref_logp, c.kl_kind) * mask
@@ -195,15 +199,12 @@ class PPOTrainer(Trainer):
         generator = step_generator(c.seed, step)
         stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "clip_fraction", "approx_kl",
                                                           "value_clip_fraction", "entropy", "grad_norm")}
-        first_ratio_deviation = None
         for _ in range(c.ppo_epochs):
             order = torch.randperm(c.prompts_per_step, generator=generator)
             for start in range(0, c.prompts_per_step, c.mini_batch_size):
                 rows = order[start : start + c.mini_batch_size]
                 mb_mask = mask[rows]
                 logp, entropy = self._logprobs(self.policy, r, rows, with_entropy=True)
-                if first_ratio_deviation is None:  # before any update: ρ should be exactly 1
-                    first_ratio_deviation = float(((logp.detach() - old_logp[rows]).exp() - 1).abs().mul(mb_mask).max())
                 policy_loss, policy_stats = losses.ppo_policy_loss(
                     logp, old_logp[rows], advantages[rows], mb_mask, clip_low=c.clip_low, clip_high=c.clip_high,
                     loss_agg=c.loss_agg,
