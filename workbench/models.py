@@ -235,7 +235,9 @@ def load(
     never run. ``pad_token`` sets a pad token for tokenizers that lack one.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # no per-load "Loading weights" bars in notebooks and logs
     name = str(name_or_path)
     if name in RANDOM_BUILTINS:
         model, tokenizer = tiny_model(RANDOM_BUILTINS[name], dtype=dtype, attn_implementation=attn_implementation)
