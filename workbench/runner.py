@@ -75,8 +75,13 @@ def plan(names: list[str] | None, overrides: dict, smoke: bool) -> list[tuple[No
 
 def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html: bool = True) -> NotebookResult:
     """Run one notebook with papermill into ``out_dir`` and collect what it wrote."""
+    import logging
+
     import papermill
 
+    # papermill's own parameter parser warns on any '=' in a comment or string; the workbench
+    # validates parameters itself (notebooks.resolve_parameters), so its guesses are noise here.
+    logging.getLogger("papermill.translators").setLevel(logging.ERROR)
     out_dir.mkdir(parents=True, exist_ok=True)
     parameters = {**parameters, "out_dir": str(out_dir)}
     output = out_dir / f"{info.stem}.ipynb"

@@ -1,0 +1,94 @@
+"""The catalogue: notebook conventions, and every notebook executed with --smoke via the runner."""
+
+import json
+
+import nbformat
+import pytest
+
+from workbench.notebooks import NOTEBOOKS_DIR, REQUIRED_PARAMETERS, catalogue, parse_parameters
+from workbench.runner import run_catalogue
+
+NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+STEMS = [p.stem for p in NOTEBOOKS]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=STEMS)
+def test_committed_without_outputs(path):
+    notebook = nbformat.read(str(path), as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: clear outputs before committing"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=STEMS)
+def test_first_cell_names_the_pitfall_second_is_the_literal_parameters_cell(path):
+    notebook = nbformat.read(str(path), as_version=4)
+    assert notebook.cells[0].cell_type == "markdown" and notebook.cells[0].source.startswith("# ")
+    second = notebook.cells[1]
+    assert "parameters" in second.metadata.get("tags", [])
+    parameters = parse_parameters(second.source)  # raises on anything but literals
+    assert set(REQUIRED_PARAMETERS) <= set(parameters)
+    meta = notebook.metadata["workbench"]
+    assert meta["purpose"]
+    assert set(meta.get("smoke_parameters", {})) <= set(parameters)
+    assert notebook.metadata["kernelspec"]["name"] == "python3"
+
+
+def test_catalogue_has_the_seed_notebooks():
+    stems = {info.stem for info in catalogue()}
+    assert {"00_quickstart", "01_position_ids", "03_eos_termination", "05_grpo_loss_normalization"} <= stems
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    folder, results = run_catalogue(None, smoke=True, out_dir=out, progress=False, render_html=False)
+    return folder, {r.stem: r for r in results}
+
+
+def metrics_of(smoke_run, stem):
+    folder, results = smoke_run
+    result = results[stem]
+    assert result.ok, result.error
+    payload = json.loads((folder / stem / "metrics.json").read_text())
+    assert set(payload) == {"notebook", "parameters", "reproduced", "fixed", "metrics"}
+    assert payload["notebook"] == stem and payload["parameters"]["smoke"] is True
+    assert list((folder / stem).glob("*.png")), "the notebook saved no figure"
+    return payload
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_every_notebook_reproduces_the_bug_and_shows_the_fix_in_smoke_mode(smoke_run, stem):
+    payload = metrics_of(smoke_run, stem)
+    assert payload["reproduced"] is True and payload["fixed"] is True
+
+
+def test_report_links_every_notebook(smoke_run):
+    folder, results = smoke_run
+    html = (folder / "index.html").read_text()
+    for stem in results:
+        assert f'id="{stem}"' in html and f"{stem}/{stem}.ipynb" in html
+    assert "http://" not in html and "https://" not in html  # no external assets
+    summary = json.loads((folder / "summary.json").read_text())
+    assert {n["stem"] for n in summary["notebooks"]} == set(results)
+
+
+def test_position_ids_metrics_contract(smoke_run):
+    m = metrics_of(smoke_run, "01_position_ids")["metrics"]
+    assert set(m["drift_without_position_ids"]) == {"llama", "qwen2", "gpt2"}
+    assert m["drift_without_position_ids"]["gpt2"] > 1e-2
+    assert max(m["drift_with_position_ids"].values()) <= 1e-4
+    assert m["drift_without_position_ids"]["llama"] < 1e-5  # RoPE: float noise only
+
+
+def test_eos_metrics_contract(smoke_run):
+    m = metrics_of(smoke_run, "03_eos_termination")["metrics"]
+    assert m["tokens_generated_bug"] > m["tokens_generated_fix"] >= m["tokens_needed"]
+    assert 0 < m["waste_fraction_bug"] < 1
+    assert m["eos_actions_in_mask_pad_equals_eos"] == 0 < m["eos_actions_in_mask_pad_distinct"]
+
+
+def test_grpo_normalisation_metrics_contract(smoke_run):
+    m = metrics_of(smoke_run, "05_grpo_loss_normalization")["metrics"]
+    assert set(m["zero_loss_probe"]) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"}
+    assert abs(m["zero_loss_probe"]["seq-mean-token-mean"]) <= 1e-7 < abs(m["zero_loss_probe"]["token-mean"])

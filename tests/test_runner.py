@@ -1,0 +1,76 @@
+"""The command line: listing, parameter validation (exit code 2), failures that do not stop the others."""
+
+import json
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from workbench.cli import main
+from workbench.notebooks import (
+    NOTEBOOKS_DIR, ParameterError, convert_value, find_notebook, parse_parameters, resolve_parameters)
+
+
+def test_list_shows_every_notebook_with_parameters(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for path in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"):
+        assert path.stem in out
+    assert "parameters: model=" in out
+
+
+def test_parameters_cell_must_hold_literals_only():
+    assert parse_parameters("a = 1\nb = 'x'  # c\nc = [1, 2]") == {"a": 1, "b": "x", "c": [1, 2]}
+    with pytest.raises(ParameterError, match="literal"):
+        parse_parameters("a = 1\nb = a + 1")
+    with pytest.raises(ParameterError, match="assignments"):
+        parse_parameters("import os")
+
+
+def test_values_are_converted_to_the_default_type():
+    assert convert_value("seed", "3", 0) == 3
+    assert convert_value("smoke", "true", False) is True
+    assert convert_value("lr", "1e-3", 0.1) == 1e-3
+    assert convert_value("sizes", "[1, 2]", [4]) == [1, 2]
+    with pytest.raises(ParameterError, match="expects a int"):
+        convert_value("seed", "three", 0)
+
+
+def test_unknown_parameter_is_an_error_listing_valid_names():
+    info = find_notebook("00_quickstart")
+    with pytest.raises(ParameterError, match="valid names: model, seed"):
+        resolve_parameters(info, {"sed": "1"})
+
+
+def test_cli_unknown_parameter_exits_2_with_the_valid_names(tmp_path, capsys):
+    assert main(["run", "00_quickstart", "-p", "sed", "1", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown parameter 'sed'" in err and "seed" in err
+    assert not (tmp_path / "00_quickstart").exists()  # nothing ran
+
+
+def test_cli_wrong_type_and_unknown_notebook_exit_2(tmp_path, capsys):
+    assert main(["run", "00_quickstart", "-p", "seed", "x", "--out", str(tmp_path)]) == 2
+    assert "expects a int" in capsys.readouterr().err
+    assert main(["run", "99_nothing", "--out", str(tmp_path)]) == 2
+    assert "choose one of" in capsys.readouterr().err
+
+
+def test_module_entry_point_exit_code():
+    done = subprocess.run([sys.executable, "-m", "workbench", "run", "00", "-p", "nope", "1"], capture_output=True, text=True)
+    assert done.returncode == 2 and "valid names" in done.stderr
+
+
+def test_a_failing_notebook_does_not_stop_the_others(tmp_path):
+    notebook = nbformat.read(str(NOTEBOOKS_DIR / "00_quickstart.ipynb"), as_version=4)
+    notebook.cells.insert(2, nbformat.v4.new_code_cell("raise RuntimeError('boom')"))
+    broken = tmp_path / "99_broken.ipynb"
+    nbformat.write(notebook, str(broken))
+    code = main(["run", str(broken), "00_quickstart", "--smoke", "--out", str(tmp_path / "out"), "--quiet", "--no-html"])
+    assert code == 1
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    verdicts = {n["stem"]: n for n in summary["notebooks"]}
+    assert verdicts["99_broken"]["verdict"] == "failed" and "boom" in verdicts["99_broken"]["error"]
+    assert verdicts["00_quickstart"]["verdict"] == "reproduced + fixed"
+    assert "boom" in (tmp_path / "out" / "index.html").read_text()
