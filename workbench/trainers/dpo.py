@@ -1,0 +1,211 @@
+"""DPO (direct preference optimisation) for causal LMs, readable top to bottom.
+
+A batch of B preference pairs ``(prompt, chosen, rejected)`` becomes one right-padded tensor of
+2B rows — ``prompt+chosen`` on top of ``prompt+rejected`` — scored in **one** forward pass of the
+policy and one of the frozen reference. A sequence's log-prob is the **sum** of its token
+log-probs over the tokens the loss mask keeps; the loss is ``losses.dpo_loss``.
+
+S4 switch ``prompt_mask`` (how the loss mask is built, exactly as OpenRLHF's
+``_get_batch_logps`` did it):
+
+* ``"both"`` (fix, OpenRLHF commit 6106fb22): the mask loop zips the 2B rows with
+  ``prompt_lengths * 2``, so every row's prompt is masked;
+* ``"chosen_only"`` (the seed's bug): the loop zips 2B rows with the B prompt lengths; ``zip``
+  stops after B rows, so only the chosen prompts are masked and the rejected log-probs keep
+  their prompt tokens;
+* ``"none"``: prompts counted on both sides (they cancel in the margin at step 0).
+
+The reference is a frozen copy of the initial policy object (``reference="copy"``) or log-probs
+precomputed once from it (``reference="precomputed"``) — never reloaded from disk.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from workbench import losses
+from workbench.batching import pad_sequences
+from workbench.scoring import POSITION_IDS_MODES, sequence_token_logprobs
+from workbench.trainers.base import (
+    Trainer,
+    TrainerConfig,
+    check_finite_loss,
+    clip_and_check_gradients,
+    require,
+    require_choice,
+    step_generator,
+)
+
+PROMPT_MASK_MODES = ("both", "chosen_only", "none")
+
+
+@dataclass
+class DPOConfig(TrainerConfig):
+    learning_rate: float = 1e-4
+    """AdamW learning rate."""
+    batch_size: int = 16
+    """Preference pairs per step (the forward holds 2 × batch_size rows)."""
+    beta: float = 0.1
+    """β: strength of the implicit KL to the reference."""
+    loss_type: str = "sigmoid"
+    """``sigmoid`` (DPO), ``ipo`` or ``hinge``."""
+    label_smoothing: float = 0.0
+    """Conservative DPO: probability that a preference label is flipped (sigmoid loss only)."""
+    prompt_mask: str = "both"
+    """S4 switch: ``both`` (fix), ``chosen_only`` (the seed's zip bug) or ``none``."""
+    reference: str = "copy"
+    """``copy``: a frozen copy of the initial policy scores every batch; ``precomputed``: its
+    log-probs are computed once for the whole dataset before training."""
+    position_ids: str = "mask"
+    """Position ids of the forward: ``mask`` (fix) or ``model`` (S1 bug; harmless here because
+    DPO batches are right-padded)."""
+
+    def validate(self) -> None:
+        super().validate()
+        require(self, "batch_size", self.batch_size >= 1, "must be ≥ 1")
+        require(self, "beta", self.beta > 0, "must be > 0")
+        require_choice(self, "loss_type", losses.DPO_LOSS_TYPES)
+        require(self, "label_smoothing", 0 <= self.label_smoothing < 0.5, "must be in [0, 0.5)")
+        require_choice(self, "prompt_mask", PROMPT_MASK_MODES)
+        require_choice(self, "reference", ("copy", "precomputed"))
+        require_choice(self, "position_ids", POSITION_IDS_MODES)
+
+
+@dataclass
+class PreferenceBatch:
+    """2B right-padded rows: chosen (rows 0..B−1) on top of rejected (rows B..2B−1)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    prompt_lengths: list[int]  # B entries: tokens of each pair's prompt, BOS included
+
+    @property
+    def num_pairs(self) -> int:
+        return len(self.prompt_lengths)
+
+
+def collate_preferences(tokenizer, pairs: list[dict]) -> PreferenceBatch:
+    """Tokenise pairs as ``<bos> prompt response <eos>`` and stack chosen on top of rejected."""
+    prompts = [tokenizer(p["prompt"])["input_ids"] for p in pairs]
+    eos = [tokenizer.eos_token_id]
+    chosen = [pr + tokenizer(p["chosen"], add_special_tokens=False)["input_ids"] + eos for pr, p in zip(prompts, pairs)]
+    rejected = [pr + tokenizer(p["rejected"], add_special_tokens=False)["input_ids"] + eos for pr, p in zip(prompts, pairs)]
+    input_ids, attention_mask = pad_sequences(chosen + rejected, tokenizer.pad_token_id, side="right")
+    return PreferenceBatch(input_ids, attention_mask, [len(p) for p in prompts])
+
+
+def build_loss_mask(attention_mask: torch.Tensor, prompt_lengths: list[int], prompt_mask: str) -> torch.Tensor:
+    """The per-token loss mask over *targets* (shape (2B, T−1)), built the way OpenRLHF did."""
+    loss_masks = attention_mask.clone().bool()
+    if prompt_mask == "both":
+        row_prompt_lengths = prompt_lengths * 2  # the fix: one length per row
+    elif prompt_mask == "chosen_only":
+        row_prompt_lengths = prompt_lengths  # the bug: B lengths for 2B rows
+    elif prompt_mask == "none":
+        row_prompt_lengths = []
+    else:
+        raise ValueError(f"prompt_mask={prompt_mask!r}; choose one of {PROMPT_MASK_MODES}")
+    for mask, source_len in zip(loss_masks, row_prompt_lengths):  # zip stops at the shorter list
+        mask[:source_len] = False
+    return loss_masks[:, 1:]
+
+
+def prompt_target_mask(attention_mask: torch.Tensor, prompt_lengths: list[int]) -> torch.Tensor:
+    """Targets that are prompt tokens (positions 1..L−1 of each row), shape (2B, T−1)."""
+    positions = torch.arange(attention_mask.shape[1])[None]
+    lengths = torch.tensor(prompt_lengths * 2)[:, None]
+    return ((positions < lengths) & attention_mask.bool())[:, 1:]
+
+
+def sequence_logprobs(model, batch: PreferenceBatch, loss_mask: torch.Tensor, *, position_ids: str = "mask"):
+    """Summed log-probs under ``loss_mask`` per row (2B,), and the per-token log-probs (2B, T−1)."""
+    token_logprobs = sequence_token_logprobs(model, batch.input_ids, batch.attention_mask, position_ids=position_ids)
+    return (token_logprobs * loss_mask).sum(-1), token_logprobs
+
+
+class DPOTrainer(Trainer):
+    progress_keys = ("loss", "rewards/accuracies")
+
+    def __init__(self, policy, tokenizer, pairs: list[dict], config: DPOConfig, reference=None):
+        super().__init__()
+        if not pairs:
+            raise ValueError("DPOTrainer got an empty preference dataset; pass at least one pair")
+        self.policy, self.tokenizer, self.pairs, self.config = policy, tokenizer, pairs, config
+        # A frozen copy of the live initial policy: never reloaded from disk (TRL reloads
+        # from config._name_or_path when no ref_model is given).
+        self.reference = reference if reference is not None else copy.deepcopy(policy)
+        self.reference.eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        self.precomputed_reference: torch.Tensor | None = None
+        if config.reference == "precomputed":
+            self.precomputed_reference = self._precompute_reference()
+            self.reference = None
+
+    def modules(self):
+        return {"policy": self.policy}
+
+    def optimizers(self):
+        return {"optimizer": self.optimizer}
+
+    def _precompute_reference(self, chunk: int = 256) -> torch.Tensor:
+        """Reference log-probs (N, 2): chosen, rejected for every pair, computed once."""
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(self.pairs), chunk):
+                batch = collate_preferences(self.tokenizer, self.pairs[start : start + chunk])
+                mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, self.config.prompt_mask)
+                logps, _ = sequence_logprobs(self.reference, batch, mask, position_ids=self.config.position_ids)
+                out.append(logps.view(2, -1).T)
+        return torch.cat(out)
+
+    def batch_indices(self, step: int) -> list[int]:
+        generator = step_generator(self.config.seed, step)
+        return torch.randint(len(self.pairs), (self.config.batch_size,), generator=generator).tolist()
+
+    def train_step(self, step: int) -> dict:
+        c = self.config
+        indices = self.batch_indices(step)
+        batch = collate_preferences(self.tokenizer, [self.pairs[i] for i in indices])
+        loss_mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, c.prompt_mask)
+        b = batch.num_pairs
+        with torch.no_grad():
+            if self.precomputed_reference is not None:
+                ref = self.precomputed_reference[indices]
+                ref_chosen, ref_rejected = ref[:, 0], ref[:, 1]
+            else:
+                ref_logps, ref_tokens = sequence_logprobs(self.reference, batch, loss_mask, position_ids=c.position_ids)
+                ref_chosen, ref_rejected = ref_logps[:b], ref_logps[b:]
+        self.policy.train()
+        policy_logps, policy_tokens = sequence_logprobs(self.policy, batch, loss_mask, position_ids=c.position_ids)
+        per_pair, chosen_rewards, rejected_rewards = losses.dpo_loss(
+            policy_logps[:b], policy_logps[b:], ref_chosen, ref_rejected, c.beta, c.loss_type, c.label_smoothing
+        )
+        loss = per_pair.mean()
+        check_finite_loss(loss)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = clip_and_check_gradients(self.policy.parameters(), c.max_grad_norm)
+        self.optimizer.step()
+        self.policy.eval()
+
+        with torch.no_grad():
+            prompt_targets = prompt_target_mask(batch.attention_mask, batch.prompt_lengths)
+            prompt_logp = (policy_tokens.detach() * prompt_targets).sum(-1)
+            counted_prompt_tokens = (loss_mask & prompt_targets).sum(-1)
+        margins = chosen_rewards - rejected_rewards
+        return {
+            "loss": float(loss.detach()),
+            "rewards/chosen": float(chosen_rewards.mean()),
+            "rewards/rejected": float(rejected_rewards.mean()),
+            "rewards/margins": float(margins.mean()),
+            "rewards/accuracies": float((margins > 0).float().mean()),
+            "logps/chosen": float(policy_logps[:b].detach().mean()),
+            "logps/rejected": float(policy_logps[b:].detach().mean()),
+            "logps/prompt": float(prompt_logp[:b].mean()),
+            "prompt_tokens_in_loss/chosen": int(counted_prompt_tokens[:b].sum()),
+            "prompt_tokens_in_loss/rejected": int(counted_prompt_tokens[b:].sum()),
+            "grad_norm": grad_norm,
+        }
