@@ -36,7 +36,8 @@ def test_first_cell_names_the_pitfall_second_is_the_literal_parameters_cell(path
 
 def test_catalogue_has_the_seed_notebooks():
     stems = {info.stem for info in catalogue()}
-    assert {"00_quickstart", "01_position_ids", "03_eos_termination", "05_grpo_loss_normalization"} <= stems
+    assert {"00_quickstart", "01_position_ids", "02_right_padding_flash_attention", "03_eos_termination",
+            "04_dpo_loss_mask", "05_grpo_loss_normalization"} <= stems
 
 
 @pytest.fixture(scope="session")
@@ -92,3 +93,18 @@ def test_grpo_normalisation_metrics_contract(smoke_run):
     m = metrics_of(smoke_run, "05_grpo_loss_normalization")["metrics"]
     assert set(m["zero_loss_probe"]) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"}
     assert abs(m["zero_loss_probe"]["seq-mean-token-mean"]) <= 1e-7 < abs(m["zero_loss_probe"]["token-mean"])
+
+
+def test_right_padding_metrics_contract(smoke_run):
+    m = metrics_of(smoke_run, "02_right_padding_flash_attention")["metrics"]
+    assert sum(m["right_padding_divergent_rows"].values()) > 0
+    assert sum(m["left_padding_divergent_rows"].values()) == 0
+    assert m["packed_max_abs_logp_diff"] <= 1e-5 < m["packed_with_cache_max_abs_logp_diff"]
+    assert m["packed_speedup"] > 0 and m["ppo_masks_right_padded"] is True
+
+
+def test_dpo_mask_metrics_contract(smoke_run):
+    m = metrics_of(smoke_run, "04_dpo_loss_mask")["metrics"]
+    assert m["margin_gap_step0"] == 0.0
+    assert set(m["prompt_logp_drift"]) == {"both", "chosen_only", "none"}
+    assert m["rows_counting_prompt_tokens"] == {"both": 0, "chosen_only": 6, "none": 12}

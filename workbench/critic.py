@@ -13,7 +13,7 @@ import copy
 import torch
 from torch import nn
 
-from workbench.batching import position_ids_from_mask
+from workbench.batching import pack_sequences, position_ids_from_mask
 
 
 class ValueModel(nn.Module):
@@ -35,17 +35,28 @@ class ValueModel(nn.Module):
         critic.value_head.float()
         return critic
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, position_ids: str = "mask") -> torch.Tensor:
-        """A value (B, T) for every position."""
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, position_ids: str = "mask", packed: bool = False
+    ) -> torch.Tensor:
+        """A value (B, T) for every position (0 at padding when ``packed``)."""
+        if packed:
+            mask = attention_mask.bool()
+            batch = pack_sequences([row[m] for row, m in zip(input_ids, mask)])
+            hidden = self.body(**batch.model_inputs()).last_hidden_state[0]
+            values = self.value_head(hidden.float()).squeeze(-1)
+            return torch.zeros(input_ids.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         if position_ids == "mask":
             inputs["position_ids"] = position_ids_from_mask(attention_mask)
         hidden = self.body(**inputs).last_hidden_state
         return self.value_head(hidden.float()).squeeze(-1)
 
-    def response_values(self, prompt_ids, prompt_mask, response_ids, response_mask, *, position_ids: str = "mask") -> torch.Tensor:
+    def response_values(
+        self, prompt_ids, prompt_mask, response_ids, response_mask, *, position_ids: str = "mask", packed: bool = False
+    ) -> torch.Tensor:
         """V(s_t) for each response token t: read at the position just before it, shape (B, R)."""
         values = self.forward(
-            torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, response_mask], 1), position_ids=position_ids
+            torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, response_mask], 1),
+            position_ids=position_ids, packed=packed,
         )
         return values[:, prompt_ids.shape[1] - 1 : -1]

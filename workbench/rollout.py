@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from workbench.batching import position_ids_from_mask
+from workbench.batching import padding_side_of, position_ids_from_mask
 
 
 def _stop_ids(eos_token_id: int | Sequence[int]) -> torch.Tensor:
@@ -114,6 +114,11 @@ def sample(
         raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
     if temperature <= 0 and not greedy:
         raise ValueError(f"temperature must be > 0 for sampling, got {temperature}; use greedy=True instead")
+    if padding_side_of(prompt_mask) in ("right", "mixed"):
+        raise ValueError(
+            "sample() needs left-padded prompts: with right padding a short row's next token would be predicted "
+            "from a pad position (pitfall S2). Pad prompts on the left (tokenizer.padding_side = 'left')."
+        )
     if engine == "hf":
         return _sample_with_generate(
             model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,

@@ -2,5 +2,8 @@
 user can run against their own model or batch.
 
 * ``position_ids`` — S1: log-prob drift of padded vs unpadded copies of the same text.
+* ``padding`` — S2: right-padding guard, cached-generation divergence, packed-scoring throughput.
 * ``eos`` — S3 and P8: generation cost with and without EOS stopping; EOS dropped by pad masks.
+* ``dpo_mask`` — S4: loss-mask audit, prompt-length check, margin decomposition.
+* ``loss_normalization`` — S5: zero-loss probe, per-token weights, effective β.
 """

@@ -92,6 +92,9 @@ class PPOConfig(TrainerConfig):
     stop_at_eos: bool = True
     """S3 switch: stop decoding when every row has produced EOS (fix) or always decode
     ``max_new_tokens`` steps (bug)."""
+    packed: bool = False
+    """Score with padding-free packed batches (one row, restarting position ids, no mask, no
+    cache) instead of padded ones: same numbers up to float noise, less wasted compute."""
 
     def validate(self) -> None:
         super().validate()
@@ -160,12 +163,13 @@ class PPOTrainer(Trainer):
         return response_logprobs(
             model, r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows],
             position_ids=self.config.position_ids, temperature=self.config.temperature, with_entropy=with_entropy,
+            packed=self.config.packed,
         )
 
     def _values(self, r: Rollout, rows=slice(None)):
         return self.critic.response_values(
             r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows],
-            position_ids=self.config.position_ids,
+            position_ids=self.config.position_ids, packed=self.config.packed,
         )
 
     # -- one PPO step ----------------------------------------------------------------------------
