@@ -140,6 +140,8 @@ def resolve_parameters(info: NotebookInfo, overrides: dict, smoke: bool = False)
             f"{info.stem} has no parameter {', '.join(map(repr, unknown))}; valid names: {', '.join(info.parameters)}"
         )
     resolved = {}
+    if "interactive" in info.parameters:
+        resolved["interactive"] = False  # batch runs never wait for a widget
     if smoke:
         resolved.update(info.smoke_parameters)
         resolved["smoke"] = True

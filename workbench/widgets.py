@@ -1,0 +1,190 @@
+"""ipywidgets explorers for the notebooks: controls that redraw a plot.
+
+Every explorer is an ``Explorer``: a set of value widgets, a ``draw(**values)`` function that
+plots into the explorer's ``Output`` and returns what it measured, and an observer that calls
+``draw`` again whenever a control's ``.value`` changes. The logic is testable without a browser:
+set ``explorer.controls["name"].value`` and read ``explorer.last`` / ``explorer.renders``.
+
+Notebooks show ``explorer.widget`` only when their ``interactive`` parameter is true (batch runs
+set it to False).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+from IPython.display import clear_output
+
+from workbench import losses, plots
+
+
+class Explorer:
+    """Controls + an output area redrawn by ``draw(**control_values)`` on every change."""
+
+    def __init__(self, controls: dict[str, widgets.ValueWidget], draw: Callable[..., Any], title: str = ""):
+        self.controls = controls
+        self.draw = draw
+        self.output = widgets.Output()
+        self.last: Any = None
+        self.renders = 0
+        for control in controls.values():
+            control.observe(self._redraw, names="value")
+        header = [widgets.HTML(f"<b>{title}</b>")] if title else []
+        self.widget = widgets.VBox(header + [widgets.HBox(list(controls.values())), self.output])
+        self._redraw()
+
+    def values(self) -> dict:
+        return {name: control.value for name, control in self.controls.items()}
+
+    def _redraw(self, change=None) -> None:
+        with self.output:
+            clear_output(wait=True)
+            self.last = self.draw(**self.values())
+            plt.show()
+        self.renders += 1
+
+
+# --------------------------------------------------------------------------------------------
+# S1: drift by architecture, dtype, pad length and position-ids mode
+# --------------------------------------------------------------------------------------------
+def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
+    """Per-token |Δ log p| between each text alone and in a left-padded batch."""
+    from workbench.diagnostics.position_ids import logprobs_alone, logprobs_padded
+    from workbench.models import ARCHITECTURES, tiny_model
+
+    cache: dict = {}
+
+    def model_for(arch, dtype):
+        if (arch, dtype) not in cache:
+            cache[arch, dtype] = tiny_model(arch, seed=seed, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16)
+        return cache[arch, dtype]
+
+    def draw(arch, dtype, pad, position_ids):
+        model, tokenizer = model_for(arch, dtype)
+        rows = [tokenizer(t)["input_ids"] for t in texts]
+        alone = logprobs_alone(model, rows)
+        padded = logprobs_padded(model, rows, pad_token_id=tokenizer.pad_token_id, side="left", extra_pad=pad, position_ids=position_ids)
+        drift = [float((a - p).abs().max()) for a, p in zip(alone, padded)]
+        fig, ax = plt.subplots(figsize=(6, 3))
+        ax.bar(range(len(texts)), [max(d, 1e-9) for d in drift], color=plots.bug_fix_color(position_ids == "model"))
+        ax.set_yscale("log")
+        ax.set_ylim(1e-9, 10)
+        ax.set_xticks(range(len(texts)), texts, rotation=30, fontsize=8)
+        ax.set_ylabel("max |Δ log p| vs unpadded (nats)")
+        ax.set_title(f"{arch} {dtype}, +{pad} left pads, position_ids={position_ids}")
+        return {"max_drift": max(drift)}
+
+    controls = {
+        "arch": widgets.Dropdown(options=list(ARCHITECTURES), value="gpt2", description="arch"),
+        "dtype": widgets.ToggleButtons(options=["fp32", "bf16"], value="fp32", description="dtype"),
+        "pad": widgets.IntSlider(value=4, min=0, max=32, description="extra pads"),
+        "position_ids": widgets.ToggleButtons(options=["model", "mask"], value="model", description="position_ids"),
+    }
+    return Explorer(controls, draw, "Logit drift: pick an architecture, dtype, pad length and the fix")
+
+
+# --------------------------------------------------------------------------------------------
+# S2: padding side of batched cached generation
+# --------------------------------------------------------------------------------------------
+def padding_side_explorer(models: dict[str, tuple], prompts: list[str]) -> Explorer:
+    """Rows whose greedy continuation differs from generating alone, for a padding side."""
+    from workbench.diagnostics.padding import greedy_continuations
+
+    alone_cache: dict = {}
+
+    def draw(model_name, side):
+        model, tokenizer = models[model_name]
+        if model_name not in alone_cache:
+            alone_cache[model_name] = [greedy_continuations(model, tokenizer, [p], side="left", max_new_tokens=6)[0] for p in prompts]
+        batched = greedy_continuations(model, tokenizer, prompts, side=side, max_new_tokens=6)
+        differs = [int(a != b) for a, b in zip(alone_cache[model_name], batched)]
+        fig, ax = plt.subplots(figsize=(6, 2.2))
+        ax.bar(range(len(prompts)), differs, color=plots.bug_fix_color(side == "right"))
+        ax.set_ylim(0, 1.2)
+        ax.set_xlabel("prompt (row of the batch)")
+        ax.set_ylabel("differs from alone (0/1)")
+        ax.set_title(f"{model_name}: {sum(differs)}/{len(prompts)} rows diverge with {side} padding")
+        return {"divergent_rows": sum(differs)}
+
+    controls = {
+        "model_name": widgets.Dropdown(options=list(models), description="model"),
+        "side": widgets.ToggleButtons(options=["right", "left"], value="right", description="padding"),
+    }
+    return Explorer(controls, draw, "Batched cached generation: right vs left padding")
+
+
+# --------------------------------------------------------------------------------------------
+# S3: decoding budget and batch size
+# --------------------------------------------------------------------------------------------
+def eos_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
+    """Decoding steps and wasted tokens with and without EOS stopping."""
+    from workbench.diagnostics.eos import generation_cost, rollout_pair
+
+    def draw(batch_size, max_new_tokens):
+        pair = rollout_pair(model, tokenizer, prompts[:batch_size], max_new_tokens=max_new_tokens, seed=seed)
+        costs = {name: generation_cost(r) for name, r in pair.items()}
+        fig, ax = plt.subplots(figsize=(6, 2.8))
+        ax.bar(["always max_new_tokens (bug)", "stop at EOS (fix)"], [costs["bug"]["tokens_generated"], costs["fix"]["tokens_generated"]],
+               color=[plots.BUG_COLOR, plots.FIX_COLOR])
+        ax.axhline(costs["fix"]["tokens_needed"], color=plots.NEUTRAL_COLOR, ls="--", label="tokens needed")
+        ax.set_ylabel("tokens generated per batch")
+        ax.legend()
+        return costs
+
+    controls = {
+        "batch_size": widgets.IntSlider(value=16, min=1, max=len(prompts), description="batch size"),
+        "max_new_tokens": widgets.IntSlider(value=16, min=2, max=64, description="max_new_tokens"),
+    }
+    return Explorer(controls, draw, "What decoding past EOS costs")
+
+
+# --------------------------------------------------------------------------------------------
+# S4: DPO loss masks
+# --------------------------------------------------------------------------------------------
+def dpo_mask_explorer(batch) -> Explorer:
+    """The loss mask of a concatenated chosen+rejected batch for each prompt_mask mode."""
+    from workbench.diagnostics.dpo_mask import audit_loss_mask
+    from workbench.trainers.dpo import PROMPT_MASK_MODES, build_loss_mask
+
+    def draw(prompt_mask):
+        mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, prompt_mask)
+        audit = audit_loss_mask(batch.input_ids, mask, batch.prompt_lengths)
+        fig, ax = plt.subplots(figsize=(6, 3))
+        plots.plot_mask(ax, mask, f"prompt_mask={prompt_mask!r}: {len(audit)} rows count prompt tokens",
+                        xlabel="target token position", ylabel="row (chosen on top)")
+        ax.axhline(batch.num_pairs - 0.5, color=plots.BUG_COLOR if prompt_mask == "chosen_only" else plots.NEUTRAL_COLOR)
+        return {"rows_counting_prompt": len(audit)}
+
+    controls = {"prompt_mask": widgets.ToggleButtons(options=list(PROMPT_MASK_MODES), value="chosen_only", description="mask")}
+    return Explorer(controls, draw, "DPO loss mask: toggle the bug")
+
+
+# --------------------------------------------------------------------------------------------
+# S5: per-token gradient weight by loss aggregation mode
+# --------------------------------------------------------------------------------------------
+def loss_mode_explorer() -> Explorer:
+    """Per-token and per-response gradient weight for a loss mode and a length spread."""
+    from workbench.diagnostics.loss_normalization import analytic_token_weights
+
+    def draw(mode, longest):
+        lengths = sorted({1, max(1, longest // 4), max(1, longest // 2), longest})
+        weights = analytic_token_weights(lengths, mode)
+        fig, ax = plt.subplots(figsize=(6, 3))
+        ax.plot(lengths, weights, "o-", color=plots.FIX_COLOR, label="per token")
+        ax.plot(lengths, [w * n for w, n in zip(weights, lengths)], "s--", color=plots.NEUTRAL_COLOR, label="whole response")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("response length L (tokens)")
+        ax.set_ylabel("gradient weight")
+        ax.set_title(mode)
+        ax.legend()
+        return {"lengths": lengths, "weights": weights}
+
+    controls = {
+        "mode": widgets.Dropdown(options=list(losses.LOSS_AGG_MODES), value="token-mean", description="loss_agg"),
+        "longest": widgets.IntSlider(value=16, min=2, max=256, description="longest L"),
+    }
+    return Explorer(controls, draw, "Gradient weight per token and per response")
