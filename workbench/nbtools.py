@@ -58,13 +58,14 @@ def _clean(value):
     return value
 
 
-def write_metrics(out_dir: str | Path, *, notebook: str, parameters: dict, reproduced: bool, fixed: bool, metrics: dict) -> dict:
-    """Write ``metrics.json`` atomically and return what was written."""
+def write_metrics(out_dir: str | Path, *, notebook: str, parameters: dict, reproduced: bool, fixed: bool, metrics: dict) -> None:
+    """Write ``metrics.json`` atomically and print a one-line verdict."""
     payload = _clean(
         {"notebook": notebook, "parameters": parameters, "reproduced": bool(reproduced), "fixed": bool(fixed), "metrics": metrics}
     )
-    atomic_write_json(Path(out_dir) / "metrics.json", payload)
-    return payload
+    path = Path(out_dir) / "metrics.json"
+    atomic_write_json(path, payload)
+    print(f"{notebook}: bug reproduced = {payload['reproduced']}, fix shown = {payload['fixed']} → {path}")
 
 
 def read_metrics(out_dir: str | Path) -> dict | None:
