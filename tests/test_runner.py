@@ -74,3 +74,13 @@ def test_a_failing_notebook_does_not_stop_the_others(tmp_path):
     assert verdicts["99_broken"]["verdict"] == "failed" and "boom" in verdicts["99_broken"]["error"]
     assert verdicts["00_quickstart"]["verdict"] == "reproduced + fixed"
     assert "boom" in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_rendered_notebook_html_has_no_external_scripts(tmp_path):
+    from workbench.runner import render_notebook_html
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# hi"), nbformat.v4.new_code_cell("1")])
+    path = tmp_path / "x.ipynb"
+    nbformat.write(notebook, str(path))
+    html = render_notebook_html(path).read_text()
+    assert "<h1" in html and 'src="http' not in html

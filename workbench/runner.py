@@ -9,6 +9,7 @@ keeps going when one fails, and finishes with ``<out>/index.html`` (see ``report
 
 from __future__ import annotations
 
+import re
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -126,6 +127,9 @@ def render_notebook_html(notebook_path: Path) -> Path:
     exporter = HTMLExporter(template_name="lab")
     exporter.mathjax_url = ""  # no external assets: formulas stay as TeX source offline
     body, _ = exporter.from_notebook_node(nbformat.read(str(notebook_path), as_version=4))
+    # The lab template loads require.js from a CDN (for widget state, which batch runs do not
+    # have): drop every external script so the page reads the same offline.
+    body = re.sub(r'<script[^>]*\ssrc="https?://[^"]*"[^>]*>\s*</script>', "", body)
     path = notebook_path.with_suffix(".html")
     path.write_text(body)
     return path
