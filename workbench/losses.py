@@ -53,6 +53,23 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     return whitened * mask
 
 
+def naive_whiten(values: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """Whitening over *every* position, padding included: pitfall P13 (statistics polluted by
+    masked tokens). Use ``masked_whiten``."""
+    mean, variance = values.mean(), values.var()
+    whitened = (values - mean) * torch.rsqrt(variance + eps)
+    return whitened if shift_mean else whitened + mean
+
+
+def tis_weights(trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling weights min(π_trainer / π_rollout, cap), detached (verl PR #2953).
+
+    Corrects a policy-gradient estimate computed from samples of a rollout engine whose
+    probabilities differ from the trainer's (bf16 vs fp32, different kernels: pitfall P12).
+    """
+    return torch.exp(trainer_logp - rollout_logp).clamp(max=cap).detach()
+
+
 # --------------------------------------------------------------------------------------------
 # KL penalty
 # --------------------------------------------------------------------------------------------
@@ -127,9 +144,16 @@ def ppo_policy_loss(
     clip_low: float = 0.2,
     clip_high: float | None = None,
     loss_agg: str = "token-mean",
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """PPO clipped surrogate aggregated with ``loss_agg``; stats: clip fraction, approx-KL, ratio."""
+    """PPO clipped surrogate aggregated with ``loss_agg``; stats: clip fraction, approx-KL, ratio.
+
+    ``weights`` (detached, per token) multiply the per-token loss: truncated importance sampling
+    (``tis_weights``) corrects for a rollout engine whose log-probs differ from the trainer's.
+    """
     per_token, was_clipped = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
+    if weights is not None:
+        per_token = per_token * weights
     loss = aggregate_loss(per_token, mask, loss_agg)
     with torch.no_grad():
         log_ratio = logp - old_logp

@@ -12,6 +12,7 @@ derives position ids from the attention mask; unlike it, everything is explicit:
 Either way the response goes through ``truncate_after_eos``: tokens after the first EOS are
 replaced by pad and masked out of every loss, the EOS itself stays an action.
 
+The model is used in whatever mode the caller left it (``eval()`` for sampling without dropout).
 Sampling uses an explicit ``torch.Generator``: the trainers seed one per step, so a rollout is
 reproducible whatever happened before it, and the bug/fix runs of S3 sample identical responses.
 ``engine="hf"`` runs ``model.generate`` instead (for cross-checks; same tokens for the same seed).
@@ -128,8 +129,6 @@ def sample(
     if engine != "workbench":
         raise ValueError(f"engine={engine!r}; use 'workbench' or 'hf'")
     start = time.perf_counter()
-    was_training = model.training
-    model.eval()
     stop_ids = _stop_ids(eos_token_id).to(prompt_ids.device)
     attention_mask = prompt_mask.clone()
     position_ids = position_ids_from_mask(attention_mask)
@@ -163,7 +162,6 @@ def sample(
             use_cache=True,
         )
         next_position = next_position + 1
-    model.train(was_training)
     raw_response = torch.stack(tokens, dim=1)
     response_ids, response_mask = truncate_after_eos(raw_response, eos_token_id, pad_token_id)
     rollout_logprobs = torch.stack(logprobs, dim=1) * response_mask

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench import losses
+from workbench.models import disable_dropout
 from workbench.rollout import sample
 from workbench.scoring import POSITION_IDS_MODES, response_logprobs
 from workbench.tasks import Problem, encode_prompts, score_responses
@@ -70,7 +71,16 @@ class GRPOConfig(TrainerConfig):
     """S5 switch: ``with_loss`` adds β·KL per token before aggregating (fix); ``per_sequence``
     normalises the KL per sequence whatever ``loss_agg`` is (the seed's inconsistent variant)."""
     mask_truncated_completions: bool = False
-    """Leave completions that never produced EOS out of the loss (TRL's option)."""
+    """P11: leave completions that never produced EOS out of the loss (TRL's option)."""
+    score_truncated_as_finished: bool = False
+    """P11 switch (bug): score a completion that never produced EOS by its text, as if it had
+    finished. Default: the task requires EOS, so a truncated completion scores 0."""
+    missing_eos_penalty: float = 0.0
+    """P11: subtracted from the reward of a completion with no EOS."""
+    rescale_by_temperature: bool = True
+    """P6 switch: recompute log-probs from logits / temperature (fix) or raw logits (bug)."""
+    disable_dropout: bool = True
+    """P7 switch: dropout probabilities set to 0 (fix) or left on with models in train mode (bug)."""
     position_ids: str = "mask"
     """Position ids of the training forward: ``mask`` (fix) or ``model`` (S1 bug)."""
     stop_at_eos: bool = True
@@ -145,6 +155,13 @@ class GRPOTrainer(Trainer):
         if config.beta > 0:
             self.reference = reference if reference is not None else copy.deepcopy(policy)
             self.reference.eval().requires_grad_(False)
+        if config.disable_dropout:
+            for model in (self.policy, self.reference):
+                if model is not None:
+                    disable_dropout(model)
+        self.dropout_on = not config.disable_dropout
+        if self.reference is not None:
+            self.reference.train(self.dropout_on)
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
 
     def modules(self):
@@ -156,7 +173,8 @@ class GRPOTrainer(Trainer):
     def _logprobs(self, model, prompt_ids, prompt_mask, response_ids, response_mask, with_entropy=False):
         return response_logprobs(
             model, prompt_ids, prompt_mask, response_ids, response_mask, position_ids=self.config.position_ids,
-            temperature=self.config.temperature, with_entropy=with_entropy, packed=self.config.packed,
+            with_entropy=with_entropy, packed=self.config.packed,
+            temperature=self.config.temperature if self.config.rescale_by_temperature else 1.0,
         )
 
     def train_step(self, step: int) -> dict:
@@ -166,17 +184,21 @@ class GRPOTrainer(Trainer):
         picks = torch.randint(len(self.problems), (c.prompts_per_step,), generator=generator).tolist()
         problems = [self.problems[i] for i in picks for _ in range(c.num_generations)]
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, [p.prompt for p in problems])
+        self.policy.train(self.dropout_on)
         r = sample(
             self.policy, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
             eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
             stop_at_eos=c.stop_at_eos, generator=generator,
         )
-        rewards = score_responses(self.tokenizer, problems, r.response_ids, r.response_mask, r.finished)
+        scored_as_finished = torch.ones_like(r.finished) if c.score_truncated_as_finished else r.finished
+        rewards = score_responses(self.tokenizer, problems, r.response_ids, r.response_mask, scored_as_finished)
+        rewards = rewards - c.missing_eos_penalty * (~r.finished).float()
         # 2. Group-relative advantages.
         advantages = losses.group_advantages(rewards, c.num_generations, c.scale_rewards)
         loss_mask = r.response_mask.float()
         if c.mask_truncated_completions:
             loss_mask = loss_mask * r.finished.float()[:, None]
+        truncated_rewarded = int(((~r.finished) & (rewards > 0)).sum())
         with torch.no_grad():
             ref_logp = self._logprobs(self.reference, prompt_ids, prompt_mask, r.response_ids, r.response_mask) if self.reference else None
             old_logp = (
@@ -221,6 +243,7 @@ class GRPOTrainer(Trainer):
             "length_correct": float(lengths[correct].mean()) if correct.any() else float("nan"),
             "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
             "finished_fraction": float(r.finished.float().mean()),
+            "truncated_rewarded": truncated_rewarded,
             "tokens_generated": r.tokens_generated,
             "rollout_seconds": r.seconds,
         }

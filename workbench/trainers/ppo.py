@@ -31,6 +31,7 @@ import torch
 
 from workbench import losses
 from workbench.critic import ValueModel
+from workbench.models import disable_dropout
 from workbench.rollout import Rollout, sample
 from workbench.scoring import POSITION_IDS_MODES, response_logprobs
 from workbench.tasks import Problem, encode_prompts, score_responses
@@ -92,6 +93,20 @@ class PPOConfig(TrainerConfig):
     stop_at_eos: bool = True
     """S3 switch: stop decoding when every row has produced EOS (fix) or always decode
     ``max_new_tokens`` steps (bug)."""
+    rescale_by_temperature: bool = True
+    """P6 switch: recompute log-probs from logits / temperature (fix) or from raw logits (bug)."""
+    disable_dropout: bool = True
+    """P7 switch: set every dropout probability to 0 in policy, reference and critic (fix), or
+    leave dropout on with every model in train mode (bug)."""
+    rollout_dtype: str = "float32"
+    """P12: dtype of the sampler's copy of the policy (``bfloat16`` mimics a bf16 inference engine
+    feeding an fp32 trainer)."""
+    tis_cap: float = 0.0
+    """P12 correction: truncated importance sampling, per-token weight min(π_old/π_rollout, cap)
+    (0 disables; needs ``old_logprobs="recompute"``)."""
+    whiten_over: str = "real"
+    """P13 switch: whiten advantages/rewards over real tokens only (fix) or over every padded
+    position (bug)."""
     packed: bool = False
     """Score with padding-free packed batches (one row, restarting position ids, no mask, no
     cache) instead of padded ones: same numbers up to float noise, less wasted compute."""
@@ -114,6 +129,10 @@ class PPOConfig(TrainerConfig):
                 f"is not a loss aggregation mode {losses.LOSS_AGG_MODES}")
         require_choice(self, "old_logprobs", ("rollout", "recompute"))
         require_choice(self, "position_ids", POSITION_IDS_MODES)
+        require_choice(self, "rollout_dtype", ("float32", "bfloat16", "float16"))
+        require(self, "tis_cap", self.tis_cap == 0 or (self.tis_cap >= 1 and self.old_logprobs == "recompute"),
+                "must be 0 (off) or ≥ 1 with old_logprobs='recompute' (TIS reweights rollout samples to π_old)")
+        require_choice(self, "whiten_over", ("real", "padded"))
 
 
 def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -135,6 +154,15 @@ class PPOTrainer(Trainer):
         self.reference = reference if reference is not None else copy.deepcopy(policy)
         self.reference.eval().requires_grad_(False)
         self.critic = critic if critic is not None else ValueModel.from_policy(policy, seed=config.seed)
+        if config.disable_dropout:
+            for model in (self.policy, self.reference, self.critic):
+                disable_dropout(model)
+        # P7 bug: dropout left on and every model left in train mode (a naive loop never calls eval()).
+        self.dropout_on = not config.disable_dropout
+        self.reference.train(self.dropout_on)
+        self.rollout_model = None
+        if config.rollout_dtype != "float32":  # P12: a lower-precision copy samples, the fp32 policy trains
+            self.rollout_model = copy.deepcopy(policy).to(getattr(torch, config.rollout_dtype)).requires_grad_(False)
         self.policy_optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
         self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=config.critic_learning_rate, weight_decay=0.0)
 
@@ -151,8 +179,13 @@ class PPOTrainer(Trainer):
         picks = torch.randint(len(self.problems), (c.prompts_per_step,), generator=generator).tolist()
         problems = [self.problems[i] for i in picks]
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, [p.prompt for p in problems])
+        sampler = self.policy
+        if self.rollout_model is not None:
+            self.rollout_model.load_state_dict(self.policy.state_dict())
+            sampler = self.rollout_model
+        sampler.train(self.dropout_on)
         rollout = sample(
-            self.policy, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+            sampler, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
             eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
             stop_at_eos=c.stop_at_eos, generator=generator,
         )
@@ -162,8 +195,8 @@ class PPOTrainer(Trainer):
     def _logprobs(self, model, r: Rollout, rows=slice(None), with_entropy=False):
         return response_logprobs(
             model, r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows],
-            position_ids=self.config.position_ids, temperature=self.config.temperature, with_entropy=with_entropy,
-            packed=self.config.packed,
+            position_ids=self.config.position_ids, with_entropy=with_entropy, packed=self.config.packed,
+            temperature=self.config.temperature if self.config.rescale_by_temperature else 1.0,
         )
 
     def _values(self, r: Rollout, rows=slice(None)):
@@ -180,8 +213,9 @@ class PPOTrainer(Trainer):
         penalised = scores - c.missing_eos_penalty * (~r.finished).float()
 
         # 3. Reward shaping with a KL penalty to the frozen reference.
+        whiten = losses.masked_whiten if c.whiten_over == "real" else (lambda x, m, **kw: losses.naive_whiten(x, **kw) * m)
         with torch.no_grad():
-            self.policy.eval()
+            self.policy.train(self.dropout_on)
             # The training forward's view of the sampled tokens before any update. Against the
             # sampler's own log-probs it must give ρ = 1 up to float noise (S1 breaks this).
             policy_logp = self._logprobs(self.policy, r)
@@ -192,15 +226,17 @@ class PPOTrainer(Trainer):
             kl = losses.kl_penalty(old_logp, ref_logp, c.kl_kind) * mask
             rewards = -c.kl_coef * kl + last_token_rewards(penalised, mask)
             if c.whiten_rewards:
-                rewards = losses.masked_whiten(rewards, mask, shift_mean=False)
+                rewards = whiten(rewards, mask, shift_mean=False)
             # 4. Advantages.
             advantages, returns = losses.gae(rewards, old_values, mask, c.gamma, c.lam)
             if c.whiten_advantages:
-                advantages = losses.masked_whiten(advantages, mask)
+                advantages = whiten(advantages, mask)
+            weights = losses.tis_weights(old_logp, r.rollout_logprobs, c.tis_cap) if c.tis_cap else None
 
         # 5. PPO epochs over mini-batches.
         self.policy.train()
         generator = step_generator(c.seed, step)
+        train_ratio_deviation = None
         stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "clip_fraction", "approx_kl",
                                                           "value_clip_fraction", "entropy", "grad_norm")}
         for _ in range(c.ppo_epochs):
@@ -209,9 +245,11 @@ class PPOTrainer(Trainer):
                 rows = order[start : start + c.mini_batch_size]
                 mb_mask = mask[rows]
                 logp, entropy = self._logprobs(self.policy, r, rows, with_entropy=True)
+                if train_ratio_deviation is None:  # the actual training forward, before any update
+                    train_ratio_deviation = float(((logp.detach() - old_logp[rows]).exp() - 1).abs().mul(mb_mask).max())
                 policy_loss, policy_stats = losses.ppo_policy_loss(
                     logp, old_logp[rows], advantages[rows], mb_mask, clip_low=c.clip_low, clip_high=c.clip_high,
-                    loss_agg=c.loss_agg,
+                    loss_agg=c.loss_agg, weights=None if weights is None else weights[rows],
                 )
                 values = self._values(r, rows)
                 value_loss, value_clip_fraction = losses.ppo_value_loss(values, old_values[rows], returns[rows], mb_mask, c.value_clip)
@@ -240,6 +278,8 @@ class PPOTrainer(Trainer):
             "kl": float(kl.sum(-1).mean()),
             "kl_token_max_abs": float(kl.abs().max()),
             "first_ratio_deviation": first_ratio_deviation,
+            "train_ratio_deviation": train_ratio_deviation,
+            "advantage_mean_real_tokens": float(losses.masked_mean(advantages, mask)),
             **{k: sum(v) / len(v) for k, v in stats.items()},
             "response_length": float(lengths.mean()),
             "finished_fraction": float(r.finished.float().mean()),

@@ -27,22 +27,31 @@ class SFTConfig(TrainerConfig):
     """Linear learning-rate warm-up, then cosine decay to 10% over ``steps``."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
+    pad_equals_eos: bool = False
+    """P8 switch: pad with the EOS token and build the loss mask as ``ids != pad`` (bug: every EOS
+    target is dropped) instead of a distinct pad token and an explicit response mask (fix)."""
 
     def validate(self) -> None:
         super().validate()
         require(self, "batch_size", self.batch_size >= 1, "must be ≥ 1")
 
 
-def sft_batch(tokenizer, problems: list[Problem]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(ids, attention_mask, loss_mask)``, right-padded; loss_mask marks answer + EOS targets."""
+def sft_batch(tokenizer, problems: list[Problem], pad_equals_eos: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids, attention_mask, loss_mask)``, right-padded; loss_mask marks answer + EOS targets.
+
+    ``pad_equals_eos`` reproduces P8: pads are EOS tokens and the loss mask is inferred as
+    ``ids != pad``, which also removes the real EOS targets."""
     rows, loss_rows = [], []
     for problem in problems:
         prompt = tokenizer(problem.prompt)["input_ids"]
         response = encode_response(tokenizer, problem.answer)
         rows.append(prompt + response)
         loss_rows.append([0] * len(prompt) + [1] * len(response))
-    ids, attention_mask = pad_sequences(rows, tokenizer.pad_token_id, side="right")
+    pad = tokenizer.eos_token_id if pad_equals_eos else tokenizer.pad_token_id
+    ids, attention_mask = pad_sequences(rows, pad, side="right")
     loss_mask, _ = pad_sequences(loss_rows, 0, side="right")
+    if pad_equals_eos:
+        loss_mask = loss_mask * (ids != pad).long()
     return ids, attention_mask, loss_mask
 
 
@@ -71,7 +80,7 @@ class SFTTrainer(Trainer):
     def train_step(self, step: int) -> dict:
         rng = random.Random(self.config.seed * 1_000_003 + step)
         batch = [self.problems[rng.randrange(len(self.problems))] for _ in range(self.config.batch_size)]
-        ids, attention_mask, loss_mask = sft_batch(self.tokenizer, batch)
+        ids, attention_mask, loss_mask = sft_batch(self.tokenizer, batch, self.config.pad_equals_eos)
         self.model.train()
         logits = forward(self.model, ids, attention_mask).logits
         token_logprobs = logprobs_of(logits[:, :-1], ids[:, 1:])
