@@ -79,7 +79,7 @@ def gradient_comparison(policy, reference, input_ids, attention_mask, positions)
     for name, coefficient in coefficients.items():
         grad = _flat_grad(policy, (probs * coefficient * logp).sum(-1).mean())
         out[name] = {
-            "cosine": float(F.cosine_similarity(grad, exact, dim=0)) if grad.norm() > 0 else 0.0,
+            "cosine": float(F.cosine_similarity(grad.double(), exact.double(), dim=0)) if grad.norm() > 0 else 0.0,
             "norm_ratio": float(grad.norm() / exact.norm()),
         }
     return out
