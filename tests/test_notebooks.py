@@ -37,7 +37,9 @@ def test_first_cell_names_the_pitfall_second_is_the_literal_parameters_cell(path
 def test_catalogue_has_the_seed_notebooks():
     stems = {info.stem for info in catalogue()}
     assert {"00_quickstart", "01_position_ids", "02_right_padding_flash_attention", "03_eos_termination",
-            "04_dpo_loss_mask", "05_grpo_loss_normalization"} <= stems
+            "04_dpo_loss_mask", "05_grpo_loss_normalization", "06_temperature", "07_dropout", "08_pad_equals_eos",
+            "09_kl_estimators", "10_grad_accumulation", "11_truncated_responses", "12_logprob_mismatch",
+            "13_whitening"} <= stems
 
 
 @pytest.fixture(scope="session")

@@ -6,4 +6,7 @@ user can run against their own model or batch.
 * ``eos`` — S3 and P8: generation cost with and without EOS stopping; EOS dropped by pad masks.
 * ``dpo_mask`` — S4: loss-mask audit, prompt-length check, margin decomposition.
 * ``loss_normalization`` — S5: zero-loss probe, per-token weights, effective β.
+* ``temperature`` (P6), ``dropout`` (P7), ``pad_eos`` (P8), ``kl_estimators`` (P9),
+  ``grad_accumulation`` (P10), ``rollout_mismatch`` (P12), ``whitening`` (P13); P11 lives in the
+  GRPO trainer's truncated-completion switches.
 """
