@@ -45,7 +45,7 @@ def test_catalogue_has_the_seed_notebooks():
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
-    folder, results = run_catalogue(None, smoke=True, out_dir=out, progress=False, render_html=False)
+    folder, results = run_catalogue(None, smoke=True, out_dir=out, progress=False, render_html=False, jobs_in_parallel=2)
     return folder, {r.stem: r for r in results}
 
 

@@ -29,7 +29,7 @@ def _run(args) -> int:
         overrides[name] = value
     try:
         out, results = run_catalogue(args.notebooks or None, smoke=args.smoke, overrides=overrides, out_dir=args.out,
-                                     progress=not args.quiet, render_html=not args.no_html)
+                                     progress=not args.quiet, render_html=not args.no_html, jobs_in_parallel=args.jobs)
     except ParameterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"), help="set a parameter")
     run.add_argument("--out", default=None, help="output folder (default: runs/<timestamp>)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("-j", "--jobs", type=int, default=2, help="notebooks executed at once (default 2; threads are shared)")
     run.add_argument("--no-html", action="store_true", help="skip rendering executed notebooks to HTML")
     run.set_defaults(func=_run)
     args = parser.parse_args(argv)

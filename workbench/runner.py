@@ -9,9 +9,11 @@ keeps going when one fails, and finishes with ``<out>/index.html`` (see ``report
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -135,6 +137,18 @@ def render_notebook_html(notebook_path: Path) -> Path:
     return path
 
 
+def _execute_safely(info: NotebookInfo, parameters: dict, out: Path, render_html: bool, threads: int | None) -> NotebookResult:
+    """``execute`` that turns any runner failure into a failed result (the other notebooks go on)."""
+    if threads is not None:  # inherited by the kernel this process starts
+        for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[variable] = str(threads)
+    try:
+        return execute(info, parameters, out / info.stem, render_html=render_html)
+    except Exception:
+        return NotebookResult(stem=info.stem, purpose=info.purpose, out_dir=str(out / info.stem), parameters=parameters,
+                              seconds=0.0, ok=False, error=traceback.format_exc(limit=3))
+
+
 def run_catalogue(
     names: list[str] | None = None,
     *,
@@ -143,6 +157,7 @@ def run_catalogue(
     out_dir: str | Path | None = None,
     progress: bool = True,
     render_html: bool = True,
+    jobs_in_parallel: int = 1,
 ) -> tuple[Path, list[NotebookResult]]:
     """Execute notebooks, then write ``index.html`` and ``summary.json`` into ``out_dir``."""
     from tqdm.auto import tqdm
@@ -152,18 +167,27 @@ def run_catalogue(
     jobs = plan(names, overrides or {}, smoke)
     out = Path(out_dir) if out_dir else default_out_dir()
     out.mkdir(parents=True, exist_ok=True)
-    results = []
     start = time.perf_counter()
-    bar = tqdm(jobs, desc="notebooks", disable=not progress, unit="nb")
-    for info, parameters in bar:
-        bar.set_postfix_str(info.stem)
-        try:
-            results.append(execute(info, parameters, out / info.stem, render_html=render_html))
-        except Exception:
-            results.append(
-                NotebookResult(stem=info.stem, purpose=info.purpose, out_dir=str(out / info.stem), parameters=parameters,
-                               seconds=0.0, ok=False, error=traceback.format_exc(limit=3))
-            )
+    bar = tqdm(total=len(jobs), desc="notebooks", disable=not progress, unit="nb")
+    results: list[NotebookResult | None] = [None] * len(jobs)
+    workers = max(1, min(jobs_in_parallel, len(jobs)))
+    if workers == 1:
+        for i, (info, parameters) in enumerate(jobs):
+            bar.set_postfix_str(info.stem)
+            results[i] = _execute_safely(info, parameters, out, render_html, threads=None)
+            bar.update(1)
+    else:
+        # Several kernels at once, each limited to its share of the CPU cores.
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(_execute_safely, info, parameters, out, render_html, threads): i
+                       for i, (info, parameters) in enumerate(jobs)}
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                bar.set_postfix_str(results[futures[future]].stem)
+                bar.update(1)
+    bar.close()
+    results = [r for r in results if r is not None]
     total = time.perf_counter() - start
     write_report(out, results, total_seconds=total, smoke=smoke)
     atomic_write_json(
