@@ -58,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("-j", "--jobs", type=int, default=2, help="notebooks executed at once (default 2; threads are shared)")
     run.add_argument("--no-html", action="store_true", help="skip rendering executed notebooks to HTML")
     run.set_defaults(func=_run)
+    from workbench import train
+
+    trainer = sub.add_parser("train", help="train with PPO, GRPO, DPO or SFT (resumes from --output-dir)")
+    train.add_arguments(trainer)
+    trainer.set_defaults(func=train.main)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

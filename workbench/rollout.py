@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.batching import padding_side_of, position_ids_from_mask
+from workbench.errors import NonFiniteError
 
 
 def _stop_ids(eos_token_id: int | Sequence[int]) -> torch.Tensor:
@@ -138,6 +139,11 @@ def sample(
     tokens, logprobs = [], []
     for _ in range(max_new_tokens):
         scores = output.logits[:, -1].float()
+        if not torch.isfinite(scores).all():
+            raise NonFiniteError(
+                "the policy's logits contain NaN/inf while sampling; the step was not applied and the last good "
+                "checkpoint is kept. Lower the learning rate or check the weights."
+            )
         if not greedy:
             scores = scores / temperature
         step_logprobs = F.log_softmax(scores, dim=-1)

@@ -23,14 +23,12 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from workbench.errors import NonFiniteError  # noqa: F401  (re-exported)
 
 
 class ConfigError(ValueError):
     """An invalid trainer configuration value; the message names the field and the fix."""
 
-
-class NonFiniteError(FloatingPointError):
-    """A loss or gradient became NaN or infinite; the run stopped before corrupting the weights."""
 
 
 @dataclass
@@ -112,6 +110,8 @@ class Trainer:
     """Base class: subclasses set ``self.config`` and implement ``train_step``."""
 
     config: TrainerConfig
+
+    is_main_process = True
 
     def __init__(self) -> None:
         self.step = 0

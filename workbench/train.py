@@ -1,0 +1,129 @@
+"""Command-line training entry point: ``python -m workbench train {ppo,grpo,dpo,sft} ...``.
+
+The same entry point runs in one process or under ``accelerate launch`` (see ``distributed.py``).
+Every bad input is an error that names the problem and the fix, with exit code 2: an unknown or
+mistyped ``--set`` field, an invalid config value, a missing/unsafe checkpoint, a tokenizer with
+pad == EOS, an empty or missing dataset, a prompt that does not fit the model's context.
+
+A run writes checkpoints atomically into ``--output-dir``; running the same command again resumes
+from the latest one (weights, optimiser, RNG and history), so a killed run finishes with exactly the
+numbers an uninterrupted run would have given. The final history goes to ``history.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from workbench.checkpoint import atomic_write_json
+from workbench.models import ModelLoadError
+from workbench.notebooks import ParameterError, convert_value
+
+TRAINERS = ("ppo", "grpo", "dpo", "sft")
+
+
+class InputError(ValueError):
+    """Bad user input detected before training starts."""
+
+
+def trainer_classes(kind: str):
+    if kind == "ppo":
+        from workbench.trainers.ppo import PPOConfig, PPOTrainer
+        return PPOConfig, PPOTrainer
+    if kind == "grpo":
+        from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
+        return GRPOConfig, GRPOTrainer
+    if kind == "dpo":
+        from workbench.trainers.dpo import DPOConfig, DPOTrainer
+        return DPOConfig, DPOTrainer
+    from workbench.trainers.sft import SFTConfig, SFTTrainer
+    return SFTConfig, SFTTrainer
+
+
+def build_config(config_cls, assignments: list[str], output_dir: str | None):
+    """A config from ``key=value`` strings, converted to each field's type."""
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    values = {}
+    for assignment in assignments:
+        if "=" not in assignment:
+            raise InputError(f"--set expects key=value, got {assignment!r}")
+        key, text = assignment.split("=", 1)
+        if key not in fields:
+            raise InputError(f"{config_cls.__name__} has no field {key!r}; valid fields: {', '.join(fields)}")
+        default = fields[key].default
+        values[key] = text if isinstance(default, str) or default is None else convert_value(key, text, default)
+    if output_dir is not None:
+        values["output_dir"] = output_dir
+    return config_cls(**values)
+
+
+def check_context_fits(model, tokenizer, prompts: list[str], max_new_tokens: int) -> None:
+    """Raise when a prompt plus the response budget exceeds the model's context window."""
+    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    if limit is None:
+        return
+    longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
+    if longest + max_new_tokens > limit:
+        raise InputError(
+            f"the longest prompt has {longest} tokens and max_new_tokens={max_new_tokens}: {longest + max_new_tokens} > "
+            f"the model's context of {limit} positions. Shorten or filter the prompts, or lower max_new_tokens."
+        )
+
+
+def load_data(kind: str, path: str | None, limit: int | None):
+    from workbench import tasks
+
+    if kind == "dpo":
+        rows = tasks.load_preferences(path or tasks.TRAIN_PREFERENCES)
+    else:
+        rows = tasks.load_problems(path or tasks.TRAIN_PROMPTS)
+    return rows[:limit] if limit else rows
+
+
+def run(args) -> dict:
+    from workbench.models import load
+
+    config_cls, trainer_cls = trainer_classes(args.trainer)
+    config = build_config(config_cls, args.set or [], args.output_dir)
+    config.progress = config.progress and not args.quiet
+    data = load_data(args.trainer, args.data, args.limit)
+    policy, tokenizer = load(args.model)
+    if args.trainer in ("ppo", "grpo"):
+        check_context_fits(policy, tokenizer, [p.prompt for p in data], config.max_new_tokens)
+    trainer = trainer_cls(policy, tokenizer, data, config)
+    history = trainer.train()
+    summary = {"trainer": args.trainer, "model": args.model, "config": config.to_dict(), "history": history}
+    if config.output_dir and trainer.is_main_process:
+        atomic_write_json(Path(config.output_dir) / "history.json", summary)
+    return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trainer", choices=TRAINERS)
+    parser.add_argument("--model", default="tiny-arith-qwen2", help="built-in name or local checkpoint folder")
+    parser.add_argument("--output-dir", default=None, help="checkpoints and history; rerun to resume")
+    parser.add_argument("--data", default=None, help="JSONL prompts (ppo/grpo/sft) or preference pairs (dpo)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N rows of the data")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config field (repeatable)")
+    parser.add_argument("--quiet", action="store_true")
+
+
+def main(args) -> int:
+    from workbench.trainers.base import ConfigError, NonFiniteError
+
+    try:
+        summary = run(args)
+    except (InputError, ConfigError, ModelLoadError, ParameterError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # e.g. an empty dataset
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except NonFiniteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    last = summary["history"][-1] if summary["history"] else {}
+    print("done: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items() if isinstance(v, float)))
+    return 0
