@@ -90,7 +90,8 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k1") -> 
     if kind == "k2":
         return 0.5 * log_ratio**2
     if kind in ("k3", "low_var_kl"):
-        k3 = torch.exp(-log_ratio) - 1 + log_ratio
+        # expm1 keeps precision near r = 0; the clamp removes rounding below 0 (k3 ≥ 0 exactly).
+        k3 = (torch.expm1(-log_ratio) + log_ratio).clamp_min(0)
         return k3.clamp(-10, 10) if kind == "low_var_kl" else k3
     raise ValueError(f"Unknown KL estimator kind {kind!r}; choose one of {KL_KINDS}")
 
