@@ -204,7 +204,20 @@ def canonical_loss_agg(mode: str) -> str:
     return mode
 
 
-def aggregate_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int | None = None) -> torch.Tensor:
+def aggregation_denominator(mask: torch.Tensor, mode: str, max_len: int | None = None) -> float:
+    """What ``aggregate_loss`` divides its sum by for this batch: tokens, present sequences, or
+    B × max_len. Summed over processes, it gives the normaliser of the global batch."""
+    mode = canonical_loss_agg(mode)
+    if mode == "token-mean":
+        return float(mask.sum())
+    if mode == "seq-mean-token-sum-norm":
+        return float(mask.shape[0] * (mask.shape[-1] if max_len is None else max_len))
+    return float((mask.sum(-1) > 0).sum())
+
+
+def aggregate_loss(
+    per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int | None = None, normalizer: float | None = None
+) -> torch.Tensor:
     """Reduce a (B, T) per-token loss to a scalar:
 
     * ``token-mean``: Σ(loss·mask) / Σmask over the whole batch (TRL ``bnpo``/``dapo``);
@@ -215,23 +228,21 @@ def aggregate_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str, 
       (TRL ``dr_grpo``, Dr. GRPO).
 
     Sequences whose mask is all zero count as absent in the ``seq-mean-*`` means (they would
-    otherwise be 0/0); an all-zero batch gives 0, never NaN.
+    otherwise be 0/0); an all-zero batch gives 0, never NaN. ``normalizer`` replaces the
+    denominator (see ``aggregation_denominator``): data-parallel processes pass the global one.
     """
     mode = canonical_loss_agg(mode)
     mask = mask.to(per_token_loss.dtype)
-    if mode == "token-mean":
-        return masked_sum(per_token_loss, mask) / mask.sum().clamp_min(1)
-    if mode == "seq-mean-token-sum-norm":
-        max_len = per_token_loss.shape[-1] if max_len is None else max_len
-        return masked_sum(per_token_loss, mask) / (per_token_loss.shape[0] * max_len)
+    if normalizer is None:
+        normalizer = aggregation_denominator(mask, mode, max_len)
+    normalizer = normalizer if normalizer > 0 else 1.0  # an all-masked batch: the sum is 0 anyway
+    if mode in ("token-mean", "seq-mean-token-sum-norm"):
+        return masked_sum(per_token_loss, mask) / normalizer
     lengths = mask.sum(-1)
     sequence_sums = masked_sum(per_token_loss, mask, dim=-1)
-    present = (lengths > 0).to(per_token_loss.dtype)
     if mode == "seq-mean-token-mean":
-        per_sequence = sequence_sums / lengths.clamp_min(1)
-    else:  # seq-mean-token-sum
-        per_sequence = sequence_sums
-    return (per_sequence * present).sum() / present.sum().clamp_min(1)
+        sequence_sums = sequence_sums / lengths.clamp_min(1)
+    return sequence_sums.sum() / normalizer  # empty sequences contribute 0 and are not counted
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -113,8 +114,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args) -> int:
     from workbench.trainers.base import ConfigError, NonFiniteError
 
+    from workbench.distributed import Distributed
+
     try:
         summary = run(args)
+        Distributed.current().close()
     except (InputError, ConfigError, ModelLoadError, ParameterError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -125,5 +129,6 @@ def main(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     last = summary["history"][-1] if summary["history"] else {}
-    print("done: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items() if isinstance(v, float)))
+    if int(os.environ.get("RANK", "0")) == 0:
+            print("done: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items() if isinstance(v, float)))
     return 0

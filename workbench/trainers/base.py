@@ -148,7 +148,7 @@ class Trainer:
         return True
 
     def save(self) -> Path | None:
-        if self.output_dir is None:
+        if self.output_dir is None or not self.is_main_process:
             return None
         return save_checkpoint(
             self.output_dir,

@@ -28,6 +28,7 @@ import torch
 
 from workbench import losses
 from workbench.batching import pad_sequences
+from workbench.distributed import Distributed
 from workbench.scoring import POSITION_IDS_MODES, sequence_token_logprobs
 from workbench.trainers.base import (
     Trainer,
@@ -142,10 +143,16 @@ class DPOTrainer(Trainer):
         self.reference = reference if reference is not None else copy.deepcopy(policy)
         self.reference.eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        self.dist = Distributed.current()
+        self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
         self.precomputed_reference: torch.Tensor | None = None
         if config.reference == "precomputed":
             self.precomputed_reference = self._precompute_reference()
             self.reference = None
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.dist.is_main_process
 
     def modules(self):
         return {"policy": self.policy}
@@ -170,7 +177,7 @@ class DPOTrainer(Trainer):
 
     def train_step(self, step: int) -> dict:
         c = self.config
-        indices = self.batch_indices(step)
+        indices = self.dist.shard(self.batch_indices(step))  # this process's pairs (all of them in one process)
         batch = collate_preferences(self.tokenizer, [self.pairs[i] for i in indices])
         loss_mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, c.prompt_mask)
         b = batch.num_pairs
@@ -182,7 +189,7 @@ class DPOTrainer(Trainer):
                 ref_logps, ref_tokens = sequence_logprobs(self.reference, batch, loss_mask, position_ids=c.position_ids, packed=c.packed)
                 ref_chosen, ref_rejected = ref_logps[:b], ref_logps[b:]
         self.policy.train()
-        policy_logps, policy_tokens = sequence_logprobs(self.policy, batch, loss_mask, position_ids=c.position_ids, packed=c.packed)
+        policy_logps, policy_tokens = sequence_logprobs(self.train_policy, batch, loss_mask, position_ids=c.position_ids, packed=c.packed)
         per_pair, chosen_rewards, rejected_rewards = losses.dpo_loss(
             policy_logps[:b], policy_logps[b:], ref_chosen, ref_rejected, c.beta, c.loss_type, c.label_smoothing
         )
@@ -199,16 +206,17 @@ class DPOTrainer(Trainer):
             prompt_logp = (policy_tokens.detach() * prompt_targets).sum(-1)
             counted_prompt_tokens = (loss_mask & prompt_targets).sum(-1)
         margins = chosen_rewards - rejected_rewards
+        mean = self.dist.mean  # equal shards: the mean of the processes' means is the global mean
         return {
-            "loss": float(loss.detach()),
-            "rewards/chosen": float(chosen_rewards.mean()),
-            "rewards/rejected": float(rejected_rewards.mean()),
-            "rewards/margins": float(margins.mean()),
-            "rewards/accuracies": float((margins > 0).float().mean()),
-            "logps/chosen": float(policy_logps[:b].detach().mean()),
-            "logps/rejected": float(policy_logps[b:].detach().mean()),
-            "logps/prompt": float(prompt_logp[:b].mean()),
-            "prompt_tokens_in_loss/chosen": int(counted_prompt_tokens[:b].sum()),
-            "prompt_tokens_in_loss/rejected": int(counted_prompt_tokens[b:].sum()),
+            "loss": mean(float(loss.detach())),
+            "rewards/chosen": mean(float(chosen_rewards.mean())),
+            "rewards/rejected": mean(float(rejected_rewards.mean())),
+            "rewards/margins": mean(float(margins.mean())),
+            "rewards/accuracies": mean(float((margins > 0).float().mean())),
+            "logps/chosen": mean(float(policy_logps[:b].detach().mean())),
+            "logps/rejected": mean(float(policy_logps[b:].detach().mean())),
+            "logps/prompt": mean(float(prompt_logp[:b].mean())),
+            "prompt_tokens_in_loss/chosen": int(self.dist.sum(int(counted_prompt_tokens[:b].sum()))),
+            "prompt_tokens_in_loss/rejected": int(self.dist.sum(int(counted_prompt_tokens[b:].sum()))),
             "grad_norm": grad_norm,
         }

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench import losses
+from workbench.distributed import Distributed
 from workbench.models import disable_dropout
 from workbench.rollout import sample
 from workbench.scoring import POSITION_IDS_MODES, response_logprobs
@@ -126,16 +127,23 @@ def grpo_loss(
     loss_agg: str = "seq-mean-token-mean",
     kl_aggregation: str = "with_loss",
     max_len: int | None = None,
+    normalizer=None,
 ) -> tuple[torch.Tensor, dict]:
-    """The GRPO objective for one batch of completions; ``advantages`` is per completion (B,)."""
+    """The GRPO objective for one batch of completions; ``advantages`` is per completion (B,).
+
+    ``normalizer(mask, mode) -> float`` overrides each aggregation's denominator (data-parallel
+    processes pass the global one, see ``workbench.distributed``)."""
     per_token, was_clipped = losses.clipped_surrogate(logp, old_logp, advantages[:, None].expand_as(logp), clip_low, clip_high)
     kl = losses.kl_penalty(logp, ref_logp, "k3") if (beta > 0 and ref_logp is not None) else torch.zeros_like(logp)
+
+    def aggregate(values, mode):
+        return losses.aggregate_loss(values, mask, mode, max_len=max_len,
+                                     normalizer=None if normalizer is None else normalizer(mask, mode))
+
     if kl_aggregation == "with_loss":
-        loss = losses.aggregate_loss(per_token + beta * kl, mask, loss_agg, max_len=max_len)
+        loss = aggregate(per_token + beta * kl, loss_agg)
     else:
-        loss = losses.aggregate_loss(per_token, mask, loss_agg, max_len=max_len) + beta * losses.aggregate_loss(
-            kl, mask, "seq-mean-token-mean"
-        )
+        loss = aggregate(per_token, loss_agg) + beta * aggregate(kl, "seq-mean-token-mean")
     stats = {
         "clip_fraction": float(losses.masked_mean(was_clipped.float(), mask)),
         "kl": float(losses.masked_mean(kl.detach(), mask)),
@@ -163,6 +171,18 @@ class GRPOTrainer(Trainer):
         if self.reference is not None:
             self.reference.train(self.dropout_on)
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        # Under accelerate: sampling uses self.policy (identical everywhere), training forwards the
+        # DDP-wrapped model on this process's shard of rows.
+        self.dist = Distributed.current()
+        self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.dist.is_main_process
+
+    def _global_normalizer(self, mask, mode) -> float:
+        """The global batch's denominator divided by the number of processes (DDP averages)."""
+        return float(self.dist.sum(losses.aggregation_denominator(mask, mode, self.config.max_new_tokens))) / self.dist.world_size
 
     def modules(self):
         return {"policy": self.policy}
@@ -214,23 +234,26 @@ class GRPOTrainer(Trainer):
             for start in range(0, c.prompts_per_step, groups_per_mini_batch):
                 groups = group_order[start : start + groups_per_mini_batch]
                 rows = (groups[:, None] * c.num_generations + torch.arange(c.num_generations)).reshape(-1)
+                rows = self.dist.shard(rows)
                 logp, entropy = self._logprobs(
-                    self.policy, prompt_ids[rows], prompt_mask[rows], r.response_ids[rows], r.response_mask[rows], with_entropy=True
+                    self.train_policy, prompt_ids[rows], prompt_mask[rows], r.response_ids[rows], r.response_mask[rows], with_entropy=True
                 )
                 loss, stats = grpo_loss(
                     logp, logp.detach() if old_logp is None else old_logp[rows], advantages[rows], loss_mask[rows],
                     ref_logp=None if ref_logp is None else ref_logp[rows], beta=c.beta, clip_low=c.clip_low,
                     clip_high=c.clip_high, loss_agg=c.loss_agg, kl_aggregation=c.kl_aggregation, max_len=c.max_new_tokens,
+                    normalizer=self._global_normalizer if self.dist.enabled else None,
                 )
                 check_finite_loss(loss)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 records["grad_norm"].append(clip_and_check_gradients(self.policy.parameters(), c.max_grad_norm))
                 self.optimizer.step()
-                records["loss"].append(float(loss.detach()))
-                records["clip_fraction"].append(stats["clip_fraction"])
-                records["kl"].append(stats["kl"])
-                records["entropy"].append(float(losses.masked_mean(entropy.detach(), loss_mask[rows])))
+                # per-process values → global ones (the loss: the sum of the processes' shares)
+                records["loss"].append(float(self.dist.sum(float(loss.detach()))) / self.dist.world_size)
+                records["clip_fraction"].append(self.dist.mean(stats["clip_fraction"]))
+                records["kl"].append(self.dist.mean(stats["kl"]))
+                records["entropy"].append(self.dist.mean(float(losses.masked_mean(entropy.detach(), loss_mask[rows]))))
         self.policy.eval()
 
         lengths = r.response_lengths.float()

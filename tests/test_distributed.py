@@ -1,0 +1,51 @@
+"""Scale-out: the training entry point under ``accelerate launch`` with 2 CPU processes (gloo)
+gives the same losses as one process with the same global batch."""
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.skipif(shutil.which("accelerate", path=str(BIN)) is None, reason="accelerate is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train(tmp_path: Path, name: str, args: list[str], processes: int) -> list[dict]:
+    out = tmp_path / name
+    if processes == 1:
+        command = [sys.executable, "-m", "workbench"]
+    else:
+        command = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "workbench"]
+    done = subprocess.run(command + ["train", *args, "--quiet", "--output-dir", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "history.json").read_text())["history"]
+
+
+@pytest.mark.parametrize(
+    "args, keys",
+    [
+        (["grpo", "--limit", "64", "--set", "steps=3", "--set", "loss_agg=token-mean", "--set", "beta=0.05",
+          "--set", "prompts_per_step=4", "--set", "num_generations=4"], ("loss", "kl", "entropy", "grad_norm", "reward")),
+        (["dpo", "--limit", "128", "--set", "steps=3", "--set", "batch_size=8"], ("loss", "rewards/margins", "grad_norm")),
+    ],
+    ids=["grpo", "dpo"],
+)
+def test_two_cpu_processes_match_one(tmp_path, args, keys):
+    single = train(tmp_path, "single", args, processes=1)
+    double = train(tmp_path, "ddp", args, processes=2)
+    assert len(single) == len(double) == 3
+    for a, b in zip(single, double):
+        for key in keys:
+            assert a[key] == pytest.approx(b[key], abs=1e-5, rel=1e-4), key
+    assert any(abs(h["loss"]) > 1e-5 for h in single)  # a comparison of non-trivial numbers

@@ -1,0 +1,84 @@
+"""Scale-out with Hugging Face accelerate: the same trainers in several processes.
+
+Launch the training entry point under accelerate (DDP; FSDP on GPUs via ``accelerate config``)::
+
+    accelerate launch --multi_gpu --num_processes 2 -m workbench train grpo --output-dir runs/ddp
+    # on a CPU-only machine the same command runs two CPU processes over gloo
+
+Design — *generation replicated, training sharded*: every process samples the whole rollout
+batch with the same seeded generator (identical, so no broadcast is needed), then computes the
+loss and gradients on its own contiguous shard of rows; DDP averages the gradients. Loss
+normalisers are reduced over processes first, so a token-mean is the mean over the *global* batch
+(pitfall P10 again): the result equals a single-process run with the same global batch up to float
+noise. Only the main process writes checkpoints and histories.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+class Distributed:
+    """The process group as the trainers see it (a no-op in a single process)."""
+
+    _current: "Distributed | None" = None
+
+    def __init__(self) -> None:
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.accelerator = None
+        self.rank = 0
+        if self.world_size > 1:
+            from accelerate import Accelerator
+
+            self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+            self.rank = self.accelerator.process_index
+
+    @classmethod
+    def current(cls) -> "Distributed":
+        if cls._current is None:
+            cls._current = cls()
+        return cls._current
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.rank == 0
+
+    def prepare(self, model, optimizer):
+        """``(model used for training forwards, optimizer)``: DDP-wrapped when distributed."""
+        if not self.enabled:
+            return model, optimizer
+        return self.accelerator.prepare(model, optimizer)
+
+    def shard(self, rows: torch.Tensor | list) -> torch.Tensor | list:
+        """This process's contiguous share of ``rows`` (their number must divide evenly)."""
+        if not self.enabled:
+            return rows
+        if len(rows) % self.world_size:
+            raise ValueError(
+                f"{len(rows)} rows cannot be split evenly over {self.world_size} processes; make the batch "
+                f"(or mini-batch) size a multiple of the number of processes"
+            )
+        size = len(rows) // self.world_size
+        return rows[self.rank * size : (self.rank + 1) * size]
+
+    def sum(self, value) -> torch.Tensor:
+        """All-reduce sum of a number or tensor (returned as a float64 tensor)."""
+        tensor = torch.as_tensor(value, dtype=torch.float64).clone()
+        if self.enabled:
+            torch.distributed.all_reduce(tensor)
+        return tensor
+
+    def mean(self, value: float) -> float:
+        return float(self.sum(value)) / self.world_size
+
+    def close(self) -> None:
+        """Leave the process group cleanly (gloo aborts at exit otherwise)."""
+        if self.enabled and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
