@@ -86,6 +86,14 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
+def sampling_generator(generator: torch.Generator, device: torch.device, seed: int, step: int) -> torch.Generator:
+    """The generator for sampling on ``device``: the step's CPU generator itself on a CPU, a
+    device generator seeded from (seed, step) on a GPU (a CPU generator cannot drive CUDA sampling)."""
+    if device.type == "cpu":
+        return generator
+    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + step)
+
+
 def clip_and_check_gradients(parameters, max_grad_norm: float) -> float:
     """Clip gradients (if ``max_grad_norm`` > 0) and return the pre-clip norm; raise on NaN/inf."""
     parameters = [p for p in parameters if p.grad is not None]

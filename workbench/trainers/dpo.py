@@ -90,6 +90,9 @@ class PreferenceBatch:
     def num_pairs(self) -> int:
         return len(self.prompt_lengths)
 
+    def to(self, device) -> "PreferenceBatch":
+        return PreferenceBatch(self.input_ids.to(device), self.attention_mask.to(device), self.prompt_lengths)
+
 
 def collate_preferences(tokenizer, pairs: list[dict]) -> PreferenceBatch:
     """Tokenise pairs as ``<bos> prompt response <eos>`` and stack chosen on top of rejected."""
@@ -119,8 +122,8 @@ def build_loss_mask(attention_mask: torch.Tensor, prompt_lengths: list[int], pro
 
 def prompt_target_mask(attention_mask: torch.Tensor, prompt_lengths: list[int]) -> torch.Tensor:
     """Targets that are prompt tokens (positions 1..L−1 of each row), shape (2B, T−1)."""
-    positions = torch.arange(attention_mask.shape[1])[None]
-    lengths = torch.tensor(prompt_lengths * 2)[:, None]
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)[None]
+    lengths = torch.tensor(prompt_lengths * 2, device=attention_mask.device)[:, None]
     return ((positions < lengths) & attention_mask.bool())[:, 1:]
 
 
@@ -145,6 +148,8 @@ class DPOTrainer(Trainer):
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
         self.dist = Distributed.current()
         self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
+        self.device = next(self.policy.parameters()).device
+        self.reference.to(self.device)
         self.precomputed_reference: torch.Tensor | None = None
         if config.reference == "precomputed":
             self.precomputed_reference = self._precompute_reference()
@@ -165,7 +170,7 @@ class DPOTrainer(Trainer):
         out = []
         with torch.no_grad():
             for start in range(0, len(self.pairs), chunk):
-                batch = collate_preferences(self.tokenizer, self.pairs[start : start + chunk])
+                batch = collate_preferences(self.tokenizer, self.pairs[start : start + chunk]).to(self.device)
                 mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, self.config.prompt_mask)
                 logps, _ = sequence_logprobs(self.reference, batch, mask, position_ids=self.config.position_ids, packed=self.config.packed)
                 out.append(logps.view(2, -1).T)
@@ -178,12 +183,12 @@ class DPOTrainer(Trainer):
     def train_step(self, step: int) -> dict:
         c = self.config
         indices = self.dist.shard(self.batch_indices(step))  # this process's pairs (all of them in one process)
-        batch = collate_preferences(self.tokenizer, [self.pairs[i] for i in indices])
+        batch = collate_preferences(self.tokenizer, [self.pairs[i] for i in indices]).to(self.device)
         loss_mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, c.prompt_mask)
         b = batch.num_pairs
         with torch.no_grad():
             if self.precomputed_reference is not None:
-                ref = self.precomputed_reference[indices]
+                ref = self.precomputed_reference[indices].to(self.device)
                 ref_chosen, ref_rejected = ref[:, 0], ref[:, 1]
             else:
                 ref_logps, ref_tokens = sequence_logprobs(self.reference, batch, loss_mask, position_ids=c.position_ids, packed=c.packed)

@@ -38,6 +38,7 @@ from workbench.trainers.base import (
     clip_and_check_gradients,
     require,
     require_choice,
+    sampling_generator,
     step_generator,
 )
 
@@ -175,6 +176,9 @@ class GRPOTrainer(Trainer):
         # DDP-wrapped model on this process's shard of rows.
         self.dist = Distributed.current()
         self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
+        self.device = next(self.policy.parameters()).device
+        if self.reference is not None:
+            self.reference.to(self.device)
 
     @property
     def is_main_process(self) -> bool:
@@ -203,15 +207,15 @@ class GRPOTrainer(Trainer):
         # 1. Group sampling: each prompt repeated num_generations times, groups contiguous.
         picks = torch.randint(len(self.problems), (c.prompts_per_step,), generator=generator).tolist()
         problems = [self.problems[i] for i in picks for _ in range(c.num_generations)]
-        prompt_ids, prompt_mask = encode_prompts(self.tokenizer, [p.prompt for p in problems])
+        prompt_ids, prompt_mask = (t.to(self.device) for t in encode_prompts(self.tokenizer, [p.prompt for p in problems]))
         self.policy.train(self.dropout_on)
         r = sample(
             self.policy, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
             eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
-            stop_at_eos=c.stop_at_eos, generator=generator,
+            stop_at_eos=c.stop_at_eos, generator=sampling_generator(generator, self.device, c.seed, step),
         )
         scored_as_finished = torch.ones_like(r.finished) if c.score_truncated_as_finished else r.finished
-        rewards = score_responses(self.tokenizer, problems, r.response_ids, r.response_mask, scored_as_finished)
+        rewards = score_responses(self.tokenizer, problems, r.response_ids, r.response_mask, scored_as_finished).to(self.device)
         rewards = rewards - c.missing_eos_penalty * (~r.finished).float()
         # 2. Group-relative advantages.
         advantages = losses.group_advantages(rewards, c.num_generations, c.scale_rewards)
@@ -227,13 +231,13 @@ class GRPOTrainer(Trainer):
             )
         # 3. Optimise.
         self.policy.train()
-        group_order = torch.arange(c.prompts_per_step)
+        group_order = torch.arange(c.prompts_per_step, device=self.device)
         groups_per_mini_batch = c.prompts_per_step // c.mini_batches
         records: dict[str, list[float]] = {k: [] for k in ("loss", "clip_fraction", "kl", "entropy", "grad_norm")}
         for _ in range(c.num_iterations):
             for start in range(0, c.prompts_per_step, groups_per_mini_batch):
                 groups = group_order[start : start + groups_per_mini_batch]
-                rows = (groups[:, None] * c.num_generations + torch.arange(c.num_generations)).reshape(-1)
+                rows = (groups[:, None] * c.num_generations + torch.arange(c.num_generations, device=self.device)).reshape(-1)
                 rows = self.dist.shard(rows)
                 logp, entropy = self._logprobs(
                     self.train_policy, prompt_ids[rows], prompt_mask[rows], r.response_ids[rows], r.response_mask[rows], with_entropy=True

@@ -42,6 +42,7 @@ from workbench.trainers.base import (
     clip_and_check_gradients,
     require,
     require_choice,
+    sampling_generator,
     step_generator,
 )
 
@@ -163,6 +164,8 @@ class PPOTrainer(Trainer):
         self.rollout_model = None
         if config.rollout_dtype != "float32":  # P12: a lower-precision copy samples, the fp32 policy trains
             self.rollout_model = copy.deepcopy(policy).to(getattr(torch, config.rollout_dtype)).requires_grad_(False)
+        self.device = next(policy.parameters()).device
+        self.critic.to(self.device)
         self.policy_optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
         self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=config.critic_learning_rate, weight_decay=0.0)
 
@@ -178,7 +181,7 @@ class PPOTrainer(Trainer):
         generator = step_generator(c.seed, step)
         picks = torch.randint(len(self.problems), (c.prompts_per_step,), generator=generator).tolist()
         problems = [self.problems[i] for i in picks]
-        prompt_ids, prompt_mask = encode_prompts(self.tokenizer, [p.prompt for p in problems])
+        prompt_ids, prompt_mask = (t.to(self.device) for t in encode_prompts(self.tokenizer, [p.prompt for p in problems]))
         sampler = self.policy
         if self.rollout_model is not None:
             self.rollout_model.load_state_dict(self.policy.state_dict())
@@ -187,9 +190,9 @@ class PPOTrainer(Trainer):
         rollout = sample(
             sampler, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
             eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
-            stop_at_eos=c.stop_at_eos, generator=generator,
+            stop_at_eos=c.stop_at_eos, generator=sampling_generator(generator, self.device, c.seed, step),
         )
-        scores = score_responses(self.tokenizer, problems, rollout.response_ids, rollout.response_mask, rollout.finished)
+        scores = score_responses(self.tokenizer, problems, rollout.response_ids, rollout.response_mask, rollout.finished).to(self.device)
         return problems, rollout, scores
 
     def _logprobs(self, model, r: Rollout, rows=slice(None), with_entropy=False):
@@ -240,7 +243,7 @@ class PPOTrainer(Trainer):
         stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "clip_fraction", "approx_kl",
                                                           "value_clip_fraction", "entropy", "grad_norm")}
         for _ in range(c.ppo_epochs):
-            order = torch.randperm(c.prompts_per_step, generator=generator)
+            order = torch.randperm(c.prompts_per_step, generator=generator).to(self.device)
             for start in range(0, c.prompts_per_step, c.mini_batch_size):
                 rows = order[start : start + c.mini_batch_size]
                 mb_mask = mask[rows]
