@@ -14,7 +14,7 @@ $(BIN)/python:
 
 # Reinstall when the pinned dependency list changes.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,peers]"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def pyproject_requirements():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     project = data["project"]
-    return set(project["dependencies"]) | set(project["optional-dependencies"]["test"])
+    extras = project["optional-dependencies"]
+    return set(project["dependencies"]) | set(extras["test"]) | set(extras["peers"])
 
 
 def environment_pip_requirements():

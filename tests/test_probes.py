@@ -1,0 +1,46 @@
+"""Probes of TRL (the `peers` extra): each convention measured by running TRL on crafted inputs."""
+
+import os
+
+import pytest
+
+from workbench import probes
+from workbench.models import load, tiny_model
+from workbench.tasks import TEST_PREFERENCES, load_preferences
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytestmark = pytest.mark.skipif(not probes.trl_available()[0], reason="TRL is not installed (pip install -e '.[peers]')")
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    model, tokenizer = load("tiny-arith-qwen2")
+    return model, tokenizer, probes.model_folder(model, tokenizer)
+
+
+def test_trl_loss_types_are_classified_as_the_workbench_modes(checkpoint):
+    _, tokenizer, folder = checkpoint
+    classified = {r["loss_type"]: r["classified_as"] for r in probes.probe_grpo_aggregation(folder, tokenizer)}
+    assert classified == {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean",
+                          "dr_grpo": "seq-mean-token-sum-norm"}
+
+
+def test_trl_grpo_logprobs_have_the_s1_gap_on_gpt2_only():
+    gaps = {}
+    for arch in ("gpt2", "llama"):
+        model, tokenizer = tiny_model(arch)
+        gaps[arch] = probes.probe_position_ids(probes.model_folder(model, tokenizer), tokenizer)["max_abs_logp_gap"]
+    assert gaps["gpt2"] > 1e-2 and gaps["llama"] < 1e-5
+
+
+def test_trl_dpo_masks_prompts_and_reloads_the_reference_from_disk(checkpoint):
+    model, tokenizer, _ = checkpoint
+    result = probes.probe_dpo(model, tokenizer, load_preferences(TEST_PREFERENCES)[:4])
+    assert result["prompt_masked_both_sides"] and result["policy_vs_with_prompt"] > 1
+    assert result["reference"] == "reloaded from disk"
+
+
+def test_trl_grpo_generation_stops_at_eos(checkpoint):
+    _, tokenizer, folder = checkpoint
+    result = probes.probe_eos(folder, tokenizer, max_completion_length=32)
+    assert result["stops_at_eos"] and result["tokens_generated_per_row"] < 32
