@@ -89,7 +89,10 @@ def token_logprobs(
         return _packed_token_logprobs(model, input_ids, attention_mask, temperature=temperature, with_entropy=with_entropy)
     logits = forward(model, input_ids, attention_mask, position_ids=position_ids, temperature=temperature).logits[:, :-1]
     logprobs = logprobs_of(logits, input_ids[:, 1:])
-    return (logprobs, entropy_from_logits(logits)) if with_entropy else logprobs
+    if not with_entropy:
+        return logprobs
+    with torch.no_grad():  # a metric: no autograd graph for it
+        return logprobs, entropy_from_logits(logits.detach())
 
 
 def _packed_token_logprobs(model, input_ids, attention_mask, *, temperature: float, with_entropy: bool):
@@ -109,7 +112,8 @@ def _packed_token_logprobs(model, input_ids, attention_mask, *, temperature: flo
     logprobs = logprobs.masked_scatter(target_cols, logprobs_of(logits[has_target], packed.targets[0][has_target]))
     if not with_entropy:
         return logprobs
-    entropy = torch.zeros_like(logprobs).masked_scatter(target_cols, entropy_from_logits(logits[has_target]))
+    with torch.no_grad():
+        entropy = torch.zeros_like(logprobs).masked_scatter(target_cols, entropy_from_logits(logits[has_target].detach()))
     return logprobs, entropy
 
 

@@ -94,6 +94,16 @@ def sampling_generator(generator: torch.Generator, device: torch.device, seed: i
     return torch.Generator(device=device).manual_seed(seed * 1_000_003 + step)
 
 
+def adamw(parameters, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
+    """AdamW with the fused kernel (one call per step instead of a Python loop over tensors;
+    measurably faster for the many small tensors of a tiny model). Falls back where unsupported."""
+    parameters = list(parameters)
+    try:
+        return torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay, fused=True)
+    except (RuntimeError, ValueError):
+        return torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
+
+
 def clip_and_check_gradients(parameters, max_grad_norm: float) -> float:
     """Clip gradients (if ``max_grad_norm`` > 0) and return the pre-clip norm; raise on NaN/inf."""
     parameters = [p for p in parameters if p.grad is not None]

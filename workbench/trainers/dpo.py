@@ -33,6 +33,7 @@ from workbench.scoring import POSITION_IDS_MODES, sequence_token_logprobs
 from workbench.trainers.base import (
     Trainer,
     TrainerConfig,
+    adamw,
     check_finite_loss,
     clip_and_check_gradients,
     require,
@@ -145,7 +146,7 @@ class DPOTrainer(Trainer):
         # from config._name_or_path when no ref_model is given).
         self.reference = reference if reference is not None else copy.deepcopy(policy)
         self.reference.eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        self.optimizer = adamw(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
         self.dist = Distributed.current()
         self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
         self.device = next(self.policy.parameters()).device

@@ -34,6 +34,7 @@ from workbench.tasks import Problem, encode_prompts, score_responses
 from workbench.trainers.base import (
     Trainer,
     TrainerConfig,
+    adamw,
     check_finite_loss,
     clip_and_check_gradients,
     require,
@@ -169,9 +170,12 @@ class GRPOTrainer(Trainer):
                 if model is not None:
                     disable_dropout(model)
         self.dropout_on = not config.disable_dropout
+        # One mode for the whole run: with dropout disabled the mode changes nothing (and switching
+        # it every step costs a walk over all modules); the P7 bug keeps everything in train mode.
+        self.policy.train(self.dropout_on)
         if self.reference is not None:
             self.reference.train(self.dropout_on)
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        self.optimizer = adamw(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
         # Under accelerate: sampling uses self.policy (identical everywhere), training forwards the
         # DDP-wrapped model on this process's shard of rows.
         self.dist = Distributed.current()
@@ -208,7 +212,6 @@ class GRPOTrainer(Trainer):
         picks = torch.randint(len(self.problems), (c.prompts_per_step,), generator=generator).tolist()
         problems = [self.problems[i] for i in picks for _ in range(c.num_generations)]
         prompt_ids, prompt_mask = (t.to(self.device) for t in encode_prompts(self.tokenizer, [p.prompt for p in problems]))
-        self.policy.train(self.dropout_on)
         r = sample(
             self.policy, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
             eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
@@ -230,7 +233,6 @@ class GRPOTrainer(Trainer):
                 if c.num_iterations > 1 else None
             )
         # 3. Optimise.
-        self.policy.train()
         group_order = torch.arange(c.prompts_per_step, device=self.device)
         groups_per_mini_batch = c.prompts_per_step // c.mini_batches
         records: dict[str, list[float]] = {k: [] for k in ("loss", "clip_fraction", "kl", "entropy", "grad_norm")}
@@ -258,7 +260,6 @@ class GRPOTrainer(Trainer):
                 records["clip_fraction"].append(self.dist.mean(stats["clip_fraction"]))
                 records["kl"].append(self.dist.mean(stats["kl"]))
                 records["entropy"].append(self.dist.mean(float(losses.masked_mean(entropy.detach(), loss_mask[rows]))))
-        self.policy.eval()
 
         lengths = r.response_lengths.float()
         correct = rewards > 0

@@ -38,6 +38,7 @@ from workbench.tasks import Problem, encode_prompts, score_responses
 from workbench.trainers.base import (
     Trainer,
     TrainerConfig,
+    adamw,
     check_finite_loss,
     clip_and_check_gradients,
     require,
@@ -160,14 +161,17 @@ class PPOTrainer(Trainer):
                 disable_dropout(model)
         # P7 bug: dropout left on and every model left in train mode (a naive loop never calls eval()).
         self.dropout_on = not config.disable_dropout
-        self.reference.train(self.dropout_on)
+        # One mode for the whole run (see GRPOTrainer): train mode only for the P7 bug.
+        for model in (self.policy, self.reference, self.critic):
+            model.train(self.dropout_on)
         self.rollout_model = None
         if config.rollout_dtype != "float32":  # P12: a lower-precision copy samples, the fp32 policy trains
             self.rollout_model = copy.deepcopy(policy).to(getattr(torch, config.rollout_dtype)).requires_grad_(False)
+            self.rollout_model.train(self.dropout_on)
         self.device = next(policy.parameters()).device
         self.critic.to(self.device)
-        self.policy_optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
-        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=config.critic_learning_rate, weight_decay=0.0)
+        self.policy_optimizer = adamw(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        self.critic_optimizer = adamw(self.critic.parameters(), lr=config.critic_learning_rate, weight_decay=0.0)
 
     def modules(self):
         return {"policy": self.policy, "critic": self.critic}
@@ -186,7 +190,6 @@ class PPOTrainer(Trainer):
         if self.rollout_model is not None:
             self.rollout_model.load_state_dict(self.policy.state_dict())
             sampler = self.rollout_model
-        sampler.train(self.dropout_on)
         rollout = sample(
             sampler, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
             eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
@@ -218,7 +221,6 @@ class PPOTrainer(Trainer):
         # 3. Reward shaping with a KL penalty to the frozen reference.
         whiten = losses.masked_whiten if c.whiten_over == "real" else (lambda x, m, **kw: losses.naive_whiten(x, **kw) * m)
         with torch.no_grad():
-            self.policy.train(self.dropout_on)
             # The training forward's view of the sampled tokens before any update. Against the
             # sampler's own log-probs it must give ρ = 1 up to float noise (S1 breaks this).
             policy_logp = self._logprobs(self.policy, r)
@@ -237,7 +239,6 @@ class PPOTrainer(Trainer):
             weights = losses.tis_weights(old_logp, r.rollout_logprobs, c.tis_cap) if c.tis_cap else None
 
         # 5. PPO epochs over mini-batches.
-        self.policy.train()
         generator = step_generator(c.seed, step)
         train_ratio_deviation = None
         stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "clip_fraction", "approx_kl",
@@ -272,7 +273,6 @@ class PPOTrainer(Trainer):
                 stats["value_clip_fraction"].append(value_clip_fraction)
                 stats["entropy"].append(float(losses.masked_mean(entropy.detach(), mb_mask)))
                 stats["grad_norm"].append(grad_norm)
-        self.policy.eval()
 
         lengths = r.response_lengths.float()
         return {

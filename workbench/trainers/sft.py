@@ -16,7 +16,7 @@ import torch
 from workbench.batching import pad_sequences
 from workbench.scoring import forward, logprobs_of
 from workbench.tasks import Problem, encode_response
-from workbench.trainers.base import Trainer, TrainerConfig, check_finite_loss, clip_and_check_gradients, require
+from workbench.trainers.base import Trainer, TrainerConfig, adamw, check_finite_loss, clip_and_check_gradients, require
 
 
 @dataclass
@@ -59,7 +59,7 @@ class SFTTrainer(Trainer):
     def __init__(self, model, tokenizer, problems: list[Problem], config: SFTConfig):
         super().__init__()
         self.model, self.tokenizer, self.problems, self.config = model, tokenizer, problems, config
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+        self.optimizer = adamw(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
         self.rng = random.Random(config.seed)
 
     def modules(self):
