@@ -96,3 +96,15 @@ def test_pad_equal_eos_tokenizer_is_refused_unless_opted_in(tmp_path):
         load(tmp_path, pad_token="<eos>")
     _, loaded_tokenizer = load(tmp_path, pad_token="<eos>", allow_pad_equal_eos=True)
     assert loaded_tokenizer.pad_token_id == loaded_tokenizer.eos_token_id
+
+
+def test_tokenizer_without_pad_token_names_the_fix(tmp_path):
+    model, tokenizer = tiny_model("gpt2")
+    models.save(model, tokenizer, tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config.pop("pad_token", None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="no pad token.*pad_token="):
+        load(tmp_path)
+    _, loaded = load(tmp_path, pad_token="<unk>")
+    assert loaded.pad_token_id != loaded.eos_token_id
