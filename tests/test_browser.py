@@ -56,6 +56,17 @@ def jupyterlab(tmp_path):
         log.close()
 
 
+def accept_kernel_dialog(page, seconds: float = 10) -> None:
+    """A fresh JupyterLab may ask which kernel to start ("Select Kernel"): accept its default (python3)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_selector(".jp-Dialog .jp-mod-accept", timeout=seconds * 1000)
+    except PlaywrightTimeout:
+        return
+    page.locator(".jp-Dialog .jp-mod-accept").first.click()
+
+
 def test_quickstart_runs_in_jupyterlab_and_a_widget_redraws(jupyterlab, tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -69,6 +80,7 @@ def test_quickstart_runs_in_jupyterlab_and_a_widget_redraws(jupyterlab, tmp_path
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"{base}/lab/tree/00_quickstart.ipynb?token={token}")
         page.wait_for_selector(".jp-Notebook", timeout=60_000)
+        accept_kernel_dialog(page)
         idle = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
         page.wait_for_selector(idle, timeout=60_000)
         page.click("text=Run", timeout=10_000)
