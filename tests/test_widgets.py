@@ -55,3 +55,62 @@ def test_padding_side_explorer_counts_divergent_rows():
     assert explorer.last["divergent_rows"] > 0
     explorer.controls["side"].value = "left"
     assert explorer.last["divergent_rows"] == 0
+
+
+def test_temperature_and_dropout_explorers_toggle_the_fix():
+    from workbench.models import load
+
+    model, tokenizer = load("tiny-arith-qwen2")
+    prompts = ["1+2=", "12+34=", "5*5=", "99-3="]
+    explorer = wb.temperature_explorer(model, tokenizer, prompts)
+    assert explorer.last["max_ratio_deviation"] > 1e-2
+    explorer.controls["rescale"].value = True
+    assert explorer.last["max_ratio_deviation"] < 1e-4
+    gpt2, gpt2_tokenizer = load("tiny-arith-gpt2")
+    explorer = wb.dropout_explorer(gpt2, gpt2_tokenizer, prompts)
+    assert explorer.last["max_ratio_deviation"] > 1e-2
+    explorer.controls["disable"].value = True
+    assert explorer.last["max_ratio_deviation"] < 1e-4
+
+
+def test_pad_eos_and_accumulation_and_whitening_explorers(tokenizer):
+    import torch
+
+    from workbench.tasks import Problem
+
+    explorer = wb.pad_eos_explorer(tokenizer, [Problem("1+2=", "3"), Problem("12+3=", "15")])
+    assert explorer.last["eos_kept"] == 0
+    explorer.controls["pad_equals_eos"].value = False
+    assert explorer.last["eos_kept"] == 2
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])
+    explorer = wb.grad_accumulation_explorer(mask, [1, 2, 4])
+    assert explorer.last["tokens"] == [2, 4, 1, 3]
+    explorer.controls["micro_batches"].value = 1
+    assert explorer.last["bug_weights"] == [explorer.last["fix_weight"]]
+    values = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
+    explorer = wb.whitening_explorer(values, torch.tensor([[1, 1, 0], [1, 0, 0]]))
+    before = explorer.last["naive_mean"]
+    explorer.controls["extra"].value = 32
+    assert abs(explorer.last["naive_mean"]) > abs(before) and abs(explorer.last["masked_mean"]) < 1e-6
+
+
+def test_result_browsing_explorers():
+    import torch
+
+    histories = {"a": [{"x": 0.0}, {"x": 1.0}], "b": [{"x": 5.0}, {"x": 2.0}]}
+    explorer = wb.curve_explorer(histories, "x", "value")
+    assert explorer.last == {"first": 0.0, "last": 1.0}
+    explorer.controls["run"].value = "b"
+    assert explorer.last == {"first": 5.0, "last": 2.0}
+    results = {"bf16 rollout": {"log_ratio": torch.tensor([0.1, -0.2]), "max_ratio_deviation": 0.2},
+               "fp32 rollout": {"log_ratio": torch.tensor([0.0, 0.0]), "max_ratio_deviation": 0.0}}
+    explorer = wb.log_ratio_explorer(results)
+    assert explorer.last["max_ratio_deviation"] == 0.2
+    explorer.controls["rollout"].value = "fp32 rollout"
+    assert explorer.last["max_ratio_deviation"] == 0.0
+    gradients = {0.1: {n: {"cosine": 1.0} for n in ("k1 in reward", "k1 in loss", "k2 in loss", "k3 in loss")},
+                 0.2: {n: {"cosine": 0.5} for n in ("k1 in reward", "k1 in loss", "k2 in loss", "k3 in loss")}}
+    explorer = wb.kl_gradient_explorer([0.1, 0.2], {0.1: {"exact_kl": 0.01}, 0.2: {"exact_kl": 0.1}}, gradients)
+    assert explorer.last["k2 in loss"]["cosine"] == 0.5
+    explorer.controls["scale_index"].value = 0
+    assert explorer.last["k2 in loss"]["cosine"] == 1.0
