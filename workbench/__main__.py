@@ -1,3 +1,5 @@
+"""``python -m workbench``: the command line (see ``workbench.cli``)."""
+
 import sys
 
 from workbench.cli import main
