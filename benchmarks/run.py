@@ -41,6 +41,21 @@ def _timed(step_fn, steps: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
+def _train_with_clock(trainer) -> list[float]:
+    """Run a transformers/TRL trainer and return the wall-clock time at the end of every step."""
+    from transformers import TrainerCallback
+
+    times: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, *args, **kwargs):
+            times.append(time.perf_counter())
+
+    trainer.add_callback(Clock())
+    trainer.train()
+    return times
+
+
 def worker(kind: str, steps: int, repeats: int) -> dict:
     import torch
 
@@ -90,16 +105,7 @@ def worker(kind: str, steps: int, repeats: int) -> dict:
                               save_strategy="no", seed=repeat, disable_tqdm=True, temperature=1.0)
             trainer = GRPOTrainer(model=folder, reward_funcs=reward_fn, args=args, processing_class=tokenizer,
                                   train_dataset=Dataset.from_list([{"prompt": p} for p in problems] * 8))
-            times = []
-
-            from transformers import TrainerCallback
-
-            class Clock(TrainerCallback):
-                def on_step_end(self, *a, **k):
-                    times.append(time.perf_counter())
-
-            trainer.add_callback(Clock())
-            trainer.train()
+            times = _train_with_clock(trainer)
             rates.append((len(times) - 1) / (times[-1] - times[0]))
             history = [h for h in trainer.state.log_history if "completions/mean_length" in h]
             if history:
@@ -120,7 +126,6 @@ def worker(kind: str, steps: int, repeats: int) -> dict:
             rates.append(_timed(step, steps))
         elif kind == "dpo-trl":
             from datasets import Dataset
-            from transformers import TrainerCallback
             from trl import DPOConfig, DPOTrainer
 
             pairs = [{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in load_preferences(TRAIN_PREFERENCES)[:512]]
@@ -128,14 +133,7 @@ def worker(kind: str, steps: int, repeats: int) -> dict:
                              per_device_train_batch_size=DPO["batch_size"], learning_rate=DPO["learning_rate"], beta=DPO["beta"],
                              max_steps=steps + 1, save_strategy="no", seed=repeat, disable_tqdm=True)
             trainer = DPOTrainer(model=folder, args=args, train_dataset=Dataset.from_list(pairs), processing_class=tokenizer)
-            times = []
-
-            class Clock(TrainerCallback):
-                def on_step_end(self, *a, **k):
-                    times.append(time.perf_counter())
-
-            trainer.add_callback(Clock())
-            trainer.train()
+            times = _train_with_clock(trainer)
             rates.append((len(times) - 1) / (times[-1] - times[0]))
             extra["losses"] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         else:

@@ -129,7 +129,12 @@ class Trainer:
 
     config: TrainerConfig
 
-    is_main_process = True
+    dist = None  # a workbench.distributed.Distributed where the trainer supports data parallelism
+
+    @property
+    def is_main_process(self) -> bool:
+        """Only the main process writes checkpoints and histories."""
+        return self.dist is None or self.dist.is_main_process
 
     def __init__(self) -> None:
         self.step = 0

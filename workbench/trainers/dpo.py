@@ -156,10 +156,6 @@ class DPOTrainer(Trainer):
             self.precomputed_reference = self._precompute_reference()
             self.reference = None
 
-    @property
-    def is_main_process(self) -> bool:
-        return self.dist.is_main_process
-
     def modules(self):
         return {"policy": self.policy}
 

@@ -184,10 +184,6 @@ class GRPOTrainer(Trainer):
         if self.reference is not None:
             self.reference.to(self.device)
 
-    @property
-    def is_main_process(self) -> bool:
-        return self.dist.is_main_process
-
     def _global_normalizer(self, mask, mode) -> float:
         """The global batch's denominator divided by the number of processes (DDP averages)."""
         return float(self.dist.sum(losses.aggregation_denominator(mask, mode, self.config.max_new_tokens))) / self.dist.world_size
