@@ -86,6 +86,22 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
+def apply_dropout_switch(models, disable: bool) -> bool:
+    """Pitfall P7 in one place: with ``disable`` (the fix) every dropout probability of ``models``
+    is set to 0; otherwise dropout stays on and the models stay in train mode, as in a loop that
+    never calls ``eval()``. One mode for the whole run: switching it every step would walk all
+    modules for nothing. Returns whether dropout is on. ``None`` entries are skipped."""
+    from workbench.models import disable_dropout
+
+    for model in models:
+        if model is None:
+            continue
+        if disable:
+            disable_dropout(model)
+        model.train(not disable)
+    return not disable
+
+
 def sampling_generator(generator: torch.Generator, device: torch.device, seed: int, step: int) -> torch.Generator:
     """The generator for sampling on ``device``: the step's CPU generator itself on a CPU, a
     device generator seeded from (seed, step) on a GPU (a CPU generator cannot drive CUDA sampling)."""

@@ -27,7 +27,6 @@ import torch
 
 from workbench import losses
 from workbench.distributed import Distributed
-from workbench.models import disable_dropout
 from workbench.rollout import sample
 from workbench.scoring import POSITION_IDS_MODES, response_logprobs
 from workbench.tasks import Problem, encode_prompts, score_responses
@@ -35,6 +34,7 @@ from workbench.trainers.base import (
     Trainer,
     TrainerConfig,
     adamw,
+    apply_dropout_switch,
     check_finite_loss,
     clip_and_check_gradients,
     require,
@@ -165,16 +165,7 @@ class GRPOTrainer(Trainer):
         if config.beta > 0:
             self.reference = reference if reference is not None else copy.deepcopy(policy)
             self.reference.eval().requires_grad_(False)
-        if config.disable_dropout:
-            for model in (self.policy, self.reference):
-                if model is not None:
-                    disable_dropout(model)
-        self.dropout_on = not config.disable_dropout
-        # One mode for the whole run: with dropout disabled the mode changes nothing (and switching
-        # it every step costs a walk over all modules); the P7 bug keeps everything in train mode.
-        self.policy.train(self.dropout_on)
-        if self.reference is not None:
-            self.reference.train(self.dropout_on)
+        self.dropout_on = apply_dropout_switch((self.policy, self.reference), config.disable_dropout)
         self.optimizer = adamw(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
         # Under accelerate: sampling uses self.policy (identical everywhere), training forwards the
         # DDP-wrapped model on this process's shard of rows.

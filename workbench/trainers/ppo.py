@@ -31,7 +31,6 @@ import torch
 
 from workbench import losses
 from workbench.critic import ValueModel
-from workbench.models import disable_dropout
 from workbench.rollout import Rollout, sample
 from workbench.scoring import POSITION_IDS_MODES, response_logprobs
 from workbench.tasks import Problem, encode_prompts, score_responses
@@ -39,6 +38,7 @@ from workbench.trainers.base import (
     Trainer,
     TrainerConfig,
     adamw,
+    apply_dropout_switch,
     check_finite_loss,
     clip_and_check_gradients,
     require,
@@ -156,14 +156,7 @@ class PPOTrainer(Trainer):
         self.reference = reference if reference is not None else copy.deepcopy(policy)
         self.reference.eval().requires_grad_(False)
         self.critic = critic if critic is not None else ValueModel.from_policy(policy, seed=config.seed)
-        if config.disable_dropout:
-            for model in (self.policy, self.reference, self.critic):
-                disable_dropout(model)
-        # P7 bug: dropout left on and every model left in train mode (a naive loop never calls eval()).
-        self.dropout_on = not config.disable_dropout
-        # One mode for the whole run (see GRPOTrainer): train mode only for the P7 bug.
-        for model in (self.policy, self.reference, self.critic):
-            model.train(self.dropout_on)
+        self.dropout_on = apply_dropout_switch((self.policy, self.reference, self.critic), config.disable_dropout)
         self.rollout_model = None
         if config.rollout_dtype != "float32":  # P12: a lower-precision copy samples, the fp32 policy trains
             self.rollout_model = copy.deepcopy(policy).to(getattr(torch, config.rollout_dtype)).requires_grad_(False)
