@@ -58,10 +58,30 @@ def _clean(value):
     return value
 
 
-def write_metrics(out_dir: str | Path, *, notebook: str, parameters: dict, reproduced: bool, fixed: bool, metrics: dict) -> None:
-    """Write ``metrics.json`` atomically and print a one-line verdict."""
+def write_metrics(
+    out_dir: str | Path,
+    *,
+    notebook: str,
+    parameters: dict,
+    reproduced: bool,
+    fixed: bool,
+    metrics: dict,
+    headline: dict | None = None,
+) -> None:
+    """Write ``metrics.json`` atomically and print a one-line verdict.
+
+    ``headline`` is the one number a reader should remember, measured with the bug and with the
+    fix: ``{"what": str, "unit": str, "bug": float, "fix": float}`` (the report leads with it).
+    """
+    if headline is not None:
+        missing = {"what", "unit", "bug", "fix"} - set(headline)
+        if missing:
+            raise ValueError(f"headline needs the keys what, unit, bug, fix; missing {sorted(missing)}")
+        headline = {"what": str(headline["what"]), "unit": str(headline["unit"]),
+                    "bug": float(headline["bug"]), "fix": float(headline["fix"])}
     payload = _clean(
-        {"notebook": notebook, "parameters": parameters, "reproduced": bool(reproduced), "fixed": bool(fixed), "metrics": metrics}
+        {"notebook": notebook, "parameters": parameters, "reproduced": bool(reproduced), "fixed": bool(fixed),
+         "metrics": metrics, **({"headline": headline} if headline is not None else {})}
     )
     path = Path(out_dir) / "metrics.json"
     atomic_write_json(path, payload)
