@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from workbench.batching import padding_side_of, position_ids_from_mask
 from workbench.errors import NonFiniteError
+from workbench.losses import zero_masked
 
 
 def _stop_ids(eos_token_id: int | Sequence[int]) -> torch.Tensor:
@@ -170,7 +171,7 @@ def sample(
         next_position = next_position + 1
     raw_response = torch.stack(tokens, dim=1)
     response_ids, response_mask = truncate_after_eos(raw_response, eos_token_id, pad_token_id)
-    rollout_logprobs = torch.stack(logprobs, dim=1) * response_mask
+    rollout_logprobs = zero_masked(torch.stack(logprobs, dim=1), response_mask)
     return Rollout(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
@@ -226,7 +227,7 @@ def _sample_with_generate(
         prompt_mask=prompt_mask,
         response_ids=response_ids,
         response_mask=response_mask,
-        rollout_logprobs=step_logprobs * response_mask,
+        rollout_logprobs=zero_masked(step_logprobs, response_mask),
         finished=torch.isin(response_ids, _stop_ids(eos_token_id)).any(-1),
         decode_steps=raw_response.shape[1],
         tokens_generated=raw_response.numel(),

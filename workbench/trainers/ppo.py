@@ -142,7 +142,7 @@ def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     rewards = torch.zeros_like(mask, dtype=torch.float32)
     last = (mask.sum(-1).long() - 1).clamp_min(0)
     rewards[torch.arange(mask.shape[0]), last] = scores.float()
-    return rewards * mask
+    return losses.zero_masked(rewards, mask)
 
 
 class PPOTrainer(Trainer):
@@ -220,8 +220,8 @@ class PPOTrainer(Trainer):
             first_ratio_deviation = float(((policy_logp - r.rollout_logprobs).exp() - 1).abs().mul(mask).max())
             old_logp = r.rollout_logprobs if c.old_logprobs == "rollout" else policy_logp
             ref_logp = self._logprobs(self.reference, r)
-            old_values = self._values(r) * mask
-            kl = losses.kl_penalty(old_logp, ref_logp, c.kl_kind) * mask
+            old_values = losses.zero_masked(self._values(r), mask)
+            kl = losses.zero_masked(losses.kl_penalty(old_logp, ref_logp, c.kl_kind), mask)
             rewards = -c.kl_coef * kl + last_token_rewards(penalised, mask)
             if c.whiten_rewards:
                 rewards = whiten(rewards, mask, shift_mean=False)
