@@ -286,6 +286,8 @@ class GRPOTrainer(Trainer):
             # and the largest over the later ones (NaN when the batch feeds a single step)
             "ratio_deviation_first": ratio_deviations[0],
             "ratio_deviation_later": max(ratio_deviations[1:]) if len(ratio_deviations) > 1 else float("nan"),
+            "clip_fraction_first": records["clip_fraction"][0],
+            "kl_first": records["kl"][0],
             "response_length": float(lengths.mean()),
             "length_correct": float(lengths[correct].mean()) if correct.any() else float("nan"),
             "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
