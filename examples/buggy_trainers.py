@@ -108,3 +108,10 @@ def micro_batch_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, num_items
     """Each micro-batch's own token mean, divided by the number of micro-batches (the 2024
     gradient-accumulation bug): tokens of short micro-batches weigh more than in the full batch."""
     return (per_token_loss * mask).sum() / mask.sum() / gradient_accumulation_steps
+
+
+# The callable each check runs (``workbench.audit.run_checks``) and the options they need.
+AUDIT = {"aggregation": grpo_loss, "position_ids": logprobs_without_position_ids, "temperature": logprobs_without_temperature,
+         "eos": generate_without_eos, "step0": step_with_rollout_logprobs, "dpo_mask": dpo_batch_logps,
+         "grad_accumulation": micro_batch_loss}
+AUDIT_OPTIONS = {"temperature": SAMPLING_TEMPERATURE, "expect": "grpo"}

@@ -69,3 +69,9 @@ def micro_batch_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, num_items
                      gradient_accumulation_steps: int) -> torch.Tensor:
     """Token sum of the micro-batch over the token count of the whole accumulated batch."""
     return losses.aggregate_loss(per_token_loss, mask, "token-mean", normalizer=float(num_items_in_batch))
+
+
+# The callable each check runs (``workbench.audit.run_checks``) and the options they need.
+AUDIT = {"aggregation": grpo_loss, "position_ids": logprobs, "temperature": logprobs_at_temperature, "eos": generate,
+         "step0": step, "dpo_mask": dpo_batch_logps, "grad_accumulation": micro_batch_loss}
+AUDIT_OPTIONS = {"temperature": SAMPLING_TEMPERATURE, "expect": "grpo"}

@@ -24,6 +24,7 @@ from workbench.audit import (
     report,
     report_html,
 )
+from workbench.audit import suite as audit_suite
 from workbench.audit.loading import AuditInputError, load_callable, load_module
 from workbench.diagnostics.dropout import set_dropout
 from workbench.models import load
@@ -229,7 +230,7 @@ def test_results_round_trip_through_json_and_render():
     fig, axes = plt.subplots(1, 2)
     for r, ax in zip(back, axes, strict=False):
         r.plot(ax)
-    assert axes[0].get_title().startswith("aggregation")
+    assert axes[0].get_title().startswith("aggregation · FAIL")
     plt.close(fig)
     with pytest.raises(ValueError, match="missing"):
         AuditResult.from_dict({"name": "x"})
@@ -243,3 +244,18 @@ def test_load_callable_errors_name_the_problem():
         load_callable(f"{EXAMPLES / 'buggy_trainers.py'}:nope")
     with pytest.raises(AuditInputError, match="cannot import"):
         load_callable("surely_not_a_module_xyz:f")
+
+
+def test_run_checks_and_verdict_on_the_example_files(gpt2):
+    model, tokenizer = gpt2
+    subset = {k: buggy.AUDIT[k] for k in ("aggregation", "dpo_mask", "grad_accumulation")}
+    bug = audit_suite.run_checks(subset, **buggy.AUDIT_OPTIONS, label="buggy")
+    fix = audit_suite.run_checks({k: correct.AUDIT[k] for k in subset}, **correct.AUDIT_OPTIONS, label="fixed")
+    assert [r.name for r in bug] == ["aggregation", "dpo_mask", "grad_accumulation"] and bug[0].details["label"] == "buggy"
+    assert audit_suite.verdict(bug, fix) == (True, True)
+    assert audit_suite.verdict(fix, fix) == (False, True) and audit_suite.verdict(bug, bug) == (True, False)  # bug-absent inputs
+    assert audit_suite.verdict([], fix) == (False, True)
+    with pytest.raises(ValueError, match="need model= and tokenizer="):
+        audit_suite.run_checks({"eos": correct.generate})
+    with pytest.raises(ValueError, match="unknown check"):
+        audit_suite.run_checks({"eos_stop": correct.generate}, model, tokenizer)

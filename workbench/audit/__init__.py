@@ -19,8 +19,10 @@ from workbench.audit.logprobs import check_position_ids, check_temperature
 from workbench.audit.result import AuditResult, report, report_html
 from workbench.audit.signatures import AuditSignatureError
 from workbench.audit.step0 import check_step0
+from workbench.audit.suite import CHECK_NAMES, run_checks, verdict
 
 __all__ = [
+    "CHECK_NAMES",
     "AuditResult",
     "AuditSignatureError",
     "check_aggregation",
@@ -32,4 +34,6 @@ __all__ = [
     "check_temperature",
     "report",
     "report_html",
+    "run_checks",
+    "verdict",
 ]

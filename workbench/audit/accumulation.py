@@ -99,7 +99,7 @@ def check_grad_accumulation(loss_fn, *, lengths=LENGTHS, micro_batches: int = 4,
                        "full-batch token mean": [1.0] * len(lengths)},
             "xlabel": f"sequence ({micro_batches} micro-batches of {len(lengths) // micro_batches})",
             "ylabel": "gradient weight per token × N",
-            "title": f"gradient accumulation: error {error:.3g}",
+            "title": f"relative gradient error {error:.3g}",
         },
     }
     return AuditResult("grad_accumulation", passed, convention, details)

@@ -203,7 +203,7 @@ def check_aggregation(loss_fn, expected: str | None = None) -> AuditResult:
                        "seq-mean-token-mean": [1 / len(PROBE_LENGTHS["main"])] * len(PROBE_LENGTHS["main"])},
             "xlabel": "sequence (real tokens)",
             "ylabel": "weight of the sequence in the loss",
-            "title": f"aggregation: {mode}",
+            "title": mode,
         },
     }
     if "norm_constant" not in details and mode == "token-mean":

@@ -118,7 +118,7 @@ def check_dpo_mask(batch_logps_fn, *, prompt_lengths=PROMPT_LENGTHS, chosen_leng
             "series": {"prompt tokens counted": prompt_counts, "prompt targets": prompt_targets * 2},
             "xlabel": "row (c = chosen, r = rejected)",
             "ylabel": "prompt targets in the sequence log-prob",
-            "title": f"DPO mask: {convention}",
+            "title": convention,
         },
     }
     return AuditResult("dpo_mask", passed, convention, details)

@@ -138,7 +138,7 @@ def check_eos_stopping(generate_fn, model, tokenizer, *, prompts=PROMPTS, stop_a
             "series": {"tokens generated": [width] * len(rows), "tokens needed (up to EOS)": needed},
             "xlabel": "batch row",
             "ylabel": "response tokens",
-            "title": f"EOS stopping: {convention}",
+            "title": convention,
         },
     }
     return AuditResult("eos", passed, convention, details)

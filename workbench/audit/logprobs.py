@@ -158,7 +158,7 @@ def check_position_ids(logprob_fn, model, tokenizer, *, texts=TEXTS, extra_pad: 
             "ylabel": "max |Δ log p| (nats)",
             "threshold": tol,
             "log": True,
-            "title": f"position ids: {convention}",
+            "title": f"{convention}",
         },
     }
     return AuditResult("position_ids", passed, convention, details)
@@ -225,7 +225,8 @@ def check_temperature(logprob_fn, model, tokenizer, temperature: float, *, texts
             "ylabel": "max |Δ log p| (nats)",
             "threshold": tol,
             "log": True,
-            "title": f"temperature: sampling τ = {temperature:g}, function matches τ ≈ {effective:.3g}",
+            "xlog": True,
+            "title": f"sampling τ = {temperature:g}, function matches τ ≈ {effective:.3g}",
         },
     }
     return AuditResult("temperature", gap_tau <= tol, convention, details)

@@ -7,7 +7,7 @@ transformers/TRL versions) and reads the results back with ``AuditResult.from_di
 
 * ``metric`` / ``value``: the one number the verdict rests on (printed by ``__str__``);
 * ``plot``: a small figure spec that ``.plot(ax)`` draws — ``{"kind": "bar"|"line", "x": [...],
-  "series": {label: [...]}, "xlabel", "ylabel", "title", "threshold", "log"}`` — so a result read
+  "series": {label: [...]}, "xlabel", "ylabel", "title", "threshold", "log", "xlog"}`` — so a result read
   back from JSON plots exactly like the original.
 """
 
@@ -105,16 +105,21 @@ class AuditResult:
             ax.set_xticks(range(len(x)))
             ax.set_xticklabels([str(v) for v in x], fontsize=8)
         else:
+            floor = 1e-9 if spec.get("log") else None  # exact zeros sit on the floor of a log axis
             for k, (label, values) in enumerate(series.items()):
-                ax.plot(x[: len(values)], [float(v) for v in values], "o-", color=color if k == 0 else plots.NEUTRAL_COLOR,
-                        label=label, markersize=3)
+                ys = [max(float(v), floor) if floor else float(v) for v in values]
+                ax.plot(x[: len(values)], ys, "o-", color=color if k == 0 else plots.NEUTRAL_COLOR, label=label, markersize=3)
         if spec.get("threshold") is not None:
             ax.axhline(float(spec["threshold"]), color=plots.NEUTRAL_COLOR, linestyle="--", linewidth=1, label="tolerance")
         if spec.get("log"):
-            ax.set_yscale("symlog", linthresh=1e-8)
+            ax.set_yscale("log")
+        if spec.get("xlog"):
+            ax.set_xscale("log")
         ax.set_xlabel(spec.get("xlabel", ""))
         ax.set_ylabel(spec.get("ylabel", ""))
-        ax.set_title(spec.get("title") or f"{self.name}: {'pass' if self.passed else 'FAIL'} ({self.convention})", fontsize=9)
+        title = spec.get("title") or self.convention
+        title = title if len(title) <= 52 else title[:51] + "…"
+        ax.set_title(f"{self.name} · {'pass' if self.passed else 'FAIL'}\n{title}", fontsize=9)
         if series:
             ax.legend(fontsize=7)
         return ax

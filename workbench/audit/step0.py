@@ -134,7 +134,7 @@ def check_step0(step_fn, model, tokenizer, *, prompts=PROMPTS, clip: float = 0.2
         "ylabel": "|Δ log p| (nats)",
         "threshold": tol,
         "log": True,
-        "title": f"step 0: max |ρ − 1| = {max_dev:.3g}, clip fraction {clip_fraction:.2f}",
+        "title": f"max |ρ − 1| = {max_dev:.3g}, clip fraction {clip_fraction:.2f}",
     }
     if not math.isfinite(max_dev):
         passed = False
