@@ -89,3 +89,39 @@ def test_p14_verdict_says_false_on_bug_absent_numbers():
     assert verdict(clean) == (False, True)
     broken_fix = {"kept_mass": 0.9, "bug": {"mean_ratio": 0.9}, "fix": {"max_ratio_deviation": 0.05}}
     assert verdict(broken_fix) == (True, False)
+
+
+# ---- P15 entropy and KL at the wrong temperature -----------------------------------------------
+def test_p15_entropy_and_kl_at_temperature_by_hand():
+    from workbench.diagnostics.temperature_entropy import entropy_at_temperature, kl_between_temperatures
+
+    logits = torch.tensor([0.0, math.log(3.0)])  # τ = 1: [1/4, 3/4]; τ = 0.5: [1/10, 9/10]
+    h1 = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    h05 = -(0.1 * math.log(0.1) + 0.9 * math.log(0.9))
+    assert float(entropy_at_temperature(logits, 1.0)) == pytest.approx(h1, abs=1e-6)
+    assert float(entropy_at_temperature(logits, 0.5)) == pytest.approx(h05, abs=1e-6)
+    kl = 0.1 * math.log(0.1 / 0.25) + 0.9 * math.log(0.9 / 0.75)
+    assert float(kl_between_temperatures(logits, 0.5, 1.0)) == pytest.approx(kl, abs=1e-6)
+    assert float(kl_between_temperatures(logits, 0.5, 0.5)) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_p15_entropy_gap_and_step0_kl_vanish_with_the_fix(qwen):
+    from workbench.diagnostics import temperature_entropy as te
+
+    model, tokenizer = qwen
+    rows = te.sweep(model, tokenizer, PROMPTS, [0.7, 1.0])
+    cold, one = rows
+    assert cold["entropy_gap"] > 0.01 and cold["bug"]["kl_exact"] > 1e-3 and cold["bug"]["kl_k3"] > 1e-3
+    assert cold["fix"]["kl_exact"] == pytest.approx(0, abs=1e-6) and cold["fix"]["kl_k1"] == pytest.approx(0, abs=1e-6)
+    assert abs(one["entropy_gap"]) < 1e-6 and abs(one["bug"]["kl_exact"]) < 1e-6  # τ = 1: nothing to see
+    assert te.verdict(rows) == (True, True)
+    assert te.verdict([one])[0] is False
+
+
+def test_p15_verdict_says_false_on_bug_absent_numbers():
+    from workbench.diagnostics.temperature_entropy import verdict
+
+    clean = {"temperature": 0.7, "entropy_gap": 0.0, "bug": {"kl_exact": 0.0}, "fix": {"kl_exact": 0.0, "kl_k1": 0.0}}
+    assert verdict([clean]) == (False, True)
+    residue = {"temperature": 0.7, "entropy_gap": 0.1, "bug": {"kl_exact": 0.02}, "fix": {"kl_exact": 0.01, "kl_k1": 0.0}}
+    assert verdict([residue]) == (True, False)
