@@ -157,9 +157,10 @@ def plot_per_logit(ax, theta: torch.Tensor, ref_logits: torch.Tensor,
     exact = exact_kl_gradient(theta, ref_logits)
     width = 0.8 / (len(variants) + 1)
     x = torch.arange(theta.shape[-1]).double()
-    ax.bar(x - 0.4 + width / 2, exact, width, color="black", label="exact ∇KL")
+    ax.bar((x - 0.4 + width / 2).tolist(), exact.tolist(), width, color="black", label="exact ∇KL")
     for i, v in enumerate(variants, start=1):
-        ax.bar(x - 0.4 + width / 2 + i * width, expected_gradient(theta, ref_logits, v), width, color=variant_color(v), label=v)
+        ax.bar((x - 0.4 + width / 2 + i * width).tolist(), expected_gradient(theta, ref_logits, v).tolist(), width,
+               color=variant_color(v), label=v)
     ax.axhline(0, color=plots.NEUTRAL_COLOR, lw=0.8)
     ax.set_xlabel("token j of a small softmax policy")
     ax.set_ylabel("∂ / ∂θ_j")

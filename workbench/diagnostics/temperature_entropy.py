@@ -125,7 +125,7 @@ def explorer(logits: torch.Tensor):
         for shift, t, color, name in panels:
             probs = F.softmax(logits.float() / t, -1)[order]
             h = float(entropy_at_temperature(logits, t))
-            ax.bar(torch.arange(len(order)) + shift, probs, 0.4, color=color, label=f"{name}: H = {h:.3f} nats")
+            ax.bar([i + shift for i in range(len(order))], probs.tolist(), 0.4, color=color, label=f"{name}: H = {h:.3f} nats")
         ax.set_xlabel("token rank")
         ax.set_ylabel("probability")
         ax.legend()
