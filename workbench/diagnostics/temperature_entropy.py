@@ -52,7 +52,7 @@ def step0_measurements(model, tokenizer, prompts: list[str], *, temperature: flo
                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                      generator=torch.Generator().manual_seed(seed))
     seq, seq_mask = rollout.sequences()
-    logits = forward(model, seq, seq_mask).logits[:, ids.shape[1] - 1 : -1].float()
+    logits = forward(model, seq, seq_mask)[:, ids.shape[1] - 1 : -1].float()
     real = rollout.response_mask.bool()
     actions = rollout.response_ids[..., None]
     policy_logp = F.log_softmax(logits / temperature, -1).gather(-1, actions).squeeze(-1)

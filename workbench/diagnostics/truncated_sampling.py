@@ -18,7 +18,7 @@ import torch
 
 from workbench.rollout import Rollout, sample
 from workbench.sampling_filters import kept_mass, processed_logprobs
-from workbench.scoring import forward, logprobs_of
+from workbench.scoring import forward, logprobs_from_logits
 from workbench.tasks import encode_prompts
 
 
@@ -35,7 +35,7 @@ def response_logits(model, rollout: Rollout, temperature: float = 1.0) -> torch.
     """(B, R, V) logits / τ at the positions that predict each response token."""
     ids, mask = rollout.sequences()
     width = rollout.prompt_ids.shape[1]
-    return forward(model, ids, mask, temperature=temperature).logits[:, width - 1 : -1].float()
+    return forward(model, ids, mask)[:, width - 1 : -1].float() / temperature  # upcast, then divide
 
 
 def rescore(logits: torch.Tensor, response_ids: torch.Tensor, *, top_k: int, top_p: float, renormalise: bool) -> torch.Tensor:
@@ -43,7 +43,7 @@ def rescore(logits: torch.Tensor, response_ids: torch.Tensor, *, top_k: int, top
     distribution (``renormalise=True``, fix)."""
     if renormalise:
         return processed_logprobs(logits, response_ids, top_k=top_k, top_p=top_p)
-    return logprobs_of(logits, response_ids)
+    return logprobs_from_logits(logits, response_ids)
 
 
 def first_step_ratio(model, tokenizer, prompts: list[str], *, top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0,
