@@ -58,13 +58,13 @@ def test_grpo_step0_ratio_one_kl_zero_no_clipping(mini_batches, iterations, pack
     assert step["clip_fraction_first"] == 0.0
 
 
-PPO_GRID = list(itertools.product((8, 4), (1, 2), (False, True), (1.0, 0.7), ("fp32", "bf16")))
+PPO_GRID = list(itertools.product((1, 2), (1, 2), (False, True), (1.0, 0.7), ("fp32", "bf16")))
 
 
-@pytest.mark.parametrize("mini_batch_size, epochs, packed, temperature, dtype", PPO_GRID)
-def test_ppo_step0_ratio_one_kl_zero_no_clipping(mini_batch_size, epochs, packed, temperature, dtype):
+@pytest.mark.parametrize("mini_batches, epochs, packed, temperature, dtype", PPO_GRID)
+def test_ppo_step0_ratio_one_kl_zero_no_clipping(mini_batches, epochs, packed, temperature, dtype):
     model, tokenizer = policy(dtype)
-    config = PPOConfig(steps=1, progress=False, prompts_per_step=8, mini_batch_size=mini_batch_size, ppo_epochs=epochs,
+    config = PPOConfig(steps=1, progress=False, prompts_per_step=8, mini_batches=mini_batches, ppo_epochs=epochs,
                        packed=packed, temperature=temperature, max_new_tokens=4)
     step = PPOTrainer(model, tokenizer, RAGGED, config).train()[0]
     assert step["train_ratio_deviation"] == 0.0
@@ -87,7 +87,7 @@ def test_checkpoint_with_dropout_under_default_switches_is_exact_at_step0():
         steps=1, progress=False, prompts_per_step=4, num_generations=2, max_new_tokens=4, beta=0.1, mini_batches=2)).train()[0]
     assert grpo["ratio_deviation_first"] == 0.0 and grpo["kl_first"] == 0.0
     ppo = PPOTrainer(copy.deepcopy(model), tokenizer, RAGGED, PPOConfig(
-        steps=1, progress=False, prompts_per_step=8, mini_batch_size=4, max_new_tokens=4)).train()[0]
+        steps=1, progress=False, prompts_per_step=8, mini_batches=2, max_new_tokens=4)).train()[0]
     assert ppo["train_ratio_deviation"] == 0.0 and ppo["kl_token_max_abs"] == 0.0
     assert ppo["first_ratio_deviation"] < 1e-5  # sampler vs training forward: float noise only
     dpo = DPOTrainer(copy.deepcopy(model), tokenizer, PAIRS, DPOConfig(steps=1, progress=False, batch_size=4)).train()[0]
@@ -124,7 +124,7 @@ def test_grpo_single_step_batch_keeps_rho_identically_one():
 
 def test_ppo_later_mini_batches_see_the_update():
     model, tokenizer = policy()
-    step = PPOTrainer(model, tokenizer, RAGGED, PPOConfig(steps=1, progress=False, prompts_per_step=8, mini_batch_size=4,
+    step = PPOTrainer(model, tokenizer, RAGGED, PPOConfig(steps=1, progress=False, prompts_per_step=8, mini_batches=2,
                                                           learning_rate=1e-2, max_new_tokens=4)).train()[0]
     assert step["train_ratio_deviation"] == 0.0 and step["ratio_deviation_later"] > 1e-3
 

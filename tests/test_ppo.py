@@ -13,7 +13,7 @@ RAGGED = [Problem("1+2=", "3"), Problem("12+34=", "46"), Problem("3*4=", "12"), 
 
 def one_step(name, **overrides):
     model, tokenizer = load(name)
-    config = PPOConfig(steps=1, progress=False, prompts_per_step=8, mini_batch_size=4, **overrides)
+    config = PPOConfig(steps=1, progress=False, prompts_per_step=8, mini_batches=2, **overrides)
     return PPOTrainer(model, tokenizer, RAGGED, config).train()[0]
 
 
@@ -80,7 +80,7 @@ def test_ppo_raises_the_reward():
 @pytest.mark.parametrize(
     "field, value, message",
     [("kl_coef", -0.1, "kl_coef=-0.1 must be ≥ 0"), ("clip_low", 0.0, "clip_low=0.0 must be in"),
-     ("kl_kind", "k9", "is not one of"), ("mini_batch_size", 64, "mini_batch_size"),
+     ("kl_kind", "k9", "is not one of"), ("mini_batches", 3, "mini_batches"),
      ("position_ids", "none", "position_ids"), ("loss_agg", "mean", "loss aggregation")],
 )
 def test_invalid_config_values_name_the_field(field, value, message):
@@ -91,7 +91,7 @@ def test_invalid_config_values_name_the_field(field, value, message):
 def test_resume_continues_exactly(tmp_path):
     def trainer(out, steps):
         model, tokenizer = load("tiny-arith-qwen2")
-        config = PPOConfig(steps=steps, progress=False, prompts_per_step=8, mini_batch_size=4, output_dir=str(out))
+        config = PPOConfig(steps=steps, progress=False, prompts_per_step=8, mini_batches=2, output_dir=str(out))
         return PPOTrainer(model, tokenizer, RAGGED, config)
 
     straight = trainer(tmp_path / "a", 4)

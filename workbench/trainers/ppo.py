@@ -56,8 +56,8 @@ class PPOConfig(TrainerConfig):
     """Critic AdamW learning rate."""
     prompts_per_step: int = 32
     """Prompts sampled per step (one response each): the rollout batch."""
-    mini_batch_size: int = 16
-    """Responses per optimiser step inside a PPO epoch."""
+    mini_batches: int = 2
+    """Optimiser steps per PPO epoch: the rollout batch is split into this many shuffled mini-batches."""
     ppo_epochs: int = 2
     """Passes over the rollout batch per step."""
     max_new_tokens: int = 8
@@ -118,7 +118,8 @@ class PPOConfig(TrainerConfig):
     def validate(self) -> None:
         super().validate()
         require(self, "prompts_per_step", self.prompts_per_step >= 1, "must be ≥ 1")
-        require(self, "mini_batch_size", 1 <= self.mini_batch_size <= self.prompts_per_step, "must be in [1, prompts_per_step]")
+        require(self, "mini_batches", self.mini_batches >= 1 and self.prompts_per_step % self.mini_batches == 0,
+                "must be ≥ 1 and divide prompts_per_step")
         require(self, "ppo_epochs", self.ppo_epochs >= 1, "must be ≥ 1")
         require(self, "max_new_tokens", self.max_new_tokens >= 1, "must be ≥ 1")
         require(self, "temperature", self.temperature > 0, "must be > 0")
@@ -216,7 +217,8 @@ class PPOTrainer(Trainer):
         # The training layout: PPO epochs over shuffled mini-batches, orders drawn up front.
         generator = step_generator(c.seed, step)
         orders = [torch.randperm(c.prompts_per_step, generator=generator).to(self.device) for _ in range(c.ppo_epochs)]
-        first_epoch = [orders[0][start : start + c.mini_batch_size] for start in range(0, c.prompts_per_step, c.mini_batch_size)]
+        size = c.prompts_per_step // c.mini_batches
+        first_epoch = [orders[0][start : start + size] for start in range(0, c.prompts_per_step, size)]
 
         def score_in_layout(model):
             """Response log-probs of every row, mini-batch by mini-batch as the first epoch sees them."""
@@ -250,8 +252,8 @@ class PPOTrainer(Trainer):
         stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "clip_fraction", "approx_kl",
                                                           "value_clip_fraction", "entropy", "grad_norm")}
         for order in orders:
-            for start in range(0, c.prompts_per_step, c.mini_batch_size):
-                rows = order[start : start + c.mini_batch_size]
+            for start in range(0, c.prompts_per_step, size):
+                rows = order[start : start + size]
                 mb_mask = mask[rows]
                 logp, entropy = self._logprobs(self.policy, r, rows, with_entropy=True)
                 with torch.no_grad():
