@@ -50,3 +50,54 @@ def test_p23_bad_precision_is_a_clear_error(qwen):
     with pytest.raises(ValueError, match="bf16-mixed"):
         batch = bf16_updates.sft_batch_for(tokenizer, n=4)
         bf16_updates.adam_steps(copy.deepcopy(model), batch, precision="fp8", lr=1e-5, steps=1)
+
+
+# ---- P19 batch-shape-dependent log-probs ------------------------------------------------------
+@pytest.fixture(scope="module")
+def qwen_chat_bf16():
+    from workbench import realistic
+    from workbench.diagnostics import batch_shape
+    from workbench.tasks import rl_problems
+
+    model, tokenizer = load(realistic.resolve("realistic-qwen2-chat"), dtype=torch.bfloat16)
+    prompts = [p.prompt if i % 2 else "Say something." for i, p in enumerate(rl_problems(24))]
+    return model, tokenizer, batch_shape.sample_episodes(model, tokenizer, prompts, max_new_tokens=16)
+
+
+def test_p19_bf16_ratio_moves_at_lr0_with_another_layout_and_not_with_the_fix(qwen_chat_bf16):
+    from workbench.diagnostics import batch_shape as p19
+
+    model, tokenizer, episodes = qwen_chat_bf16
+    pad = tokenizer.pad_token_id
+    whole, micro = p19.layout(len(episodes)), p19.layout(8, shuffle_seed=0)
+    bug = p19.ratio_at_lr0(model, episodes, old_layout=whole, train_layout=micro, pad_token_id=pad)
+    recomputed = p19.ratio_at_lr0(model, episodes, old_layout=micro, train_layout=micro, pad_token_id=pad)
+    width = max(len(e[0]) for e in episodes)
+    fixed_width = p19.ratio_at_lr0(model, episodes, old_layout=p19.layout(len(episodes), width=width),
+                                   train_layout=p19.layout(8, shuffle_seed=0, width=width), pad_token_id=pad)
+    assert bug["max_ratio_deviation"] > 1e-3 and bug["fraction_ratio_not_one"] > 0.01
+    assert recomputed["max_ratio_deviation"] == 0.0 and fixed_width["max_ratio_deviation"] == 0.0
+    assert p19.verdict(bug, recomputed) == (True, True)
+    fp32 = p19.ratio_at_lr0(copy.deepcopy(model).float(), episodes, old_layout=whole, train_layout=micro, pad_token_id=pad)
+    assert fp32["max_ratio_deviation"] < 1e-5  # the same reordering costs ~1e-6 in fp32
+    assert p19.verdict(fp32, recomputed) == (False, True)
+
+
+def test_p19_width_drift_is_zero_at_the_own_width_and_not_elsewhere_in_bf16(qwen_chat_bf16):
+    from workbench.diagnostics import batch_shape as p19
+
+    model, tokenizer, episodes = qwen_chat_bf16
+    row = max(episodes, key=lambda e: len(e[0]))[0]
+    widths = list(range(len(row), len(row) + 33))
+    drift = p19.width_drift(model, row, widths, tokenizer.pad_token_id)
+    assert drift[0] == 0.0 and max(drift) > 1e-4
+    assert max(p19.width_drift(copy.deepcopy(model).float(), row, widths, tokenizer.pad_token_id)) < 1e-5
+    with pytest.raises(ValueError, match="shorter than the longest row"):
+        p19.row_logprobs(model, [row], micro_batch_size=1, pad_token_id=tokenizer.pad_token_id, width=len(row) - 1)
+
+
+def test_p19_verdict_false_on_bug_absent_numbers():
+    from workbench.diagnostics import batch_shape as p19
+
+    assert p19.verdict({"max_ratio_deviation": 2e-6}, {"max_ratio_deviation": 0.0}) == (False, True)
+    assert p19.verdict({"max_ratio_deviation": 5e-3}, {"max_ratio_deviation": 5e-3}) == (True, False)
