@@ -101,3 +101,44 @@ def test_p19_verdict_false_on_bug_absent_numbers():
 
     assert p19.verdict({"max_ratio_deviation": 2e-6}, {"max_ratio_deviation": 0.0}) == (False, True)
     assert p19.verdict({"max_ratio_deviation": 5e-3}, {"max_ratio_deviation": 5e-3}) == (True, False)
+
+
+# ---- P21 duplicate BOS -------------------------------------------------------------------------
+def test_p21_bos_counting_and_guard_by_hand():
+    from workbench.diagnostics import duplicate_bos as p21
+
+    assert p21.leading_bos([7, 7, 3, 7], 7) == 2 and p21.leading_bos([3, 7], 7) == 0 and p21.leading_bos([5], None) == 0
+    assert p21.strip_duplicate_bos([7, 7, 7, 3], 7) == [7, 3] and p21.strip_duplicate_bos([7, 3], 7) == [7, 3]
+
+
+def test_p21_audit_finds_the_two_bos_path_only_on_the_llama_like_tokenizer():
+    from workbench import realistic
+    from workbench.diagnostics import duplicate_bos as p21
+
+    llama = p21.bos_audit(realistic.load_tokenizer(realistic.checkpoint("llama")))
+    assert llama["tokenizer_adds_bos"] and llama["template_writes_bos"]
+    assert llama["leading_bos"] == {"template ids": 1, "text + tokenizer()": 2, "text + tokenizer(add_special_tokens=False)": 1}
+    qwen = p21.bos_audit(realistic.load_tokenizer(realistic.checkpoint("qwen2")))
+    assert set(qwen["leading_bos"].values()) == {0}
+
+
+def test_p21_two_bos_shift_the_log_probs_and_one_bos_does_not():
+    from workbench import realistic
+    from workbench.diagnostics import duplicate_bos as p21
+    from workbench.tasks import rl_problems
+
+    model, tokenizer = realistic.load_hf(realistic.resolve("realistic-llama-chat"))
+    shift = p21.response_shift(model, tokenizer, [p.prompt for p in rl_problems(8)], max_new_tokens=8)
+    bug, fix = shift["paths"]["text + tokenizer()"], shift["paths"]["text + tokenizer(add_special_tokens=False)"]
+    assert bug["leading_bos"] == 2 and bug["mean_abs_log_ratio"] > 1e-2
+    assert fix["leading_bos"] == 1 and fix["max_ratio_deviation"] == 0.0 and shift["guard_recovers_template_ids"]
+    assert p21.verdict(bug, fix) == (True, True)
+
+
+def test_p21_verdict_false_on_bug_absent_numbers():
+    from workbench.diagnostics import duplicate_bos as p21
+
+    one_bos = {"leading_bos": 1, "mean_abs_log_ratio": 0.0, "max_ratio_deviation": 0.0}
+    assert p21.verdict(one_bos, one_bos) == (False, True)
+    two_bos_no_shift = {"leading_bos": 2, "mean_abs_log_ratio": 0.0, "max_ratio_deviation": 0.0}
+    assert p21.verdict(two_bos_no_shift, two_bos_no_shift) == (False, False)

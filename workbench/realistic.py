@@ -273,6 +273,13 @@ def load_hf(folder: str | Path, *, dtype: torch.dtype | None = None):
     return model, tokenizer
 
 
+def load_tokenizer(folder: str | Path):
+    """The tokenizer of a checkpoint folder alone (no weights loaded)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+
+
 # --------------------------------------------------------------------------------------------
 # A few seconds of chat SFT: a policy that answers and ends its turns
 # --------------------------------------------------------------------------------------------
