@@ -34,7 +34,7 @@ def test_p6_ppo_switch():
     runs = {}
     for rescale in (False, True):
         model, tokenizer = load("tiny-arith-qwen2")
-        config = PPOConfig(steps=1, temperature=0.7, rescale_by_temperature=rescale, progress=False, prompts_per_step=8, mini_batch_size=8)
+        config = PPOConfig(steps=1, temperature=0.7, rescale_by_temperature=rescale, progress=False, prompts_per_step=8, mini_batches=1)
         runs[rescale] = PPOTrainer(model, tokenizer, rl_problems(16), config).train()[0]
     assert runs[False]["first_ratio_deviation"] > 0.1 and runs[True]["first_ratio_deviation"] < 1e-4
 
@@ -60,7 +60,7 @@ def test_p7_ppo_switch():
     for disable in (False, True):
         model, tokenizer = load("tiny-arith-gpt2")
         dropout.set_dropout(model, 0.1)
-        config = PPOConfig(steps=1, disable_dropout=disable, progress=False, prompts_per_step=8, mini_batch_size=8)
+        config = PPOConfig(steps=1, disable_dropout=disable, progress=False, prompts_per_step=8, mini_batches=1)
         runs[disable] = PPOTrainer(model, tokenizer, rl_problems(16), config).train()[0]
     assert runs[False]["train_ratio_deviation"] > 0.1 and runs[True]["train_ratio_deviation"] < 1e-4
 
@@ -137,7 +137,7 @@ def test_p12_ppo_tis_needs_recomputed_old_logprobs():
         PPOConfig(tis_cap=2.0)
     model, tokenizer = load("tiny-arith-qwen2")
     config = PPOConfig(steps=1, rollout_dtype="bfloat16", old_logprobs="recompute", tis_cap=2.0, progress=False,
-                       prompts_per_step=8, mini_batch_size=8)
+                       prompts_per_step=8, mini_batches=1)
     step = PPOTrainer(model, tokenizer, rl_problems(16), config).train()[0]
     assert step["first_ratio_deviation"] > 1e-3 and step["train_ratio_deviation"] < 1e-4
 
@@ -159,7 +159,7 @@ def test_p13_ppo_switch():
     runs = {}
     for over in ("padded", "real"):
         model, tokenizer = load("tiny-arith-qwen2")
-        config = PPOConfig(steps=1, whiten_over=over, progress=False, prompts_per_step=16, mini_batch_size=16)
+        config = PPOConfig(steps=1, whiten_over=over, progress=False, prompts_per_step=16, mini_batches=1)
         runs[over] = PPOTrainer(model, tokenizer, rl_problems(32), config).train()[0]
     assert abs(runs["padded"]["advantage_mean_real_tokens"]) > 1e-2
     assert abs(runs["real"]["advantage_mean_real_tokens"]) < 1e-6

@@ -26,7 +26,7 @@ def test_s5_fix_seq_mean_token_mean_probe_loss_is_zero_but_the_gradient_is_not()
     assert result["seq-mean-token-mean"]["grad_norm"] > 1e-2
 
 
-@pytest.mark.parametrize("mode", losses.LOSS_AGG_MODES)
+@pytest.mark.parametrize("mode", losses.LOSS_AGG_MODES + tuple(losses.LOSS_AGG_ALIASES))
 def test_token_weights_analytic_equal_autograd(mode):
     lengths = [1, 3, 7, 0]
     assert analytic_token_weights(lengths, mode) == pytest.approx(measured_token_weights(lengths, mode), abs=1e-7)

@@ -94,10 +94,12 @@ MASK = T([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]])  # lengths 4, 2, 0 (an empt
         ("token-mean", 40 / 6),
         ("bnpo", 40 / 6),
         ("dapo", 40 / 6),
+        # verl 0.9.1 names: the empty row is left out of the count of sequences
         ("seq-mean-token-mean", (10 / 4 + 30 / 2) / 2),
-        ("grpo", (10 / 4 + 30 / 2) / 2),
         ("seq-mean-token-sum", (10 + 30) / 2),
-        ("seq-mean-token-sum-norm", 40 / (3 * 4)),
+        ("seq-mean-token-sum-norm", 40 / (2 * 4)),
+        # TRL 1.16 aliases: the empty row counts as a sequence with loss 0
+        ("grpo", (10 / 4 + 30 / 2 + 0) / 3),
         ("dr_grpo", 40 / (3 * 4)),
     ],
 )
@@ -106,8 +108,9 @@ def test_aggregate_loss_by_hand(mode, expected):
 
 
 def test_aggregate_loss_max_len_and_errors_and_empty_batch():
-    close(losses.aggregate_loss(LOSS, MASK, "seq-mean-token-sum-norm", max_len=10), 40 / 30)
-    for mode in losses.LOSS_AGG_MODES:
+    close(losses.aggregate_loss(LOSS, MASK, "seq-mean-token-sum-norm", max_len=10), 40 / 20)  # 2 non-empty rows
+    close(losses.aggregate_loss(LOSS, MASK, "dr_grpo", max_len=10), 40 / 30)  # TRL: B × max_len
+    for mode in losses.LOSS_AGG_MODES + tuple(losses.LOSS_AGG_ALIASES):
         value = losses.aggregate_loss(LOSS, torch.zeros_like(MASK), mode)
         assert torch.isfinite(value) and value == 0
     with pytest.raises(ValueError, match="token-mean.*dr_grpo"):
@@ -154,9 +157,62 @@ def test_dpo_losses_by_hand():
     close(chosen, T([0.5 * 1.0])), close(rejected, T([0.5 * -0.5]))
     smoothed, _, _ = losses.dpo_loss(pc, pr, rc, rr, beta, "sigmoid", label_smoothing=0.1)
     close(smoothed, T([0.9 * math.log(1 + math.exp(-0.75)) + 0.1 * math.log(1 + math.exp(0.75))]))
-    ipo, _, _ = losses.dpo_loss(pc, pr, rc, rr, beta, "ipo")
-    close(ipo, T([(1.5 - 1 / (2 * beta)) ** 2]))
+    ipo_sum, _, _ = losses.dpo_loss(pc, pr, rc, rr, beta, "ipo_sum")  # OpenRLHF: summed log-ratios
+    close(ipo_sum, T([(1.5 - 1 / (2 * beta)) ** 2]))
+    # TRL 1.16 ipo: chosen log-ratio 1.0 over 4 tokens, rejected −0.5 over 2 → 0.25 + 0.25 = 0.5
+    ipo, _, _ = losses.dpo_loss(pc, pr, rc, rr, beta, "ipo", chosen_lengths=T([4]), rejected_lengths=T([2]))
+    close(ipo, T([(0.5 - 1 / (2 * beta)) ** 2]))
+    with pytest.raises(ValueError, match="chosen_lengths"):
+        losses.dpo_loss(pc, pr, rc, rr, beta, "ipo")
+    # TRL 1.16 robust, ε = 0.1: [0.9·softplus(−0.75) − 0.1·softplus(0.75)] / 0.8
+    robust, _, _ = losses.dpo_loss(pc, pr, rc, rr, beta, "robust", label_smoothing=0.1)
+    close(robust, T([(0.9 * math.log(1 + math.exp(-0.75)) - 0.1 * math.log(1 + math.exp(0.75))) / 0.8]))
+    robust0, _, _ = losses.dpo_loss(pc, pr, rc, rr, beta, "robust")
+    close(robust0, losses_)  # ε = 0: robust = sigmoid
     hinge, _, _ = losses.dpo_loss(pc, pr, rc, rr, beta, "hinge")
     close(hinge, T([max(0.0, 1 - 0.75)]))
     with pytest.raises(ValueError, match="sigmoid"):
         losses.dpo_loss(pc, pr, rc, rr, beta, "kto")
+
+
+def test_dpo_trainer_refuses_label_smoothing_where_no_loss_uses_it():
+    from workbench.trainers.base import ConfigError
+    from workbench.trainers.dpo import DPOConfig
+
+    with pytest.raises(ConfigError, match="label_smoothing"):
+        DPOConfig(loss_type="ipo", label_smoothing=0.1)
+    DPOConfig(loss_type="robust", label_smoothing=0.1)
+
+
+# ---- masked reductions select, they do not multiply ------------------------------------------
+INF_LOSS = T([[1.0, 2.0, float("inf")], [3.0, float("nan"), float("-inf")]])
+INF_MASK = T([[1, 1, 0], [1, 0, 0]])
+
+
+@pytest.mark.parametrize("mode", losses.LOSS_AGG_MODES + tuple(losses.LOSS_AGG_ALIASES))
+def test_inf_or_nan_at_padded_positions_never_reaches_a_reduction(mode):
+    value = losses.aggregate_loss(INF_LOSS, INF_MASK, mode)
+    clean = losses.aggregate_loss(torch.where(INF_MASK.bool(), INF_LOSS, 0.0), INF_MASK, mode)
+    assert torch.isfinite(value) and float(value) == float(clean)
+    # the multiply-by-mask reduction this replaced is NaN on the same input
+    assert not torch.isfinite((INF_LOSS * INF_MASK).sum() / INF_MASK.sum())
+
+
+def test_inf_at_padded_positions_other_masked_functions():
+    assert torch.isfinite(losses.masked_mean(INF_LOSS, INF_MASK))
+    assert torch.isfinite(losses.masked_var(INF_LOSS, INF_MASK))
+    assert torch.isfinite(losses.masked_whiten(INF_LOSS, INF_MASK)).all()
+    advantages, returns = losses.gae(INF_LOSS, INF_LOSS, INF_MASK)
+    assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()
+    close(losses.masked_sum(INF_LOSS, INF_MASK), 6.0)
+
+
+def test_low_var_kl_is_k3_clamped_at_10():
+    logp, ref = T([0.0, -15.0, -1.0]), T([-0.5, 0.0, -1.0])
+    k3 = losses.kl_penalty(logp, ref, "k3")
+    low_var = losses.kl_penalty(logp, ref, "low_var_kl")
+    # r = 0.5: e^−0.5 − 1 + 0.5 = 0.10653; r = −15: e^15 − 16 ≈ 3.27e6 → clamped to 10; r = 0 → 0
+    close(k3[0], math.exp(-0.5) - 0.5), close(low_var[0], math.exp(-0.5) - 0.5)
+    assert float(k3[1]) == pytest.approx(math.exp(15) - 16, rel=1e-5)
+    close(low_var[1], 10.0)
+    close(low_var[2], 0.0)

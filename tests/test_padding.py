@@ -9,7 +9,7 @@ from workbench.batching import pack_sequences, pad_sequences, unpack_token_value
 from workbench.diagnostics.padding import RightPaddingError, assert_not_right_padded, generation_divergence, padding_guard
 from workbench.models import ARCHITECTURES, load, tiny_model
 from workbench.rollout import sample
-from workbench.scoring import logprobs_of, token_logprobs
+from workbench.scoring import logprobs_from_logits, token_logprobs
 from workbench.tasks import encode_prompts, rl_problems
 
 
@@ -62,7 +62,7 @@ def test_pack_unpack_round_trip_and_targets_never_cross_a_boundary(sequences):
 
 
 def _alone(model, sequences):
-    return [logprobs_of(model(input_ids=torch.tensor([s])).logits[0, :-1], torch.tensor(s[1:])) for s in sequences]
+    return [logprobs_from_logits(model(input_ids=torch.tensor([s])).logits[0, :-1], torch.tensor(s[1:])) for s in sequences]
 
 
 SEQUENCES = [[1, 5, 6, 7, 8, 2], [1, 9, 10, 2], [1, 11, 12, 13, 14, 15, 16, 17, 2], [1, 20, 2]]
@@ -74,7 +74,7 @@ def test_packed_scoring_equals_scoring_each_sequence_alone(arch):
     with torch.no_grad():
         alone = _alone(model, SEQUENCES)
         batch = pack_sequences(SEQUENCES)
-        logp = logprobs_of(model(**batch.model_inputs()).logits[0], batch.targets[0])
+        logp = logprobs_from_logits(model(**batch.model_inputs()).logits[0], batch.targets[0])
         for a, p in zip(alone, unpack_token_values(logp, batch.lengths)):
             torch.testing.assert_close(p[:-1], a, atol=1e-5, rtol=0)
         # the same through the padded-layout API, left and right padding
@@ -92,7 +92,7 @@ def test_packing_with_the_cache_on_is_wrong(arch):
     with torch.no_grad():
         alone = _alone(model, SEQUENCES)
         batch = pack_sequences(SEQUENCES)
-        logp = logprobs_of(model(**{**batch.model_inputs(), "use_cache": True}).logits[0], batch.targets[0])
+        logp = logprobs_from_logits(model(**{**batch.model_inputs(), "use_cache": True}).logits[0], batch.targets[0])
         worst = max(float((a - p[:-1]).abs().max()) for a, p in zip(alone, unpack_token_values(logp, batch.lengths)))
     assert worst > 1e-2
 

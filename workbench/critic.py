@@ -2,8 +2,8 @@
 
 As in OpenRLHF, the critic is a separate model initialised from the policy (so it starts with
 useful features) whose value for response token t is read from the hidden state *before* that
-token — the state in which the action was taken. Its forward builds position ids exactly like
-``workbench.scoring.forward``, so the S1 switch reaches the value baseline too.
+token — the state in which the action was taken. Its body runs through ``workbench.scoring.forward``,
+the same forward as the policy's, so the S1 switch and packing reach the value baseline too.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import copy
 import torch
 from torch import nn
 
-from workbench.batching import pack_sequences, position_ids_from_mask
+from workbench.scoring import forward
 
 
 class ValueModel(nn.Module):
@@ -38,17 +38,8 @@ class ValueModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, position_ids: str = "mask", packed: bool = False
     ) -> torch.Tensor:
-        """A value (B, T) for every position (0 at padding when ``packed``)."""
-        if packed:
-            mask = attention_mask.bool()
-            batch = pack_sequences([row[m] for row, m in zip(input_ids, mask)])
-            hidden = self.body(**batch.model_inputs()).last_hidden_state[0]
-            values = self.value_head(hidden.float()).squeeze(-1)
-            return torch.zeros(input_ids.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
-        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        if position_ids == "mask":
-            inputs["position_ids"] = position_ids_from_mask(attention_mask)
-        hidden = self.body(**inputs).last_hidden_state
+        """A value (B, T) for every position (meaningless at padded positions: select with the mask)."""
+        hidden = forward(self.body, input_ids, attention_mask, position_ids=position_ids, packed=packed)
         return self.value_head(hidden.float()).squeeze(-1)
 
     def response_values(

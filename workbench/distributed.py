@@ -77,6 +77,13 @@ class Distributed:
     def mean(self, value: float) -> float:
         return float(self.sum(value)) / self.world_size
 
+    def max(self, value: float) -> float:
+        """All-reduce maximum of a number."""
+        tensor = torch.as_tensor(value, dtype=torch.float64).clone()
+        if self.enabled:
+            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return float(tensor)
+
     def close(self) -> None:
         """Leave the process group cleanly (gloo aborts at exit otherwise)."""
         if self.enabled and torch.distributed.is_initialized():

@@ -19,21 +19,29 @@ import torch.nn.functional as F
 # --------------------------------------------------------------------------------------------
 
 
+def zero_masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` where mask is 1, exactly 0 elsewhere (even where ``values`` is inf or NaN,
+    which multiplying by the mask would turn into NaN)."""
+    return torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
-    return (values * mask).sum() if dim is None else (values * mask).sum(dim)
+    """Sum over positions where mask is 1. Masked positions are *selected out* (``torch.where``),
+    not multiplied by 0, so an inf or NaN at a padded position cannot turn the result into NaN."""
+    selected = zero_masked(values, mask)
+    return selected.sum() if dim is None else selected.sum(dim)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     """Mean over positions where mask is 1 (0 when there are none, never NaN)."""
-    mask = mask.to(values.dtype)
-    return masked_sum(values, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp_min(1)
+    count = mask.to(values.dtype)
+    return masked_sum(values, mask, dim) / (count.sum() if dim is None else count.sum(dim)).clamp_min(1)
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
     """Variance over masked-in positions only (Bessel-corrected by default)."""
-    mask = mask.to(values.dtype)
     mean = masked_mean(values, mask)
-    count = mask.sum()
+    count = mask.to(values.dtype).sum()
     variance = masked_sum((values - mean) ** 2, mask) / count.clamp_min(1)
     if unbiased:
         variance = variance * count / (count - 1).clamp_min(1)
@@ -50,7 +58,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     whitened = (values - mean) * torch.rsqrt(variance + eps)
     if not shift_mean:
         whitened = whitened + mean
-    return whitened * mask
+    return torch.where(mask.bool(), whitened, torch.zeros_like(whitened))
 
 
 def naive_whiten(values: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
@@ -110,8 +118,10 @@ def gae(
     last real token (its successor is masked), so nothing after it leaks back. Returns = A + V.
     Masked positions get 0 advantage and 0 return.
     """
+    keep = mask.bool()
     mask = mask.to(values.dtype)
-    values, rewards = values * mask, rewards * mask
+    values = torch.where(keep, values, torch.zeros_like(values))
+    rewards = torch.where(keep, rewards, torch.zeros_like(rewards))
     advantages = torch.zeros_like(values)
     next_value = torch.zeros_like(values[:, 0])
     next_advantage = torch.zeros_like(values[:, 0])
@@ -121,8 +131,8 @@ def gae(
         next_advantage = delta + gamma * lam * next_mask * next_advantage
         advantages[:, t] = next_advantage
         next_value, next_mask = values[:, t], mask[:, t]
-    advantages = advantages * mask
-    return advantages, (advantages + values) * mask
+    advantages = torch.where(keep, advantages, torch.zeros_like(advantages))
+    return advantages, torch.where(keep, advantages + values, torch.zeros_like(values))
 
 
 def clipped_surrogate(
@@ -187,62 +197,74 @@ def ppo_value_loss(
 # Loss aggregation (pitfall S5)
 # --------------------------------------------------------------------------------------------
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+# TRL 1.16 ``loss_type`` names: the same formulas, but TRL's per-sequence means count a fully
+# masked row (e.g. a truncated completion under ``mask_truncated_completions``) as a sequence
+# with loss 0, where verl 0.9.1 leaves it out of the count.
 LOSS_AGG_ALIASES = {
     "grpo": "seq-mean-token-mean",
     "bnpo": "token-mean",
     "dapo": "token-mean",
     "dr_grpo": "seq-mean-token-sum-norm",
 }
+ALIASES_COUNTING_EMPTY_ROWS = ("grpo", "dr_grpo")
 
 
 def canonical_loss_agg(mode: str) -> str:
     """The verl-style name of a loss aggregation mode given by verl or TRL name."""
-    mode = LOSS_AGG_ALIASES.get(mode, mode)
-    if mode not in LOSS_AGG_MODES:
+    canonical = LOSS_AGG_ALIASES.get(mode, mode)
+    if canonical not in LOSS_AGG_MODES:
         valid = ", ".join(LOSS_AGG_MODES + tuple(LOSS_AGG_ALIASES))
         raise ValueError(f"Unknown loss aggregation mode {mode!r}; valid modes: {valid}")
-    return mode
+    return canonical
+
+
+def counts_empty_rows(mode: str) -> bool:
+    """Whether ``mode``'s mean over sequences counts fully masked rows (TRL's ``grpo``/``dr_grpo``)
+    or leaves them out (verl's ``seq-mean-*`` names)."""
+    canonical_loss_agg(mode)
+    return mode in ALIASES_COUNTING_EMPTY_ROWS
 
 
 def aggregation_denominator(mask: torch.Tensor, mode: str, max_len: int | None = None) -> float:
-    """What ``aggregate_loss`` divides its sum by for this batch: tokens, present sequences, or
-    B × max_len. Summed over processes, it gives the normaliser of the global batch."""
-    mode = canonical_loss_agg(mode)
-    if mode == "token-mean":
+    """What ``aggregate_loss`` divides its sum by for this batch: tokens, sequences, or
+    sequences × max_len. Summed over processes, it gives the normaliser of the global batch."""
+    canonical = canonical_loss_agg(mode)
+    if canonical == "token-mean":
         return float(mask.sum())
-    if mode == "seq-mean-token-sum-norm":
-        return float(mask.shape[0] * (mask.shape[-1] if max_len is None else max_len))
-    return float((mask.sum(-1) > 0).sum())
+    sequences = mask.shape[0] if counts_empty_rows(mode) else int((mask.sum(-1) > 0).sum())
+    if canonical == "seq-mean-token-sum-norm":
+        return float(sequences * (mask.shape[-1] if max_len is None else max_len))
+    return float(sequences)
 
 
 def aggregate_loss(
     per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int | None = None, normalizer: float | None = None
 ) -> torch.Tensor:
-    """Reduce a (B, T) per-token loss to a scalar:
+    """Reduce a (B, T) per-token loss to a scalar (verl 0.9.1 ``agg_loss`` / TRL 1.16 ``loss_type``):
 
     * ``token-mean``: Σ(loss·mask) / Σmask over the whole batch (TRL ``bnpo``/``dapo``);
     * ``seq-mean-token-mean``: mean over sequences of each sequence's token mean (TRL ``grpo``,
       the GRPO paper);
     * ``seq-mean-token-sum``: mean over sequences of each sequence's token sum;
-    * ``seq-mean-token-sum-norm``: Σ(loss·mask) / (B × max_len), ``max_len`` defaulting to T
-      (TRL ``dr_grpo``, Dr. GRPO).
+    * ``seq-mean-token-sum-norm``: Σ(loss·mask) / (sequences × max_len), ``max_len`` defaulting to
+      T (TRL ``dr_grpo``, Dr. GRPO).
 
-    Sequences whose mask is all zero count as absent in the ``seq-mean-*`` means (they would
-    otherwise be 0/0); an all-zero batch gives 0, never NaN. ``normalizer`` replaces the
-    denominator (see ``aggregation_denominator``): data-parallel processes pass the global one.
+    Fully masked rows: the verl names leave them out of the count of sequences (verl divides by
+    the number of rows with at least one token); the TRL aliases ``grpo`` and ``dr_grpo`` count
+    them (TRL averages over every row, an empty one contributing 0). An all-masked batch gives 0,
+    never NaN. ``normalizer`` replaces the denominator (see ``aggregation_denominator``):
+    data-parallel processes pass the global one.
     """
-    mode = canonical_loss_agg(mode)
-    mask = mask.to(per_token_loss.dtype)
+    canonical = canonical_loss_agg(mode)
     if normalizer is None:
         normalizer = aggregation_denominator(mask, mode, max_len)
     normalizer = normalizer if normalizer > 0 else 1.0  # an all-masked batch: the sum is 0 anyway
-    if mode in ("token-mean", "seq-mean-token-sum-norm"):
+    if canonical in ("token-mean", "seq-mean-token-sum-norm"):
         return masked_sum(per_token_loss, mask) / normalizer
-    lengths = mask.sum(-1)
     sequence_sums = masked_sum(per_token_loss, mask, dim=-1)
-    if mode == "seq-mean-token-mean":
-        sequence_sums = sequence_sums / lengths.clamp_min(1)
-    return sequence_sums.sum() / normalizer  # empty sequences contribute 0 and are not counted
+    if canonical == "seq-mean-token-mean":
+        sequence_sums = sequence_sums / mask.to(per_token_loss.dtype).sum(-1).clamp_min(1)
+    return sequence_sums.sum() / normalizer  # empty sequences contribute 0 to the sum
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,7 +297,7 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, scale: str = "
 # --------------------------------------------------------------------------------------------
 # DPO
 # --------------------------------------------------------------------------------------------
-DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+DPO_LOSS_TYPES = ("sigmoid", "robust", "ipo", "ipo_sum", "hinge")
 
 
 def dpo_loss(
@@ -286,25 +308,43 @@ def dpo_loss(
     beta: float,
     loss_type: str = "sigmoid",
     label_smoothing: float = 0.0,
+    chosen_lengths: torch.Tensor | None = None,
+    rejected_lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-pair DPO losses and implicit rewards ``(losses, chosen_rewards, rejected_rewards)``.
 
-    With h = (log π_c − log π_ref,c) − (log π_r − log π_ref,r) (summed sequence log-probs):
+    Log-probs are **summed** over completion tokens. With the log-ratios
+    ρ_c = log π_c − log π_ref,c, ρ_r = log π_r − log π_ref,r and h = ρ_c − ρ_r, ε = label smoothing:
 
-    * ``sigmoid``: −(1−s)·log σ(βh) − s·log σ(−βh), s = label smoothing (cDPO);
-    * ``ipo``: (h − 1/(2β))²;
-    * ``hinge``: max(0, 1 − βh).
+    * ``sigmoid`` — DPO, −log σ(βh); with ε > 0 conservative DPO (cDPO):
+      −(1−ε)·log σ(βh) − ε·log σ(−βh), as OpenRLHF's ``DPOLoss`` and the original DPO code.
+      (TRL 1.16's ``sigmoid`` ignores ``label_smoothing``; with ε = 0 they agree.)
+    * ``robust`` — TRL 1.16 ``robust`` (robust DPO): [−(1−ε)·log σ(βh) + ε·log σ(−βh)] / (1 − 2ε).
+    * ``ipo`` — TRL 1.16 ``ipo``: each log-ratio divided by its completion's token count,
+      (ρ_c/n_c − ρ_r/n_r − 1/(2β))²; needs ``chosen_lengths``/``rejected_lengths`` (clamped at 1).
+    * ``ipo_sum`` — OpenRLHF's IPO on summed log-probs: (h − 1/(2β))².
+    * ``hinge`` — SLiC: max(0, 1 − βh).
 
-    Implicit rewards are β(log π − log π_ref), detached.
+    Implicit rewards are β·ρ (summed log-ratios), detached, for every loss type.
     """
     if loss_type not in DPO_LOSS_TYPES:
         raise ValueError(f"Unknown DPO loss_type {loss_type!r}; choose one of {DPO_LOSS_TYPES}")
     chosen_log_ratio = policy_chosen_logps - ref_chosen_logps
     rejected_log_ratio = policy_rejected_logps - ref_rejected_logps
     h = chosen_log_ratio - rejected_log_ratio
+    eps = label_smoothing
     if loss_type == "sigmoid":
-        losses = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+        losses = -(1 - eps) * F.logsigmoid(beta * h) - eps * F.logsigmoid(-beta * h)
+    elif loss_type == "robust":
+        if not 0 <= eps < 0.5:
+            raise ValueError(f"robust DPO needs label_smoothing in [0, 0.5), got {eps}")
+        losses = (-(1 - eps) * F.logsigmoid(beta * h) + eps * F.logsigmoid(-beta * h)) / (1 - 2 * eps)
     elif loss_type == "ipo":
+        if chosen_lengths is None or rejected_lengths is None:
+            raise ValueError("loss_type='ipo' (TRL's length-averaged IPO) needs chosen_lengths and rejected_lengths")
+        averaged = chosen_log_ratio / chosen_lengths.to(h.dtype).clamp_min(1) - rejected_log_ratio / rejected_lengths.to(h.dtype).clamp_min(1)
+        losses = (averaged - 1 / (2 * beta)) ** 2
+    elif loss_type == "ipo_sum":
         losses = (h - 1 / (2 * beta)) ** 2
     else:
         losses = torch.relu(1 - beta * h)

@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from workbench.checkpoint import atomic_write_json
-from workbench.notebooks import NOTEBOOKS_DIR, REPO_ROOT, parse_parameters, parameters_cell_source
+from workbench.notebooks import REPO_ROOT
 
 
 def prepare(stem: str, out_dir: str = "") -> Path:
@@ -28,15 +28,6 @@ def prepare(stem: str, out_dir: str = "") -> Path:
     folder = Path(out_dir) if out_dir else REPO_ROOT / "runs" / "interactive" / stem
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-def current_parameters(stem: str, namespace: dict) -> dict:
-    """The values of this notebook's parameters as they stand in ``namespace`` (its globals)."""
-    import nbformat
-
-    notebook = nbformat.read(str(NOTEBOOKS_DIR / f"{stem}.ipynb"), as_version=4)
-    names = parse_parameters(parameters_cell_source(notebook))
-    return {name: namespace[name] for name in names if name in namespace}
 
 
 def save_figure(fig, out_dir: str | Path, name: str) -> Path:
@@ -62,13 +53,16 @@ def write_metrics(
     out_dir: str | Path,
     *,
     notebook: str,
-    parameters: dict,
     reproduced: bool,
     fixed: bool,
     metrics: dict,
     headline: dict | None = None,
+    parameters: dict | None = None,
 ) -> None:
     """Write ``metrics.json`` atomically and print a one-line verdict.
+
+    ``parameters`` is filled in by the runner, which knows what it injected (the notebook's
+    defaults overridden by smoke values and the user's ``-p``); a notebook need not pass it.
 
     ``headline`` is the one number a reader should remember, measured with the bug and with the
     fix: ``{"what": str, "unit": str, "bug": float, "fix": float}`` (the report leads with it).

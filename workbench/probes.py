@@ -143,7 +143,7 @@ def probe_dpo(model, tokenizer, pairs: list[dict]) -> dict:
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from workbench.trainers.dpo import build_loss_mask, collate_preferences, sequence_logprobs
+    from workbench.trainers.dpo import build_loss_mask, collate_preferences, summed_logprobs
 
     folder = model_folder(model, tokenizer)
     live = type(model).from_pretrained(folder)
@@ -170,9 +170,9 @@ def probe_dpo(model, tokenizer, pairs: list[dict]) -> dict:
     none = build_loss_mask(ours.attention_mask, ours.prompt_lengths, "none")
     disk = type(model).from_pretrained(folder).eval()
     with torch.no_grad():
-        live_response_only, _ = sequence_logprobs(live, ours, both)
-        live_with_prompt, _ = sequence_logprobs(live, ours, none)
-        disk_response_only, _ = sequence_logprobs(disk, ours, both)
+        live_response_only, _ = summed_logprobs(live, ours, both)
+        live_with_prompt, _ = summed_logprobs(live, ours, none)
+        disk_response_only, _ = summed_logprobs(disk, ours, both)
     gaps = {
         "policy_vs_response_only": float((trl_policy - live_response_only).abs().max()),
         "policy_vs_with_prompt": float((trl_policy - live_with_prompt).abs().max()),

@@ -9,6 +9,11 @@ derives position ids from the attention mask; unlike it, everything is explicit:
 * ``stop_at_eos=False`` (pitfall S3, TRL's old PPOTrainer): decoding always runs
   ``max_new_tokens`` steps and the text after EOS is thrown away afterwards.
 
+``top_k``/``top_p`` (default off) truncate the sampling distribution with
+``workbench.sampling_filters`` after the temperature divide; ``rollout_logprobs`` are then the
+*processed* log-probs (renormalised over the kept tokens, as vLLM's ``processed_logprobs``), so a
+scorer must apply the same filters to agree with them (pitfall P14).
+
 Either way the response goes through ``truncate_after_eos``: tokens after the first EOS are
 replaced by pad and masked out of every loss, the EOS itself stays an action.
 
@@ -29,6 +34,7 @@ import torch.nn.functional as F
 
 from workbench.batching import padding_side_of, position_ids_from_mask
 from workbench.errors import NonFiniteError
+from workbench.losses import zero_masked
 
 
 def _stop_ids(eos_token_id: int | Sequence[int]) -> torch.Tensor:
@@ -59,7 +65,8 @@ class Rollout:
 
     ``prompt_ids``/``prompt_mask``: (B, P), left-padded. ``response_ids``/``response_mask``:
     (B, R) after ``truncate_after_eos`` (right-padded). ``rollout_logprobs``: log-prob of each
-    sampled token under the sampling distribution (logits / temperature), 0 where masked.
+    sampled token under the sampling distribution (logits / temperature, then the top-k/top-p
+    filters renormalised over the kept tokens), 0 where masked.
     ``finished``: the response contains EOS. ``decode_steps``: forward passes made after the
     prompt; ``tokens_generated`` = B × decode_steps (everything the sampler produced, wasted or not).
     """
@@ -110,8 +117,17 @@ def sample(
     greedy: bool = False,
     generator: torch.Generator | None = None,
     engine: str = "workbench",
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> Rollout:
-    """Sample up to ``max_new_tokens`` tokens for each left-padded prompt (see module doc)."""
+    """Sample up to ``max_new_tokens`` tokens for each left-padded prompt (see module doc).
+
+    ``top_k`` (0 = off) and ``top_p`` (1.0 = off) truncate the distribution after the temperature.
+    """
+    from workbench.sampling_filters import check_filters, filter_logits
+
+    check_filters(top_k, top_p)
+    truncated = (top_k > 0 or top_p < 1.0) and not greedy
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
     if temperature <= 0 and not greedy:
@@ -121,6 +137,8 @@ def sample(
             "sample() needs left-padded prompts: with right padding a short row's next token would be predicted "
             "from a pad position (pitfall S2). Pad prompts on the left (tokenizer.padding_side = 'left')."
         )
+    if engine == "hf" and truncated:
+        raise ValueError("top_k/top_p are implemented by engine='workbench' only; drop them or use the workbench engine")
     if engine == "hf":
         return _sample_with_generate(
             model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
@@ -146,6 +164,8 @@ def sample(
             )
         if not greedy:
             scores = scores / temperature
+        if truncated:
+            scores = filter_logits(scores, top_k=top_k, top_p=top_p)
         step_logprobs = F.log_softmax(scores, dim=-1)
         if greedy:
             token = scores.argmax(-1)
@@ -170,7 +190,7 @@ def sample(
         next_position = next_position + 1
     raw_response = torch.stack(tokens, dim=1)
     response_ids, response_mask = truncate_after_eos(raw_response, eos_token_id, pad_token_id)
-    rollout_logprobs = torch.stack(logprobs, dim=1) * response_mask
+    rollout_logprobs = zero_masked(torch.stack(logprobs, dim=1), response_mask)
     return Rollout(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
@@ -226,7 +246,7 @@ def _sample_with_generate(
         prompt_mask=prompt_mask,
         response_ids=response_ids,
         response_mask=response_mask,
-        rollout_logprobs=step_logprobs * response_mask,
+        rollout_logprobs=zero_masked(step_logprobs, response_mask),
         finished=torch.isin(response_ids, _stop_ids(eos_token_id)).any(-1),
         decode_steps=raw_response.shape[1],
         tokens_generated=raw_response.numel(),

@@ -76,6 +76,12 @@ def plan(names: list[str] | None, overrides: dict, smoke: bool) -> list[tuple[No
     ]
 
 
+def effective_parameters(info: NotebookInfo, injected: dict) -> dict:
+    """The values a run used: the notebook's defaults overridden by what was injected
+    (``out_dir``, a run-specific path, left out)."""
+    return {name: value for name, value in {**info.parameters, **injected}.items() if name != "out_dir"}
+
+
 def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html: bool = True) -> NotebookResult:
     """Run one notebook with papermill into ``out_dir`` and collect what it wrote."""
     import logging
@@ -105,6 +111,9 @@ def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html:
     metrics = read_metrics(out_dir)
     if error is None and metrics is None:
         error = "the notebook finished without writing metrics.json"
+    if metrics is not None:  # the effective parameters, recorded by the one who injected them
+        metrics["parameters"] = effective_parameters(info, parameters)
+        atomic_write_json(out_dir / "metrics.json", metrics)
     figures = sorted(p.name for p in out_dir.glob("*.png"))
     wanted = f"{info.main_figure}.png" if info.main_figure else None
     main = wanted if wanted in figures else (figures[0] if figures else None)

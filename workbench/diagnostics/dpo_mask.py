@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.trainers.dpo import PreferenceBatch, build_loss_mask, prompt_target_mask, sequence_logprobs
+from workbench.trainers.dpo import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
 
 
 class PromptMaskError(ValueError):
@@ -64,11 +64,11 @@ def margin_decomposition(policy, reference, batch: PreferenceBatch, beta: float)
     out = {}
     for mode in ("both", "chosen_only"):
         mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, mode)
-        pol, _ = sequence_logprobs(policy, batch, mask)
-        ref, _ = sequence_logprobs(reference, batch, mask)
+        pol, _ = summed_logprobs(policy, batch, mask)
+        ref, _ = summed_logprobs(reference, batch, mask)
         out[f"margin_{mode}"] = beta * ((pol[:b] - ref[:b]) - (pol[b:] - ref[b:]))
     prompt = prompt_target_mask(batch.attention_mask, batch.prompt_lengths)
-    pol_prompt, _ = sequence_logprobs(policy, batch, prompt)
-    ref_prompt, _ = sequence_logprobs(reference, batch, prompt)
+    pol_prompt, _ = summed_logprobs(policy, batch, prompt)
+    ref_prompt, _ = summed_logprobs(reference, batch, prompt)
     out["rejected_prompt_term"] = -beta * (pol_prompt[b:] - ref_prompt[b:])
     return out

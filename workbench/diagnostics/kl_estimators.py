@@ -34,9 +34,9 @@ def estimator_values(log_ratio: torch.Tensor, kind: str) -> torch.Tensor:
 
 def _distributions(policy, reference, input_ids, attention_mask, positions: torch.Tensor):
     """log π and log π_ref (N, V) at the selected (row, column) contexts."""
-    logp = F.log_softmax(forward(policy, input_ids, attention_mask).logits.float(), -1)[positions[:, 0], positions[:, 1]]
+    logp = F.log_softmax(forward(policy, input_ids, attention_mask).float(), -1)[positions[:, 0], positions[:, 1]]
     with torch.no_grad():
-        ref = F.log_softmax(forward(reference, input_ids, attention_mask).logits.float(), -1)[positions[:, 0], positions[:, 1]]
+        ref = F.log_softmax(forward(reference, input_ids, attention_mask).float(), -1)[positions[:, 0], positions[:, 1]]
     return logp, ref
 
 

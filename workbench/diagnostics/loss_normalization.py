@@ -31,15 +31,17 @@ from workbench.tasks import encode_prompts
 
 def analytic_token_weights(lengths: list[int], mode: str, max_len: int | None = None) -> list[float]:
     """∂loss/∂(per-token loss) for one token of each sequence, from the table above."""
-    mode = losses.canonical_loss_agg(mode)
-    batch, total = len(lengths), sum(lengths)
+    canonical = losses.canonical_loss_agg(mode)
+    total = sum(lengths)
     max_len = max(lengths) if max_len is None else max_len
+    # verl names leave fully masked rows out of the count of sequences, TRL's grpo/dr_grpo count them
+    sequences = len(lengths) if losses.counts_empty_rows(mode) else sum(1 for m in lengths if m > 0)
     weights = {
         "token-mean": lambda n: 1 / total,
-        "seq-mean-token-mean": lambda n: 1 / (sum(1 for m in lengths if m > 0) * n),
-        "seq-mean-token-sum": lambda n: 1 / sum(1 for m in lengths if m > 0),
-        "seq-mean-token-sum-norm": lambda n: 1 / (batch * max_len),
-    }[mode]
+        "seq-mean-token-mean": lambda n: 1 / (sequences * n),
+        "seq-mean-token-sum": lambda n: 1 / sequences,
+        "seq-mean-token-sum-norm": lambda n: 1 / (sequences * max_len),
+    }[canonical]
     return [weights(n) if n > 0 else 0.0 for n in lengths]
 
 

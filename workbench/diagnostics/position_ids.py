@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from workbench.batching import pad_sequences
-from workbench.scoring import sequence_token_logprobs
+from workbench.scoring import token_logprobs
 
 
 @torch.no_grad()
@@ -24,7 +24,7 @@ def logprobs_alone(model, rows: list[list[int]]) -> list[torch.Tensor]:
     out = []
     for row in rows:
         ids = torch.tensor([row], device=model.device)
-        out.append(sequence_token_logprobs(model, ids, torch.ones_like(ids), position_ids="mask")[0].float())
+        out.append(token_logprobs(model, ids, torch.ones_like(ids), position_ids="mask")[0].float())
     return out
 
 
@@ -37,7 +37,7 @@ def logprobs_padded(model, rows: list[list[int]], *, pad_token_id: int, side: st
     width = max(len(r) for r in rows) + extra_pad
     ids, mask = pad_sequences(rows, pad_token_id, side=side, length=width)
     ids, mask = ids.to(model.device), mask.to(model.device)
-    logprobs = sequence_token_logprobs(model, ids, mask, position_ids=position_ids).float()
+    logprobs = token_logprobs(model, ids, mask, position_ids=position_ids).float()
     out = []
     for i, row in enumerate(rows):
         n = len(row)

@@ -29,11 +29,12 @@ import torch
 from workbench import losses
 from workbench.batching import pad_sequences
 from workbench.distributed import Distributed
-from workbench.scoring import POSITION_IDS_MODES, sequence_token_logprobs
+from workbench.scoring import POSITION_IDS_MODES, token_logprobs
 from workbench.trainers.base import (
     Trainer,
     TrainerConfig,
     adamw,
+    apply_dropout_switch,
     check_finite_loss,
     clip_and_check_gradients,
     require,
@@ -53,9 +54,13 @@ class DPOConfig(TrainerConfig):
     beta: float = 0.1
     """β: strength of the implicit KL to the reference."""
     loss_type: str = "sigmoid"
-    """``sigmoid`` (DPO), ``ipo`` or ``hinge``."""
+    """``sigmoid`` (DPO; cDPO with label_smoothing), ``robust`` (TRL 1.16), ``ipo`` (TRL 1.16:
+    length-averaged log-ratios), ``ipo_sum`` (OpenRLHF: summed) or ``hinge``; formulas and sources
+    in ``workbench.losses.dpo_loss``."""
     label_smoothing: float = 0.0
-    """Conservative DPO: probability that a preference label is flipped (sigmoid loss only)."""
+    """ε, the assumed probability that a preference label is flipped: cDPO inside ``sigmoid``
+    (OpenRLHF's convention; TRL 1.16's ``sigmoid`` ignores it), the 1/(1−2ε) form in ``robust``;
+    no other loss uses it."""
     prompt_mask: str = "both"
     """S4 switch: ``both`` (fix), ``chosen_only`` (the seed's zip bug) or ``none``."""
     reference: str = "copy"
@@ -67,9 +72,14 @@ class DPOConfig(TrainerConfig):
     packed: bool = False
     """Score with padding-free packed batches (one row, restarting position ids, no mask, no
     cache) instead of padded ones: same numbers up to float noise, less wasted compute."""
+    disable_dropout: bool = True
+    """P7 switch: dropout probabilities of policy and reference set to 0 (fix, TRL's default), or
+    left on with the policy in train mode (bug: step-0 margins are dropout noise instead of 0)."""
 
     def validate(self) -> None:
         super().validate()
+        require(self, "label_smoothing", self.label_smoothing == 0 or self.loss_type in ("sigmoid", "robust"),
+                "is only used by loss_type 'sigmoid' (cDPO) and 'robust'; set it to 0 for this loss_type")
         require(self, "batch_size", self.batch_size >= 1, "must be ≥ 1")
         require(self, "beta", self.beta > 0, "must be > 0")
         require_choice(self, "loss_type", losses.DPO_LOSS_TYPES)
@@ -128,10 +138,10 @@ def prompt_target_mask(attention_mask: torch.Tensor, prompt_lengths: list[int]) 
     return ((positions < lengths) & attention_mask.bool())[:, 1:]
 
 
-def sequence_logprobs(model, batch: PreferenceBatch, loss_mask: torch.Tensor, *, position_ids: str = "mask", packed: bool = False):
-    """Summed log-probs under ``loss_mask`` per row (2B,), and the per-token log-probs (2B, T−1)."""
-    token_logprobs = sequence_token_logprobs(model, batch.input_ids, batch.attention_mask, position_ids=position_ids, packed=packed)
-    return (token_logprobs * loss_mask).sum(-1), token_logprobs
+def summed_logprobs(model, batch: PreferenceBatch, loss_mask: torch.Tensor, *, position_ids: str = "mask", packed: bool = False):
+    """Log-probs summed under ``loss_mask`` per row (2B,), and the per-token log-probs (2B, T−1)."""
+    per_token = token_logprobs(model, batch.input_ids, batch.attention_mask, position_ids=position_ids, packed=packed)
+    return losses.masked_sum(per_token, loss_mask, dim=-1), per_token
 
 
 class DPOTrainer(Trainer):
@@ -146,6 +156,7 @@ class DPOTrainer(Trainer):
         # from config._name_or_path when no ref_model is given).
         self.reference = reference if reference is not None else copy.deepcopy(policy)
         self.reference.eval().requires_grad_(False)
+        self.dropout_on = apply_dropout_switch((self.policy, self.reference), config.disable_dropout)
         self.optimizer = adamw(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
         self.dist = Distributed.current()
         self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
@@ -169,7 +180,7 @@ class DPOTrainer(Trainer):
             for start in range(0, len(self.pairs), chunk):
                 batch = collate_preferences(self.tokenizer, self.pairs[start : start + chunk]).to(self.device)
                 mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, self.config.prompt_mask)
-                logps, _ = sequence_logprobs(self.reference, batch, mask, position_ids=self.config.position_ids, packed=self.config.packed)
+                logps, _ = summed_logprobs(self.reference, batch, mask, position_ids=self.config.position_ids, packed=self.config.packed)
                 out.append(logps.view(2, -1).T)
         return torch.cat(out)
 
@@ -188,12 +199,13 @@ class DPOTrainer(Trainer):
                 ref = self.precomputed_reference[indices].to(self.device)
                 ref_chosen, ref_rejected = ref[:, 0], ref[:, 1]
             else:
-                ref_logps, ref_tokens = sequence_logprobs(self.reference, batch, loss_mask, position_ids=c.position_ids, packed=c.packed)
+                ref_logps, ref_tokens = summed_logprobs(self.reference, batch, loss_mask, position_ids=c.position_ids, packed=c.packed)
                 ref_chosen, ref_rejected = ref_logps[:b], ref_logps[b:]
-        self.policy.train()
-        policy_logps, policy_tokens = sequence_logprobs(self.train_policy, batch, loss_mask, position_ids=c.position_ids, packed=c.packed)
+        policy_logps, policy_tokens = summed_logprobs(self.train_policy, batch, loss_mask, position_ids=c.position_ids, packed=c.packed)
+        lengths = loss_mask.sum(-1)
         per_pair, chosen_rewards, rejected_rewards = losses.dpo_loss(
-            policy_logps[:b], policy_logps[b:], ref_chosen, ref_rejected, c.beta, c.loss_type, c.label_smoothing
+            policy_logps[:b], policy_logps[b:], ref_chosen, ref_rejected, c.beta, c.loss_type, c.label_smoothing,
+            chosen_lengths=lengths[:b], rejected_lengths=lengths[b:],
         )
         loss = per_pair.mean()
         check_finite_loss(loss)
@@ -201,11 +213,10 @@ class DPOTrainer(Trainer):
         loss.backward()
         grad_norm = clip_and_check_gradients(self.policy.parameters(), c.max_grad_norm)
         self.optimizer.step()
-        self.policy.eval()
 
         with torch.no_grad():
             prompt_targets = prompt_target_mask(batch.attention_mask, batch.prompt_lengths)
-            prompt_logp = (policy_tokens.detach() * prompt_targets).sum(-1)
+            prompt_logp = losses.masked_sum(policy_tokens.detach(), prompt_targets, dim=-1)
             counted_prompt_tokens = (loss_mask & prompt_targets).sum(-1)
         margins = chosen_rewards - rejected_rewards
         mean = self.dist.mean  # equal shards: the mean of the processes' means is the global mean

@@ -9,8 +9,14 @@ One step:
    broadcast to its tokens.
 3. **Loss** — per token: −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) + β·k3(π‖π_ref), reduced by
    ``loss_agg`` (``losses.aggregate_loss``: verl names or TRL's ``grpo``/``bnpo``/``dapo``/``dr_grpo``).
-   With ``num_iterations=1`` π_old is π itself (``logp.detach()``), so ρ ≡ 1 and the loss *value*
-   is −mean(A) — zero or not depending on the aggregation (pitfall S5) — while gradients are not zero.
+
+π_old, as TRL and verl do it: when one generated batch feeds more than one optimiser step
+(``mini_batches > 1`` or ``num_iterations > 1``), π_old is computed once per batch, before any
+update, by the training forward in the training layout (the same rows per mini-batch), so ρ = 1
+exactly on the first mini-batch and ρ ≠ 1 on the later ones, which clipping then acts on. When the
+batch feeds exactly one step, π_old is π itself (``logp.detach()``): ρ ≡ 1 and the loss *value* is
+−mean(A) — zero or not depending on the aggregation (pitfall S5) — while gradients are not zero.
+The reference is scored in the same layout, so its KL to an identical policy is exactly 0.
 
 S5 switch ``kl_aggregation``: ``"with_loss"`` (fix, TRL today) adds the KL per token before the
 aggregation so both terms share one normalisation; ``"per_sequence"`` reproduces the seed's mix: the
@@ -61,7 +67,10 @@ class GRPOConfig(TrainerConfig):
     temperature: float = 1.0
     """Sampling temperature; log-probs are recomputed from logits / temperature."""
     beta: float = 0.0
-    """Coefficient of the k3 KL penalty to the reference (0: no reference model is used)."""
+    """Coefficient of the KL penalty to the reference (0: no reference model is used)."""
+    kl_estimator: str = "k3"
+    """Per-token KL estimator in the loss: ``k3`` (TRL, unclamped) or ``low_var_kl`` (verl: k3
+    clamped to [−10, 10])."""
     clip_low: float = 0.2
     """ε_low of the clipped surrogate."""
     clip_high: float = 0.2
@@ -109,11 +118,16 @@ class GRPOConfig(TrainerConfig):
         require(self, "loss_agg", self.loss_agg in losses.LOSS_AGG_MODES + tuple(losses.LOSS_AGG_ALIASES),
                 f"is not a loss aggregation mode; valid: {losses.LOSS_AGG_MODES + tuple(losses.LOSS_AGG_ALIASES)}")
         require_choice(self, "kl_aggregation", ("with_loss", "per_sequence"))
+        require_choice(self, "kl_estimator", ("k3", "low_var_kl"))
         require_choice(self, "position_ids", POSITION_IDS_MODES)
 
     @property
     def batch_size(self) -> int:
         return self.prompts_per_step * self.num_generations
+
+    @property
+    def optimizer_steps_per_batch(self) -> int:
+        return self.num_iterations * self.mini_batches
 
 
 def grpo_loss(
@@ -128,6 +142,7 @@ def grpo_loss(
     clip_high: float = 0.2,
     loss_agg: str = "seq-mean-token-mean",
     kl_aggregation: str = "with_loss",
+    kl_estimator: str = "k3",
     max_len: int | None = None,
     normalizer=None,
 ) -> tuple[torch.Tensor, dict]:
@@ -136,7 +151,7 @@ def grpo_loss(
     ``normalizer(mask, mode) -> float`` overrides each aggregation's denominator (data-parallel
     processes pass the global one, see ``workbench.distributed``)."""
     per_token, was_clipped = losses.clipped_surrogate(logp, old_logp, advantages[:, None].expand_as(logp), clip_low, clip_high)
-    kl = losses.kl_penalty(logp, ref_logp, "k3") if (beta > 0 and ref_logp is not None) else torch.zeros_like(logp)
+    kl = losses.kl_penalty(logp, ref_logp, kl_estimator) if (beta > 0 and ref_logp is not None) else torch.zeros_like(logp)
 
     def aggregate(values, mode):
         return losses.aggregate_loss(values, mask, mode, max_len=max_len,
@@ -146,9 +161,12 @@ def grpo_loss(
         loss = aggregate(per_token + beta * kl, loss_agg)
     else:
         loss = aggregate(per_token, loss_agg) + beta * aggregate(kl, "seq-mean-token-mean")
+    with torch.no_grad():
+        ratio_deviation = losses.zero_masked((logp.detach() - old_logp).exp() - 1, mask).abs()
     stats = {
         "clip_fraction": float(losses.masked_mean(was_clipped.float(), mask)),
         "kl": float(losses.masked_mean(kl.detach(), mask)),
+        "ratio_deviation_max": float(ratio_deviation.max()) if ratio_deviation.numel() else 0.0,
     }
     return loss, stats
 
@@ -213,28 +231,36 @@ class GRPOTrainer(Trainer):
         if c.mask_truncated_completions:
             loss_mask = loss_mask * r.finished.float()[:, None]
         truncated_rewarded = int(((~r.finished) & (rewards > 0)).sum())
-        with torch.no_grad():
-            ref_logp = self._logprobs(self.reference, prompt_ids, prompt_mask, r.response_ids, r.response_mask) if self.reference else None
-            old_logp = (
-                self._logprobs(self.policy, prompt_ids, prompt_mask, r.response_ids, r.response_mask)
-                if c.num_iterations > 1 else None
-            )
-        # 3. Optimise.
-        group_order = torch.arange(c.prompts_per_step, device=self.device)
+        # 3. Optimise. The training layout: which rows each optimiser step sees (whole groups,
+        # this process's shard of them), the same in every iteration.
         groups_per_mini_batch = c.prompts_per_step // c.mini_batches
-        records: dict[str, list[float]] = {k: [] for k in ("loss", "clip_fraction", "kl", "entropy", "grad_norm")}
+        offsets = torch.arange(c.num_generations, device=self.device)
+        layout = []
+        for start in range(0, c.prompts_per_step, groups_per_mini_batch):
+            groups = torch.arange(start, start + groups_per_mini_batch, device=self.device)
+            layout.append(self.dist.shard((groups[:, None] * c.num_generations + offsets).reshape(-1)))
+
+        def score_in_layout(model):
+            """Log-probs of every row, computed mini-batch by mini-batch in the training layout."""
+            out = torch.zeros_like(r.response_ids, dtype=torch.float32)
+            for rows in layout:
+                out[rows] = self._logprobs(model, prompt_ids[rows], prompt_mask[rows], r.response_ids[rows], r.response_mask[rows])
+            return out
+
+        with torch.no_grad():
+            ref_logp = score_in_layout(self.reference) if self.reference is not None else None
+            old_logp = score_in_layout(self.policy) if c.optimizer_steps_per_batch > 1 else None
+        records: dict[str, list[float]] = {k: [] for k in ("loss", "clip_fraction", "kl", "entropy", "grad_norm", "ratio_deviation_max")}
         for _ in range(c.num_iterations):
-            for start in range(0, c.prompts_per_step, groups_per_mini_batch):
-                groups = group_order[start : start + groups_per_mini_batch]
-                rows = (groups[:, None] * c.num_generations + torch.arange(c.num_generations, device=self.device)).reshape(-1)
-                rows = self.dist.shard(rows)
+            for rows in layout:
                 logp, entropy = self._logprobs(
                     self.train_policy, prompt_ids[rows], prompt_mask[rows], r.response_ids[rows], r.response_mask[rows], with_entropy=True
                 )
                 loss, stats = grpo_loss(
                     logp, logp.detach() if old_logp is None else old_logp[rows], advantages[rows], loss_mask[rows],
                     ref_logp=None if ref_logp is None else ref_logp[rows], beta=c.beta, clip_low=c.clip_low,
-                    clip_high=c.clip_high, loss_agg=c.loss_agg, kl_aggregation=c.kl_aggregation, max_len=c.max_new_tokens,
+                    clip_high=c.clip_high, loss_agg=c.loss_agg, kl_aggregation=c.kl_aggregation,
+                    kl_estimator=c.kl_estimator, max_len=c.max_new_tokens,
                     normalizer=self._global_normalizer if self.dist.enabled else None,
                 )
                 check_finite_loss(loss)
@@ -246,14 +272,22 @@ class GRPOTrainer(Trainer):
                 records["loss"].append(float(self.dist.sum(float(loss.detach()))) / self.dist.world_size)
                 records["clip_fraction"].append(self.dist.mean(stats["clip_fraction"]))
                 records["kl"].append(self.dist.mean(stats["kl"]))
+                records["ratio_deviation_max"].append(self.dist.max(stats["ratio_deviation_max"]))
                 records["entropy"].append(self.dist.mean(float(losses.masked_mean(entropy.detach(), loss_mask[rows]))))
 
         lengths = r.response_lengths.float()
         correct = rewards > 0
+        ratio_deviations = records.pop("ratio_deviation_max")
         return {
             "reward": float(rewards.mean()),
             "reward_std": float(rewards.std()),
             **{k: sum(v) / len(v) for k, v in records.items()},
+            # max |ρ − 1| of the first optimiser step of the batch (before any update: 0 exactly)
+            # and the largest over the later ones (NaN when the batch feeds a single step)
+            "ratio_deviation_first": ratio_deviations[0],
+            "ratio_deviation_later": max(ratio_deviations[1:]) if len(ratio_deviations) > 1 else float("nan"),
+            "clip_fraction_first": records["clip_fraction"][0],
+            "kl_first": records["kl"][0],
             "response_length": float(lengths.mean()),
             "length_correct": float(lengths[correct].mean()) if correct.any() else float("nan"),
             "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),

@@ -56,8 +56,8 @@ class PPOConfig(TrainerConfig):
     """Critic AdamW learning rate."""
     prompts_per_step: int = 32
     """Prompts sampled per step (one response each): the rollout batch."""
-    mini_batch_size: int = 16
-    """Responses per optimiser step inside a PPO epoch."""
+    mini_batches: int = 2
+    """Optimiser steps per PPO epoch: the rollout batch is split into this many shuffled mini-batches."""
     ppo_epochs: int = 2
     """Passes over the rollout batch per step."""
     max_new_tokens: int = 8
@@ -86,9 +86,11 @@ class PPOConfig(TrainerConfig):
     """Subtracted from the score of a response that never produced EOS (TRL's missing_eos_penalty)."""
     loss_agg: str = "token-mean"
     """Aggregation of the per-token policy loss (see ``losses.aggregate_loss``)."""
-    old_logprobs: str = "rollout"
-    """π_old log-probs: ``rollout`` (from the sampler, like an inference engine) or ``recompute``
-    (a training forward before the update)."""
+    old_logprobs: str = "recompute"
+    """π_old log-probs: ``recompute`` (default, as verl and OpenRLHF: the training forward before
+    any update, in the first epoch's mini-batch layout, so ρ = 1 exactly on the first mini-batch)
+    or ``rollout`` (the sampler's own log-probs, like taking them from an inference engine: the
+    sampler/trainer gap then enters ρ — pitfalls S1 and P12)."""
     position_ids: str = "mask"
     """S1 switch: ``mask`` derives position ids from the attention mask (fix); ``model`` leaves them
     to the model (bug)."""
@@ -116,7 +118,8 @@ class PPOConfig(TrainerConfig):
     def validate(self) -> None:
         super().validate()
         require(self, "prompts_per_step", self.prompts_per_step >= 1, "must be ≥ 1")
-        require(self, "mini_batch_size", 1 <= self.mini_batch_size <= self.prompts_per_step, "must be in [1, prompts_per_step]")
+        require(self, "mini_batches", self.mini_batches >= 1 and self.prompts_per_step % self.mini_batches == 0,
+                "must be ≥ 1 and divide prompts_per_step")
         require(self, "ppo_epochs", self.ppo_epochs >= 1, "must be ≥ 1")
         require(self, "max_new_tokens", self.max_new_tokens >= 1, "must be ≥ 1")
         require(self, "temperature", self.temperature > 0, "must be > 0")
@@ -142,7 +145,7 @@ def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     rewards = torch.zeros_like(mask, dtype=torch.float32)
     last = (mask.sum(-1).long() - 1).clamp_min(0)
     rewards[torch.arange(mask.shape[0]), last] = scores.float()
-    return rewards * mask
+    return losses.zero_masked(rewards, mask)
 
 
 class PPOTrainer(Trainer):
@@ -211,17 +214,30 @@ class PPOTrainer(Trainer):
         mask = r.response_mask.float()
         penalised = scores - c.missing_eos_penalty * (~r.finished).float()
 
+        # The training layout: PPO epochs over shuffled mini-batches, orders drawn up front.
+        generator = step_generator(c.seed, step)
+        orders = [torch.randperm(c.prompts_per_step, generator=generator).to(self.device) for _ in range(c.ppo_epochs)]
+        size = c.prompts_per_step // c.mini_batches
+        first_epoch = [orders[0][start : start + size] for start in range(0, c.prompts_per_step, size)]
+
+        def score_in_layout(model):
+            """Response log-probs of every row, mini-batch by mini-batch as the first epoch sees them."""
+            out = torch.zeros_like(r.response_ids, dtype=torch.float32)
+            for rows in first_epoch:
+                out[rows] = self._logprobs(model, r, rows)
+            return out
+
         # 3. Reward shaping with a KL penalty to the frozen reference.
         whiten = losses.masked_whiten if c.whiten_over == "real" else (lambda x, m, **kw: losses.naive_whiten(x, **kw) * m)
         with torch.no_grad():
             # The training forward's view of the sampled tokens before any update. Against the
-            # sampler's own log-probs it must give ρ = 1 up to float noise (S1 breaks this).
-            policy_logp = self._logprobs(self.policy, r)
-            first_ratio_deviation = float(((policy_logp - r.rollout_logprobs).exp() - 1).abs().mul(mask).max())
+            # sampler's own log-probs it must give ρ = 1 up to float noise (S1, P6 and P12 break this).
+            policy_logp = score_in_layout(self.policy)
+            first_ratio_deviation = float(losses.zero_masked((policy_logp - r.rollout_logprobs).exp() - 1, mask).abs().max())
             old_logp = r.rollout_logprobs if c.old_logprobs == "rollout" else policy_logp
-            ref_logp = self._logprobs(self.reference, r)
-            old_values = self._values(r) * mask
-            kl = losses.kl_penalty(old_logp, ref_logp, c.kl_kind) * mask
+            ref_logp = score_in_layout(self.reference)
+            old_values = losses.zero_masked(self._values(r), mask)
+            kl = losses.zero_masked(losses.kl_penalty(old_logp, ref_logp, c.kl_kind), mask)
             rewards = -c.kl_coef * kl + last_token_rewards(penalised, mask)
             if c.whiten_rewards:
                 rewards = whiten(rewards, mask, shift_mean=False)
@@ -232,18 +248,16 @@ class PPOTrainer(Trainer):
             weights = losses.tis_weights(old_logp, r.rollout_logprobs, c.tis_cap) if c.tis_cap else None
 
         # 5. PPO epochs over mini-batches.
-        generator = step_generator(c.seed, step)
-        train_ratio_deviation = None
+        ratio_deviations: list[float] = []
         stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "clip_fraction", "approx_kl",
                                                           "value_clip_fraction", "entropy", "grad_norm")}
-        for _ in range(c.ppo_epochs):
-            order = torch.randperm(c.prompts_per_step, generator=generator).to(self.device)
-            for start in range(0, c.prompts_per_step, c.mini_batch_size):
-                rows = order[start : start + c.mini_batch_size]
+        for order in orders:
+            for start in range(0, c.prompts_per_step, size):
+                rows = order[start : start + size]
                 mb_mask = mask[rows]
                 logp, entropy = self._logprobs(self.policy, r, rows, with_entropy=True)
-                if train_ratio_deviation is None:  # the actual training forward, before any update
-                    train_ratio_deviation = float(((logp.detach() - old_logp[rows]).exp() - 1).abs().mul(mb_mask).max())
+                with torch.no_grad():
+                    ratio_deviations.append(float(losses.zero_masked((logp.detach() - old_logp[rows]).exp() - 1, mb_mask).abs().max()))
                 policy_loss, policy_stats = losses.ppo_policy_loss(
                     logp, old_logp[rows], advantages[rows], mb_mask, clip_low=c.clip_low, clip_high=c.clip_high,
                     loss_agg=c.loss_agg, weights=None if weights is None else weights[rows],
@@ -273,8 +287,13 @@ class PPOTrainer(Trainer):
             "score_with_penalty": float(penalised.mean()),
             "kl": float(kl.sum(-1).mean()),
             "kl_token_max_abs": float(kl.abs().max()),
+            # max |ρ − 1| between the sampler's log-probs and the training forward before any update
+            # (S1/P6/P12 make it large), of the first optimiser step (ρ against π_old: 0 exactly with
+            # old_logprobs="recompute") and the largest over the later steps (after updates)
             "first_ratio_deviation": first_ratio_deviation,
-            "train_ratio_deviation": train_ratio_deviation,
+            "train_ratio_deviation": ratio_deviations[0],
+            "ratio_deviation_later": max(ratio_deviations[1:]) if len(ratio_deviations) > 1 else float("nan"),
+            "clip_fraction_first": stats["clip_fraction"][0],
             "advantage_mean_real_tokens": float(losses.masked_mean(advantages, mask)),
             **{k: sum(v) / len(v) for k, v in stats.items()},
             "response_length": float(lengths.mean()),

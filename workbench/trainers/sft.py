@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from workbench import losses
 from workbench.batching import pad_sequences
-from workbench.scoring import forward, logprobs_of
+from workbench.scoring import forward, logprobs_from_logits
 from workbench.tasks import Problem, encode_response
 from workbench.trainers.base import Trainer, TrainerConfig, adamw, check_finite_loss, clip_and_check_gradients, require
 
@@ -82,10 +83,10 @@ class SFTTrainer(Trainer):
         batch = [self.problems[rng.randrange(len(self.problems))] for _ in range(self.config.batch_size)]
         ids, attention_mask, loss_mask = sft_batch(self.tokenizer, batch, self.config.pad_equals_eos)
         self.model.train()
-        logits = forward(self.model, ids, attention_mask).logits
-        token_logprobs = logprobs_of(logits[:, :-1], ids[:, 1:])
+        logits = forward(self.model, ids, attention_mask)
+        token_logprobs = logprobs_from_logits(logits[:, :-1], ids[:, 1:])
         mask = loss_mask[:, 1:].float()
-        loss = -(token_logprobs * mask).sum() / mask.sum()
+        loss = -losses.masked_sum(token_logprobs, mask) / mask.sum()
         check_finite_loss(loss)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
