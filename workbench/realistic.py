@@ -337,7 +337,7 @@ def template_turn_end(tokenizer) -> int:
 def chat_sft(model, tokenizer, *, steps: int = 150, batch_size: int = 32, lr: float = 3e-3, seed: int = 0) -> list[float]:
     """Train ``model`` in place on chat-formatted examples (fp32 compute); returns the losses."""
     from workbench.batching import pad_sequences
-    from workbench.scoring import logprobs_of
+    from workbench.scoring import logprobs_from_logits
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # masked out: any id will do
     rows = chat_training_rows(tokenizer, chat_examples(steps * batch_size // 4 + batch_size, seed=seed))
@@ -353,7 +353,7 @@ def chat_sft(model, tokenizer, *, steps: int = 150, batch_size: int = 32, lr: fl
         loss_mask, _ = pad_sequences([r[1] for r in batch], 0, side="right")
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
         mask = loss_mask[:, 1:].float()
-        loss = -(logprobs_of(logits, ids[:, 1:]) * mask).sum() / mask.sum()
+        loss = -(logprobs_from_logits(logits, ids[:, 1:]) * mask).sum() / mask.sum()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -53,12 +53,12 @@ def sft_batch_for(tokenizer, n: int = 64, seed: int = 0):
 
 
 def _loss(model, ids, attention_mask, loss_mask, precision: str) -> torch.Tensor:
-    from workbench.scoring import logprobs_of
+    from workbench.scoring import logprobs_from_logits
 
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
         logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1]
     mask = loss_mask[:, 1:].float()
-    return -(logprobs_of(logits, ids[:, 1:]) * mask).sum() / mask.sum()
+    return -(logprobs_from_logits(logits, ids[:, 1:]) * mask).sum() / mask.sum()
 
 
 def adam_steps(model, batch, *, precision: str, lr: float, steps: int) -> dict:
