@@ -1,0 +1,29 @@
+"""Audit your own trainer: run anyone's loss, log-prob, generation or step function on crafted
+inputs and report the convention it implements — no source reading.
+
+Every check takes plain callables (signatures in each check's docstring) and returns an
+``AuditResult`` (``name``, ``passed``, ``convention``, ``details``; ``str()`` is one line,
+``.plot(ax)`` draws its figure, ``to_dict``/``from_dict`` round-trip through JSON).
+``report(results)`` tabulates several (``fmt="html"`` for HTML).
+
+Importing this package loads only the standard library and torch (no transformers, no other
+workbench module that needs it): the peer lab runs these checks inside virtual environments
+holding other transformers/TRL versions. Checks that need a model get it from the caller.
+"""
+
+from workbench.audit.aggregation import check_aggregation
+from workbench.audit.dpo import check_dpo_mask
+from workbench.audit.logprobs import check_position_ids, check_temperature
+from workbench.audit.result import AuditResult, report, report_html
+from workbench.audit.signatures import AuditSignatureError
+
+__all__ = [
+    "AuditResult",
+    "AuditSignatureError",
+    "check_aggregation",
+    "check_dpo_mask",
+    "check_position_ids",
+    "check_temperature",
+    "report",
+    "report_html",
+]

@@ -1,0 +1,161 @@
+"""What every audit check returns: ``AuditResult``, and ``report`` to tabulate several.
+
+A result is plain data (``name``, ``passed``, ``convention``, ``details``) so it crosses process
+boundaries as JSON: the peer lab runs checks inside other virtual environments (other
+transformers/TRL versions) and reads the results back with ``AuditResult.from_dict``.
+``details`` holds only JSON types; by convention it carries
+
+* ``metric`` / ``value``: the one number the verdict rests on (printed by ``__str__``);
+* ``plot``: a small figure spec that ``.plot(ax)`` draws — ``{"kind": "bar"|"line", "x": [...],
+  "series": {label: [...]}, "xlabel", "ylabel", "title", "threshold", "log"}`` — so a result read
+  back from JSON plots exactly like the original.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass, field
+
+
+def jsonable(value):
+    """Tensors/numpy to Python numbers and lists, tuples to lists, non-finite floats to strings."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _format_value(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+@dataclass
+class AuditResult:
+    name: str
+    passed: bool
+    convention: str
+    details: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.passed = bool(self.passed)
+        self.details = jsonable(self.details)
+
+    @property
+    def metric(self) -> str:
+        return str(self.details.get("metric", ""))
+
+    @property
+    def value(self):
+        return self.details.get("value")
+
+    def __str__(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        number = f" · {self.metric} = {_format_value(self.value)}" if self.metric else ""
+        return f"[{verdict}] {self.name}: {self.convention}{number}"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "passed": self.passed, "convention": self.convention, "details": self.details}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict) -> AuditResult:
+        missing = {"name", "passed", "convention", "details"} - set(d)
+        if missing:
+            raise ValueError(f"an AuditResult dict needs name, passed, convention, details; missing {sorted(missing)}")
+        return cls(name=str(d["name"]), passed=bool(d["passed"]), convention=str(d["convention"]), details=dict(d["details"]))
+
+    @classmethod
+    def from_json(cls, text: str) -> AuditResult:
+        return cls.from_dict(json.loads(text))
+
+    def plot(self, ax):
+        """Draw this check's figure (from ``details["plot"]``) on ``ax``; bug colour when it failed."""
+        from workbench import plots
+
+        spec = self.details.get("plot")
+        if not spec:
+            ax.text(0.5, 0.5, str(self), ha="center", va="center", transform=ax.transAxes, fontsize=8)
+            ax.set_axis_off()
+            return ax
+        color = plots.bug_fix_color(not self.passed)
+        x = spec.get("x", [])
+        series = spec.get("series", {})
+        if spec.get("kind") == "bar":
+            count = max(len(series), 1)
+            width = 0.8 / count
+            for k, (label, values) in enumerate(series.items()):
+                positions = [i + (k - (count - 1) / 2) * width for i in range(len(values))]
+                shade = color if k == 0 else plots.NEUTRAL_COLOR
+                ax.bar(positions, [float(v) for v in values], width=width, color=shade, label=label, alpha=1.0 if k == 0 else 0.5)
+            ax.set_xticks(range(len(x)))
+            ax.set_xticklabels([str(v) for v in x], fontsize=8)
+        else:
+            for k, (label, values) in enumerate(series.items()):
+                ax.plot(x[: len(values)], [float(v) for v in values], "o-", color=color if k == 0 else plots.NEUTRAL_COLOR,
+                        label=label, markersize=3)
+        if spec.get("threshold") is not None:
+            ax.axhline(float(spec["threshold"]), color=plots.NEUTRAL_COLOR, linestyle="--", linewidth=1, label="tolerance")
+        if spec.get("log"):
+            ax.set_yscale("symlog", linthresh=1e-8)
+        ax.set_xlabel(spec.get("xlabel", ""))
+        ax.set_ylabel(spec.get("ylabel", ""))
+        ax.set_title(spec.get("title") or f"{self.name}: {'pass' if self.passed else 'FAIL'} ({self.convention})", fontsize=9)
+        if series:
+            ax.legend(fontsize=7)
+        return ax
+
+
+COLUMNS = ("check", "verdict", "convention", "metric", "value")
+
+
+def _rows(results) -> list[tuple[str, ...]]:
+    rows = []
+    for r in results:
+        r = r if isinstance(r, AuditResult) else AuditResult.from_dict(r)
+        label = r.details.get("label")
+        rows.append((r.name + (f" [{label}]" if label else ""), "PASS" if r.passed else "FAIL", r.convention, r.metric,
+                     _format_value(r.value)))
+    return rows
+
+
+def report(results, fmt: str = "text") -> str:
+    """A table of results (``AuditResult`` objects or their dicts): ``fmt="text"`` or ``"html"``."""
+    if fmt == "html":
+        return report_html(results)
+    if fmt != "text":
+        raise ValueError(f"fmt={fmt!r}; use 'text' or 'html'")
+    rows = _rows(results)
+    widths = [max([len(c)] + [len(row[i]) for row in rows]) for i, c in enumerate(COLUMNS)]
+    line = "  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=False)).rstrip()
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)).rstrip() for row in rows]
+    passed = sum(row[1] == "PASS" for row in rows)
+    out.append(f"{passed}/{len(rows)} checks passed")
+    return "\n".join(out)
+
+
+def report_html(results) -> str:
+    """The same table as an HTML fragment (no external assets)."""
+    rows = _rows(results)
+    head = "".join(f"<th>{c}</th>" for c in COLUMNS)
+    body = []
+    for row in rows:
+        style = ' style="color:#0072B2"' if row[1] == "PASS" else ' style="color:#D55E00;font-weight:bold"'
+        cells = [f"<td>{html.escape(v)}</td>" if i != 1 else f"<td{style}>{v}</td>" for i, v in enumerate(row)]
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f'<table class="audit-report"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
