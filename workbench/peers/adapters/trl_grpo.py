@@ -108,10 +108,11 @@ def probes(args) -> list[dict]:
     rows = []
     for loss_type in loss_types:
         label = {"loss_type": loss_type} if loss_type else {}
-        zero = make_trainer(folder, tokenizer, beta=0.0, width=width, loss_type=loss_type)
-        loss = float(trainer_loss(zero, tokenizer, advantages, mask, 0.0))
-        rows.append(protocol.audit_row("s5_zero_loss", None, loss=loss, lengths=list(LENGTHS), rewards=list(REWARDS),
-                                       advantages=advantages.tolist(), transformers=tf_version, **label))
+        if args.get("zero_loss_probe", True):
+            zero = make_trainer(folder, tokenizer, beta=0.0, width=width, loss_type=loss_type)
+            loss = float(trainer_loss(zero, tokenizer, advantages, mask, 0.0))
+            rows.append(protocol.audit_row("s5_zero_loss", None, loss=loss, lengths=list(LENGTHS), rewards=list(REWARDS),
+                                           advantages=advantages.tolist(), transformers=tf_version, **label))
         trainer = make_trainer(folder, tokenizer, beta=1.0, width=8, loss_type=loss_type)
         result = check_aggregation(lambda values, m, t=trainer: trainer_loss(t, tokenizer, values, m, 1.0))
         rows.append(protocol.audit_row("aggregation", result, mode=result.details["mode"], **label))
