@@ -52,7 +52,8 @@ def dpo_row(tokenizer) -> dict:
     def batch_logps_fn(token_logps, attention_mask, prompt_lengths):
         b = len(prompt_lengths)
         ids = torch.full(attention_mask.shape, 5, dtype=torch.long)
-        _, masks, lens = trainer.concatenated_inputs(ids[:b], attention_mask[:b], ids[b:], attention_mask[b:], list(prompt_lengths))
+        _, masks, lens = trainer.concatenated_inputs(ids[:b], attention_mask[:b], ids[b:], attention_mask[b:],
+                                                     list(prompt_lengths))
         return trainer._get_batch_logps(token_logps, masks, lens)[0]
 
     result = check_dpo_mask(batch_logps_fn)

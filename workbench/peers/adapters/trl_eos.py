@@ -67,7 +67,8 @@ def summary(log: dict, eos_id: int, max_new_tokens: int, **extra) -> dict:
     needed = needed_tokens(responses, eos_id)
     generated = int(responses.shape[1]) if responses.numel() else 0
     return {"decoding_forwards": log["forwards"], "tokens_generated_per_row": generated, "longest_needed": max(needed),
-            "needed_per_row": needed, "max_new_tokens": max_new_tokens, "rows_with_eos": sum(eos_id in r for r in responses.tolist()),
+            "needed_per_row": needed, "max_new_tokens": max_new_tokens,
+            "rows_with_eos": sum(eos_id in r for r in responses.tolist()),
             "wasted_steps": generated - max(needed), "wasted_tokens": generated * len(needed) - sum(needed), **extra}
 
 

@@ -10,6 +10,9 @@ Runs in the TRL 0.15.2 / 0.16.1 environments and in the project's own (TRL 1.16)
   −A_i + k3(ref − log p), so advantages and reference log-probs are chosen to make it equal the
   audit's per-token losses exactly (``protocol.grpo_inputs_for_token_losses``).
 
+* ``position_ids`` — ``workbench.audit.check_position_ids`` on the trainer's own log-prob forward
+  with the shipped GPT-2 (learned absolute positions, where missing position ids show: S1).
+
 TRL 1.16 is probed for each ``loss_type`` (grpo, bnpo, dr_grpo, dapo); older releases have one loss.
 """
 
@@ -87,6 +90,21 @@ def trainer_loss(trainer, tokenizer, advantages_or_losses, mask, beta):
         return trainer.compute_loss(trainer.model, inputs)
 
 
+def position_result(tokenizer_name: str = "tiny-arith-gpt2"):
+    """``check_position_ids`` on the trainer's own log-prob forward (GPT-2: learned absolute positions)."""
+    from workbench.audit import check_position_ids
+
+    tokenizer = protocol.load_tokenizer(tokenizer_name)
+    model = protocol.load_model(tokenizer_name)
+    folder = protocol.save_model_folder(model, tokenizer, tempfile.mkdtemp(prefix="peer-model-"))
+    trainer = make_trainer(folder, tokenizer, beta=0.0, width=8)
+
+    def logprob_fn(model, input_ids, attention_mask):
+        return per_token_logps(trainer, input_ids, attention_mask, input_ids.shape[1] - 1)
+
+    return check_position_ids(logprob_fn, trainer.model, tokenizer)
+
+
 def group_advantages(rewards) -> torch.Tensor:
     """TRL's group advantage: (r − mean) / (Bessel std + 1e-4)."""
     r = torch.tensor(rewards)
@@ -116,6 +134,9 @@ def probes(args) -> list[dict]:
         trainer = make_trainer(folder, tokenizer, beta=1.0, width=8, loss_type=loss_type)
         result = check_aggregation(lambda values, m, t=trainer: trainer_loss(t, tokenizer, values, m, 1.0))
         rows.append(protocol.audit_row("aggregation", result, mode=result.details["mode"], **label))
+    if args.get("position_probe", True):
+        result = position_result()
+        rows.append(protocol.audit_row("position_ids", result, max_abs_gap=result.details["max_abs_gap"]))
     return rows
 
 

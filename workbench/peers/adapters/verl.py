@@ -68,7 +68,8 @@ def advantage_row() -> dict:
     return protocol.audit_row(
         "grpo_advantage", None, rewards=rewards, advantages=a.tolist(), std_plus_eps=denominator,
         bessel_std=bessel, biased_std=biased,
-        std="Bessel (n-1)" if abs(denominator - bessel) < 1e-4 else ("biased (n)" if abs(denominator - biased) < 1e-4 else "other"),
+        std="Bessel (n-1)" if abs(denominator - bessel) < 1e-4 else
+            ("biased (n)" if abs(denominator - biased) < 1e-4 else "other"),
         epsilon=epsilon, constant_group_advantages=constant.tolist(), unscaled_advantages=unscaled.tolist())
 
 

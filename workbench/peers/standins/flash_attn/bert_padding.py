@@ -2,6 +2,7 @@
 
 import torch
 import torch.nn.functional as F
+
 try:  # flash-attn re-exports einops' rearrange; OpenRLHF imports it from here
     from einops import rearrange  # noqa: F401
 except ImportError:  # environments without einops (the S2 probes) do not need it
