@@ -180,6 +180,7 @@ def create(spec: EnvSpec, root=None, log=None, force: bool = False) -> EnvStatus
     except (subprocess.CalledProcessError, RuntimeError, OSError) as exc:
         detail = getattr(exc, "stderr", None) or str(exc)
         reason = f"could not create {spec.name}: {detail.strip()[-800:]}"
+        shutil.rmtree(path, ignore_errors=True)  # a half-built environment is never used
         failed.write_text(reason + "\n")
         log(f"[peers] {reason}")
         return EnvStatus(spec.name, False, None, reason, time.time() - start)
