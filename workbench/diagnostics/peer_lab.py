@@ -173,6 +173,9 @@ def expectation(peer: str, version: str, probe: str, measured: dict) -> Expectat
         return Expectation("S2", "convention", "left padding accepted", *_flash(False))
     if probe == "dpo_mask":
         return Expectation("S4", "fix", "prompt tokens masked on chosen and rejected rows", _audit_passed, _audit_text)
+    if probe == "position_ids" and peer == "trl":
+        return Expectation("S1", "convention", "no position_ids in the GRPO log-prob forward: GPT-2 exposed (TRL #6800)",
+                           lambda m, a: bool(a) and not a["passed"] and a["convention"] == "model default", _audit_text)
     if probe == "position_ids":
         return Expectation("S1", "fix", "position ids from the mask (left padding = alone)", _audit_passed, _audit_text)
     if probe == "temperature":

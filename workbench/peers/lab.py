@@ -27,6 +27,9 @@ class Run:
     args: dict = field(default_factory=dict)
 
 
+TRL_POSITIONS = ("position_ids", "S1", "convention", "no position_ids in the GRPO log-prob forward")
+
+
 def _host_version(package: str) -> str:
     try:
         return importlib.metadata.version(package)
@@ -45,11 +48,12 @@ def plan() -> list[Run]:
             (("s3_eos_stopping", "S3", "fix", "generation stops at EOS"),)),
         Run("trl-0.15.2", "trl-0.15.2", "trl_grpo", "trl", "0.15.2",
             (("s5_zero_loss", "S5", "fix", "0 (per-sequence mean)"),
-             ("aggregation", "S5", "convention", "seq-mean-token-mean"))),
+             ("aggregation", "S5", "convention", "seq-mean-token-mean"), TRL_POSITIONS)),
         Run("trl-0.16.1", "trl-0.16.1", "trl_grpo", "trl", "0.16.1",
-            (("s5_zero_loss", "S5", "bug", "≠ 0 (global token mean)"), ("aggregation", "S5", "convention", "token-mean"))),
+            (("s5_zero_loss", "S5", "bug", "≠ 0 (global token mean)"), ("aggregation", "S5", "convention", "token-mean"),
+             TRL_POSITIONS)),
         Run("trl-1.16", "host", "trl_grpo", "trl", trl_host,
-            tuple((f"aggregation [{t}]", "S5", "convention", t) for t in loss_types),
+            tuple((f"aggregation [{t}]", "S5", "convention", t) for t in loss_types) + (TRL_POSITIONS,),
             {"zero_loss_probe": False, "loss_types": list(loss_types)}),
         Run("transformers-4.41.2", "transformers-4.41.2", "transformers_qwen2", "transformers", "4.41.2",
             (("s2_flash_right_padding", "S2", "bug", "right padding → ValueError"),
