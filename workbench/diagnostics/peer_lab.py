@@ -317,3 +317,59 @@ def plot_s2(ax, payloads: dict):
         return ax
     ax.set_ylim(0, 1.25)
     return _bars(ax, labels, values, bug, "raised ValueError (1 = yes)", "S2 · Qwen2 flash_attention_2 with use_cache", "{:.0f}")
+
+
+# ---------------------------------------------------------------- headline and the conclusion in words
+
+
+def _measured(payloads: dict, key: str, probe: str) -> dict | None:
+    for row in payloads.get(key, {}).get("rows", []):
+        if row["probe"] == probe:
+            return row["measured"]
+    return None
+
+
+def headline(rows: list[dict], payloads: dict) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((S3 decoding steps bug, fix), (S5 zero-loss bug, fix)); NaN where a release was skipped."""
+    nan = float("nan")
+    bug_eos = _measured(payloads, "trl-0.11.4", "s3_eos_stopping")
+    fix_eos = _measured(payloads, "trl-1.16-eos", "s3_eos_stopping")
+    bug_loss, fix_loss = _measured(payloads, "trl-0.16.1", "s5_zero_loss"), _measured(payloads, "trl-0.15.2", "s5_zero_loss")
+    s3 = (float(bug_eos["tokens_generated_per_row"]) if bug_eos else nan,
+          float(fix_eos["tokens_generated_per_row"]) if fix_eos else nan)
+    s5 = (float(bug_loss["loss"]) if bug_loss else nan, float(fix_loss["loss"]) if fix_loss else nan)
+    return s3, s5
+
+
+def conclusion(rows: list[dict]) -> str:
+    """The verdict in words, chosen by the rows (what was measured, what was skipped, what differed)."""
+    reproduced, fixed = verdict(rows)
+    lines = []
+    for role, word in (("bug", "buggy"), ("fix", "fixed")):
+        group = [r for r in rows if r["role"] == role]
+        measured = [r for r in group if r["verdict"] in (AS_EXPECTED, DIFFERS)]
+        lines.append(f"{word} releases: {len(measured)}/{len(group)} probes measured, "
+                     f"{sum(r['verdict'] == AS_EXPECTED for r in measured)} as expected"
+                     + "".join(f"\n  - {r['peer']} {r['version']} {r['probe']}: {r['verdict']} ({r['measured'][:90]})"
+                               for r in group if r["verdict"] != AS_EXPECTED))
+    conventions = [r for r in rows if r["role"] == "convention"]
+    lines.append(f"conventions: {sum(r['verdict'] == AS_EXPECTED for r in conventions)}/{len(conventions)} as documented"
+                 + "".join(f"\n  - {r['peer']} {r['version']} {r['probe']}: {r['verdict']} ({r['measured'][:90]})"
+                           for r in conventions if r["verdict"] != AS_EXPECTED))
+    if reproduced and fixed:
+        lines.append("→ every buggy release shows its bug and every fixed release is clean, in the libraries' own code.")
+    elif not reproduced:
+        lines.append("→ not every seed bug was reproduced in its release (see the rows above: skipped or different).")
+    else:
+        lines.append("→ a fixed release still shows a bug or was not measured (see the rows above).")
+    return "\n".join(lines)
+
+
+def skipped_reason(rows: list[dict]) -> str:
+    """Why a bug or fix row could not be measured ("" when every one was): the catalogue test skips on it."""
+    missing = [r for r in rows if r["role"] in ("bug", "fix") and r["verdict"] in (SKIPPED, ERROR)]
+    if not missing:
+        return ""
+    first = missing[0]
+    return (f"{len(missing)} bug/fix probes not measured, e.g. {first['peer']} {first['version']}: {first['measured'][:200]} "
+            "(run `make peers`)")

@@ -29,6 +29,7 @@ TORCH_PIN = "torch==2.13.0"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STANDINS = Path(__file__).resolve().parent / "standins"
 STAMP = "stamp.json"
+PIP_TIMEOUT = 1200  # seconds for one pip call (a source build that hangs is a skip, not a stuck CI)
 
 
 @dataclass(frozen=True)
@@ -171,13 +172,13 @@ def create(spec: EnvSpec, root=None, log=None, force: bool = False) -> EnvStatus
         constraints.write_text(TORCH_PIN + "\n")
         for cmd in install_commands(spec, python, str(constraints)):
             log("[peers]   " + " ".join(cmd[3:]))
-            subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+            subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, timeout=PIP_TIMEOUT)
         torch_version = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], check=True,
                                        capture_output=True, text=True).stdout.strip()
         if not torch_version.startswith("2.13.0"):
             raise RuntimeError(f"torch {torch_version} was installed instead of {TORCH_PIN}")
         freeze = subprocess.run([python, "-m", "pip", "freeze"], check=True, capture_output=True, text=True).stdout
-    except (subprocess.CalledProcessError, RuntimeError, OSError) as exc:
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, RuntimeError, OSError) as exc:
         detail = getattr(exc, "stderr", None) or str(exc)
         reason = f"could not create {spec.name}: {detail.strip()[-800:]}"
         shutil.rmtree(path, ignore_errors=True)  # a half-built environment is never used

@@ -8,12 +8,18 @@ Runs execute as subprocesses, ``workers`` at a time (two on a 2-core machine).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import json
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from workbench.diagnostics import peer_lab
-from workbench.peers import runner
+from workbench.peers import envs, runner
+
+CODE_DIRS = ("peers", "audit")
 
 
 @dataclass(frozen=True)
@@ -89,12 +95,64 @@ def rows_of(run: Run, payload: dict) -> list[dict]:
     return rows
 
 
-def run_lab(workers: int = 2, only: list[str] | None = None, root=None, timeout: float = 600) -> tuple[list[dict], dict]:
-    """Run the plan (or the runs named in ``only``); returns (table rows, payloads by run key)."""
+def cache_key(run: Run, root=None) -> str | None:
+    """A digest of everything a run's result depends on: the environment's exact pins and freeze (or the
+    host's python and TRL), the adapter, protocol and audit source, and the arguments. None: no environment."""
+    if run.env == runner.HOST:
+        env_part = f"{sys.version}|trl {_host_version('trl')}|transformers {_host_version('transformers')}"
+    else:
+        stamp = envs.read_stamp(envs.env_dir(envs.get_spec(run.env), root))
+        if stamp is None:
+            return None
+        env_part = json.dumps(stamp.get("pins"), sort_keys=True) + json.dumps(stamp.get("freeze"))
+    digest = hashlib.sha256(env_part.encode())
+    for folder in CODE_DIRS:
+        for path in sorted((envs.REPO_ROOT / "workbench" / folder).rglob("*.py")):
+            digest.update(path.read_bytes())
+    digest.update(json.dumps([run.adapter, run.args], sort_keys=True).encode())
+    return digest.hexdigest()[:20]
+
+
+def cache_path(run: Run, root=None) -> Path:
+    return envs.peers_root(root) / "results" / f"{run.key}.json"
+
+
+def cached(run: Run, root=None) -> dict | None:
+    """The stored payload of ``run`` if it was measured with the same environment, code and arguments."""
+    key = cache_key(run, root)
+    try:
+        stored = json.loads(cache_path(run, root).read_text())
+    except (OSError, ValueError):
+        return None
+    return stored["payload"] if key is not None and stored.get("key") == key else None
+
+
+def store(run: Run, payload: dict, root=None) -> None:
+    key = cache_key(run, root)
+    if key is None or payload.get("status") != "ok":
+        return
+    path = cache_path(run, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "payload": payload}))
+    tmp.replace(path)
+
+
+def run_lab(workers: int = 2, only: list[str] | None = None, root=None, timeout: float = 600,
+            reuse: bool = False) -> tuple[list[dict], dict]:
+    """Run the plan (or the runs named in ``only``); returns (table rows, payloads by run key).
+
+    ``reuse``: take a run's stored result when its environment, the adapter/audit code and the arguments
+    are unchanged (``make peers`` stores them); otherwise every adapter runs now. Results are stored."""
     runs = [r for r in plan() if only is None or r.key in only]
 
     def one(run: Run) -> dict:
-        return runner.run(run.env, run.adapter, run.args, timeout=timeout, root=root)
+        payload = cached(run, root) if reuse else None
+        if payload is not None:
+            return {**payload, "reused": True}
+        payload = runner.run(run.env, run.adapter, run.args, timeout=timeout, root=root)
+        store(run, payload, root)
+        return payload
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         payloads = dict(zip([r.key for r in runs], pool.map(one, runs), strict=True))
@@ -107,7 +165,8 @@ def summary_lines(rows: list[dict], payloads: dict) -> list[str]:
     lines = []
     for key, p in payloads.items():
         standins = ", ".join(sorted((p.get("environment") or {}).get("standins") or {})) or "none"
-        lines.append(f"[peers] {key:22s} {p.get('status', '?'):8s} {p.get('seconds', 0):5.1f} s  stand-ins: {standins}"
+        timing = "stored " if p.get("reused") else f"{p.get('seconds', 0):5.1f} s"
+        lines.append(f"[peers] {key:22s} {p.get('status', '?'):8s} {timing}  stand-ins: {standins}"
                      + (f"  ({p.get('reason', '')[:160]})" if p.get("status") != "ok" else ""))
     reproduced, fixed = peer_lab.verdict(rows)
     lines.append(f"[peers] rows: {peer_lab.counts(rows)}; buggy releases show the bugs: {reproduced}; "
@@ -127,7 +186,7 @@ def main(argv=None) -> int:
         for spec in envs.SPECS.values():
             envs.create(spec)
     rows, payloads = run_lab()
-    print(peer_lab.table(rows, fmt="text"))
+    print("\n".join("[peers] " + line for line in peer_lab.table(rows, fmt="text").splitlines()))
     print("\n".join(summary_lines(rows, payloads)))
     return 0
 
