@@ -1,6 +1,7 @@
 """workbench.audit: every check on the buggy examples (fails, with its number) and on the correct
 adapters (passes), signature errors, the JSON round trip, and the import-light contract."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -15,12 +16,16 @@ from workbench.audit import (
     AuditSignatureError,
     check_aggregation,
     check_dpo_mask,
+    check_eos_stopping,
+    check_grad_accumulation,
     check_position_ids,
+    check_step0,
     check_temperature,
     report,
     report_html,
 )
 from workbench.audit.loading import AuditInputError, load_callable, load_module
+from workbench.diagnostics.dropout import set_dropout
 from workbench.models import load
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -126,6 +131,64 @@ def test_dpo_mask_bug_and_fix():
     assert fix.passed and fix.value == 0 and fix.details["response_reduction"] == "sum"
     mean = check_dpo_mask(lambda lp, am, pl: correct.dpo_batch_logps(lp, am, pl) / (am.sum(-1) - torch.tensor(pl * 2)))
     assert mean.passed and mean.details["response_reduction"] == "mean"
+
+
+# ---- EOS stopping (S3) ----------------------------------------------------------------------
+def test_eos_stopping_bug_and_fix_and_the_hook_is_removed(gpt2):
+    model, tokenizer = gpt2
+    bug = check_eos_stopping(buggy.generate_without_eos, model, tokenizer)
+    assert not bug.passed and bug.convention == "runs to max_new_tokens (no EOS stopping)"
+    assert (bug.details["forwards"], bug.details["longest_needed"], bug.value) == (16, 5, 11)
+    assert bug.details["tokens_generated"] == 64 and bug.details["tokens_needed"] == 14  # 2 + 3 + 4 + 5
+    fix = check_eos_stopping(correct.generate, model, tokenizer)
+    assert fix.passed and fix.details["forwards"] == 5 and fix.value == 0 and fix.details["eos_positions"] == [1, 2, 3, 4]
+    assert not model._forward_hooks and not model._forward_hooks_with_kwargs
+
+
+# ---- step 0 (P12) ------------------------------------------------------------------------------
+def test_step0_bug_and_fix(qwen):
+    model, tokenizer = qwen
+    bug = check_step0(buggy.step_with_rollout_logprobs, model, tokenizer)
+    assert not bug.passed and bug.convention.startswith("π_old ≠ π_θ")
+    assert bug.value == pytest.approx(0.02505, abs=1e-4) and bug.details["max_abs_ref_log_ratio"] == 0.0
+    fix = check_step0(correct.step, model, tokenizer)
+    assert fix.passed and fix.value == 0.0 and fix.details["kl_k1_per_sequence"] == 0.0 and fix.details["clip_fraction"] == 0.0
+    assert fix.details["max_abs_rollout_vs_old"] < 1e-5
+
+
+def test_step0_dropout_left_on_and_weights_changed(gpt2):
+    model, tokenizer = gpt2
+    noisy = copy.deepcopy(model)
+    set_dropout(noisy, 0.1)
+
+    def train_mode_step(policy, reference, prompt_ids, prompt_mask):  # P7: nobody called eval()
+        policy.train()
+        reference.train()
+        return correct.step(policy, reference, prompt_ids, prompt_mask)
+
+    dropout_on = check_step0(train_mode_step, noisy, tokenizer)
+    assert not dropout_on.passed and dropout_on.value > 0.1 and dropout_on.details["max_abs_ref_log_ratio"] > 0.1
+    assert not noisy.training  # the check restored the modules' modes
+
+    def updating_step(policy, reference, prompt_ids, prompt_mask):
+        with torch.no_grad():
+            next(policy.parameters()).add_(1.0)
+        return correct.step(policy, reference, prompt_ids, prompt_mask)
+
+    changed = check_step0(updating_step, copy.deepcopy(model), tokenizer)
+    assert not changed.passed and changed.details["weights_changed"] and changed.convention.startswith("the weights changed")
+    with pytest.raises(AuditSignatureError, match="no 'mask'"):
+        check_step0(lambda p, r, i, m: {"old_logprobs": torch.zeros(2, 2), "logprobs": torch.zeros(2, 2)}, model, tokenizer)
+
+
+# ---- gradient accumulation (P10) ------------------------------------------------------------------
+def test_grad_accumulation_bug_and_fix():
+    bug = check_grad_accumulation(buggy.micro_batch_loss)
+    assert not bug.passed and bug.convention.startswith("mean of per-micro-batch token means")
+    assert bug.value == pytest.approx(0.7455, abs=1e-4)
+    assert bug.details["micro_batch_tokens"] == [3, 5, 13, 16] and bug.details["weight_spread"] == pytest.approx(16 / 3, rel=1e-5)
+    fix = check_grad_accumulation(correct.micro_batch_loss)
+    assert fix.passed and fix.value < 1e-6 and fix.details["weight_spread"] == pytest.approx(1.0, abs=1e-5)
 
 
 # ---- signatures, results, report -------------------------------------------------------------

@@ -63,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     trainer = sub.add_parser("train", help="train with PPO, GRPO, DPO or SFT (resumes from --output-dir)")
     train.add_arguments(trainer)
     trainer.set_defaults(func=train.main)
+    from workbench.audit import command as audit_command
+
+    audit = sub.add_parser("audit", help="run a workbench.audit check on your own loss / log-prob / generate / step function")
+    audit_command.add_arguments(audit)
+    audit.set_defaults(func=audit_command.main)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

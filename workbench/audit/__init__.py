@@ -11,18 +11,24 @@ workbench module that needs it): the peer lab runs these checks inside virtual e
 holding other transformers/TRL versions. Checks that need a model get it from the caller.
 """
 
+from workbench.audit.accumulation import check_grad_accumulation
 from workbench.audit.aggregation import check_aggregation
 from workbench.audit.dpo import check_dpo_mask
+from workbench.audit.generation import check_eos_stopping
 from workbench.audit.logprobs import check_position_ids, check_temperature
 from workbench.audit.result import AuditResult, report, report_html
 from workbench.audit.signatures import AuditSignatureError
+from workbench.audit.step0 import check_step0
 
 __all__ = [
     "AuditResult",
     "AuditSignatureError",
     "check_aggregation",
     "check_dpo_mask",
+    "check_eos_stopping",
+    "check_grad_accumulation",
     "check_position_ids",
+    "check_step0",
     "check_temperature",
     "report",
     "report_html",

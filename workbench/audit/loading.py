@@ -23,7 +23,9 @@ def load_module(module: str):
     if module.endswith(".py") or path.is_file():
         if not path.is_file():
             raise AuditInputError(f"no such file {module!r}: give a path to a .py file or a dotted module name")
-        name = f"_audit_{path.stem}_{abs(hash(str(path.resolve())))}"
+        name = path.stem
+        if not name.isidentifier() or name in sys.modules:
+            name = f"_audit_{abs(hash(str(path.resolve())))}"
         spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
