@@ -254,7 +254,7 @@ def counts(rows: list[dict]) -> dict:
 
 
 def _bars(ax, labels, values, bug_mask, ylabel, title, annotate="{:.3g}"):
-    colors = [plots.BUG_COLOR if b else plots.FIX_COLOR for b in bug_mask]
+    colors = [plots.NEUTRAL_COLOR if b is None else plots.BUG_COLOR if b else plots.FIX_COLOR for b in bug_mask]
     ax.bar(range(len(values)), values, color=colors)
     ax.set_xticks(range(len(values)))
     ax.set_xticklabels(labels, fontsize=8)
@@ -272,9 +272,10 @@ def plot_s3(ax, payloads: dict):
         for row in payloads.get(name, {}).get("rows", []):
             if row["probe"] == "s3_eos_stopping":
                 m = row["measured"]
-                labels += [f"{name}\nsteps", f"{name}\nneeded"]
+                title = "TRL 0.11.4 PPOv2" if bug_side else "TRL 1.16 GRPO"
+                labels += [f"{title}\nsteps", f"{title}\nneeded"]
                 values += [m["tokens_generated_per_row"], m["longest_needed"]]
-                bug += [bug_side, False]
+                bug += [bug_side, None]
     if not values:
         ax.text(0.5, 0.5, "S3: no measured release (skipped)", ha="center", transform=ax.transAxes)
         return ax
@@ -282,7 +283,7 @@ def plot_s3(ax, payloads: dict):
 
 
 def plot_s5(ax, payloads: dict):
-    """The seed's zero-loss probe: TRL 0.15.2 (per-sequence) vs 0.16.1 (global), and TRL 1.16's loss types."""
+    """The seed's zero-loss probe: TRL 0.15.2 (per-sequence) vs 0.16.1 (global), and TRL 1.16's loss types (grey)."""
     labels, values, bug = [], [], []
     for name in ("trl-0.15.2", "trl-0.16.1"):
         for row in payloads.get(name, {}).get("rows", []):
@@ -295,7 +296,7 @@ def plot_s5(ax, payloads: dict):
             value = float(row["audit"]["details"]["value"])
             labels.append(f"1.16\n{row['measured'].get('loss_type')}")
             values.append(value)
-            bug.append(abs(value) > ZERO_TOL)
+            bug.append(None)  # a documented choice of TRL 1.16, neither bug nor fix
     if not values:
         ax.text(0.5, 0.5, "S5: no measured release (skipped)", ha="center", transform=ax.transAxes)
         return ax
