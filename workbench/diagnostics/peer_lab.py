@@ -157,9 +157,9 @@ def expectation(peer: str, version: str, probe: str, measured: dict) -> Expectat
                       "dr_grpo": ("seq-mean-token-sum-norm", "B × T")}[key]
             return Expectation("S5", "convention", f"loss_type={key}: {wanted[0]}" + (f", C = {wanted[1]}" if wanted[1] else ""),
                                *_agg(*wanted))
-        if peer == "verl":
-            constant = "= T" if key == "seq-mean-token-sum-norm" else None
-            return Expectation("S5", "convention", f"{key}" + (" with C = T (max response length)" if constant else ""),
+        if peer == "verl":  # agg_loss: seq-mean (over non-empty rows) of token sums, then / loss_scale_factor (= T)
+            constant = "(= B × T)" if key == "seq-mean-token-sum-norm" else None
+            return Expectation("S5", "convention", f"{key}" + (", C = B × T (rows × max response length)" if constant else ""),
                                *_agg(key, constant))
         if peer == "openrlhf":
             mode = "token-mean" if measured.get("token_level_loss") else "seq-mean-token-mean"
