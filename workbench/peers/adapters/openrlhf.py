@@ -33,12 +33,16 @@ def import_peer():
 
 
 def gpt2(temperature: float = 1.0):
-    from openrlhf.models import Actor
-    from transformers import AutoModelForCausalLM
+    """OpenRLHF's own loading path (a checkpoint folder; it accepts bf16/fp16 only), then fp32 for exact checks.
 
-    model = AutoModelForCausalLM.from_pretrained(str(protocol.CHECKPOINTS / "tiny-arith-gpt2"), attn_implementation="eager",
-                                                 dtype=torch.float32)
-    return Actor(model, temperature=temperature).eval()
+    The folder is the shipped tiny GPT-2 (safetensors, no custom code: OpenRLHF's ``trust_remote_code=True``
+    finds none to run)."""
+    from openrlhf.models import Actor
+
+    actor = Actor(str(protocol.CHECKPOINTS / "tiny-arith-gpt2"), attn_implementation="eager", param_dtype="bf16",
+                  temperature=temperature)
+    actor.model.float()
+    return actor.eval()
 
 
 def dpo_row(tokenizer) -> dict:
@@ -128,7 +132,8 @@ def entropy_row(tokenizer) -> dict:
     from openrlhf.models.utils import compute_entropy
 
     actor = gpt2(temperature=TEMPERATURE)
-    batch = tokenizer(["12+34=46", "5*5=25"], return_tensors="pt", padding=True)
+    batch = tokenizer(["12+34=46", "56+21=77"], return_tensors="pt", padding=True)  # equal lengths: no padding, so
+    # the actor's mask-derived position ids equal the plain forward's below
     with torch.no_grad():
         output = actor(batch["input_ids"], attention_mask=batch["attention_mask"], return_output=True, return_entropy=True)
         logits = actor.model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
