@@ -19,8 +19,6 @@ from pathlib import Path
 from workbench.diagnostics import peer_lab
 from workbench.peers import envs, runner
 
-CODE_DIRS = ("peers", "audit")
-
 
 @dataclass(frozen=True)
 class Run:
@@ -106,9 +104,11 @@ def cache_key(run: Run, root=None) -> str | None:
             return None
         env_part = json.dumps(stamp.get("pins"), sort_keys=True) + json.dumps(stamp.get("freeze"))
     digest = hashlib.sha256(env_part.encode())
-    for folder in CODE_DIRS:
-        for path in sorted((envs.REPO_ROOT / "workbench" / folder).rglob("*.py")):
-            digest.update(path.read_bytes())
+    peers = envs.REPO_ROOT / "workbench" / "peers"
+    code = [peers / "adapters" / f"{run.adapter}.py", peers / "protocol.py", *sorted(envs.STANDINS.rglob("*.py")),
+            *sorted((envs.REPO_ROOT / "workbench" / "audit").rglob("*.py"))]
+    for path in code:
+        digest.update(path.read_bytes())
     digest.update(json.dumps([run.adapter, run.args], sort_keys=True).encode())
     return digest.hexdigest()[:20]
 
