@@ -207,5 +207,5 @@ def test_a_sequence_logprobs_do_not_depend_on_the_other_rows(arch):
         ids, mask = pad_sequences(rows, tokenizer.pad_token_id, side=side)
         together = token_logprobs(model, ids, mask)
         targets = (mask[:, 1:] & mask[:, :-1]).bool()
-        for i, row in enumerate(rows):
+        for i in range(len(rows)):
             torch.testing.assert_close(together[i][targets[i]], alone[i], atol=1e-5, rtol=0)

@@ -342,7 +342,8 @@ def dpo_loss(
     elif loss_type == "ipo":
         if chosen_lengths is None or rejected_lengths is None:
             raise ValueError("loss_type='ipo' (TRL's length-averaged IPO) needs chosen_lengths and rejected_lengths")
-        averaged = chosen_log_ratio / chosen_lengths.to(h.dtype).clamp_min(1) - rejected_log_ratio / rejected_lengths.to(h.dtype).clamp_min(1)
+        chosen_count, rejected_count = chosen_lengths.to(h.dtype).clamp_min(1), rejected_lengths.to(h.dtype).clamp_min(1)
+        averaged = chosen_log_ratio / chosen_count - rejected_log_ratio / rejected_count
         losses = (averaged - 1 / (2 * beta)) ** 2
     elif loss_type == "ipo_sum":
         losses = (h - 1 / (2 * beta)) ** 2

@@ -20,13 +20,11 @@ from pathlib import Path
 
 import nbformat
 
+from workbench.errors import ParameterError  # noqa: F401  (re-exported)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 REQUIRED_PARAMETERS = ("model", "seed", "smoke", "out_dir")
-
-
-class ParameterError(ValueError):
-    """A notebook parameter that does not exist or has the wrong type."""
 
 
 @dataclass
@@ -61,7 +59,7 @@ def parse_parameters(source: str) -> dict:
         try:
             parameters[target.id] = ast.literal_eval(value)
         except ValueError:
-            raise ParameterError(f"line {node.lineno}: {target.id} must be a literal (derived values go after the cell)")
+            raise ParameterError(f"line {node.lineno}: {target.id} must be a literal (derived values go after the cell)") from None
     return parameters
 
 

@@ -26,8 +26,8 @@ reproducible whatever happened before it, and the bug/fix runs of S3 sample iden
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F

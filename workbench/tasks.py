@@ -153,14 +153,14 @@ def encode_response(tokenizer, text: str, add_eos: bool = True) -> list[int]:
 def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
     """Response text without special tokens (EOS and pads dropped)."""
     return [
-        tokenizer.decode(row[mask.bool()].tolist(), skip_special_tokens=True) for row, mask in zip(response_ids, response_mask)
+        tokenizer.decode(row[mask.bool()].tolist(), skip_special_tokens=True) for row, mask in zip(response_ids, response_mask, strict=False)
     ]
 
 
 def score_responses(tokenizer, problems: list[Problem], response_ids, response_mask, finished) -> torch.Tensor:
     """Task rewards (B,) for a batch of responses."""
     texts = decode_responses(tokenizer, response_ids, response_mask)
-    return torch.tensor([reward(t, bool(f), p) for t, f, p in zip(texts, finished, problems)], dtype=torch.float32)
+    return torch.tensor([reward(t, bool(f), p) for t, f, p in zip(texts, finished, problems, strict=False)], dtype=torch.float32)
 
 
 @torch.no_grad()

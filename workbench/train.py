@@ -19,14 +19,11 @@ import sys
 from pathlib import Path
 
 from workbench.checkpoint import atomic_write_json
+from workbench.errors import InputError  # noqa: F401  (re-exported)
 from workbench.models import ModelLoadError
 from workbench.notebooks import ParameterError, convert_value
 
 TRAINERS = ("ppo", "grpo", "dpo", "sft")
-
-
-class InputError(ValueError):
-    """Bad user input detected before training starts."""
 
 
 def trainer_classes(kind: str):
@@ -112,9 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from workbench.trainers.base import ConfigError, NonFiniteError
-
     from workbench.distributed import Distributed
+    from workbench.trainers.base import ConfigError, NonFiniteError
 
     try:
         summary = run(args)

@@ -23,12 +23,10 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from workbench.errors import NonFiniteError  # noqa: F401  (re-exported)
-
-
-class ConfigError(ValueError):
-    """An invalid trainer configuration value; the message names the field and the fix."""
-
+from workbench.errors import (
+    ConfigError,  # noqa: F401  (re-exported)
+    NonFiniteError,  # noqa: F401  (re-exported)
+)
 
 
 @dataclass

@@ -33,15 +33,16 @@ def import_peer():
 
 
 def gpt2(temperature: float = 1.0):
-    """OpenRLHF's own loading path (a checkpoint folder; it accepts bf16/fp16 only), then fp32 for exact checks.
-
-    The folder is the shipped tiny GPT-2 (safetensors, no custom code: OpenRLHF's ``trust_remote_code=True``
-    finds none to run)."""
+    """OpenRLHF's ``Actor`` around the shipped tiny GPT-2, loaded by us with transformers (safetensors,
+    no remote code: OpenRLHF's own path-loading branch passes ``trust_remote_code=True``, which the
+    workbench never does, so the model object is handed to ``Actor`` instead — its documented other
+    branch). fp32 for exact checks."""
     from openrlhf.models import Actor
+    from transformers import AutoModelForCausalLM
 
-    actor = Actor(str(protocol.CHECKPOINTS / "tiny-arith-gpt2"), attn_implementation="eager", param_dtype="bf16",
-                  temperature=temperature)
-    actor.model.float()
+    model = AutoModelForCausalLM.from_pretrained(str(protocol.CHECKPOINTS / "tiny-arith-gpt2"), attn_implementation="eager",
+                                                 use_safetensors=True)
+    actor = Actor(model.float(), temperature=temperature)
     return actor.eval()
 
 
