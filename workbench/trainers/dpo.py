@@ -47,6 +47,8 @@ PROMPT_MASK_MODES = ("both", "chosen_only", "none")
 
 @dataclass
 class DPOConfig(TrainerConfig):
+    """DPOTrainer's hyper-parameters and pitfall switches (the defaults are the fixes)."""
+
     learning_rate: float = 1e-4
     """AdamW learning rate."""
     batch_size: int = 16

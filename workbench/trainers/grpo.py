@@ -57,6 +57,8 @@ from workbench.trainers.rollout_trainer import RolloutConfig, RolloutTrainer
 
 @dataclass
 class GRPOConfig(RolloutConfig):
+    """GRPOTrainer's hyper-parameters and pitfall switches (the defaults are the fixes)."""
+
     # ---- Optimisation ----------------------------------------------------------------------
     learning_rate: float = 2e-4
     """AdamW learning rate (RL signal is weak next to Adam's noise: much higher degrades the policy)."""

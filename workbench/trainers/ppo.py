@@ -54,6 +54,8 @@ from workbench.trainers.rollout_trainer import RolloutConfig, RolloutTrainer
 
 @dataclass
 class PPOConfig(RolloutConfig):
+    """PPOTrainer's hyper-parameters and pitfall switches (the defaults are the fixes)."""
+
     # ---- Optimisation ----------------------------------------------------------------------
     learning_rate: float = 1e-4
     """Actor (policy) AdamW learning rate."""

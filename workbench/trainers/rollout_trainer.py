@@ -29,6 +29,8 @@ from workbench.trainers.base import Trainer, TrainerConfig, require, require_cho
 
 @dataclass
 class RolloutConfig(TrainerConfig):
+    """What PPO and GRPO configs share: the rollout, the clipped objective, S1/S3/P6/P7 switches."""
+
     # ---- Rollout ---------------------------------------------------------------------------
     prompts_per_step: int = 8
     """Distinct prompts sampled per step."""
