@@ -19,10 +19,8 @@ import sys
 from pathlib import Path
 
 from workbench.checkpoint import atomic_write_json
-from workbench.errors import InputError  # noqa: F401  (re-exported)
-from workbench.models import ModelLoadError
 from workbench.config_cli import add_config_arguments, config_values, convert_value
-from workbench.errors import ParameterError
+from workbench.errors import InputError, ModelLoadError, ParameterError
 
 TRAINERS = ("ppo", "grpo", "dpo", "sft")
 
