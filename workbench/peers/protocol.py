@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import os
 import sys
 import traceback
@@ -24,20 +23,10 @@ from pathlib import Path
 
 import torch
 
+from workbench.jsonsafe import jsonable
+
 MARKER = "@@peer-json@@ "
 CHECKPOINTS = Path(__file__).resolve().parents[2] / "data" / "checkpoints"
-
-
-def jsonable(value):
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
 
 
 def emit(payload: dict) -> None:
