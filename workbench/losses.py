@@ -90,9 +90,11 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k1") -> 
     * ``k1`` = r (unbiased, high variance, can be negative);
     * ``k2`` = r²/2 (biased, low variance, ≥ 0);
     * ``k3`` = exp(−r) − 1 + r (unbiased, ≥ 0; TRL GRPO);
-    * ``low_var_kl`` = k3 clamped to [−10, 10] (verl).
+    * ``low_var_kl`` = k3 of the log-ratio clamped to [−20, 20], clamped to [−10, 10] (verl 0.9.1).
     """
     log_ratio = logp - ref_logp
+    if kind == "low_var_kl":
+        log_ratio = log_ratio.clamp(-20, 20)
     if kind == "k1":
         return log_ratio
     if kind == "k2":
