@@ -43,6 +43,7 @@ def gpt2(temperature: float = 1.0):
     model = AutoModelForCausalLM.from_pretrained(str(protocol.CHECKPOINTS / "tiny-arith-gpt2"), attn_implementation="eager",
                                                  use_safetensors=True)
     actor = Actor(model.float(), temperature=temperature)
+    actor.packing_samples = False  # the model-object branch of Actor.__init__ leaves it unset (path branch: False)
     return actor.eval()
 
 
