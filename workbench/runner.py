@@ -76,6 +76,19 @@ def plan(names: list[str] | None, overrides: dict, smoke: bool) -> list[tuple[No
     ]
 
 
+def ipc_kernel_manager():
+    """A kernel manager whose kernels talk over local IPC sockets instead of TCP: no "Kernel is
+    running over TCP without encryption" warning for every notebook, and nothing listening on a port."""
+    from jupyter_client.manager import KernelManager
+
+    class IPCKernelManager(KernelManager):
+        def __init__(self, **kwargs):
+            kwargs.setdefault("transport", "ipc")
+            super().__init__(**kwargs)
+
+    return IPCKernelManager
+
+
 def effective_parameters(info: NotebookInfo, injected: dict) -> dict:
     """The values a run used: the notebook's defaults overridden by what was injected
     (``out_dir``, a run-specific path, left out)."""
@@ -98,7 +111,8 @@ def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html:
     error = None
     try:
         papermill.execute_notebook(
-            str(info.path), str(output), parameters=parameters, kernel_name="python3", progress_bar=False, cwd=str(out_dir)
+            str(info.path), str(output), parameters=parameters, kernel_name="python3", progress_bar=False, cwd=str(out_dir),
+            kernel_manager_class=ipc_kernel_manager(),
         )
     except Exception as exc:  # a failing notebook must not stop the others
         error = _short_error(exc)
