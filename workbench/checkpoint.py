@@ -10,11 +10,15 @@ A checkpoint is a folder ``<run_dir>/checkpoints/step-NNNNNN/`` holding
 Nothing is ever unpickled. Every file is written into a temporary folder that is renamed into
 place in one ``os.replace``, and the ``latest`` pointer is updated the same way afterwards: an
 interrupted write leaves either the previous checkpoint or the new one, never a half-written
-folder that a resume would trust.
+folder that a resume would trust. ``manifest.json`` records each file's size and SHA-256; a resume
+verifies them (``verify_checkpoint``) and falls back to the newest checkpoint that verifies
+(``latest_valid_checkpoint``), saying which one it skipped and why, so a truncated or corrupted
+file is never trained from.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -26,6 +30,7 @@ from safetensors.torch import load_file, save_file
 
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest"
+MANIFEST = "manifest.json"
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -106,6 +111,8 @@ def save_checkpoint(
             rng[f"generator.{name}"] = generator.get_state()
         save_file(rng, str(tmp / "rng.safetensors"))
         atomic_write_json(tmp / "state.json", {"step": step, **state})
+        atomic_write_json(tmp / MANIFEST, {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+                                           for p in sorted(tmp.iterdir()) if p.is_file()})
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -127,6 +134,55 @@ def _untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out[key] = value.clone() if ptr in seen else value
         seen.add(ptr)
     return out
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_checkpoint(folder: str | Path) -> str | None:
+    """None when every file listed in the folder's manifest is there with its size and checksum,
+    else the reason it cannot be trusted."""
+    folder = Path(folder)
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return f"{folder.name} has no {MANIFEST} (written by an older workbench, or incomplete)"
+    try:
+        entries = json.loads(manifest.read_text())
+    except json.JSONDecodeError:
+        return f"{folder.name}/{MANIFEST} is not valid JSON"
+    for name, expected in entries.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{folder.name}/{name} is missing"
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            return f"{folder.name}/{name} has {size} bytes, {expected['bytes']} were written (truncated or overwritten)"
+        if _sha256(path) != expected["sha256"]:
+            return f"{folder.name}/{name} does not match its recorded SHA-256 (corrupted)"
+    return None
+
+
+def latest_valid_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple[str, str]]]:
+    """The newest checkpoint that verifies, starting from ``latest``, and the ``(folder, reason)``
+    of every newer one that was skipped. ``(None, skipped)`` when none verifies."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    candidates = sorted(root.glob("step-*"), reverse=True) if root.is_dir() else []
+    pointed = latest_checkpoint(run_dir)
+    if pointed is not None and pointed in candidates:  # latest first, then older ones
+        candidates.remove(pointed)
+        candidates.insert(0, pointed)
+    skipped = []
+    for folder in candidates:
+        reason = verify_checkpoint(folder)
+        if reason is None:
+            return folder, skipped
+        skipped.append((folder.name, reason))
+    return None, skipped
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

@@ -85,10 +85,22 @@ def field_docs(config_cls) -> dict[str, tuple[str, str]]:
     return docs
 
 
-def _converter(name: str, default):
+def convert_field(field: dataclasses.Field, text: str):
+    """A command-line string for a config field: its default's type, or for an ``float | str``
+    field with a word default (``learning_rate="auto"``) the word or a number."""
+    if isinstance(field.default, str) and "float" in str(field.type):
+        if text == field.default:
+            return text
+        return convert_value(field.name, text, 0.0)
+    if isinstance(field.default, str):
+        return text
+    return convert_value(field.name, text, field.default)
+
+
+def _converter(field: dataclasses.Field):
     def convert(text: str):
         try:
-            return convert_value(name, text, default)
+            return convert_field(field, text)
         except ParameterError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -111,7 +123,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_cls, skip: tupl
         kind = type(default).__name__ if default is not None else "value"
         groups[section].add_argument(
             f"--{f.name}", dest=f"config__{f.name}", default=argparse.SUPPRESS, metavar=kind.upper(),
-            type=(lambda text: text) if isinstance(default, str) else _converter(f.name, default),
+            type=_converter(f),
             help=" ".join(doc.split()).replace("%", "%%") + f" (default: {default!r})",
         )
 

@@ -45,3 +45,8 @@ class AuditSignatureError(TypeError):
 
 class AuditInputError(ValueError):
     """A MODULE:FUNCTION spec that does not name an importable callable."""
+
+
+class ResumeError(InputError):
+    """An output folder whose checkpoints cannot be resumed as asked: saved under another config, or
+    with no checkpoint that verifies. Nothing was trained; the message gives the ways forward."""

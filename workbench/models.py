@@ -197,19 +197,136 @@ def check_checkpoint_folder(path: Path) -> None:
         raise ModelLoadError(f"{str(path)!r} has no *.safetensors weights file.")
 
 
-def check_tokenizer(tokenizer, *, allow_pad_equal_eos: bool = False) -> None:
-    """Refuse tokenizers without a pad token or with pad == EOS (pitfall P8) unless opted in."""
+PAD_LIKE = ("pad", "reserved", "unused")
+ADDED_PAD_TOKEN = "<|pad|>"
+
+
+def stop_token_ids(model, tokenizer, *, chat_template: bool = False) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS ∪ the generation config's EOS (an id or a
+    list: Qwen2.5-Instruct stops on ``<|im_end|>`` and ``<|endoftext|>``) ∪, when prompts go through
+    the chat template, the token the template ends an assistant turn with (pitfall P17)."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if configured is not None:
+        ids.update(int(i) for i in ([configured] if isinstance(configured, int) else configured))
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        from workbench.realistic import template_turn_end
+
+        try:
+            ids.add(int(template_turn_end(tokenizer)))
+        except ValueError:
+            pass  # a template whose turn end is plain text: nothing to add as a stop id
+    if not ids:
+        raise ModelLoadError("neither the tokenizer nor the generation config names an EOS token: rollouts could never stop. "
+                             "Set tokenizer.eos_token (or generation_config.eos_token_id) in the checkpoint folder.")
+    return sorted(ids)
+
+
+def choose_pad_token(model, tokenizer) -> tuple[str, bool]:
+    """A pad token for a tokenizer that has none, never EOS or any stop id: an existing special
+    token whose name says it is never generated (``pad``/``reserved``/``unused``, e.g. Llama 3's
+    ``<|finetune_right_pad_id|>``), else a new ``<|pad|>``. Returns ``(token, added)``."""
+    taken = set(stop_token_ids(model, tokenizer)) | {tokenizer.bos_token_id, tokenizer.unk_token_id}
+    candidates = [(i, t.content) for i, t in sorted(tokenizer.added_tokens_decoder.items())
+                  if t.special and i not in taken and any(word in t.content.lower() for word in PAD_LIKE)]
+    candidates.sort(key=lambda c: (0 if "pad" in c[1].lower() else 1, c[0]))
+    if candidates:
+        return candidates[0][1], False
+    return ADDED_PAD_TOKEN, True
+
+
+def set_pad_token(model, tokenizer, pad_token: str | None) -> str:
+    """Give ``tokenizer`` a pad token (``"auto"``/None: ``choose_pad_token``; a string: that token,
+    added to the vocabulary if new); the embeddings grow when a token is added. Returns what was done."""
+    if pad_token in (None, "auto"):
+        if tokenizer.pad_token_id is not None:
+            return f"pad token {tokenizer.pad_token!r} (id {tokenizer.pad_token_id}) from the tokenizer"
+        pad_token, _ = choose_pad_token(model, tokenizer)
+        how = "chosen automatically: the tokenizer has none"
+    else:
+        how = "as asked"
+    before = len(tokenizer)
+    if pad_token not in tokenizer.get_vocab():
+        tokenizer.add_special_tokens({"pad_token": pad_token})
+    else:
+        tokenizer.pad_token = pad_token
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # its note on mean resizing is said here instead: new rows = old mean
+        try:
+            model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        how += f"; added to the vocabulary ({before} → {len(tokenizer)} tokens, embeddings resized)"
+    else:
+        how += "; an existing token"
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return f"pad token {tokenizer.pad_token!r} (id {tokenizer.pad_token_id}) {how}"
+
+
+def check_tokenizer(tokenizer, *, allow_pad_equal_eos: bool = False, stop_ids: list[int] | None = None) -> None:
+    """Refuse tokenizers without a pad token or whose pad token ends responses (pad == EOS, pitfall P8)
+    unless opted in."""
     if tokenizer.pad_token_id is None:
         raise ModelLoadError(
-            "The tokenizer has no pad token. Pass pad_token='<an existing token that never ends a "
-            "response>' to workbench.models.load (not the EOS token: see pitfall P8)."
+            "The tokenizer has no pad token. Pass pad_token='auto' (a safe choice, printed) or the name of a token "
+            "that never ends a response to workbench.models.load (not the EOS token: see pitfall P8)."
         )
     if tokenizer.pad_token_id == tokenizer.eos_token_id and not allow_pad_equal_eos:
         raise ModelLoadError(
             f"The tokenizer's pad token equals its EOS token ({tokenizer.eos_token!r}): masks built from "
             "`ids != pad` then drop the EOS action and the policy never learns to stop (pitfall P8). "
-            "Pass pad_token='<another token>' to load(), or allow_pad_equal_eos=True to reproduce the bug."
+            f"Pass pad_token='{ADDED_PAD_TOKEN}' (added to the vocabulary) or another token to load() "
+            "(--pad-token on the command line, the pad_token notebook parameter), or allow_pad_equal_eos=True "
+            "to reproduce the bug."
         )
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"``: CUDA when available, else the CPU; anything else as given (a clear error for CUDA
+    asked on a machine without it)."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device='cuda' was asked for but this machine has no CUDA GPU; use device='auto' or 'cpu'.")
+    return device
+
+
+def describe(model, tokenizer, *, disk_dtype: str | None = None, pad: str | None = None) -> str:
+    """One paragraph on what a checkpoint brings: the things real checkpoints differ in."""
+    config = model.config
+    dropout = {f: getattr(config, f) for f in DROPOUT_CONFIG_FIELDS if isinstance(getattr(config, f, None), float)}
+    lines = [
+        f"{config.model_type}, {count_parameters(model) / 1e6:.3g}M parameters, weights {disk_dtype or 'built in memory'} "
+        f"on disk → {next(model.parameters()).dtype} on {next(model.parameters()).device}; "
+        f"positions: {'rotary' if uses_rope(model) else 'learned absolute'}, context {context_length(model)}; "
+        f"tied embeddings: {bool(getattr(config, 'tie_word_embeddings', False))}",
+        f"BOS {tokenizer.bos_token!r} (added by the tokenizer: {adds_bos(tokenizer)}), EOS {tokenizer.eos_token!r}, "
+        f"stop ids {stop_token_ids(model, tokenizer, chat_template=True)}, "
+        f"chat template: {bool(getattr(tokenizer, 'chat_template', None))}",
+        pad or f"pad token {tokenizer.pad_token!r} (id {tokenizer.pad_token_id})",
+        f"dropout in the config: {dropout or 'none'} (the P7 switch disable_dropout sets it to 0 for RL)",
+    ]
+    return "\n".join(lines)
+
+
+def adds_bos(tokenizer) -> bool:
+    """Whether encoding a text puts the BOS token in front of it."""
+    if tokenizer.bos_token_id is None:
+        return False
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return bool(ids) and ids[0] == tokenizer.bos_token_id
+
+
+def context_length(model) -> int | None:
+    config = model.config
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
 def load(
@@ -217,21 +334,27 @@ def load(
     *,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "auto",
-    device: str | torch.device = "cpu",
-    pad_token: str | None = None,
+    device: str | torch.device = "auto",
+    pad_token: str | None = "auto",
     allow_pad_equal_eos: bool = False,
+    verbose: bool = False,
 ):
     """``(model, tokenizer)`` for a built-in name or a local Hugging Face checkpoint folder.
 
     Built-in names: ``tiny-llama``, ``tiny-qwen2``, ``tiny-gpt2`` (random, seed 0) and the trained
-    ``tiny-arith-qwen2`` / ``tiny-arith-gpt2``. Weights must be safetensors; remote code is
-    never run. ``pad_token`` sets a pad token for tokenizers that lack one.
+    ``tiny-arith-qwen2`` / ``tiny-arith-gpt2``. Weights must be safetensors; remote code is never
+    run. Weights are loaded in ``dtype`` (fp32 by default: fp32 master weights, whatever is on disk;
+    ``precision="bf16-mixed"`` in the trainers computes in bf16). ``device="auto"`` picks CUDA when
+    present. ``pad_token="auto"`` gives a tokenizer without one a safe pad token (``set_pad_token``);
+    a pad token equal to EOS stays an error (pitfall P8) unless ``allow_pad_equal_eos``.
+    ``verbose`` prints what the checkpoint brings (``describe``).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no per-load "Loading weights" bars in notebooks and logs
     name = str(name_or_path)
+    device = resolve_device(device)
     if name in RANDOM_BUILTINS:
         model, tokenizer = tiny_model(RANDOM_BUILTINS[name], dtype=dtype, attn_implementation=attn_implementation)
         return model.to(device), tokenizer
@@ -239,9 +362,6 @@ def load(
     check_checkpoint_folder(path)
     implementation = resolve_attn_implementation(attn_implementation)
     tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, local_files_only=True)
-    if pad_token is not None:
-        tokenizer.pad_token = pad_token
-    check_tokenizer(tokenizer, allow_pad_equal_eos=allow_pad_equal_eos)
     model = AutoModelForCausalLM.from_pretrained(
         str(path),
         dtype=dtype,
@@ -250,11 +370,16 @@ def load(
         trust_remote_code=False,
         local_files_only=True,
     )
+    pad = set_pad_token(model, tokenizer, pad_token)
+    check_tokenizer(tokenizer, allow_pad_equal_eos=allow_pad_equal_eos)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.to(device)
     model.eval()
+    if verbose:
+        on_disk = json.loads((path / "config.json").read_text())
+        print(describe(model, tokenizer, disk_dtype=on_disk.get("torch_dtype") or on_disk.get("dtype"), pad=pad))
     return model, tokenizer
 
 

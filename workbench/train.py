@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from workbench.checkpoint import atomic_write_json
-from workbench.config_cli import add_config_arguments, config_values, convert_value
+from workbench.config_cli import add_config_arguments, config_values, convert_field
 from workbench.errors import InputError, ModelLoadError, ParameterError
 
 TRAINERS = ("ppo", "grpo", "dpo", "sft")
@@ -50,19 +50,20 @@ def build_config(config_cls, assignments: list[str], output_dir: str | None, opt
         key, text = assignment.split("=", 1)
         if key not in fields:
             raise InputError(f"{config_cls.__name__} has no field {key!r}; valid fields: {', '.join(fields)}")
-        default = fields[key].default
-        values[key] = text if isinstance(default, str) or default is None else convert_value(key, text, default)
+        values[key] = convert_field(fields[key], text)
     if output_dir is not None:
         values["output_dir"] = output_dir
     return config_cls(**values)
 
 
-def check_context_fits(model, tokenizer, prompts: list[str], max_new_tokens: int) -> None:
+def check_context_fits(model, tokenizer, prompts: list[str], max_new_tokens: int, chat_template: str = "auto") -> None:
     """Raise when a prompt plus the response budget exceeds the model's context window."""
     limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
     if limit is None:
         return
-    longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
+    from workbench.tasks import prompt_ids
+
+    longest = max(len(prompt_ids(tokenizer, p, chat_template)) for p in prompts)
     if longest + max_new_tokens > limit:
         raise InputError(
             f"the longest prompt has {longest} tokens and max_new_tokens={max_new_tokens}: {longest + max_new_tokens} > "
@@ -87,10 +88,12 @@ def run(args) -> dict:
     config = build_config(config_cls, args.set or [], args.output_dir, config_values(args))
     config.progress = config.progress and not args.quiet
     data = load_data(args.trainer, args.data, args.limit)
-    policy, tokenizer = load(args.model)
+    policy, tokenizer = load(args.model, device=args.device, pad_token=args.pad_token, verbose=not args.quiet)
     if args.trainer in ("ppo", "grpo"):
-        check_context_fits(policy, tokenizer, [p.prompt for p in data], config.max_new_tokens)
+        check_context_fits(policy, tokenizer, [p.prompt for p in data], config.max_new_tokens, config.chat_template)
     trainer = trainer_cls(policy, tokenizer, data, config)
+    if not args.quiet and hasattr(trainer, "learning_rate") and isinstance(trainer.learning_rate, float):
+        print(f"learning rate {trainer.learning_rate:.3g} (config: {config.learning_rate!r}); precision {config.precision}")
     history = trainer.train()
     summary = {"trainer": args.trainer, "model": args.model, "config": config.to_dict(), "history": history}
     if config.output_dir and trainer.is_main_process:
@@ -100,6 +103,9 @@ def run(args) -> dict:
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny-arith-qwen2", help="built-in name or local checkpoint folder")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, …")
+    parser.add_argument("--pad-token", default="auto",
+                        help="auto: the tokenizer's, else a safe choice (printed; never EOS); or a token, added if new")
     parser.add_argument("--output-dir", default=None, help="checkpoints and history; rerun to resume")
     parser.add_argument("--data", default=None, help="JSONL prompts (ppo/grpo/sft) or preference pairs (dpo)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N rows of the data")

@@ -9,7 +9,15 @@ Everything is re-exported here: ``from workbench.tasks import rl_problems, encod
 """
 
 from workbench.tasks.arithmetic import Problem, all_problems, make_preferences, reward, split_problems, wrong_answer
-from workbench.tasks.encoding import decode_responses, encode_prompts, encode_response, score_responses
+from workbench.tasks.encoding import (
+    CHAT_TEMPLATE_MODES,
+    decode_responses,
+    encode_prompts,
+    encode_response,
+    prompt_ids,
+    score_responses,
+    uses_chat_template,
+)
 from workbench.tasks.evaluation import greedy_accuracy
 from workbench.tasks.files import (
     TEST_PREFERENCES,
@@ -26,7 +34,8 @@ from workbench.tasks.files import (
 
 __all__ = [
     "Problem", "all_problems", "make_preferences", "reward", "split_problems", "wrong_answer",
-    "decode_responses", "encode_prompts", "encode_response", "score_responses", "greedy_accuracy",
+    "CHAT_TEMPLATE_MODES", "prompt_ids", "uses_chat_template", "decode_responses", "encode_prompts", "encode_response",
+    "score_responses", "greedy_accuracy",
     "TEST_PREFERENCES", "TEST_PROMPTS", "TRAIN_PREFERENCES", "TRAIN_PROMPTS", "load_preferences", "load_problems",
     "read_jsonl", "rl_problems", "write_data_files", "write_jsonl",
 ]

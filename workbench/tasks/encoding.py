@@ -8,10 +8,30 @@ import torch
 from workbench.batching import pad_sequences
 from workbench.tasks.arithmetic import Problem, reward
 
+CHAT_TEMPLATE_MODES = ("auto", "none")
 
-def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ``(ids, mask)`` with BOS, ready for sampling."""
-    rows = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
+
+def uses_chat_template(tokenizer, chat_template: str = "auto") -> bool:
+    """``"auto"``: prompts go through the tokenizer's chat template when it has one; ``"none"``: never."""
+    if chat_template not in CHAT_TEMPLATE_MODES:
+        raise ValueError(f"chat_template={chat_template!r}; use one of {CHAT_TEMPLATE_MODES}")
+    return chat_template == "auto" and bool(getattr(tokenizer, "chat_template", None))
+
+
+def prompt_ids(tokenizer, prompt: str, chat_template: str = "auto") -> list[int]:
+    """The token ids of one prompt: through the chat template as a user turn with the generation
+    prompt (``apply_chat_template(add_generation_prompt=True)``) and encoded *without* special tokens,
+    since the template already wrote its BOS (pitfall P21: a second BOS); otherwise the text with the
+    tokenizer's own special tokens (a BOS where the tokenizer adds one, none for Qwen2-style ones)."""
+    if uses_chat_template(tokenizer, chat_template):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+
+def encode_prompts(tokenizer, prompts: list[str], chat_template: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``(ids, mask)``, ready for sampling (see ``prompt_ids``)."""
+    rows = [prompt_ids(tokenizer, p, chat_template) for p in prompts]
     return pad_sequences(rows, tokenizer.pad_token_id, side="left")
 
 

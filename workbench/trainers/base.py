@@ -12,21 +12,21 @@ A trainer subclass provides ``train_step(step) -> dict`` and lists what a checkp
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import math
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from tqdm.auto import tqdm
 
-from workbench.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from workbench.errors import (
-    ConfigError,  # noqa: F401  (re-exported)
-    NonFiniteError,  # noqa: F401  (re-exported)
-)
+from workbench.checkpoint import latest_valid_checkpoint, load_checkpoint, save_checkpoint
+from workbench.errors import ConfigError, NonFiniteError, ResumeError  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -37,8 +37,10 @@ class TrainerConfig:
     steps: int = 20
     """Number of optimisation steps (one rollout/batch each)."""
     # ---- Optimisation ----------------------------------------------------------------------
-    learning_rate: float = 1e-3
-    """Adam learning rate."""
+    learning_rate: float | str = "auto"
+    """AdamW learning rate, or ``auto``: by the policy's parameter count — the value tuned for the
+    shipped tiny models below 10M parameters, 1e-5 up to 1B and 1e-6 above (× the trainer's scale,
+    e.g. ½ for DPO); printed when resolved. The tiny-model values would wreck a real checkpoint."""
     max_grad_norm: float = 1.0
     """Gradients are clipped to this global L2 norm (0 disables clipping)."""
     # ---- Run -------------------------------------------------------------------------------
@@ -52,6 +54,15 @@ class TrainerConfig:
     """Continue from ``output_dir``'s latest checkpoint when there is one."""
     progress: bool = True
     """Show a tqdm progress bar."""
+    # ---- Precision and device ------------------------------------------------------------
+    precision: str = "fp32"
+    """``fp32``; ``bf16-mixed`` — forwards under bf16 autocast, fp32 master weights and optimiser
+    state (the AMP convention); ``bf16`` — weights and optimiser in pure bf16, a documented hazard:
+    an update smaller than ~2⁻⁹ of a weight rounds away (pitfall P23)."""
+
+    # The tuned learning rate of the shipped tiny models, and the trainer's scale for larger ones.
+    TINY_LEARNING_RATE: ClassVar[float] = 1e-3
+    LARGE_LEARNING_RATE_SCALE: ClassVar[float] = 1.0
 
     def __post_init__(self):
         self.validate()
@@ -59,12 +70,46 @@ class TrainerConfig:
     def validate(self) -> None:
         """Raise ``ConfigError`` for values that cannot work."""
         require(self, "steps", self.steps >= 0, "must be ≥ 0")
-        require(self, "learning_rate", self.learning_rate > 0, "must be > 0")
+        require(self, "learning_rate", self.learning_rate == "auto" or (isinstance(self.learning_rate, (int, float))
+                                                                         and self.learning_rate > 0), "must be 'auto' or > 0")
+        require_choice(self, "precision", PRECISIONS)
         require(self, "max_grad_norm", self.max_grad_norm >= 0, "must be ≥ 0 (0 disables clipping)")
         require(self, "checkpoint_every", self.checkpoint_every >= 0, "must be ≥ 0")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def resolve_learning_rate(self, model, value=None, tiny=None) -> float:
+        """``learning_rate`` (or ``value``), with ``auto`` resolved by ``model``'s parameter count."""
+        value = self.learning_rate if value is None else value
+        if value != "auto":
+            return float(value)
+        parameters = sum(p.numel() for p in model.parameters())
+        if parameters < 10e6:
+            return self.TINY_LEARNING_RATE if tiny is None else tiny
+        resolved = (1e-5 if parameters < 1e9 else 1e-6) * self.LARGE_LEARNING_RATE_SCALE
+        print(f"{type(self).__name__}.learning_rate=auto → {resolved:.0e} for a {parameters / 1e6:.0f}M-parameter model")
+        return resolved
+
+
+PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+
+
+def apply_precision(models, precision: str) -> None:
+    """Pure bf16 (``precision="bf16"``) converts the weights; the other modes keep fp32 weights."""
+    if precision == "bf16":
+        print("precision=bf16: weights and optimiser state in bf16; updates below ~2⁻⁹ of a weight are lost (pitfall P23). "
+              "precision='bf16-mixed' keeps fp32 master weights.")
+        for model in models:
+            if model is not None:
+                model.to(torch.bfloat16)
+
+
+def precision_context(precision: str, device: torch.device):
+    """bf16 autocast for ``bf16-mixed`` (matmuls in bf16, weights and reductions in fp32), else nothing."""
+    if precision == "bf16-mixed":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def require(config, field: str, condition: bool, problem: str) -> None:
@@ -170,12 +215,40 @@ class Trainer:
     def output_dir(self) -> Path | None:
         return Path(self.config.output_dir) if self.config.output_dir else None
 
+    # Fields a resumed run may change: how long it runs and how it reports, not what it computes.
+    RESUMABLE_CHANGES = ("steps", "progress", "resume", "output_dir", "checkpoint_every")
+
     def maybe_resume(self) -> bool:
+        """Continue from the newest checkpoint that verifies, under the config it was saved with.
+
+        Refuses (``ResumeError``) a folder saved under another config — that would mix two
+        experiments in one history — and a folder none of whose checkpoints verifies. A corrupt
+        newest checkpoint with a valid older one is skipped with a message."""
         if self.output_dir is None or not self.config.resume:
             return False
-        folder = latest_checkpoint(self.output_dir)
+        folder, skipped = latest_valid_checkpoint(self.output_dir)
+        for name, reason in skipped:
+            print(f"warning: checkpoint {name} skipped: {reason}")
         if folder is None:
+            if skipped:
+                raise ResumeError(
+                    f"no checkpoint in {self.output_dir} verifies ({len(skipped)} found, all damaged); nothing was trained. "
+                    "Start a fresh run with another --output-dir, or delete its checkpoints/ folder to start over there."
+                )
             return False
+        if skipped:
+            print(f"resuming from {folder.name}, the newest checkpoint that verifies")
+        saved = json.loads((folder / "state.json").read_text()).get("config", {})
+        current = self.config.to_dict()
+        differing = {k: (saved[k], current.get(k)) for k in saved if k not in self.RESUMABLE_CHANGES and saved[k] != current.get(k)}
+        if differing:
+            listing = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, a, b in ((k, *v) for k, v in sorted(differing.items())))
+            restore = " ".join(f"--set {k}={a}" for k, (a, _) in sorted(differing.items()))
+            raise ResumeError(
+                f"{self.output_dir} holds a run saved under another config ({listing}); resuming would mix two "
+                f"experiments in one history. Either use a new --output-dir for the new config, or resume with the "
+                f"saved values ({restore})."
+            )
         state = load_checkpoint(folder, modules=self.modules(), optimizers=self.optimizers(), generators=self.generators())
         self.step = state["step"]
         self.history = state["history"]
@@ -194,6 +267,12 @@ class Trainer:
             state={"history": self.history, "python_random": random.getstate(), "config": self.config.to_dict()},
         )
 
+    @property
+    def compute_device(self) -> torch.device:
+        """Where the trained modules live (the trainers follow the model's device)."""
+        module = next(iter(self.modules().values()))
+        return next(module.parameters()).device
+
     def train(self, steps: int | None = None) -> list[dict]:
         """Run until ``steps`` (default ``config.steps``) steps are done; returns the history."""
         total = self.config.steps if steps is None else steps
@@ -201,7 +280,8 @@ class Trainer:
         bar = tqdm(total=total, initial=self.step, disable=not self.config.progress, desc=type(self).__name__, leave=False)
         while self.step < total:
             start = time.perf_counter()
-            metrics = self.train_step(self.step)
+            with precision_context(self.config.precision, self.compute_device):
+                metrics = self.train_step(self.step)
             metrics = {"step": self.step, **metrics, "seconds": time.perf_counter() - start}
             self.history.append(metrics)
             self.step += 1

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -30,6 +31,7 @@ from workbench import losses
 from workbench.batching import pad_sequences
 from workbench.distributed import Distributed
 from workbench.scoring import POSITION_IDS_MODES, token_logprobs
+from workbench.trainers import base
 from workbench.trainers.base import (
     Trainer,
     TrainerConfig,
@@ -49,8 +51,9 @@ PROMPT_MASK_MODES = ("both", "chosen_only", "none")
 class DPOConfig(TrainerConfig):
     """DPOTrainer's hyper-parameters and pitfall switches (the defaults are the fixes)."""
 
-    learning_rate: float = 1e-4
-    """AdamW learning rate."""
+    TINY_LEARNING_RATE: ClassVar[float] = 1e-4  # learning_rate="auto" on the tiny models
+    LARGE_LEARNING_RATE_SCALE: ClassVar[float] = 0.5  # 5e-6 up to 1B parameters, 5e-7 above
+
     batch_size: int = 16
     """Preference pairs per step (the forward holds 2 × batch_size rows)."""
     beta: float = 0.1
@@ -159,7 +162,9 @@ class DPOTrainer(Trainer):
         self.reference = reference if reference is not None else copy.deepcopy(policy)
         self.reference.eval().requires_grad_(False)
         self.dropout_on = apply_dropout_switch((self.policy, self.reference), config.disable_dropout)
-        self.optimizer = adamw(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        base.apply_precision((self.policy, self.reference), config.precision)
+        self.learning_rate = config.resolve_learning_rate(policy)
+        self.optimizer = adamw(policy.parameters(), lr=self.learning_rate, weight_decay=0.0)
         self.dist = Distributed.current()
         self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
         self.device = next(self.policy.parameters()).device

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -59,9 +60,9 @@ from workbench.trainers.rollout_trainer import RolloutConfig, RolloutTrainer
 class GRPOConfig(RolloutConfig):
     """GRPOTrainer's hyper-parameters and pitfall switches (the defaults are the fixes)."""
 
-    # ---- Optimisation ----------------------------------------------------------------------
-    learning_rate: float = 2e-4
-    """AdamW learning rate (RL signal is weak next to Adam's noise: much higher degrades the policy)."""
+    # learning_rate="auto" on the tiny models (RL signal is weak next to Adam's noise: much higher degrades them)
+    TINY_LEARNING_RATE: ClassVar[float] = 2e-4
+
     # ---- Rollout ---------------------------------------------------------------------------
     num_generations: int = 8
     """Completions sampled per prompt (the group size G ≥ 2)."""
@@ -161,7 +162,9 @@ class GRPOTrainer(RolloutTrainer):
             self.reference = reference if reference is not None else copy.deepcopy(policy)
             self.reference.eval().requires_grad_(False)
         self.dropout_on = base.apply_dropout_switch((self.policy, self.reference), config.disable_dropout)
-        self.optimizer = base.adamw(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        base.apply_precision((self.policy, self.reference), config.precision)
+        self.learning_rate = config.resolve_learning_rate(policy)
+        self.optimizer = base.adamw(policy.parameters(), lr=self.learning_rate, weight_decay=0.0)
         # Under accelerate: sampling uses self.policy (identical everywhere), training forwards the
         # DDP-wrapped model on this process's shard of rows.
         self.dist = Distributed.current()

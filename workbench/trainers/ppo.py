@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -56,11 +57,11 @@ from workbench.trainers.rollout_trainer import RolloutConfig, RolloutTrainer
 class PPOConfig(RolloutConfig):
     """PPOTrainer's hyper-parameters and pitfall switches (the defaults are the fixes)."""
 
+    TINY_LEARNING_RATE: ClassVar[float] = 1e-4  # the actor's learning_rate="auto" on the tiny models
+
     # ---- Optimisation ----------------------------------------------------------------------
-    learning_rate: float = 1e-4
-    """Actor (policy) AdamW learning rate."""
-    critic_learning_rate: float = 1e-3
-    """Critic AdamW learning rate."""
+    critic_learning_rate: float | str = "auto"
+    """Critic AdamW learning rate, or ``auto``: 1e-3 on the tiny models, 10× the actor's above 10M parameters."""
     # ---- Rollout ---------------------------------------------------------------------------
     prompts_per_step: int = 32
     """Prompts sampled per step (one response each): the rollout batch."""
@@ -106,6 +107,8 @@ class PPOConfig(RolloutConfig):
         require(self, "gamma", 0 <= self.gamma <= 1, "must be in [0, 1]")
         require(self, "lam", 0 <= self.lam <= 1, "must be in [0, 1]")
         require(self, "value_clip", self.value_clip > 0, "must be > 0")
+        require(self, "critic_learning_rate", self.critic_learning_rate == "auto" or (
+            isinstance(self.critic_learning_rate, (int, float)) and self.critic_learning_rate > 0), "must be 'auto' or > 0")
         require_choice(self, "old_logprobs", ("rollout", "recompute"))
         require_choice(self, "rollout_dtype", ("float32", "bfloat16", "float16"))
         require(self, "tis_cap", self.tis_cap == 0 or (self.tis_cap >= 1 and self.old_logprobs == "recompute"),
@@ -139,8 +142,13 @@ class PPOTrainer(RolloutTrainer):
             self.rollout_model.train(self.dropout_on)
         self.device = next(policy.parameters()).device
         self.critic.to(self.device)
-        self.policy_optimizer = base.adamw(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
-        self.critic_optimizer = base.adamw(self.critic.parameters(), lr=config.critic_learning_rate, weight_decay=0.0)
+        base.apply_precision((self.policy, self.reference, self.critic), config.precision)
+        self.learning_rate = config.resolve_learning_rate(policy)
+        self.critic_learning_rate = config.resolve_learning_rate(policy, config.critic_learning_rate, tiny=1e-3)
+        if config.critic_learning_rate == "auto" and self.learning_rate != config.TINY_LEARNING_RATE:
+            self.critic_learning_rate = 10 * self.learning_rate
+        self.policy_optimizer = base.adamw(policy.parameters(), lr=self.learning_rate, weight_decay=0.0)
+        self.critic_optimizer = base.adamw(self.critic.parameters(), lr=self.critic_learning_rate, weight_decay=0.0)
 
     def modules(self):
         return {"policy": self.policy, "critic": self.critic}

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from workbench import losses
+from workbench.models import stop_token_ids
 from workbench.rollout import Rollout, sample
 from workbench.scoring import POSITION_IDS_MODES, response_logprobs
-from workbench.tasks import Problem, encode_prompts
+from workbench.tasks import CHAT_TEMPLATE_MODES, Problem, encode_prompts, uses_chat_template
 from workbench.trainers.base import Trainer, TrainerConfig, require, require_choice, sampling_generator, step_generator
 
 
@@ -42,6 +43,9 @@ class RolloutConfig(TrainerConfig):
     """Sampling temperature; the training forward divides the logits by it too (unless P6's switch is on)."""
     missing_eos_penalty: float = 0.0
     """Subtracted from the reward of a response that never produced EOS (TRL's ``missing_eos_penalty``)."""
+    chat_template: str = "auto"
+    """``auto``: prompts go through the tokenizer's chat template (as a user turn, with the generation
+    prompt) when it has one, and the template's turn end becomes a stop id; ``none``: raw prompt text."""
     # ---- Policy objective ------------------------------------------------------------------
     clip_low: float = 0.2
     """ε_low: the importance ratio is clipped below at 1 − ε_low."""
@@ -79,6 +83,7 @@ class RolloutConfig(TrainerConfig):
         valid = losses.LOSS_AGG_MODES + tuple(losses.LOSS_AGG_ALIASES)
         require(self, "loss_agg", self.loss_agg in valid, f"is not a loss aggregation mode; valid: {valid}")
         require_choice(self, "position_ids", POSITION_IDS_MODES)
+        require_choice(self, "chat_template", CHAT_TEMPLATE_MODES)
 
     @property
     def scoring_temperature(self) -> float:
@@ -93,6 +98,14 @@ class RolloutTrainer(Trainer):
     config: RolloutConfig
     problems: list[Problem]
 
+    @property
+    def stop_ids(self) -> list[int]:
+        """Every id that ends a response (tokenizer ∪ generation config ∪ chat-template turn end)."""
+        if getattr(self, "_stop_ids", None) is None:
+            self._stop_ids = stop_token_ids(self.policy, self.tokenizer,
+                                            chat_template=uses_chat_template(self.tokenizer, self.config.chat_template))
+        return self._stop_ids
+
     def sample_rollout(self, step: int, *, repeats: int = 1, sampler=None) -> tuple[list[Problem], Rollout]:
         """Pick ``prompts_per_step`` prompts with the step's generator (each ``repeats`` times in a
         row: GRPO's groups) and sample one response for each row with ``sampler`` (the policy)."""
@@ -100,10 +113,11 @@ class RolloutTrainer(Trainer):
         generator = step_generator(c.seed, step)
         picks = torch.randint(len(self.problems), (c.prompts_per_step,), generator=generator).tolist()
         problems = [self.problems[i] for i in picks for _ in range(repeats)]
-        prompt_ids, prompt_mask = (t.to(self.device) for t in encode_prompts(self.tokenizer, [p.prompt for p in problems]))
+        prompts = encode_prompts(self.tokenizer, [p.prompt for p in problems], c.chat_template)
+        prompt_ids, prompt_mask = (t.to(self.device) for t in prompts)
         rollout = sample(
             self.policy if sampler is None else sampler, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens,
-            temperature=c.temperature, eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
+            temperature=c.temperature, eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
             stop_at_eos=c.stop_at_eos, generator=sampling_generator(generator, self.device, c.seed, step),
         )
         return problems, rollout

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -17,12 +18,23 @@ from workbench import losses
 from workbench.batching import pad_sequences
 from workbench.scoring import forward, logprobs_from_logits
 from workbench.tasks import Problem, encode_response
-from workbench.trainers.base import Trainer, TrainerConfig, adamw, check_finite_loss, clip_and_check_gradients, require
+from workbench.trainers.base import (
+    Trainer,
+    TrainerConfig,
+    adamw,
+    apply_precision,
+    check_finite_loss,
+    clip_and_check_gradients,
+    require,
+)
 
 
 @dataclass
 class SFTConfig(TrainerConfig):
     """SFTTrainer's hyper-parameters (supervised fine-tuning on the task) and the P8 switch."""
+
+    TINY_LEARNING_RATE: ClassVar[float] = 1e-3  # learning_rate="auto" on the tiny models
+    LARGE_LEARNING_RATE_SCALE: ClassVar[float] = 2.0  # 2e-5 up to 1B parameters, 2e-6 above
 
     batch_size: int = 64
     """Examples per optimisation step."""
@@ -62,7 +74,9 @@ class SFTTrainer(Trainer):
     def __init__(self, model, tokenizer, problems: list[Problem], config: SFTConfig):
         super().__init__()
         self.model, self.tokenizer, self.problems, self.config = model, tokenizer, problems, config
-        self.optimizer = adamw(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+        apply_precision((self.model,), config.precision)
+        self.base_learning_rate = config.resolve_learning_rate(model)
+        self.optimizer = adamw(model.parameters(), lr=self.base_learning_rate, weight_decay=config.weight_decay)
         self.rng = random.Random(config.seed)
 
     def modules(self):
@@ -76,9 +90,9 @@ class SFTTrainer(Trainer):
 
         c = self.config
         if step < c.warmup_steps:
-            return c.learning_rate * (step + 1) / c.warmup_steps
+            return self.base_learning_rate * (step + 1) / c.warmup_steps
         progress = (step - c.warmup_steps) / max(1, c.steps - c.warmup_steps)
-        return c.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+        return self.base_learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
     def train_step(self, step: int) -> dict:
         rng = random.Random(self.config.seed * 1_000_003 + step)
