@@ -1,8 +1,5 @@
 """``python -m workbench train <kind>``: every config field is a documented, typed option."""
 
-import subprocess
-import sys
-
 import pytest
 
 from workbench.config_cli import field_docs
@@ -10,8 +7,16 @@ from workbench.trainers.grpo import GRPOConfig
 from workbench.trainers.ppo import PPOConfig
 
 
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, timeout=120)
+def cli(capsys, *args):
+    """Run the command line in-process: ``(exit code, stdout, stderr)``."""
+    from workbench.cli import main
+
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:  # argparse: --help exits 0, a bad option 2
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def test_field_docs_read_sections_and_docstrings_through_the_bases():
@@ -33,11 +38,11 @@ def test_every_field_has_a_docstring():
         assert not missing, f"{config.__name__}: {missing}"
 
 
-def test_train_help_documents_the_fields_by_section():
-    done = cli("train", "grpo", "--help")
-    assert done.returncode == 0
-    assert "--num_generations INT" in done.stdout and "Completions sampled per prompt" in done.stdout
-    assert "pitfall switches" in done.stdout and "(default: 'with_loss')" in done.stdout
+def test_train_help_documents_the_fields_by_section(capsys):
+    code, out, _ = cli(capsys, "train", "grpo", "--help")
+    assert code == 0
+    assert "--num_generations INT" in out and "Completions sampled per prompt" in out
+    assert "pitfall switches" in out and "(default: 'with_loss')" in out
 
 
 @pytest.mark.parametrize("args, message", [
@@ -45,9 +50,9 @@ def test_train_help_documents_the_fields_by_section():
     (["--set", "num_generations=1"], "num_generations"),
     (["--set", "nonsense=1"], "no field 'nonsense'"),
 ])
-def test_bad_values_exit_2_naming_the_field(args, message):
-    done = cli("train", "grpo", "--steps", "0", *args)
-    assert done.returncode == 2 and message in done.stderr
+def test_bad_values_exit_2_naming_the_field(args, message, capsys):
+    code, _, err = cli(capsys, "train", "grpo", "--steps", "0", *args)
+    assert code == 2 and message in err
 
 
 def test_typed_options_reach_the_config(tmp_path):

@@ -82,7 +82,8 @@ def field_docs(config_cls) -> dict[str, tuple[str, str]]:
             if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant) and isinstance(following.value.value, str):
                 doc = inspect.cleandoc(following.value.value)
             docs[node.target.id] = (section, doc)
-    return docs
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    return {name: value for name, value in docs.items() if name in fields}  # not the ClassVars
 
 
 def convert_field(field: dataclasses.Field, text: str):
