@@ -26,19 +26,21 @@ smoke: $(STAMP)
 	$(BIN)/python -m workbench run --smoke $(ARGS)
 
 test: $(STAMP)
+	$(BIN)/ruff check workbench tests
 	$(BIN)/python -m pytest $(ARGS)
 
 # Everything, including slow full-training checks and the real-browser test.
 test-all: $(STAMP)
+	$(BIN)/ruff check workbench tests
 	$(BIN)/python -m pytest -m "" $(ARGS)
 
-# The peer lab: one pinned environment per peer release under .peers/ (created once, minutes each;
+# The peer lab: one pinned environment per peer release under ~/.cache/workbench/peers/ (created once, minutes each;
 # a peer that cannot be installed is reported as skipped), then every probe, its table and stored results.
 peers: $(STAMP)
 	$(BIN)/python -m workbench.peers.lab
 
 clean-peers:
-	rm -rf .peers
+	$(BIN)/python -c "import shutil; from workbench.peers.envs import peers_root; shutil.rmtree(peers_root(), ignore_errors=True)"
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,4 +1,4 @@
-"""One pinned virtual environment per peer release (``<repo>/.peers/<peer>-<version>/``).
+"""One pinned virtual environment per peer release (``~/.cache/workbench/peers/<peer>-<version>/``).
 
 The peers pin conflicting versions (verl wants transformers < 5.11, OpenRLHF == 5.15, TRL 0.11 a 4.x
 release), so each release gets its own environment, created on first use or by ``make peers``. Every
@@ -101,8 +101,13 @@ class EnvStatus:
 
 
 def peers_root(root: str | os.PathLike | None = None) -> Path:
-    """Where the environments live: ``$WORKBENCH_PEERS_DIR`` if set, else ``<repo>/.peers``."""
-    return Path(root or os.environ.get("WORKBENCH_PEERS_DIR") or REPO_ROOT / ".peers")
+    """Where the environments live: ``$WORKBENCH_PEERS_DIR`` if set, else the user's cache
+    (``$XDG_CACHE_HOME`` or ``~/.cache``) ``/workbench/peers``, outside any checkout, so a fresh clone
+    (CI) reuses environments whose stamp still matches their spec instead of rebuilding ~9 GB."""
+    if root or os.environ.get("WORKBENCH_PEERS_DIR"):
+        return Path(root or os.environ["WORKBENCH_PEERS_DIR"])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "workbench" / "peers"
 
 
 def get_spec(name: str) -> EnvSpec:
