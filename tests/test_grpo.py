@@ -1,5 +1,6 @@
 import pytest
 import torch
+from helpers import reward_gain
 
 from workbench import losses
 from workbench.diagnostics.loss_normalization import (
@@ -72,8 +73,7 @@ def test_grpo_raises_the_reward():
     model, tokenizer = load("tiny-arith-qwen2")
     config = GRPOConfig(steps=120, seed=0, progress=False)
     history = GRPOTrainer(model, tokenizer, rl_problems(64), config).train()
-    first = sum(h["reward"] for h in history[:20]) / 20
-    last = sum(h["reward"] for h in history[-20:]) / 20
+    first, last = reward_gain(history, 20)
     assert last > first + 0.05, (first, last)
 
 

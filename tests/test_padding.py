@@ -68,14 +68,19 @@ def _alone(model, sequences):
 SEQUENCES = [[1, 5, 6, 7, 8, 2], [1, 9, 10, 2], [1, 11, 12, 13, 14, 15, 16, 17, 2], [1, 20, 2]]
 
 
+def _packed(model, sequences, use_cache: bool):
+    """Per-sequence log-probs from one packed forward (with or without the cache)."""
+    batch = pack_sequences(sequences)
+    logp = logprobs_from_logits(model(**{**batch.model_inputs(), "use_cache": use_cache}).logits[0], batch.targets[0])
+    return unpack_token_values(logp, batch.lengths)
+
+
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_packed_scoring_equals_scoring_each_sequence_alone(arch):
     model, _ = tiny_model(arch)
     with torch.no_grad():
         alone = _alone(model, SEQUENCES)
-        batch = pack_sequences(SEQUENCES)
-        logp = logprobs_from_logits(model(**batch.model_inputs()).logits[0], batch.targets[0])
-        for a, p in zip(alone, unpack_token_values(logp, batch.lengths), strict=False):
+        for a, p in zip(alone, _packed(model, SEQUENCES, use_cache=False), strict=True):
             torch.testing.assert_close(p[:-1], a, atol=1e-5, rtol=0)
         # the same through the padded-layout API, left and right padding
         for side in ("left", "right"):
@@ -91,9 +96,7 @@ def test_packing_with_the_cache_on_is_wrong(arch):
     model, _ = tiny_model(arch)
     with torch.no_grad():
         alone = _alone(model, SEQUENCES)
-        batch = pack_sequences(SEQUENCES)
-        logp = logprobs_from_logits(model(**{**batch.model_inputs(), "use_cache": True}).logits[0], batch.targets[0])
-        worst = max(float((a - p[:-1]).abs().max()) for a, p in zip(alone, unpack_token_values(logp, batch.lengths), strict=False))
+        worst = max(float((a - p[:-1]).abs().max()) for a, p in zip(alone, _packed(model, SEQUENCES, use_cache=True), strict=True))
     assert worst > 1e-2
 
 

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from helpers import reward_gain
 
 from workbench.models import load
 from workbench.tasks import Problem, rl_problems
@@ -72,8 +73,7 @@ def test_ppo_raises_the_reward():
     model, tokenizer = load("tiny-arith-qwen2")
     config = PPOConfig(steps=60, seed=0, progress=False)
     history = PPOTrainer(model, tokenizer, rl_problems(64), config).train()
-    first = sum(h["reward"] for h in history[:15]) / 15
-    last = sum(h["reward"] for h in history[-15:]) / 15
+    first, last = reward_gain(history, 15)
     assert last > first + 0.08, (first, last)
 
 
