@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from workbench.audit.result import AuditResult
+from workbench.audit.result import AuditResult, by_position_plot
 from workbench.audit.signatures import first_call, require_signature, require_tensor
 
 EXPECTED = "logprob_fn(model, input_ids: Tensor[B, T], attention_mask: Tensor[B, T]) -> Tensor[B, T-1]"
@@ -150,16 +150,8 @@ def check_position_ids(logprob_fn, model, tokenizer, *, texts=TEXTS, extra_pad: 
         "model_type": getattr(getattr(model, "config", None), "model_type", "?"),
         "tolerance": tol,
         "pads_added": [width - len(r) for r in rows],
-        "plot": {
-            "kind": "line",
-            "x": list(range(1, len(by_position) + 1)),
-            "series": {"left-padded vs alone": by_position},
-            "xlabel": "target position in the text",
-            "ylabel": "max |Δ log p| (nats)",
-            "threshold": tol,
-            "log": True,
-            "title": f"{convention}",
-        },
+        "plot": by_position_plot(by_position, "left-padded vs alone", "target position in the text", "max |Δ log p| (nats)",
+                                 tol, f"{convention}"),
     }
     return AuditResult("position_ids", passed, convention, details)
 

@@ -20,6 +20,12 @@ from dataclasses import dataclass, field
 from workbench.jsonsafe import jsonable
 
 
+def by_position_plot(values: list[float], label: str, xlabel: str, ylabel: str, threshold: float, title: str) -> dict:
+    """The plot spec of a per-position curve on a log axis with the check's tolerance line."""
+    return {"kind": "line", "x": list(range(1, len(values) + 1)), "series": {label: values}, "xlabel": xlabel,
+            "ylabel": ylabel, "threshold": threshold, "log": True, "title": title}
+
+
 def _format_value(value) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)

@@ -30,7 +30,7 @@ import math
 import torch
 
 from workbench.audit.logprobs import default_tolerance, encode, pad_id_of, pad_rows
-from workbench.audit.result import AuditResult
+from workbench.audit.result import AuditResult, by_position_plot
 from workbench.audit.signatures import AuditSignatureError, first_call, require_signature
 
 EXPECTED = ("step_fn(policy, reference, prompt_ids: Tensor[B, P], prompt_mask: Tensor[B, P]) -> "
@@ -126,16 +126,8 @@ def check_step0(step_fn, model, tokenizer, *, prompts=PROMPTS, clip: float = 0.2
         convention = "KL to an identical reference ≠ 0 at step 0"
     else:
         convention = "on-policy at step 0 (ρ = 1" + (", KL = 0)" if ref is not None else "; no reference returned)")
-    details["plot"] = {
-        "kind": "line",
-        "x": list(range(1, len(by_position) + 1)),
-        "series": {"max |log π_θ − log π_old|": by_position},
-        "xlabel": "response position",
-        "ylabel": "|Δ log p| (nats)",
-        "threshold": tol,
-        "log": True,
-        "title": f"max |ρ − 1| = {max_dev:.3g}, clip fraction {clip_fraction:.2f}",
-    }
+    details["plot"] = by_position_plot(by_position, "max |log π_θ − log π_old|", "response position", "|Δ log p| (nats)", tol,
+                                       f"max |ρ − 1| = {max_dev:.3g}, clip fraction {clip_fraction:.2f}")
     if not math.isfinite(max_dev):
         passed = False
     return AuditResult("step0", passed, convention, details)
