@@ -341,9 +341,10 @@ def load(
 ):
     """``(model, tokenizer)`` for a built-in name or a local Hugging Face checkpoint folder.
 
-    Built-in names: ``tiny-llama``, ``tiny-qwen2``, ``tiny-gpt2`` (random, seed 0) and the trained
-    ``tiny-arith-qwen2`` / ``tiny-arith-gpt2``. Weights must be safetensors; remote code is never
-    run. Weights are loaded in ``dtype`` (fp32 by default: fp32 master weights, whatever is on disk;
+    Built-in names: ``tiny-llama``, ``tiny-qwen2``, ``tiny-gpt2`` (random, seed 0), the trained
+    ``tiny-arith-qwen2`` / ``tiny-arith-gpt2``, and the realistic checkpoints ``realistic-gpt2``,
+    ``realistic-qwen2``, ``realistic-llama`` (``-chat`` for chat-tuned ones; built locally on first use
+    by ``workbench.realistic``). Weights must be safetensors; remote code is never run. Weights are loaded in ``dtype`` (fp32 by default: fp32 master weights, whatever is on disk;
     ``precision="bf16-mixed"`` in the trainers computes in bf16). ``device="auto"`` picks CUDA when
     present. ``pad_token="auto"`` gives a tokenizer without one a safe pad token (``set_pad_token``);
     a pad token equal to EOS stays an error (pitfall P8) unless ``allow_pad_equal_eos``.
@@ -358,6 +359,13 @@ def load(
     if name in RANDOM_BUILTINS:
         model, tokenizer = tiny_model(RANDOM_BUILTINS[name], dtype=dtype, attn_implementation=attn_implementation)
         return model.to(device), tokenizer
+    if name.startswith("realistic-"):  # built here from configs with real tokenizers (workbench.realistic)
+        from workbench.realistic import resolve
+
+        try:
+            name = resolve(name)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
     path = TRAINED_CHECKPOINTS.get(name, Path(name).expanduser())
     check_checkpoint_folder(path)
     implementation = resolve_attn_implementation(attn_implementation)
