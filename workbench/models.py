@@ -344,7 +344,8 @@ def load(
     Built-in names: ``tiny-llama``, ``tiny-qwen2``, ``tiny-gpt2`` (random, seed 0), the trained
     ``tiny-arith-qwen2`` / ``tiny-arith-gpt2``, and the realistic checkpoints ``realistic-gpt2``,
     ``realistic-qwen2``, ``realistic-llama`` (``-chat`` for chat-tuned ones; built locally on first use
-    by ``workbench.realistic``). Weights must be safetensors; remote code is never run. Weights are loaded in ``dtype`` (fp32 by default: fp32 master weights, whatever is on disk;
+    by ``workbench.realistic``). Weights must be safetensors; remote code is never run. Weights are
+    loaded in ``dtype`` (fp32 by default: fp32 master weights, whatever is on disk;
     ``precision="bf16-mixed"`` in the trainers computes in bf16). ``device="auto"`` picks CUDA when
     present. ``pad_token="auto"`` gives a tokenizer without one a safe pad token (``set_pad_token``);
     a pad token equal to EOS stays an error (pitfall P8) unless ``allow_pad_equal_eos``.
