@@ -52,7 +52,7 @@ class Explorer:
 # --------------------------------------------------------------------------------------------
 def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
     """Per-token |Δ log p| between each text alone and in a left-padded batch."""
-    from workbench.diagnostics.position_ids import logprobs_alone, logprobs_padded
+    from workbench.diagnostics.position_ids import per_text_drift, plot_drift_per_text
     from workbench.models import ARCHITECTURES, tiny_model
 
     cache: dict = {}
@@ -65,15 +65,9 @@ def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
     def draw(arch, dtype, pad, position_ids):
         model, tokenizer = model_for(arch, dtype)
         rows = [tokenizer(t)["input_ids"] for t in texts]
-        alone = logprobs_alone(model, rows)
-        padded = logprobs_padded(model, rows, pad_token_id=tokenizer.pad_token_id, side="left", extra_pad=pad, position_ids=position_ids)
-        drift = [float((a - p).abs().max()) for a, p in zip(alone, padded)]
-        fig, ax = plt.subplots(figsize=(6, 3))
-        ax.bar(range(len(texts)), [max(d, 1e-9) for d in drift], color=plots.bug_fix_color(position_ids == "model"))
-        ax.set_yscale("log")
-        ax.set_ylim(1e-9, 10)
-        ax.set_xticks(range(len(texts)), texts, rotation=30, fontsize=8)
-        ax.set_ylabel("max |Δ log p| vs unpadded (nats)")
+        drift = per_text_drift(model, rows, pad_token_id=tokenizer.pad_token_id, extra_pad=pad, position_ids=position_ids)
+        fig, ax = plt.subplots(figsize=(7, 3))
+        plot_drift_per_text(ax, texts, {position_ids: drift})
         ax.set_title(f"{arch} {dtype}, +{pad} left pads, position_ids={position_ids}")
         return {"max_drift": max(drift)}
 
