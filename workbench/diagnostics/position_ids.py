@@ -212,8 +212,10 @@ def plot_drift_vs_pad(axes, sweep: dict, pad_lengths) -> None:
     for ax, dtype in zip(axes, DTYPES, strict=False):
         for i, arch in enumerate(archs):
             for mode, bug in (("model", True), ("mask", False)):
+                # fix: large hollow markers underneath, bug: small filled ones on top (they coincide for RoPE in fp32)
                 ax.plot(list(pad_lengths), _nonzero(sweep[arch, dtype, "left", mode]), plots.LINE_STYLES[i],
-                        marker=plots.MARKERS[i], color=plots.bug_fix_color(bug), zorder=5 - i,
+                        marker=plots.MARKERS[i], color=plots.bug_fix_color(bug), zorder=(6 if bug else 3) - i / 10,
+                        markersize=4 if bug else 9, markerfacecolor=None if bug else "none",
                         label=f"{arch}, position_ids={'model (bug)' if bug else 'mask (fix)'}")
         ax.set_yscale("log")
         ax.set_xlabel("extra left-pad tokens per row")
