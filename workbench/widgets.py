@@ -84,24 +84,19 @@ def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
 # S2: padding side of batched cached generation
 # --------------------------------------------------------------------------------------------
 def padding_side_explorer(models: dict[str, tuple], prompts: list[str]) -> Explorer:
-    """Rows whose greedy continuation differs from generating alone, for a padding side."""
-    from workbench.diagnostics.padding import greedy_continuations
+    """Rows whose greedy continuation differs from generating alone (the notebook's figure, one model);
+    ``last["divergent_rows"]`` is the count for the chosen padding side."""
+    from workbench.diagnostics.padding import divergence_sweep, plot_divergence
 
-    alone_cache: dict = {}
+    cache: dict = {}
 
     def draw(model_name, side):
-        model, tokenizer = models[model_name]
-        if model_name not in alone_cache:
-            alone_cache[model_name] = [greedy_continuations(model, tokenizer, [p], side="left", max_new_tokens=6)[0] for p in prompts]
-        batched = greedy_continuations(model, tokenizer, prompts, side=side, max_new_tokens=6)
-        differs = [int(a != b) for a, b in zip(alone_cache[model_name], batched)]
-        fig, ax = plt.subplots(figsize=(6, 2.2))
-        ax.bar(range(len(prompts)), differs, color=plots.bug_fix_color(side == "right"))
-        ax.set_ylim(0, 1.2)
-        ax.set_xlabel("prompt (row of the batch)")
-        ax.set_ylabel("differs from alone (0/1)")
-        ax.set_title(f"{model_name}: {sum(differs)}/{len(prompts)} rows diverge with {side} padding")
-        return {"divergent_rows": sum(differs)}
+        if model_name not in cache:
+            cache[model_name] = divergence_sweep({model_name: models[model_name]}, prompts)[0]
+        fig, ax = plt.subplots(figsize=(6, 3))
+        plot_divergence(ax, cache[model_name])
+        ax.set_title(f"{model_name}: {side} padding selected")
+        return {"divergent_rows": cache[model_name][model_name][f"{side}_divergent_rows"]}
 
     controls = {
         "model_name": widgets.Dropdown(options=list(models), description="model"),
