@@ -72,7 +72,8 @@ def plot_mask(ax, mask, title: str = "", xlabel: str = "token position", ylabel:
     if key:
         handles = [Patch(facecolor=colors[0], edgecolor="#999999", label=labels[0]), Patch(facecolor=colors[1], label=labels[1])]
         if eos is not None:
-            handles.append(Patch(facecolor=EOS_COLOR, label="EOS (in the mask)"))
+            if (eos & (array > 0)).any():
+                handles.append(Patch(facecolor=EOS_COLOR, label="EOS (in the mask)"))
             if (eos & (array == 0)).any():
                 handles.append(Patch(facecolor=EOS_COLOR, hatch="///", edgecolor="black", label="EOS dropped by the mask"))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
