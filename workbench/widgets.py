@@ -135,17 +135,12 @@ def eos_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explore
 # --------------------------------------------------------------------------------------------
 def dpo_mask_explorer(batch) -> Explorer:
     """The loss mask of a concatenated chosen+rejected batch for each prompt_mask mode."""
-    from workbench.diagnostics.dpo_mask import audit_loss_mask
-    from workbench.trainers.dpo import PROMPT_MASK_MODES, build_loss_mask
+    from workbench.diagnostics.dpo_mask import plot_loss_mask
+    from workbench.trainers.dpo import PROMPT_MASK_MODES
 
     def draw(prompt_mask):
-        mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, prompt_mask)
-        audit = audit_loss_mask(batch.input_ids, mask, batch.prompt_lengths)
-        fig, ax = plt.subplots(figsize=(6, 3))
-        plots.plot_mask(ax, mask, f"prompt_mask={prompt_mask!r}: {len(audit)} rows count prompt tokens",
-                        xlabel="target token position", ylabel="row (chosen on top)")
-        ax.axhline(batch.num_pairs - 0.5, color=plots.BUG_COLOR if prompt_mask == "chosen_only" else plots.NEUTRAL_COLOR)
-        return {"rows_counting_prompt": len(audit)}
+        fig, ax = plt.subplots(figsize=(7, 3))
+        return {"rows_counting_prompt": plot_loss_mask(ax, batch, prompt_mask)}
 
     controls = {"prompt_mask": widgets.ToggleButtons(options=list(PROMPT_MASK_MODES), value="chosen_only", description="mask")}
     return Explorer(controls, draw, "DPO loss mask: toggle the bug")
