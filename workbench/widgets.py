@@ -151,21 +151,14 @@ def dpo_mask_explorer(batch) -> Explorer:
 # --------------------------------------------------------------------------------------------
 def loss_mode_explorer() -> Explorer:
     """Per-token and per-response gradient weight for a loss mode and a length spread."""
-    from workbench.diagnostics.loss_normalization import analytic_token_weights
+    from workbench.diagnostics.loss_normalization import analytic_token_weights, plot_token_weights
 
     def draw(mode, longest):
         lengths = sorted({1, max(1, longest // 4), max(1, longest // 2), longest})
-        weights = analytic_token_weights(lengths, mode)
-        fig, ax = plt.subplots(figsize=(6, 3))
-        ax.plot(lengths, weights, "o-", color=plots.FIX_COLOR, label="per token")
-        ax.plot(lengths, [w * n for w, n in zip(weights, lengths)], "s--", color=plots.NEUTRAL_COLOR, label="whole response")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("response length L (tokens)")
-        ax.set_ylabel("gradient weight")
-        ax.set_title(mode)
-        ax.legend()
-        return {"lengths": lengths, "weights": weights}
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_token_weights(axes[0], axes[1], lengths, [mode])
+        axes[0].set_title(mode)
+        return {"lengths": lengths, "weights": analytic_token_weights(lengths, mode)}
 
     controls = {
         "mode": widgets.Dropdown(options=list(losses.LOSS_AGG_MODES), value="token-mean", description="loss_agg"),
