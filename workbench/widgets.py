@@ -172,15 +172,13 @@ def loss_mode_explorer() -> Explorer:
 # --------------------------------------------------------------------------------------------
 def temperature_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
     """P6: first-step max |ρ − 1| for a sampling temperature, with or without dividing by it."""
-    from workbench.diagnostics.temperature import first_step_ratio
+    from workbench.diagnostics.temperature import first_step_ratio, plot_ratio_vs_temperature
 
     def draw(temperature, rescale):
         result = first_step_ratio(model, tokenizer, prompts, temperature=temperature, rescale=rescale, seed=seed)
-        fig, ax = plt.subplots(figsize=(5, 2.5))
-        ax.bar(["max |ρ−1|"], [max(result["max_ratio_deviation"], 1e-9)], color=plots.bug_fix_color(not rescale))
-        ax.set_yscale("log")
-        ax.set_ylim(1e-9, 100)
-        ax.set_ylabel("before any update")
+        other = first_step_ratio(model, tokenizer, prompts, temperature=temperature, rescale=not rescale, seed=seed)
+        fig, ax = plt.subplots(figsize=(6, 3))
+        plot_ratio_vs_temperature(ax, {(temperature, rescale): result, (temperature, not rescale): other})
         return result
 
     controls = {"temperature": widgets.FloatSlider(value=0.7, min=0.2, max=2.0, step=0.1, description="τ"),
@@ -190,15 +188,13 @@ def temperature_explorer(model, tokenizer, prompts: list[str], seed: int = 0) ->
 
 def dropout_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
     """P7: step-0 ratio and KL for a dropout probability, with or without disabling dropout."""
-    from workbench.diagnostics.dropout import step0_mismatch
+    from workbench.diagnostics.dropout import plot_step0, step0_mismatch
 
     def draw(dropout, disable):
         result = step0_mismatch(model, tokenizer, prompts, dropout=dropout, disable=disable, seed=seed)
-        fig, ax = plt.subplots(figsize=(5, 2.5))
-        ax.bar(["max |ρ−1|", "|KL| (nats)"], [max(result["max_ratio_deviation"], 1e-9), max(abs(result["sequence_kl_k1"]), 1e-9)],
-               color=plots.bug_fix_color(not disable))
-        ax.set_yscale("log")
-        ax.set_ylim(1e-9, 1e3)
+        other = step0_mismatch(model, tokenizer, prompts, dropout=dropout, disable=not disable, seed=seed)
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_step0(axes, {(dropout, disable): result, (dropout, not disable): other})
         return result
 
     controls = {"dropout": widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.01, description="dropout"),
@@ -208,14 +204,11 @@ def dropout_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Exp
 
 def pad_eos_explorer(tokenizer, problems) -> Explorer:
     """P8: the SFT loss mask with pad ≠ EOS or pad = EOS; counts the EOS targets it keeps."""
-    from workbench.trainers.sft import sft_batch
+    from workbench.diagnostics.pad_eos import plot_sft_mask
 
     def draw(pad_equals_eos):
-        ids, _, loss_mask = sft_batch(tokenizer, problems, pad_equals_eos=pad_equals_eos)
-        eos_kept = int(((ids == tokenizer.eos_token_id) & loss_mask.bool()).sum())
-        fig, ax = plt.subplots(figsize=(6, 2.5))
-        plots.plot_mask(ax, loss_mask, f"pad_equals_eos={pad_equals_eos}: {eos_kept} EOS targets kept")
-        return {"eos_kept": eos_kept}
+        fig, ax = plt.subplots(figsize=(7, 2.5))
+        return {"eos_kept": plot_sft_mask(ax, tokenizer, problems, pad_equals_eos=pad_equals_eos)}
 
     return Explorer({"pad_equals_eos": widgets.Checkbox(value=True, description="pad = EOS (bug)")}, draw,
                     "Which targets the loss keeps")
@@ -223,14 +216,13 @@ def pad_eos_explorer(tokenizer, problems) -> Explorer:
 
 def kl_gradient_explorer(noise_scales: list[float], values: dict, gradients: dict) -> Explorer:
     """P9: cosine of each estimator's expected gradient with ∇KL, at a chosen policy distance."""
-    from workbench.diagnostics.kl_estimators import GRADIENT_VARIANTS
+    from workbench.diagnostics.kl_estimators import plot_gradients
 
     def draw(scale_index):
         scale = noise_scales[scale_index]
-        fig, ax = plt.subplots(figsize=(6, 2.5))
-        ax.bar(list(GRADIENT_VARIANTS), [gradients[scale][n]["cosine"] for n in GRADIENT_VARIANTS], color=plots.SERIES_COLORS[:4])
-        ax.set_ylabel("cosine with ∇KL")
-        ax.set_title(f"noise {scale}: exact KL {values[scale]['exact_kl']:.3f} nats/token")
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_gradients(axes, {scale: values[scale]}, {scale: gradients[scale]})
+        axes[0].set_title(f"noise {scale}: exact KL {values[scale]['exact_kl']:.3f} nats/token")
         return gradients[scale]
 
     return Explorer({"scale_index": widgets.IntSlider(value=len(noise_scales) - 1, min=0, max=len(noise_scales) - 1,
@@ -257,29 +249,26 @@ def grad_accumulation_explorer(mask: torch.Tensor, micro_batch_counts: list[int]
 
 
 def curve_explorer(histories: dict, key: str, ylabel: str, colors: dict | None = None) -> Explorer:
-    """One run's curve at a time (P11: EOS rate per truncation variant, and similar)."""
+    """One run's curve at a time (P11: EOS rate per truncation variant, and similar), drawn by ``plots.plot_curves``."""
 
     def draw(run):
         values = [h[key] for h in histories[run]]
         fig, ax = plt.subplots(figsize=(6, 2.5))
-        ax.plot(values, color=(colors or {}).get(run, plots.FIX_COLOR))
-        ax.set_xlabel("training step")
-        ax.set_ylabel(ylabel)
-        ax.set_title(run)
+        steps = [{"step": i, **h} if "step" not in h else h for i, h in enumerate(histories[run])]
+        plots.plot_curves(ax, {run: steps}, key, ylabel, colors)
         return {"last": values[-1], "first": values[0]}
 
     return Explorer({"run": widgets.Dropdown(options=list(histories), description="run")}, draw, f"{ylabel} per run")
 
 
-def log_ratio_explorer(results: dict) -> Explorer:
-    """P12: the trainer/rollout log-ratio histogram of a rollout engine."""
+def log_ratio_explorer(results: dict, cap: float = 1.02) -> Explorer:
+    """P12: the trainer/rollout log-ratio histogram and TIS clipped share of a rollout engine (the notebook's figure)."""
+    from workbench.diagnostics.rollout_mismatch import plot_mismatch
 
     def draw(rollout):
         result = results[rollout]
-        fig, ax = plt.subplots(figsize=(6, 2.5))
-        ax.hist(result["log_ratio"].numpy(), bins=40, color=plots.bug_fix_color("fp32" not in rollout), log=True)
-        ax.set_xlabel("log π_trainer − log π_rollout (nats)")
-        ax.set_ylabel("tokens")
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_mismatch(axes, {rollout: result}, cap)
         return {"max_ratio_deviation": result["max_ratio_deviation"]}
 
     return Explorer({"rollout": widgets.ToggleButtons(options=list(results), description="sampler")}, draw,
@@ -288,17 +277,14 @@ def log_ratio_explorer(results: dict) -> Explorer:
 
 def whitening_explorer(values: torch.Tensor, mask: torch.Tensor) -> Explorer:
     """P13: real-token mean/std after naive and masked whitening, as padding columns are added."""
-    from workbench.diagnostics.whitening import whitening_vs_padding
+    from workbench.diagnostics.whitening import plot_whitening, whitening_vs_padding
 
     def draw(extra):
-        row = whitening_vs_padding(values, mask, [extra])[0]
-        fig, ax = plt.subplots(figsize=(6, 2.5))
-        ax.bar(["naive mean", "masked mean", "naive std", "masked std"],
-               [row["naive_mean"], row["masked_mean"], row["naive_std"], row["masked_std"]],
-               color=[plots.BUG_COLOR, plots.FIX_COLOR, plots.BUG_COLOR, plots.FIX_COLOR])
-        ax.set_ylabel("over real tokens")
-        ax.set_title(f"+{extra} pad columns")
-        return row
+        rows = whitening_vs_padding(values, mask, sorted({0, extra}))
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_whitening(axes, rows)
+        axes[0].set_title(f"0 and +{extra} pad columns")
+        return rows[-1]
 
     return Explorer({"extra": widgets.IntSlider(value=8, min=0, max=64, description="extra pads")}, draw,
                     "Whitening over padding vs real tokens")
