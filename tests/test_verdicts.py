@@ -42,7 +42,8 @@ def test_padding_verdict_ignores_the_simulated_guard():
     packed = {"m": {"packed": 1e-6}}
     assert padding.verdict({"m": {"right_divergent_rows": 0, "left_divergent_rows": 0, "rows": 8}}, packed) == (False, True)
     assert padding.verdict({"m": {"right_divergent_rows": 3, "left_divergent_rows": 1, "rows": 8}}, packed) == (True, False)
-    assert padding.verdict({"m": {"right_divergent_rows": 3, "left_divergent_rows": 0, "rows": 8}}, {"m": {"packed": 0.2}})[1] is False
+    divergent = {"m": {"right_divergent_rows": 3, "left_divergent_rows": 0, "rows": 8}}
+    assert padding.verdict(divergent, {"m": {"packed": 0.2}})[1] is False
 
 
 def test_eos_verdict():
@@ -115,7 +116,8 @@ def test_rollout_mismatch_verdict_needs_tis_to_act():
                                      "fp32 rollout": fp32}) == (False, True)
     assert rollout_mismatch.verdict({"bf16 rollout": {"max_ratio_deviation": 0.2, "tis_clipped_fraction": 0.0},
                                      "fp32 rollout": fp32}) == (True, False)  # a cap above every ratio does nothing
-    assert rollout_mismatch.clipped_fraction_by_cap(torch.log(torch.tensor([1.0, 1.1, 1.3, 0.9])), [1.05, 1.2, 2.0]) == [0.5, 0.25, 0.0]
+    log_ratio = torch.log(torch.tensor([1.0, 1.1, 1.3, 0.9]))
+    assert rollout_mismatch.clipped_fraction_by_cap(log_ratio, [1.05, 1.2, 2.0]) == [0.5, 0.25, 0.0]
 
 
 def test_truncation_verdict_measures_the_push_towards_truncation():
@@ -129,7 +131,8 @@ def test_truncation_pressure_on_a_model():
     from workbench.tasks import rl_problems
 
     model, tokenizer = load("tiny-arith-qwen2")
-    measured = truncation.pressure(model, tokenizer, rl_problems(8), truncation.variants(0.5), max_new_tokens=3, num_generations=4)
+    measured = truncation.pressure(model, tokenizer, rl_problems(8), truncation.variants(0.5), max_new_tokens=3,
+                                   num_generations=4)
     assert measured[truncation.BUG]["truncated_rewarded"] >= measured["zero reward without EOS"]["truncated_rewarded"] == 0
     assert measured["masked out of the loss"]["pressure"] == 0.0
     assert measured[f"penalised ({0.5})"]["pressure"] <= 0
