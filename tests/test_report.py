@@ -26,7 +26,8 @@ def result(tmp_path):
                            "max_ratio_deviation_bug": 0.5, "max_ratio_deviation_fix": 1e-7, "packed_speedup": 2.0},
                "headline": {"what": "max drift", "unit": "nats", "bug": 0.41, "fix": 0.0}}
     return NotebookResult(stem="01_x", purpose="S1 · a purpose", out_dir=str(folder),
-                          parameters={"seed": 0, "out_dir": "/tmp/abc"}, seconds=12.5, ok=True, metrics=metrics, figures=["claim.png"], main_figure="claim.png")
+                          parameters={"seed": 0, "out_dir": "/tmp/abc"}, seconds=12.5, ok=True, metrics=metrics,
+                          figures=["claim.png"], main_figure="claim.png")
 
 
 def test_metrics_pair_up_by_name_with_units():

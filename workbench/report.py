@@ -173,7 +173,8 @@ h1{font-size:1.6em} h2{font-size:1.2em;border-top:1px solid #ddd;padding-top:1em
 .good{background:#0072B2}.bad{background:#D55E00}.warn{background:#E69F00}
 .headline{font-size:1.05em;background:#f6f8fa;padding:.5em;border-left:4px solid #0072B2}
 .headline .bug{color:#D55E00;font-weight:600}.headline .fix{color:#0072B2;font-weight:600}
-table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;padding:.2em .5em;font-family:monospace;text-align:left}
+table{border-collapse:collapse;font-size:.85em}
+td,th{border:1px solid #ddd;padding:.2em .5em;font-family:monospace;text-align:left}
 img{max-width:100%;border:1px solid #eee}pre.error{background:#fff3ef;padding:.5em;white-space:pre-wrap}
 figcaption{font-size:.8em;color:#555}nav a{margin-right:1em}
 """
