@@ -122,8 +122,9 @@ def test_rollout_mismatch_verdict_needs_tis_to_act():
 
 def test_truncation_verdict_measures_the_push_towards_truncation():
     fixes = {"zero reward without EOS": {"pressure": -0.2}, "masked out of the loss": {"pressure": 0.0}}
-    assert truncation.verdict({truncation.BUG: {"pressure": -0.1}, **fixes}) == (False, True)
+    assert truncation.verdict({truncation.BUG: {"pressure": -0.2}, **fixes}) == (False, True)  # the bug changes nothing
     assert truncation.verdict({truncation.BUG: {"pressure": 0.4}, **fixes, "penalised": {"pressure": 0.1}}) == (True, False)
+    assert "towards" in truncation.conclusion({truncation.BUG: {"pressure": -0.1, "mixed_groups": 3}, **fixes})
 
 
 def test_truncation_pressure_on_a_model():
@@ -134,8 +135,7 @@ def test_truncation_pressure_on_a_model():
     measured = truncation.pressure(model, tokenizer, rl_problems(8), truncation.variants(0.5), max_new_tokens=3,
                                    num_generations=4)
     assert measured[truncation.BUG]["truncated_rewarded"] >= measured["zero reward without EOS"]["truncated_rewarded"] == 0
-    assert measured["masked out of the loss"]["pressure"] == 0.0
-    assert measured[f"penalised ({0.5})"]["pressure"] <= 0
+    assert measured[f"penalised ({0.5})"]["pressure"] <= measured["zero reward without EOS"]["pressure"] <= 0
 
 
 def test_effect_against_noise():
