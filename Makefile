@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run smoke test test-all venv clean-venv
+.PHONY: run smoke test test-all venv clean-venv peers clean-peers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ test: $(STAMP)
 # Everything, including slow full-training checks and the real-browser test.
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -m "" $(ARGS)
+
+# The peer lab: one pinned environment per peer release under .peers/ (created once, minutes each;
+# a peer that cannot be installed is reported as skipped), then every probe, its table and stored results.
+peers: $(STAMP)
+	$(BIN)/python -m workbench.peers.lab
+
+clean-peers:
+	rm -rf .peers
 
 clean-venv:
 	rm -rf $(VENV)

@@ -95,7 +95,7 @@ def worker(kind: str, steps: int, repeats: int) -> dict:
             problems = {p.prompt: p for p in rl_problems(64)}
 
             def reward_fn(prompts, completions, **kw):
-                return [reward(c.split(tok_eos)[0] if tok_eos in c else c, True, problems[p]) for p, c in zip(prompts, completions)]
+                return [reward(c.split(tok_eos)[0] if tok_eos in c else c, True, problems[p]) for p, c in zip(prompts, completions, strict=False)]
 
             tok_eos = tokenizer.eos_token
             args = GRPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=False, report_to="none", logging_steps=10**6,
@@ -157,7 +157,6 @@ def run_worker(kind: str, steps: int, repeats: int) -> dict:
 
 
 def extras(quick: bool) -> dict:
-    import torch
 
     from workbench.diagnostics.eos import generation_cost, rollout_pair
     from workbench.diagnostics.padding import scoring_throughput

@@ -30,7 +30,7 @@ def to_ipynb(text: str):
             return
         source = "\n".join(current).strip("\n")
         if header.startswith("# %% [markdown]"):
-            body = "\n".join(l[2:] if l.startswith("# ") else l.lstrip("#") for l in source.splitlines())
+            body = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in source.splitlines())
             cells.append(nbformat.v4.new_markdown_cell(body))
         else:
             cell = nbformat.v4.new_code_cell(source)
@@ -57,7 +57,7 @@ def to_py(notebook) -> str:
     for cell in notebook.cells:
         if cell.cell_type == "markdown":
             out.append("# %% [markdown]")
-            out.extend(("# " + l) if l else "#" for l in cell.source.splitlines())
+            out.extend(("# " + line) if line else "#" for line in cell.source.splitlines())
         else:
             tags = cell.metadata.get("tags")
             out.append("# %%" + (f" tags={json.dumps(tags)}" if tags else ""))

@@ -129,7 +129,7 @@ def test_p12_ppo_tis_needs_recomputed_old_logprobs():
     from workbench.trainers.base import ConfigError
 
     with pytest.raises(ConfigError, match="recompute"):
-        PPOConfig(tis_cap=2.0)
+        PPOConfig(tis_cap=2.0, old_logprobs="rollout")
     model, tokenizer = load("tiny-arith-qwen2")
     config = PPOConfig(steps=1, rollout_dtype="bfloat16", old_logprobs="recompute", tis_cap=2.0, progress=False,
                        prompts_per_step=8, mini_batches=1)

@@ -45,7 +45,7 @@ def test_two_cpu_processes_match_one(tmp_path, args, keys):
     single = train(tmp_path, "single", args, processes=1)
     double = train(tmp_path, "ddp", args, processes=2)
     assert len(single) == len(double) == 3
-    for a, b in zip(single, double):
+    for a, b in zip(single, double, strict=False):
         for key in keys:
             assert a[key] == pytest.approx(b[key], abs=1e-5, rel=1e-4), key
     assert any(abs(h["loss"]) > 1e-5 for h in single)  # a comparison of non-trivial numbers

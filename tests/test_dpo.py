@@ -76,7 +76,7 @@ def test_s4_bug_inflates_accuracy_and_pushes_the_prompt_down():
 
 def test_none_and_both_give_the_same_training():
     both, none = train("both", steps=5), train("none", steps=5)
-    for a, b in zip(both, none):
+    for a, b in zip(both, none, strict=False):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
 
 
@@ -91,7 +91,7 @@ def test_dpo_raises_the_reward_accuracy():
 def test_precomputed_reference_matches_the_live_copy():
     live = train("both", steps=3)
     pre = train("both", steps=3, reference="precomputed")
-    for a, b in zip(live, pre):
+    for a, b in zip(live, pre, strict=False):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
 
 

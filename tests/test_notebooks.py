@@ -63,6 +63,8 @@ def metrics_of(smoke_run, stem):
 @pytest.mark.parametrize("stem", STEMS)
 def test_every_notebook_reproduces_the_bug_and_shows_the_fix_in_smoke_mode(smoke_run, stem):
     payload = metrics_of(smoke_run, stem)
+    if payload["metrics"].get("skipped"):  # the peer lab without its environments: reported, not judged
+        pytest.skip(payload["metrics"]["skipped"])
     assert payload["reproduced"] is True and payload["fixed"] is True
 
 

@@ -56,7 +56,7 @@ def test_pack_unpack_round_trip_and_targets_never_cross_a_boundary(sequences):
     assert batch.lengths == [len(s) for s in sequences]
     assert [p.tolist() for p in unpack_token_values(batch.input_ids, batch.lengths)] == sequences
     for seq, positions, targets in zip(sequences, unpack_token_values(batch.position_ids, batch.lengths),
-                                       unpack_token_values(batch.targets, batch.lengths)):
+                                       unpack_token_values(batch.targets, batch.lengths), strict=False):
         assert positions.tolist() == list(range(len(seq)))
         assert targets.tolist() == seq[1:] + [-100]
 
@@ -75,7 +75,7 @@ def test_packed_scoring_equals_scoring_each_sequence_alone(arch):
         alone = _alone(model, SEQUENCES)
         batch = pack_sequences(SEQUENCES)
         logp = logprobs_from_logits(model(**batch.model_inputs()).logits[0], batch.targets[0])
-        for a, p in zip(alone, unpack_token_values(logp, batch.lengths)):
+        for a, p in zip(alone, unpack_token_values(logp, batch.lengths), strict=False):
             torch.testing.assert_close(p[:-1], a, atol=1e-5, rtol=0)
         # the same through the padded-layout API, left and right padding
         for side in ("left", "right"):
@@ -93,7 +93,7 @@ def test_packing_with_the_cache_on_is_wrong(arch):
         alone = _alone(model, SEQUENCES)
         batch = pack_sequences(SEQUENCES)
         logp = logprobs_from_logits(model(**{**batch.model_inputs(), "use_cache": True}).logits[0], batch.targets[0])
-        worst = max(float((a - p[:-1]).abs().max()) for a, p in zip(alone, unpack_token_values(logp, batch.lengths)))
+        worst = max(float((a - p[:-1]).abs().max()) for a, p in zip(alone, unpack_token_values(logp, batch.lengths), strict=False))
     assert worst > 1e-2
 
 
@@ -121,6 +121,6 @@ def test_trainers_give_the_same_losses_packed_and_padded(trainer):
     for packed in (False, True):
         model, tokenizer = load("tiny-arith-gpt2")
         histories[packed] = cls(model, tokenizer, data, config_cls(steps=2, progress=False, packed=packed)).train()
-    for a, b in zip(histories[False], histories[True]):
+    for a, b in zip(histories[False], histories[True], strict=False):
         for key in keys:
             assert a[key] == pytest.approx(b[key], abs=1e-5), key

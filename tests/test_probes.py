@@ -1,4 +1,4 @@
-"""Probes of TRL (the `peers` extra): each convention measured by running TRL on crafted inputs."""
+"""Probes of TRL 1.16 (the `peers` extra) through `workbench.audit`: each convention measured by running TRL."""
 
 import os
 
@@ -18,19 +18,24 @@ def checkpoint():
     return model, tokenizer, probes.model_folder(model, tokenizer)
 
 
-def test_trl_loss_types_are_classified_as_the_workbench_modes(checkpoint):
+def test_trl_loss_types_are_classified_as_the_audit_modes(checkpoint):
     _, tokenizer, folder = checkpoint
-    classified = {r["loss_type"]: r["classified_as"] for r in probes.probe_grpo_aggregation(folder, tokenizer)}
-    assert classified == {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean",
-                          "dr_grpo": "seq-mean-token-sum-norm"}
+    results = probes.probe_grpo_aggregation(folder, tokenizer)
+    assert {k: r.details["mode"] for k, r in results.items()} == {
+        "grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean", "dr_grpo": "seq-mean-token-sum-norm"}
+    assert all(r.passed for r in results.values())
+    assert "B × 8" in results["dr_grpo"].details["norm_constant_scaling"]  # B × max_completion_length
+    assert abs(results["grpo"].details["value"]) < 1e-6 < abs(results["bnpo"].details["value"])  # the S5 probe
 
 
 def test_trl_grpo_logprobs_have_the_s1_gap_on_gpt2_only():
-    gaps = {}
+    results = {}
     for arch in ("gpt2", "llama"):
         model, tokenizer = tiny_model(arch)
-        gaps[arch] = probes.probe_position_ids(probes.model_folder(model, tokenizer), tokenizer)["max_abs_logp_gap"]
-    assert gaps["gpt2"] > 1e-2 and gaps["llama"] < 1e-5
+        results[arch] = probes.probe_position_ids(probes.model_folder(model, tokenizer), tokenizer)
+    assert results["gpt2"].convention == "model default" and results["gpt2"].details["max_abs_gap"] > 1e-2
+    assert not results["gpt2"].passed
+    assert results["llama"].details["max_abs_gap"] < 1e-4 and not results["llama"].details["absolute_positions"]
 
 
 def test_trl_dpo_masks_prompts_and_reloads_the_reference_from_disk(checkpoint):

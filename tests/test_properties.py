@@ -117,7 +117,7 @@ def test_truncate_after_eos_invariants(rows):
     width = max(len(r) for r in rows)
     ids = torch.tensor([r + [3] * (width - len(r)) for r in rows])
     kept_ids, mask = truncate_after_eos(ids, eos_token_id=2, pad_token_id=0)
-    for row, kept, m in zip(ids.tolist(), kept_ids.tolist(), mask.tolist()):
+    for row, kept, m in zip(ids.tolist(), kept_ids.tolist(), mask.tolist(), strict=False):
         first = row.index(2) if 2 in row else None
         expected = len(row) if first is None else first + 1
         assert sum(m) == expected and m == [1] * expected + [0] * (len(row) - expected)

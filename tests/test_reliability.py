@@ -1,12 +1,10 @@
 """Bad input, NaN, interruption: clear errors (exit code 2), kept checkpoints, exact resume after a real kill."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch

@@ -8,8 +8,7 @@ import nbformat
 import pytest
 
 from workbench.cli import main
-from workbench.notebooks import (
-    NOTEBOOKS_DIR, ParameterError, convert_value, find_notebook, parse_parameters, resolve_parameters)
+from workbench.notebooks import NOTEBOOKS_DIR, ParameterError, convert_value, find_notebook, parse_parameters, resolve_parameters
 
 
 def test_list_shows_every_notebook_with_parameters(capsys):

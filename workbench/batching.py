@@ -58,7 +58,7 @@ def pad_sequences(
 
 def unpad(ids: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
     """The real tokens of each row (works for left, right or mixed padding)."""
-    return [row[m.bool()] for row, m in zip(ids, attention_mask)]
+    return [row[m.bool()] for row, m in zip(ids, attention_mask, strict=False)]
 
 
 def repad(ids: torch.Tensor, attention_mask: torch.Tensor, pad_token_id: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:

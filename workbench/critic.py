@@ -28,7 +28,7 @@ class ValueModel(nn.Module):
             nn.init.zeros_(self.value_head.bias)
 
     @classmethod
-    def from_policy(cls, policy, seed: int = 0) -> "ValueModel":
+    def from_policy(cls, policy, seed: int = 0) -> ValueModel:
         body = copy.deepcopy(policy.base_model)
         hidden = policy.config.hidden_size if hasattr(policy.config, "hidden_size") else policy.config.n_embd
         critic = cls(body, hidden, seed).to(next(policy.parameters()).dtype)

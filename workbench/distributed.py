@@ -23,7 +23,7 @@ import torch
 class Distributed:
     """The process group as the trainers see it (a no-op in a single process)."""
 
-    _current: "Distributed | None" = None
+    _current: Distributed | None = None
 
     def __init__(self) -> None:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -36,7 +36,7 @@ class Distributed:
             self.rank = self.accelerator.process_index
 
     @classmethod
-    def current(cls) -> "Distributed":
+    def current(cls) -> Distributed:
         if cls._current is None:
             cls._current = cls()
         return cls._current

@@ -90,9 +90,11 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k1") -> 
     * ``k1`` = r (unbiased, high variance, can be negative);
     * ``k2`` = r²/2 (biased, low variance, ≥ 0);
     * ``k3`` = exp(−r) − 1 + r (unbiased, ≥ 0; TRL GRPO);
-    * ``low_var_kl`` = k3 clamped to [−10, 10] (verl).
+    * ``low_var_kl`` = k3 of the log-ratio clamped to [−20, 20], clamped to [−10, 10] (verl 0.9.1).
     """
     log_ratio = logp - ref_logp
+    if kind == "low_var_kl":
+        log_ratio = log_ratio.clamp(-20, 20)
     if kind == "k1":
         return log_ratio
     if kind == "k2":
@@ -342,7 +344,8 @@ def dpo_loss(
     elif loss_type == "ipo":
         if chosen_lengths is None or rejected_lengths is None:
             raise ValueError("loss_type='ipo' (TRL's length-averaged IPO) needs chosen_lengths and rejected_lengths")
-        averaged = chosen_log_ratio / chosen_lengths.to(h.dtype).clamp_min(1) - rejected_log_ratio / rejected_lengths.to(h.dtype).clamp_min(1)
+        chosen_count, rejected_count = chosen_lengths.to(h.dtype).clamp_min(1), rejected_lengths.to(h.dtype).clamp_min(1)
+        averaged = chosen_log_ratio / chosen_count - rejected_log_ratio / rejected_count
         losses = (averaged - 1 / (2 * beta)) ** 2
     elif loss_type == "ipo_sum":
         losses = (h - 1 / (2 * beta)) ** 2

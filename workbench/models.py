@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from workbench.errors import AttentionBackendUnavailable, ModelLoadError  # noqa: F401  (re-exported)
 from workbench.tokenizer import DATA_DIR, load_char_tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "gpt2")
@@ -34,14 +35,6 @@ TRAINED_CHECKPOINTS = {
 RANDOM_BUILTINS = {f"tiny-{arch}": arch for arch in ARCHITECTURES}
 BUILTIN_NAMES = tuple(RANDOM_BUILTINS) + tuple(TRAINED_CHECKPOINTS)
 PICKLE_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
-
-class ModelLoadError(ValueError):
-    """A checkpoint or tokenizer that the workbench refuses to load, with the fix in the message."""
-
-
-class AttentionBackendUnavailable(RuntimeError):
-    """An attention implementation was requested that cannot run on this machine."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,10 +13,10 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from workbench.checkpoint import atomic_write_json
+from workbench.jsonsafe import jsonable
 from workbench.notebooks import REPO_ROOT
 
 
@@ -34,19 +34,6 @@ def save_figure(fig, out_dir: str | Path, name: str) -> Path:
     path = Path(out_dir) / f"{name}.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
-
-
-def _clean(value):
-    """JSON-safe: tensors/numpy to Python numbers, NaN/inf to strings (JSON has neither)."""
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
 
 
 def write_metrics(
@@ -73,7 +60,7 @@ def write_metrics(
             raise ValueError(f"headline needs the keys what, unit, bug, fix; missing {sorted(missing)}")
         headline = {"what": str(headline["what"]), "unit": str(headline["unit"]),
                     "bug": float(headline["bug"]), "fix": float(headline["fix"])}
-    payload = _clean(
+    payload = jsonable(
         {"notebook": notebook, "parameters": parameters, "reproduced": bool(reproduced), "fixed": bool(fixed),
          "metrics": metrics, **({"headline": headline} if headline is not None else {})}
     )

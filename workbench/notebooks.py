@@ -20,13 +20,12 @@ from pathlib import Path
 
 import nbformat
 
+from workbench.config_cli import convert_value  # noqa: F401  (re-exported)
+from workbench.errors import ParameterError  # noqa: F401  (re-exported)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 REQUIRED_PARAMETERS = ("model", "seed", "smoke", "out_dir")
-
-
-class ParameterError(ValueError):
-    """A notebook parameter that does not exist or has the wrong type."""
 
 
 @dataclass
@@ -61,7 +60,7 @@ def parse_parameters(source: str) -> dict:
         try:
             parameters[target.id] = ast.literal_eval(value)
         except ValueError:
-            raise ParameterError(f"line {node.lineno}: {target.id} must be a literal (derived values go after the cell)")
+            raise ParameterError(f"line {node.lineno}: {target.id} must be a literal (derived values go after the cell)") from None
     return parameters
 
 
@@ -97,35 +96,6 @@ def find_notebook(name: str, notebooks_dir: str | Path = NOTEBOOKS_DIR) -> Noteb
         problem = "matches several notebooks" if matches else "is not a notebook of the catalogue"
         raise ParameterError(f"{name!r} {problem}; choose one of: {stems}")
     return matches[0]
-
-
-def convert_value(name: str, text: str, default):
-    """Convert a command-line string to the type of the parameter's default value."""
-    kind = type(default)
-    try:
-        if kind is bool:
-            lowered = text.strip().lower()
-            if lowered in ("true", "1", "yes", "on"):
-                return True
-            if lowered in ("false", "0", "no", "off"):
-                return False
-            raise ValueError
-        if kind is int:
-            return int(text)
-        if kind is float:
-            return float(text)
-        if kind is str:
-            return text
-        if default is None:
-            return ast.literal_eval(text) if text[:1] in "[{(0123456789-\"'" or text in ("None", "True", "False") else text
-        value = ast.literal_eval(text)
-        if not isinstance(value, kind):
-            raise ValueError
-        return value
-    except (ValueError, SyntaxError):
-        raise ParameterError(
-            f"parameter {name!r} expects a {kind.__name__} (default {default!r}); got {text!r}"
-        ) from None
 
 
 def resolve_parameters(info: NotebookInfo, overrides: dict, smoke: bool = False) -> dict:

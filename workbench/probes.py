@@ -1,14 +1,14 @@
-"""Black-box probes of another framework's conventions — here TRL (the optional ``peers`` extra).
+"""Probes of TRL 1.16 (the optional ``peers`` extra), built on ``workbench.audit``.
 
-Each probe feeds a real TRL trainer crafted inputs and classifies what comes out; none reads
-TRL's source. Everything runs on CPU with a local model folder (``use_cpu=True, bf16=False,
-report_to="none"``, ``HF_HUB_OFFLINE=1``).
+Each probe wraps one of TRL's own methods into the callable an audit check expects and lets the
+check classify it; none reads TRL's source. Everything runs on CPU with a local model folder
+(``use_cpu=True, bf16=False, report_to="none"``, ``HF_HUB_OFFLINE=1``). The same wrappers run inside
+older TRL releases in the peer lab (``workbench.peers.adapters.trl_grpo``), so TRL 1.16 here and
+TRL 0.15/0.16 there are measured by one piece of code.
 
-* ``probe_grpo_aggregation``: for each TRL ``loss_type``, TRL's own loss on a fixed group of
-  unequal-length completions (β = 0, ρ ≡ 1, so each token's loss is −A_i), matched against the
-  value of every workbench aggregation mode;
-* ``probe_position_ids``: TRL's GRPO log-prob path on left-padded prompts vs a forward with
-  mask-derived position ids (S1);
+* ``probe_grpo_aggregation``: ``check_aggregation`` on TRL's GRPO loss for each ``loss_type`` (β = 1 and
+  ratio 1, advantages and reference log-probs chosen so that TRL's per-token losses are the check's);
+* ``probe_position_ids``: ``check_position_ids`` on TRL's GRPO log-prob forward (S1);
 * ``probe_dpo``: whether TRL's DPO log-probs leave prompt tokens out on both sides (S4), and
   whether its reference is the live initial policy or reloaded from disk;
 * ``probe_eos``: decoding steps TRL's GRPO generation takes vs what the completions needed (S3).
@@ -22,10 +22,9 @@ from pathlib import Path
 
 import torch
 
-from workbench import losses
-from workbench.batching import pad_sequences
+from workbench.audit import AuditResult, check_aggregation, check_position_ids
 from workbench.models import save
-from workbench.scoring import response_logprobs
+from workbench.peers.adapters import trl_grpo
 
 TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
@@ -63,52 +62,31 @@ def grpo_trainer(folder: str, tokenizer, **config):
     return trainer
 
 
-def _completion_batch(tokenizer, prompt: str, completions: list[str]):
-    prompt_ids, prompt_mask = pad_sequences([tokenizer(prompt)["input_ids"]] * len(completions), tokenizer.pad_token_id, side="left")
-    rows = [tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for c in completions]
-    completion_ids, completion_mask = pad_sequences(rows, tokenizer.pad_token_id, side="right")
-    return prompt_ids, prompt_mask, completion_ids, completion_mask
+def grpo_loss_fn(trainer, tokenizer, beta: float = 1.0):
+    """TRL's own GRPO loss as ``loss_fn(per_token_loss, mask) -> scalar`` (the audit signature)."""
+    return lambda per_token_loss, mask: trl_grpo.trainer_loss(trainer, tokenizer, per_token_loss, mask, beta)
 
 
-def probe_grpo_aggregation(folder: str, tokenizer, completions=("46", "4", "4612", "-1"), rewards=(1.0, 0.0, 0.0, 0.0),
-                           max_completion_length: int = 8) -> list[dict]:
-    """For each TRL loss_type: TRL's loss value and the workbench mode(s) whose value it matches."""
-    prompt_ids, prompt_mask, completion_ids, completion_mask = _completion_batch(tokenizer, "12+34=", list(completions))
-    advantages = losses.group_advantages(torch.tensor(rewards), len(rewards), "group")
-    per_token = -advantages[:, None].expand(completion_ids.shape).float()
-    candidates = {mode: float(losses.aggregate_loss(per_token, completion_mask, mode, max_len=max_completion_length))
-                  for mode in losses.LOSS_AGG_MODES}
-    rows = []
-    for loss_type in TRL_LOSS_TYPES:
-        trainer = grpo_trainer(folder, tokenizer, loss_type=loss_type, max_completion_length=max_completion_length)
-        trainer.model.eval()  # one batch, no accumulation window
-        inputs = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-                  "completion_mask": completion_mask, "advantages": advantages,
-                  "num_items_in_batch": completion_mask.sum().float()}
-        with torch.no_grad():
-            value = float(trainer._compute_loss(trainer.model, inputs))
-        matches = [m for m, v in candidates.items() if abs(v - value) <= 1e-6 * max(1.0, abs(value))]
-        rows.append({"loss_type": loss_type, "trl_loss": value, "matches": matches,
-                     "classified_as": matches[0] if len(matches) == 1 else ("ambiguous" if matches else "none")})
-    return rows
+def probe_grpo_aggregation(folder: str, tokenizer, loss_types=TRL_LOSS_TYPES) -> dict[str, AuditResult]:
+    """``check_aggregation`` of TRL's loss for each ``loss_type`` (``details["mode"]``: the verl name)."""
+    results = {}
+    for loss_type in loss_types:
+        trainer = grpo_trainer(folder, tokenizer, loss_type=loss_type, beta=1.0)
+        trainer.model.eval()
+        results[loss_type] = check_aggregation(grpo_loss_fn(trainer, tokenizer), expected=loss_type)
+    return results
 
 
-def probe_position_ids(folder: str, tokenizer, prompts=("1+2=", "12+34=", "5*5=", "99-9="), completions=("3", "46", "25", "90")) -> dict:
-    """Largest |Δ log p| between TRL's GRPO log-prob forward and a mask-position forward, left-padded prompts."""
+def probe_position_ids(folder: str, tokenizer) -> AuditResult:
+    """``check_position_ids`` on TRL's GRPO log-prob forward (fails = S1 exposure on absolute positions)."""
     trainer = grpo_trainer(folder, tokenizer)
-    model = trainer.model.eval()
-    rows_prompt = [tokenizer(p)["input_ids"] for p in prompts]
-    prompt_ids, prompt_mask = pad_sequences(rows_prompt, tokenizer.pad_token_id, side="left")
-    rows = [tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for c in completions]
-    completion_ids, completion_mask = pad_sequences(rows, tokenizer.pad_token_id, side="right")
+    trainer.model.eval()
+
+    def logprob_fn(model, input_ids, attention_mask):
+        return trl_grpo.per_token_logps(trainer, input_ids, attention_mask, input_ids.shape[1] - 1)
+
     with torch.no_grad():
-        trl_logps = trainer._get_per_token_logps_and_entropies(
-            model, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1), completion_ids.shape[1]
-        )[0]
-        ours = response_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, position_ids="mask")
-    gap = ((trl_logps - ours) * completion_mask).abs()
-    return {"max_abs_logp_gap": float(gap.max()), "max_ratio_deviation": float((gap.max()).exp() - 1),
-            "sequence_logp_gap": float(gap.sum(-1).max())}
+        return check_position_ids(logprob_fn, trainer.model, tokenizer)
 
 
 def probe_eos(folder: str, tokenizer, prompts=("1+2=", "12+34=", "5*5=", "99-9="), max_completion_length: int = 32) -> dict:
@@ -163,7 +141,7 @@ def probe_dpo(model, tokenizer, pairs: list[dict]) -> dict:
 
     # TRL's dataloader shuffles: put our pairs in the order of TRL's chosen rows
     texts = [tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True) for ids, mask in
-             zip(batch["input_ids"][: len(rows)], batch["attention_mask"][: len(rows)])]
+             zip(batch["input_ids"][: len(rows)], batch["attention_mask"][: len(rows)], strict=True)]
     order = [next(i for i, r in enumerate(rows) if r["prompt"] + r["chosen"] == text) for text in texts]
     ours = collate_preferences(tokenizer, [rows[i] for i in order])
     both = build_loss_mask(ours.attention_mask, ours.prompt_lengths, "both")

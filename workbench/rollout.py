@@ -26,8 +26,8 @@ reproducible whatever happened before it, and the bug/fix runs of S3 sample iden
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,11 +37,12 @@ from workbench.errors import NonFiniteError
 from workbench.losses import zero_masked
 
 
-def _stop_ids(eos_token_id: int | Sequence[int]) -> torch.Tensor:
+def _stop_ids(eos_token_id: int | Sequence[int], device=None) -> torch.Tensor:
+    """The stop ids as a tensor on ``device`` (the ids' device: never a CPU tensor on a GPU path)."""
     ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    if not ids:
-        raise ValueError("eos_token_id must name at least one stop token")
-    return torch.tensor(ids, dtype=torch.long)
+    if not ids or any(i is None for i in ids):
+        raise ValueError(f"eos_token_id={eos_token_id!r} must name at least one stop token id (an int or a list of ints)")
+    return torch.tensor(ids, dtype=torch.long, device=device)
 
 
 def truncate_after_eos(
@@ -52,7 +53,7 @@ def truncate_after_eos(
     A row without EOS (a truncated response) keeps all its tokens with mask 1.
     ``eos_token_id`` may be a list of stop tokens.
     """
-    is_stop = torch.isin(response_ids, _stop_ids(eos_token_id).to(response_ids.device))
+    is_stop = torch.isin(response_ids, _stop_ids(eos_token_id, response_ids.device))
     stops_so_far = is_stop.long().cumsum(-1)
     after_first_stop = (stops_so_far - is_stop.long()) > 0
     ids = response_ids.masked_fill(after_first_stop, pad_token_id)
@@ -148,7 +149,7 @@ def sample(
     if engine != "workbench":
         raise ValueError(f"engine={engine!r}; use 'workbench' or 'hf'")
     start = time.perf_counter()
-    stop_ids = _stop_ids(eos_token_id).to(prompt_ids.device)
+    stop_ids = _stop_ids(eos_token_id, prompt_ids.device)
     attention_mask = prompt_mask.clone()
     position_ids = position_ids_from_mask(attention_mask)
     output = model(input_ids=prompt_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
@@ -247,7 +248,7 @@ def _sample_with_generate(
         response_ids=response_ids,
         response_mask=response_mask,
         rollout_logprobs=zero_masked(step_logprobs, response_mask),
-        finished=torch.isin(response_ids, _stop_ids(eos_token_id)).any(-1),
+        finished=torch.isin(response_ids, _stop_ids(eos_token_id, response_ids.device)).any(-1),
         decode_steps=raw_response.shape[1],
         tokens_generated=raw_response.numel(),
         seconds=time.perf_counter() - start,

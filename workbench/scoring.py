@@ -64,7 +64,7 @@ def forward(
         if not contiguous_rows(attention_mask):
             raise ValueError("packed scoring needs each row's real tokens in one contiguous block")
         mask = attention_mask.bool()
-        batch = pack_sequences([row[m] for row, m in zip(input_ids, mask)])
+        batch = pack_sequences([row[m] for row, m in zip(input_ids, mask, strict=False)])
         values = _last_layer(model(**{k: (v.to(input_ids.device) if torch.is_tensor(v) else v)
                                       for k, v in batch.model_inputs().items()}))[0]
         padded = values.new_zeros((*input_ids.shape, values.shape[-1]))

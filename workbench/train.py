@@ -19,14 +19,10 @@ import sys
 from pathlib import Path
 
 from workbench.checkpoint import atomic_write_json
-from workbench.models import ModelLoadError
-from workbench.notebooks import ParameterError, convert_value
+from workbench.config_cli import add_config_arguments, config_values, convert_value
+from workbench.errors import InputError, ModelLoadError, ParameterError
 
 TRAINERS = ("ppo", "grpo", "dpo", "sft")
-
-
-class InputError(ValueError):
-    """Bad user input detected before training starts."""
 
 
 def trainer_classes(kind: str):
@@ -43,10 +39,11 @@ def trainer_classes(kind: str):
     return SFTConfig, SFTTrainer
 
 
-def build_config(config_cls, assignments: list[str], output_dir: str | None):
-    """A config from ``key=value`` strings, converted to each field's type."""
+def build_config(config_cls, assignments: list[str], output_dir: str | None, options: dict | None = None):
+    """A config from ``--field VALUE`` options (already converted) and ``--set key=value`` strings,
+    converted to each field's type; ``--set`` wins where both name a field."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
-    values = {}
+    values = dict(options or {})
     for assignment in assignments:
         if "=" not in assignment:
             raise InputError(f"--set expects key=value, got {assignment!r}")
@@ -87,7 +84,7 @@ def run(args) -> dict:
     from workbench.models import load
 
     config_cls, trainer_cls = trainer_classes(args.trainer)
-    config = build_config(config_cls, args.set or [], args.output_dir)
+    config = build_config(config_cls, args.set or [], args.output_dir, config_values(args))
     config.progress = config.progress and not args.quiet
     data = load_data(args.trainer, args.data, args.limit)
     policy, tokenizer = load(args.model)
@@ -101,20 +98,31 @@ def run(args) -> dict:
     return summary
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trainer", choices=TRAINERS)
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny-arith-qwen2", help="built-in name or local checkpoint folder")
     parser.add_argument("--output-dir", default=None, help="checkpoints and history; rerun to resume")
     parser.add_argument("--data", default=None, help="JSONL prompts (ppo/grpo/sft) or preference pairs (dpo)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N rows of the data")
-    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config field (repeatable)")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config field (repeatable; same as --KEY VALUE)")
     parser.add_argument("--quiet", action="store_true")
 
 
-def main(args) -> int:
-    from workbench.trainers.base import ConfigError, NonFiniteError
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``train {ppo,grpo,dpo,sft}``: one sub-command per trainer, each with its config's fields as
+    documented options (``python -m workbench train grpo --help``)."""
+    sub = parser.add_subparsers(dest="trainer", required=True, metavar="{" + ",".join(TRAINERS) + "}")
+    for kind in TRAINERS:
+        config_cls, trainer_cls = trainer_classes(kind)
+        summary = (sys.modules[trainer_cls.__module__].__doc__ or "").strip().splitlines()[0]
+        trainer = sub.add_parser(kind, help=summary, description=f"{summary} Every config field below is an option; "
+                                 "the pitfall switches default to the fix.")
+        add_common_arguments(trainer)
+        add_config_arguments(trainer, config_cls, skip=("output_dir", "progress"))
 
+
+def main(args) -> int:
     from workbench.distributed import Distributed
+    from workbench.trainers.base import ConfigError, NonFiniteError
 
     try:
         summary = run(args)

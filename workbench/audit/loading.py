@@ -12,9 +12,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-
-class AuditInputError(ValueError):
-    """A MODULE:FUNCTION spec that does not name an importable callable."""
+from workbench.errors import AuditInputError  # noqa: F401  (re-exported)
 
 
 def load_module(module: str):

@@ -15,21 +15,9 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from dataclasses import dataclass, field
 
-
-def jsonable(value):
-    """Tensors/numpy to Python numbers and lists, tuples to lists, non-finite floats to strings."""
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
+from workbench.jsonsafe import jsonable
 
 
 def _format_value(value) -> str:

@@ -19,9 +19,7 @@ import inspect
 
 import torch
 
-
-class AuditSignatureError(TypeError):
-    """A user callable whose signature (or return value) is not what the audit check expects."""
+from workbench.errors import AuditSignatureError  # noqa: F401  (re-exported)
 
 
 def describe(fn) -> str:

@@ -17,10 +17,7 @@ from __future__ import annotations
 import torch
 
 from workbench.trainers.dpo import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
-
-
-class PromptMaskError(ValueError):
-    """Prompt lengths and loss-mask rows disagree in number."""
+from workbench.errors import PromptMaskError  # noqa: F401  (re-exported)
 
 
 def check_prompt_lengths(num_rows: int, prompt_lengths: list[int]) -> None:

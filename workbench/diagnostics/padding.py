@@ -26,16 +26,13 @@ import torch
 from workbench import plots
 from workbench.batching import pad_sequences, padding_side_of
 from workbench.rollout import truncate_after_eos
+from workbench.errors import RightPaddingError  # noqa: F401  (re-exported)
 
 TRANSFORMERS_MESSAGE = (
     "You are attempting to perform batched generation with padding_side='right' this may lead to unexpected "
     "behaviour for Flash Attention version of Qwen2. Make sure to  call `tokenizer.padding_side  = 'left'` "
     "before tokenizing the input."
 )
-
-
-class RightPaddingError(ValueError):
-    """A right-padded batch where right padding is unsafe (cached generation / old Qwen2 flash path)."""
 
 
 @dataclass

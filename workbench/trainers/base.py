@@ -23,24 +23,25 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from workbench.errors import NonFiniteError  # noqa: F401  (re-exported)
-
-
-class ConfigError(ValueError):
-    """An invalid trainer configuration value; the message names the field and the fix."""
-
+from workbench.errors import (
+    ConfigError,  # noqa: F401  (re-exported)
+    NonFiniteError,  # noqa: F401  (re-exported)
+)
 
 
 @dataclass
 class TrainerConfig:
     """Fields every trainer shares."""
 
+    # ---- Run -------------------------------------------------------------------------------
     steps: int = 20
     """Number of optimisation steps (one rollout/batch each)."""
+    # ---- Optimisation ----------------------------------------------------------------------
     learning_rate: float = 1e-3
     """Adam learning rate."""
     max_grad_norm: float = 1.0
     """Gradients are clipped to this global L2 norm (0 disables clipping)."""
+    # ---- Run -------------------------------------------------------------------------------
     seed: int = 0
     """Seed for weights-independent randomness: data order and sampling. Same seed, same numbers."""
     output_dir: str | None = None
@@ -74,11 +75,6 @@ def require(config, field: str, condition: bool, problem: str) -> None:
 
 def require_choice(config, field: str, choices) -> None:
     require(config, field, getattr(config, field) in choices, f"is not one of {tuple(choices)}")
-
-
-def set_seed(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:

@@ -47,6 +47,8 @@ PROMPT_MASK_MODES = ("both", "chosen_only", "none")
 
 @dataclass
 class DPOConfig(TrainerConfig):
+    """DPOTrainer's hyper-parameters and pitfall switches (the defaults are the fixes)."""
+
     learning_rate: float = 1e-4
     """AdamW learning rate."""
     batch_size: int = 16
@@ -101,7 +103,7 @@ class PreferenceBatch:
     def num_pairs(self) -> int:
         return len(self.prompt_lengths)
 
-    def to(self, device) -> "PreferenceBatch":
+    def to(self, device) -> PreferenceBatch:
         return PreferenceBatch(self.input_ids.to(device), self.attention_mask.to(device), self.prompt_lengths)
 
 
@@ -109,8 +111,8 @@ def collate_preferences(tokenizer, pairs: list[dict]) -> PreferenceBatch:
     """Tokenise pairs as ``<bos> prompt response <eos>`` and stack chosen on top of rejected."""
     prompts = [tokenizer(p["prompt"])["input_ids"] for p in pairs]
     eos = [tokenizer.eos_token_id]
-    chosen = [pr + tokenizer(p["chosen"], add_special_tokens=False)["input_ids"] + eos for pr, p in zip(prompts, pairs)]
-    rejected = [pr + tokenizer(p["rejected"], add_special_tokens=False)["input_ids"] + eos for pr, p in zip(prompts, pairs)]
+    chosen = [pr + tokenizer(p["chosen"], add_special_tokens=False)["input_ids"] + eos for pr, p in zip(prompts, pairs, strict=False)]
+    rejected = [pr + tokenizer(p["rejected"], add_special_tokens=False)["input_ids"] + eos for pr, p in zip(prompts, pairs, strict=False)]
     input_ids, attention_mask = pad_sequences(chosen + rejected, tokenizer.pad_token_id, side="right")
     return PreferenceBatch(input_ids, attention_mask, [len(p) for p in prompts])
 
@@ -126,7 +128,7 @@ def build_loss_mask(attention_mask: torch.Tensor, prompt_lengths: list[int], pro
         row_prompt_lengths = []
     else:
         raise ValueError(f"prompt_mask={prompt_mask!r}; choose one of {PROMPT_MASK_MODES}")
-    for mask, source_len in zip(loss_masks, row_prompt_lengths):  # zip stops at the shorter list
+    for mask, source_len in zip(loss_masks, row_prompt_lengths, strict=False):  # zip stops at the shorter list
         mask[:source_len] = False
     return loss_masks[:, 1:]
 

@@ -18,10 +18,26 @@ batch feeds exactly one step, π_old is π itself (``logp.detach()``): ρ ≡ 1 
 −mean(A) — zero or not depending on the aggregation (pitfall S5) — while gradients are not zero.
 The reference is scored in the same layout, so its KL to an identical policy is exactly 0.
 
-S5 switch ``kl_aggregation``: ``"with_loss"`` (fix, TRL today) adds the KL per token before the
-aggregation so both terms share one normalisation; ``"per_sequence"`` reproduces the seed's mix: the
-policy term aggregated by ``loss_agg`` but the KL term always as a per-sequence token mean, so the
-effective β depends on the length distribution.
+Pitfall switches (``GRPOConfig``; every default is the fix):
+
+=============================  ===================  ==========================================
+switch                         bug value            pitfall
+=============================  ===================  ==========================================
+``position_ids``               ``"model"``          S1 left padding without position ids
+``stop_at_eos``                ``False``            S3 rollouts that do not stop at EOS
+``loss_agg``                   ``"token-mean"``     S5 global token mean instead of the paper's
+                                                    per-sequence mean (a convention: it is a
+                                                    bug only where the paper's is intended)
+``kl_aggregation``             ``"per_sequence"``   S5 policy and KL terms on two scales
+``rescale_by_temperature``     ``False``            P6 scoring at τ = 1 what was sampled at τ
+``disable_dropout``            ``False``            P7 dropout left on
+``score_truncated_as_finished`` ``True``            P11 truncated responses scored as finished
+=============================  ===================  ==========================================
+
+``kl_aggregation="with_loss"`` (TRL today) adds the KL per token before the aggregation so both
+terms share one normalisation; ``"per_sequence"`` reproduces the seed's mix: the policy term
+aggregated by ``loss_agg`` but the KL term always as a per-sequence token mean, so the effective β
+depends on the length distribution.
 """
 
 from __future__ import annotations
@@ -33,93 +49,54 @@ import torch
 
 from workbench import losses
 from workbench.distributed import Distributed
-from workbench.rollout import sample
-from workbench.scoring import POSITION_IDS_MODES, response_logprobs
-from workbench.tasks import Problem, encode_prompts, score_responses
-from workbench.trainers.base import (
-    Trainer,
-    TrainerConfig,
-    adamw,
-    apply_dropout_switch,
-    check_finite_loss,
-    clip_and_check_gradients,
-    require,
-    require_choice,
-    sampling_generator,
-    step_generator,
-)
+from workbench.tasks import Problem, score_responses
+from workbench.trainers import base
+from workbench.trainers.base import require, require_choice
+from workbench.trainers.rollout_trainer import RolloutConfig, RolloutTrainer
 
 
 @dataclass
-class GRPOConfig(TrainerConfig):
+class GRPOConfig(RolloutConfig):
+    """GRPOTrainer's hyper-parameters and pitfall switches (the defaults are the fixes)."""
+
+    # ---- Optimisation ----------------------------------------------------------------------
     learning_rate: float = 2e-4
     """AdamW learning rate (RL signal is weak next to Adam's noise: much higher degrades the policy)."""
-    prompts_per_step: int = 8
-    """Distinct prompts per step."""
+    # ---- Rollout ---------------------------------------------------------------------------
     num_generations: int = 8
     """Completions sampled per prompt (the group size G ≥ 2)."""
     num_iterations: int = 1
     """Optimisation passes over each generated batch (μ in the GRPO paper)."""
-    mini_batches: int = 1
-    """Optimiser steps per pass: the batch is split into this many mini-batches of whole groups."""
-    max_new_tokens: int = 8
-    """Longest completion."""
-    temperature: float = 1.0
-    """Sampling temperature; log-probs are recomputed from logits / temperature."""
+    # ---- Policy objective ------------------------------------------------------------------
+    loss_agg: str = "seq-mean-token-mean"
+    """Loss aggregation: verl names or TRL aliases (``grpo``, ``bnpo``, ``dapo``, ``dr_grpo``); see
+    ``losses.aggregate_loss`` for the formulas and how each treats a fully masked row."""
+    scale_rewards: str = "group"
+    """Advantage scaling: ``group``, ``batch`` or ``none`` (Dr. GRPO)."""
     beta: float = 0.0
     """Coefficient of the KL penalty to the reference (0: no reference model is used)."""
     kl_estimator: str = "k3"
     """Per-token KL estimator in the loss: ``k3`` (TRL, unclamped) or ``low_var_kl`` (verl: k3
     clamped to [−10, 10])."""
-    clip_low: float = 0.2
-    """ε_low of the clipped surrogate."""
-    clip_high: float = 0.2
-    """ε_high of the clipped surrogate (DAPO's clip-higher uses e.g. 0.28)."""
-    scale_rewards: str = "group"
-    """Advantage scaling: ``group``, ``batch`` or ``none`` (Dr. GRPO)."""
-    loss_agg: str = "seq-mean-token-mean"
-    """Loss aggregation mode: verl names or TRL aliases (``grpo``, ``bnpo``, ``dapo``, ``dr_grpo``)."""
-    kl_aggregation: str = "with_loss"
-    """S5 switch: ``with_loss`` adds β·KL per token before aggregating (fix); ``per_sequence``
-    normalises the KL per sequence whatever ``loss_agg`` is (the seed's inconsistent variant)."""
     mask_truncated_completions: bool = False
-    """P11: leave completions that never produced EOS out of the loss (TRL's option)."""
+    """P11 option: leave completions that never produced EOS out of the loss (TRL's option)."""
+    # ---- Pitfall switches (the default is the fix) -----------------------------------------
+    kl_aggregation: str = "with_loss"
+    """S5: ``with_loss`` adds β·KL per token before aggregating (fix); ``per_sequence`` normalises
+    the KL per sequence whatever ``loss_agg`` is (the seed's inconsistent variant)."""
     score_truncated_as_finished: bool = False
-    """P11 switch (bug): score a completion that never produced EOS by its text, as if it had
-    finished. Default: the task requires EOS, so a truncated completion scores 0."""
-    missing_eos_penalty: float = 0.0
-    """P11: subtracted from the reward of a completion with no EOS."""
-    rescale_by_temperature: bool = True
-    """P6 switch: recompute log-probs from logits / temperature (fix) or raw logits (bug)."""
-    disable_dropout: bool = True
-    """P7 switch: dropout probabilities set to 0 (fix) or left on with models in train mode (bug)."""
-    position_ids: str = "mask"
-    """Position ids of the training forward: ``mask`` (fix) or ``model`` (S1 bug)."""
-    stop_at_eos: bool = True
-    """Stop decoding once every completion has produced EOS (S3 fix)."""
-    packed: bool = False
-    """Score with padding-free packed batches (one row, restarting position ids, no mask, no
-    cache) instead of padded ones: same numbers up to float noise, less wasted compute."""
+    """P11: True scores a completion that never produced EOS by its text, as if it had finished
+    (bug). Default: the task requires EOS, so a truncated completion scores 0."""
 
     def validate(self) -> None:
         super().validate()
-        require(self, "prompts_per_step", self.prompts_per_step >= 1, "must be ≥ 1")
         require(self, "num_generations", self.num_generations >= 2,
                 "must be ≥ 2: group-relative advantages need at least two completions per prompt")
         require(self, "num_iterations", self.num_iterations >= 1, "must be ≥ 1")
-        require(self, "mini_batches", self.mini_batches >= 1 and self.prompts_per_step % self.mini_batches == 0,
-                "must be ≥ 1 and divide prompts_per_step (mini-batches hold whole groups)")
-        require(self, "max_new_tokens", self.max_new_tokens >= 1, "must be ≥ 1")
-        require(self, "temperature", self.temperature > 0, "must be > 0")
         require(self, "beta", self.beta >= 0, "must be ≥ 0 (a negative β rewards drifting from the reference)")
-        require(self, "clip_low", 0 < self.clip_low < 1, "must be in (0, 1)")
-        require(self, "clip_high", self.clip_high > 0, "must be > 0")
         require_choice(self, "scale_rewards", losses.SCALE_REWARDS)
-        require(self, "loss_agg", self.loss_agg in losses.LOSS_AGG_MODES + tuple(losses.LOSS_AGG_ALIASES),
-                f"is not a loss aggregation mode; valid: {losses.LOSS_AGG_MODES + tuple(losses.LOSS_AGG_ALIASES)}")
         require_choice(self, "kl_aggregation", ("with_loss", "per_sequence"))
         require_choice(self, "kl_estimator", ("k3", "low_var_kl"))
-        require_choice(self, "position_ids", POSITION_IDS_MODES)
 
     @property
     def batch_size(self) -> int:
@@ -171,7 +148,7 @@ def grpo_loss(
     return loss, stats
 
 
-class GRPOTrainer(Trainer):
+class GRPOTrainer(RolloutTrainer):
     progress_keys = ("reward", "loss")
 
     def __init__(self, policy, tokenizer, problems: list[Problem], config: GRPOConfig, reference=None):
@@ -183,8 +160,8 @@ class GRPOTrainer(Trainer):
         if config.beta > 0:
             self.reference = reference if reference is not None else copy.deepcopy(policy)
             self.reference.eval().requires_grad_(False)
-        self.dropout_on = apply_dropout_switch((self.policy, self.reference), config.disable_dropout)
-        self.optimizer = adamw(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        self.dropout_on = base.apply_dropout_switch((self.policy, self.reference), config.disable_dropout)
+        self.optimizer = base.adamw(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
         # Under accelerate: sampling uses self.policy (identical everywhere), training forwards the
         # DDP-wrapped model on this process's shard of rows.
         self.dist = Distributed.current()
@@ -203,25 +180,10 @@ class GRPOTrainer(Trainer):
     def optimizers(self):
         return {"optimizer": self.optimizer}
 
-    def _logprobs(self, model, prompt_ids, prompt_mask, response_ids, response_mask, with_entropy=False):
-        return response_logprobs(
-            model, prompt_ids, prompt_mask, response_ids, response_mask, position_ids=self.config.position_ids,
-            with_entropy=with_entropy, packed=self.config.packed,
-            temperature=self.config.temperature if self.config.rescale_by_temperature else 1.0,
-        )
-
     def train_step(self, step: int) -> dict:
         c = self.config
-        generator = step_generator(c.seed, step)
         # 1. Group sampling: each prompt repeated num_generations times, groups contiguous.
-        picks = torch.randint(len(self.problems), (c.prompts_per_step,), generator=generator).tolist()
-        problems = [self.problems[i] for i in picks for _ in range(c.num_generations)]
-        prompt_ids, prompt_mask = (t.to(self.device) for t in encode_prompts(self.tokenizer, [p.prompt for p in problems]))
-        r = sample(
-            self.policy, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-            eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
-            stop_at_eos=c.stop_at_eos, generator=sampling_generator(generator, self.device, c.seed, step),
-        )
+        problems, r = self.sample_rollout(step, repeats=c.num_generations)
         scored_as_finished = torch.ones_like(r.finished) if c.score_truncated_as_finished else r.finished
         rewards = score_responses(self.tokenizer, problems, r.response_ids, r.response_mask, scored_as_finished).to(self.device)
         rewards = rewards - c.missing_eos_penalty * (~r.finished).float()
@@ -240,22 +202,12 @@ class GRPOTrainer(Trainer):
             groups = torch.arange(start, start + groups_per_mini_batch, device=self.device)
             layout.append(self.dist.shard((groups[:, None] * c.num_generations + offsets).reshape(-1)))
 
-        def score_in_layout(model):
-            """Log-probs of every row, computed mini-batch by mini-batch in the training layout."""
-            out = torch.zeros_like(r.response_ids, dtype=torch.float32)
-            for rows in layout:
-                out[rows] = self._logprobs(model, prompt_ids[rows], prompt_mask[rows], r.response_ids[rows], r.response_mask[rows])
-            return out
-
-        with torch.no_grad():
-            ref_logp = score_in_layout(self.reference) if self.reference is not None else None
-            old_logp = score_in_layout(self.policy) if c.optimizer_steps_per_batch > 1 else None
+        ref_logp = self.score_in_layout(self.reference, r, layout) if self.reference is not None else None
+        old_logp = self.score_in_layout(self.policy, r, layout) if c.optimizer_steps_per_batch > 1 else None
         records: dict[str, list[float]] = {k: [] for k in ("loss", "clip_fraction", "kl", "entropy", "grad_norm", "ratio_deviation_max")}
         for _ in range(c.num_iterations):
             for rows in layout:
-                logp, entropy = self._logprobs(
-                    self.train_policy, prompt_ids[rows], prompt_mask[rows], r.response_ids[rows], r.response_mask[rows], with_entropy=True
-                )
+                logp, entropy = self.logprobs(self.train_policy, r, rows, with_entropy=True)
                 loss, stats = grpo_loss(
                     logp, logp.detach() if old_logp is None else old_logp[rows], advantages[rows], loss_mask[rows],
                     ref_logp=None if ref_logp is None else ref_logp[rows], beta=c.beta, clip_low=c.clip_low,
@@ -263,10 +215,10 @@ class GRPOTrainer(Trainer):
                     kl_estimator=c.kl_estimator, max_len=c.max_new_tokens,
                     normalizer=self._global_normalizer if self.dist.enabled else None,
                 )
-                check_finite_loss(loss)
+                base.check_finite_loss(loss)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                records["grad_norm"].append(clip_and_check_gradients(self.policy.parameters(), c.max_grad_norm))
+                records["grad_norm"].append(base.clip_and_check_gradients(self.policy.parameters(), c.max_grad_norm))
                 self.optimizer.step()
                 # per-process values → global ones (the loss: the sum of the processes' shares)
                 records["loss"].append(float(self.dist.sum(float(loss.detach()))) / self.dist.world_size)

@@ -12,14 +12,28 @@ One step, as in OpenRLHF / verl / "The N implementation details of RLHF with PPO
 5. **Update** — ``ppo_epochs`` passes over shuffled mini-batches: clipped surrogate (ε low/high),
    clipped value loss, gradient clipping, one AdamW step each for actor and critic.
 
-Switches that reproduce the seed bugs (defaults are the fixes):
+π_old is recomputed by default (``old_logprobs="recompute"``, as verl and OpenRLHF): the training
+forward before any update, in the first epoch's mini-batch layout, so ρ = 1 exactly on the first
+mini-batch; the sampler/trainer gap is a separate measured quantity (``first_ratio_deviation``).
 
-* ``position_ids="model"`` (S1): training/scoring forwards do not pass position ids, while the
-  sampler derives them from the mask (as ``generate`` does): on a left-padded batch the first-epoch
-  importance ratio is not 1 and the KL to an identical reference is not 0 — large for GPT-2,
-  float noise for rotary models.
-* ``stop_at_eos=False`` (S3): every rollout decodes ``max_new_tokens`` steps; the extra tokens are
-  thrown away afterwards, so learning is identical and only compute is wasted.
+Pitfall switches (``PPOConfig``; every default is the fix):
+
+==========================  ==================  ===============================================
+switch                      bug value           pitfall
+==========================  ==================  ===============================================
+``position_ids``            ``"model"``         S1 left padding without position ids: log-probs
+                                                shift with the pad count (large for GPT-2, float
+                                                noise for rotary models); with π_old from the
+                                                sampler ρ ≠ 1 and KL ≠ 0 at step 0
+``stop_at_eos``             ``False``           S3 every rollout decodes ``max_new_tokens`` steps;
+                                                learning identical, compute wasted
+``rescale_by_temperature``  ``False``           P6 scoring at τ = 1 what was sampled at τ
+``disable_dropout``         ``False``           P7 dropout left on: ρ ≠ 1, KL ≠ 0 at step 0
+``old_logprobs``            ``"rollout"``       P12 π_old from the sampler (with ``rollout_dtype``
+                                                bf16: a bf16 engine feeding an fp32 trainer);
+                                                ``tis_cap`` is the correction
+``whiten_over``             ``"padded"``        P13 whitening statistics over padded positions
+==========================  ==================  ===============================================
 """
 
 from __future__ import annotations
@@ -31,109 +45,68 @@ import torch
 
 from workbench import losses
 from workbench.critic import ValueModel
-from workbench.rollout import Rollout, sample
-from workbench.scoring import POSITION_IDS_MODES, response_logprobs
-from workbench.tasks import Problem, encode_prompts, score_responses
-from workbench.trainers.base import (
-    Trainer,
-    TrainerConfig,
-    adamw,
-    apply_dropout_switch,
-    check_finite_loss,
-    clip_and_check_gradients,
-    require,
-    require_choice,
-    sampling_generator,
-    step_generator,
-)
+from workbench.rollout import Rollout
+from workbench.tasks import Problem, score_responses
+from workbench.trainers import base
+from workbench.trainers.base import require, require_choice, step_generator
+from workbench.trainers.rollout_trainer import RolloutConfig, RolloutTrainer
 
 
 @dataclass
-class PPOConfig(TrainerConfig):
+class PPOConfig(RolloutConfig):
+    """PPOTrainer's hyper-parameters and pitfall switches (the defaults are the fixes)."""
+
+    # ---- Optimisation ----------------------------------------------------------------------
     learning_rate: float = 1e-4
     """Actor (policy) AdamW learning rate."""
     critic_learning_rate: float = 1e-3
     """Critic AdamW learning rate."""
+    # ---- Rollout ---------------------------------------------------------------------------
     prompts_per_step: int = 32
     """Prompts sampled per step (one response each): the rollout batch."""
     mini_batches: int = 2
     """Optimiser steps per PPO epoch: the rollout batch is split into this many shuffled mini-batches."""
     ppo_epochs: int = 2
     """Passes over the rollout batch per step."""
-    max_new_tokens: int = 8
-    """Longest response the sampler may produce."""
-    temperature: float = 1.0
-    """Sampling temperature; log-probs are recomputed from logits / temperature."""
+    # ---- Reward, advantages, value ---------------------------------------------------------
     kl_coef: float = 0.02
     """β of the per-token KL penalty in the reward."""
     kl_kind: str = "k1"
-    """KL estimator in the reward: ``k1``, ``k2``, ``k3`` (see ``losses.kl_penalty``)."""
+    """KL estimator in the reward: ``k1``, ``k2``, ``k3`` or ``low_var_kl`` (see ``losses.kl_penalty``)."""
     gamma: float = 1.0
     """GAE discount."""
     lam: float = 0.95
     """GAE λ."""
-    clip_low: float = 0.2
-    """ε_low: the ratio is clipped below at 1 − ε_low."""
-    clip_high: float = 0.2
-    """ε_high: the ratio is clipped above at 1 + ε_high."""
     value_clip: float = 0.2
     """Clip range of the value update around the old values."""
     whiten_rewards: bool = False
     """Rescale per-token rewards by their std over real tokens (mean kept)."""
     whiten_advantages: bool = True
     """Whiten advantages over real (unmasked) tokens."""
-    missing_eos_penalty: float = 0.0
-    """Subtracted from the score of a response that never produced EOS (TRL's missing_eos_penalty)."""
-    loss_agg: str = "token-mean"
-    """Aggregation of the per-token policy loss (see ``losses.aggregate_loss``)."""
-    old_logprobs: str = "recompute"
-    """π_old log-probs: ``recompute`` (default, as verl and OpenRLHF: the training forward before
-    any update, in the first epoch's mini-batch layout, so ρ = 1 exactly on the first mini-batch)
-    or ``rollout`` (the sampler's own log-probs, like taking them from an inference engine: the
-    sampler/trainer gap then enters ρ — pitfalls S1 and P12)."""
-    position_ids: str = "mask"
-    """S1 switch: ``mask`` derives position ids from the attention mask (fix); ``model`` leaves them
-    to the model (bug)."""
-    stop_at_eos: bool = True
-    """S3 switch: stop decoding when every row has produced EOS (fix) or always decode
-    ``max_new_tokens`` steps (bug)."""
-    rescale_by_temperature: bool = True
-    """P6 switch: recompute log-probs from logits / temperature (fix) or from raw logits (bug)."""
-    disable_dropout: bool = True
-    """P7 switch: set every dropout probability to 0 in policy, reference and critic (fix), or
-    leave dropout on with every model in train mode (bug)."""
-    rollout_dtype: str = "float32"
-    """P12: dtype of the sampler's copy of the policy (``bfloat16`` mimics a bf16 inference engine
-    feeding an fp32 trainer)."""
     tis_cap: float = 0.0
     """P12 correction: truncated importance sampling, per-token weight min(π_old/π_rollout, cap)
     (0 disables; needs ``old_logprobs="recompute"``)."""
+    # ---- Pitfall switches (the default is the fix) -----------------------------------------
+    old_logprobs: str = "recompute"
+    """P12: π_old from ``recompute`` (fix; verl, OpenRLHF: the training forward before any update,
+    in the first epoch's mini-batch layout, so ρ = 1 exactly on the first mini-batch) or from
+    ``rollout`` (the sampler's own log-probs, as from an inference engine: the sampler/trainer gap
+    then enters ρ and the KL — S1, P6, P12)."""
+    rollout_dtype: str = "float32"
+    """P12: dtype of the sampler's copy of the policy (``bfloat16`` mimics a bf16 inference engine
+    feeding an fp32 trainer)."""
     whiten_over: str = "real"
-    """P13 switch: whiten advantages/rewards over real tokens only (fix) or over every padded
-    position (bug)."""
-    packed: bool = False
-    """Score with padding-free packed batches (one row, restarting position ids, no mask, no
-    cache) instead of padded ones: same numbers up to float noise, less wasted compute."""
+    """P13: whiten advantages/rewards over real tokens only (fix) or over every padded position (bug)."""
 
     def validate(self) -> None:
         super().validate()
-        require(self, "prompts_per_step", self.prompts_per_step >= 1, "must be ≥ 1")
-        require(self, "mini_batches", self.mini_batches >= 1 and self.prompts_per_step % self.mini_batches == 0,
-                "must be ≥ 1 and divide prompts_per_step")
         require(self, "ppo_epochs", self.ppo_epochs >= 1, "must be ≥ 1")
-        require(self, "max_new_tokens", self.max_new_tokens >= 1, "must be ≥ 1")
-        require(self, "temperature", self.temperature > 0, "must be > 0")
         require(self, "kl_coef", self.kl_coef >= 0, "must be ≥ 0 (a negative β rewards drifting away)")
         require_choice(self, "kl_kind", losses.KL_KINDS)
         require(self, "gamma", 0 <= self.gamma <= 1, "must be in [0, 1]")
         require(self, "lam", 0 <= self.lam <= 1, "must be in [0, 1]")
-        require(self, "clip_low", 0 < self.clip_low < 1, "must be in (0, 1)")
-        require(self, "clip_high", self.clip_high > 0, "must be > 0")
         require(self, "value_clip", self.value_clip > 0, "must be > 0")
-        require(self, "loss_agg", self.loss_agg in losses.LOSS_AGG_MODES + tuple(losses.LOSS_AGG_ALIASES),
-                f"is not a loss aggregation mode {losses.LOSS_AGG_MODES}")
         require_choice(self, "old_logprobs", ("rollout", "recompute"))
-        require_choice(self, "position_ids", POSITION_IDS_MODES)
         require_choice(self, "rollout_dtype", ("float32", "bfloat16", "float16"))
         require(self, "tis_cap", self.tis_cap == 0 or (self.tis_cap >= 1 and self.old_logprobs == "recompute"),
                 "must be 0 (off) or ≥ 1 with old_logprobs='recompute' (TIS reweights rollout samples to π_old)")
@@ -148,7 +121,7 @@ def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     return losses.zero_masked(rewards, mask)
 
 
-class PPOTrainer(Trainer):
+class PPOTrainer(RolloutTrainer):
     progress_keys = ("reward", "kl", "policy_loss")
 
     def __init__(self, policy, tokenizer, problems: list[Problem], config: PPOConfig, reference=None, critic=None):
@@ -159,15 +132,15 @@ class PPOTrainer(Trainer):
         self.reference = reference if reference is not None else copy.deepcopy(policy)
         self.reference.eval().requires_grad_(False)
         self.critic = critic if critic is not None else ValueModel.from_policy(policy, seed=config.seed)
-        self.dropout_on = apply_dropout_switch((self.policy, self.reference, self.critic), config.disable_dropout)
+        self.dropout_on = base.apply_dropout_switch((self.policy, self.reference, self.critic), config.disable_dropout)
         self.rollout_model = None
         if config.rollout_dtype != "float32":  # P12: a lower-precision copy samples, the fp32 policy trains
             self.rollout_model = copy.deepcopy(policy).to(getattr(torch, config.rollout_dtype)).requires_grad_(False)
             self.rollout_model.train(self.dropout_on)
         self.device = next(policy.parameters()).device
         self.critic.to(self.device)
-        self.policy_optimizer = adamw(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
-        self.critic_optimizer = adamw(self.critic.parameters(), lr=config.critic_learning_rate, weight_decay=0.0)
+        self.policy_optimizer = base.adamw(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        self.critic_optimizer = base.adamw(self.critic.parameters(), lr=config.critic_learning_rate, weight_decay=0.0)
 
     def modules(self):
         return {"policy": self.policy, "critic": self.critic}
@@ -177,29 +150,13 @@ class PPOTrainer(Trainer):
 
     # -- 1–2: rollout and score ------------------------------------------------------------------
     def rollout(self, step: int) -> tuple[list[Problem], Rollout, torch.Tensor]:
-        c = self.config
-        generator = step_generator(c.seed, step)
-        picks = torch.randint(len(self.problems), (c.prompts_per_step,), generator=generator).tolist()
-        problems = [self.problems[i] for i in picks]
-        prompt_ids, prompt_mask = (t.to(self.device) for t in encode_prompts(self.tokenizer, [p.prompt for p in problems]))
-        sampler = self.policy
-        if self.rollout_model is not None:
+        sampler = None
+        if self.rollout_model is not None:  # P12: the lower-precision copy samples
             self.rollout_model.load_state_dict(self.policy.state_dict())
             sampler = self.rollout_model
-        rollout = sample(
-            sampler, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-            eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
-            stop_at_eos=c.stop_at_eos, generator=sampling_generator(generator, self.device, c.seed, step),
-        )
+        problems, rollout = self.sample_rollout(step, sampler=sampler)
         scores = score_responses(self.tokenizer, problems, rollout.response_ids, rollout.response_mask, rollout.finished).to(self.device)
         return problems, rollout, scores
-
-    def _logprobs(self, model, r: Rollout, rows=slice(None), with_entropy=False):
-        return response_logprobs(
-            model, r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows],
-            position_ids=self.config.position_ids, with_entropy=with_entropy, packed=self.config.packed,
-            temperature=self.config.temperature if self.config.rescale_by_temperature else 1.0,
-        )
 
     def _values(self, r: Rollout, rows=slice(None)):
         return self.critic.response_values(
@@ -220,22 +177,15 @@ class PPOTrainer(Trainer):
         size = c.prompts_per_step // c.mini_batches
         first_epoch = [orders[0][start : start + size] for start in range(0, c.prompts_per_step, size)]
 
-        def score_in_layout(model):
-            """Response log-probs of every row, mini-batch by mini-batch as the first epoch sees them."""
-            out = torch.zeros_like(r.response_ids, dtype=torch.float32)
-            for rows in first_epoch:
-                out[rows] = self._logprobs(model, r, rows)
-            return out
-
         # 3. Reward shaping with a KL penalty to the frozen reference.
         whiten = losses.masked_whiten if c.whiten_over == "real" else (lambda x, m, **kw: losses.naive_whiten(x, **kw) * m)
         with torch.no_grad():
             # The training forward's view of the sampled tokens before any update. Against the
             # sampler's own log-probs it must give ρ = 1 up to float noise (S1, P6 and P12 break this).
-            policy_logp = score_in_layout(self.policy)
+            policy_logp = self.score_in_layout(self.policy, r, first_epoch)
             first_ratio_deviation = float(losses.zero_masked((policy_logp - r.rollout_logprobs).exp() - 1, mask).abs().max())
             old_logp = r.rollout_logprobs if c.old_logprobs == "rollout" else policy_logp
-            ref_logp = score_in_layout(self.reference)
+            ref_logp = self.score_in_layout(self.reference, r, first_epoch)
             old_values = losses.zero_masked(self._values(r), mask)
             kl = losses.zero_masked(losses.kl_penalty(old_logp, ref_logp, c.kl_kind), mask)
             rewards = -c.kl_coef * kl + last_token_rewards(penalised, mask)
@@ -255,7 +205,7 @@ class PPOTrainer(Trainer):
             for start in range(0, c.prompts_per_step, size):
                 rows = order[start : start + size]
                 mb_mask = mask[rows]
-                logp, entropy = self._logprobs(self.policy, r, rows, with_entropy=True)
+                logp, entropy = self.logprobs(self.policy, r, rows, with_entropy=True)
                 with torch.no_grad():
                     ratio_deviations.append(float(losses.zero_masked((logp.detach() - old_logp[rows]).exp() - 1, mb_mask).abs().max()))
                 policy_loss, policy_stats = losses.ppo_policy_loss(
@@ -264,13 +214,13 @@ class PPOTrainer(Trainer):
                 )
                 values = self._values(r, rows)
                 value_loss, value_clip_fraction = losses.ppo_value_loss(values, old_values[rows], returns[rows], mb_mask, c.value_clip)
-                check_finite_loss(policy_loss, "policy loss")
-                check_finite_loss(value_loss, "value loss")
+                base.check_finite_loss(policy_loss, "policy loss")
+                base.check_finite_loss(value_loss, "value loss")
                 self.policy_optimizer.zero_grad(set_to_none=True)
                 self.critic_optimizer.zero_grad(set_to_none=True)
                 (policy_loss + value_loss).backward()
-                grad_norm = clip_and_check_gradients(self.policy.parameters(), c.max_grad_norm)
-                clip_and_check_gradients(self.critic.parameters(), c.max_grad_norm)
+                grad_norm = base.clip_and_check_gradients(self.policy.parameters(), c.max_grad_norm)
+                base.clip_and_check_gradients(self.critic.parameters(), c.max_grad_norm)
                 self.policy_optimizer.step()
                 self.critic_optimizer.step()
                 stats["policy_loss"].append(float(policy_loss.detach()))

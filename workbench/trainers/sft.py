@@ -22,6 +22,8 @@ from workbench.trainers.base import Trainer, TrainerConfig, adamw, check_finite_
 
 @dataclass
 class SFTConfig(TrainerConfig):
+    """SFTTrainer's hyper-parameters (supervised fine-tuning on the task) and the P8 switch."""
+
     batch_size: int = 64
     """Examples per optimisation step."""
     warmup_steps: int = 50

@@ -1,0 +1,110 @@
+"""Pitfall P17: which token ends a response — three sources that can disagree.
+
+A checkpoint names its stop token in three places: ``tokenizer.eos_token``,
+``generation_config.eos_token_id`` (an id or a list), and, implicitly, its chat template, which
+ends every assistant turn with some token (``<|im_end|>`` in ChatML, ``<|eot_id|>`` in Llama 3).
+A base checkpoint fine-tuned on chat data (Qwen3 #927; the rlhf-book Qwen3 SFT write-up) learns
+to end turns with the template's token while its tokenizer and generation config still say
+``<|endoftext|>``. Then:
+
+* a rollout that stops on the generation config's EOS never stops: the policy emits its turn end
+  and keeps going to the length limit, and every response is "truncated";
+* a rollout that does stop on the turn end but a trainer that recognises only the tokenizer's
+  EOS counts every response as truncated (missing-EOS penalty, overlong filtering, zero reward).
+
+The fix: stop ids = tokenizer EOS ∪ generation-config EOS ∪ the template's turn end, used both
+to stop sampling and to decide that a response finished.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.batching import pad_sequences
+from workbench.rollout import sample
+
+SOURCES = ("tokenizer", "generation_config", "template_turn_end")
+
+
+def template_turn_end(tokenizer) -> int | None:
+    """The special token the chat template writes right after an assistant message (None without a template)."""
+    from workbench.realistic import template_turn_end as turn_end
+
+    return turn_end(tokenizer) if getattr(tokenizer, "chat_template", None) else None
+
+
+def stop_id_sources(generation_config, tokenizer) -> dict[str, list[int]]:
+    """The stop ids each source names: ``{"tokenizer", "generation_config", "template_turn_end"}``."""
+    config = generation_config.eos_token_id
+    config = [] if config is None else [config] if isinstance(config, int) else list(config)
+    turn_end = template_turn_end(tokenizer)
+    return {"tokenizer": [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id],
+            "generation_config": config, "template_turn_end": [] if turn_end is None else [turn_end]}
+
+
+def union_stop_ids(sources: dict[str, list[int]], use: tuple[str, ...] = SOURCES) -> list[int]:
+    """Sorted, de-duplicated stop ids of the sources named in ``use`` (the fix: all three)."""
+    unknown = set(use) - set(SOURCES)
+    if unknown:
+        raise ValueError(f"unknown stop-id sources {sorted(unknown)}; use any of {SOURCES}")
+    ids = sorted({i for name in use for i in sources[name]})
+    if not ids:
+        raise ValueError(f"no stop id in the sources {use}: the policy could never stop")
+    return ids
+
+
+def audit(folder) -> dict:
+    """For a checkpoint folder: the sources, their union, and whether the template's turn end is a
+    stop id of the tokenizer / the generation config (None without a template)."""
+    from transformers import GenerationConfig
+
+    from workbench.realistic import load_tokenizer
+
+    sources = stop_id_sources(GenerationConfig.from_pretrained(str(folder), local_files_only=True), load_tokenizer(folder))
+    turn_end = sources["template_turn_end"]
+    covered = {name: (set(turn_end) <= set(sources[name])) if turn_end else None for name in ("tokenizer", "generation_config")}
+    return {"sources": sources, "union": union_stop_ids(sources), "turn_end_covered_by": covered}
+
+
+def chat_prompt_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+    rendered = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+                for p in prompts]
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in rendered]
+
+
+@torch.no_grad()
+def rollout_under(model, tokenizer, prompts: list[str], *, stop_ids: list[int], finished_ids: list[int],
+                  max_new_tokens: int = 32, seed: int = 0) -> dict:
+    """Sample responses that stop on ``stop_ids``; count a response finished when it contains one
+    of ``finished_ids`` (what the trainer recognises as EOS). Returns the costs and the counts."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    ids, mask = pad_sequences(chat_prompt_ids(tokenizer, prompts), pad, side="left")
+    rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=pad,
+                     generator=torch.Generator().manual_seed(seed))
+    counted = torch.isin(rollout.response_ids, torch.tensor(finished_ids)) & rollout.response_mask.bool()
+    finished = counted.any(-1)
+    return {
+        "stopped_fraction": float(rollout.finished.float().mean()),
+        "counted_finished_fraction": float(finished.float().mean()),
+        "truncated_fraction": 1.0 - float(finished.float().mean()),
+        "mean_length": float(rollout.response_lengths.float().mean()),
+        "tokens_generated_per_response": rollout.tokens_generated / len(prompts),
+        "example": tokenizer.decode(rollout.response_ids[0][rollout.response_mask[0].bool()]),
+    }
+
+
+def scenarios(sources: dict[str, list[int]]) -> dict[str, dict[str, list[int]]]:
+    """The configurations compared: ``{name: {"stop_ids", "finished_ids"}}``."""
+    union = union_stop_ids(sources)
+    return {
+        "stop on generation config": {"stop_ids": union_stop_ids(sources, ("generation_config",)),
+                                      "finished_ids": union_stop_ids(sources, ("generation_config",))},
+        "stop on turn end, count tokenizer EOS": {"stop_ids": union_stop_ids(sources, ("template_turn_end",)),
+                                                  "finished_ids": union_stop_ids(sources, ("tokenizer",))},
+        "union of all three (fix)": {"stop_ids": union, "finished_ids": union},
+    }
+
+
+def verdict(bug_truncated: float, fix_truncated: float, *, signature: float = 0.5, tolerance: float = 0.1) -> tuple[bool, bool]:
+    """``(reproduced, fixed)``: most responses counted truncated with a partial stop set, few with the union."""
+    return bug_truncated > signature, fix_truncated < tolerance

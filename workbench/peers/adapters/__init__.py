@@ -1,0 +1,3 @@
+"""Adapters: one module per peer, each run inside that peer's environment as
+``python -m workbench.peers.adapters.<name> '<json args>'``; they import only the peer, torch,
+``workbench.audit`` and ``workbench.peers.protocol``."""

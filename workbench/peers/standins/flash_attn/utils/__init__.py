@@ -1,0 +1,1 @@
+"""STAND-IN for ``flash_attn.utils`` (see ../../README.md)."""

@@ -1,0 +1,126 @@
+"""What PPO and GRPO share: sampling a rollout, scoring it with the training forward, and the
+pitfall switches of both.
+
+``RolloutConfig`` holds the fields the two configs had in common (the rollout, the clipped
+objective, and the switches of pitfalls S1, S3, P6, P7); ``RolloutTrainer`` holds the three steps
+both trainers take the same way:
+
+* ``sample_rollout`` — pick prompts with the step's seeded generator, left-pad them, sample at the
+  configured temperature, stop at EOS (or not: S3);
+* ``logprobs`` — the training forward's per-token log-probs of the sampled responses, with the
+  position-id (S1) and temperature (P6) switches and optional packing;
+* ``score_in_layout`` — the same, computed mini-batch by mini-batch in the layout the optimiser
+  steps will see, so that π_old and the reference are scored by exactly the forward that trains
+  (ρ = 1 and KL = 0 before any update, also in bf16: see ``tests/test_invariances.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workbench import losses
+from workbench.rollout import Rollout, sample
+from workbench.scoring import POSITION_IDS_MODES, response_logprobs
+from workbench.tasks import Problem, encode_prompts
+from workbench.trainers.base import Trainer, TrainerConfig, require, require_choice, sampling_generator, step_generator
+
+
+@dataclass
+class RolloutConfig(TrainerConfig):
+    """What PPO and GRPO configs share: the rollout, the clipped objective, S1/S3/P6/P7 switches."""
+
+    # ---- Rollout ---------------------------------------------------------------------------
+    prompts_per_step: int = 8
+    """Distinct prompts sampled per step."""
+    mini_batches: int = 1
+    """Optimiser steps per pass over the rollout batch (the batch is split into this many mini-batches)."""
+    max_new_tokens: int = 8
+    """Longest response the sampler may produce."""
+    temperature: float = 1.0
+    """Sampling temperature; the training forward divides the logits by it too (unless P6's switch is on)."""
+    missing_eos_penalty: float = 0.0
+    """Subtracted from the reward of a response that never produced EOS (TRL's ``missing_eos_penalty``)."""
+    # ---- Policy objective ------------------------------------------------------------------
+    clip_low: float = 0.2
+    """ε_low: the importance ratio is clipped below at 1 − ε_low."""
+    clip_high: float = 0.2
+    """ε_high: the ratio is clipped above at 1 + ε_high (DAPO's clip-higher uses e.g. 0.28)."""
+    loss_agg: str = "token-mean"
+    """Aggregation of the per-token loss: verl names or TRL aliases (see ``losses.aggregate_loss``)."""
+    # ---- Efficiency ------------------------------------------------------------------------
+    packed: bool = False
+    """Score with padding-free packed batches (one row, restarting position ids, no mask, no
+    cache) instead of padded ones: same numbers up to float noise, less wasted compute."""
+    # ---- Pitfall switches (the default is the fix) -----------------------------------------
+    position_ids: str = "mask"
+    """S1: ``mask`` derives the training forward's position ids from the attention mask (fix);
+    ``model`` leaves them to the model, shifted by each row's left padding (bug)."""
+    stop_at_eos: bool = True
+    """S3: stop decoding once every row has produced EOS (fix); False decodes ``max_new_tokens``
+    steps every time and throws the tail away (bug)."""
+    rescale_by_temperature: bool = True
+    """P6: recompute log-probs from logits / temperature (fix); False scores raw logits (bug)."""
+    disable_dropout: bool = True
+    """P7: set every dropout probability to 0 in every model (fix); False leaves dropout on with the
+    models in train mode (bug)."""
+
+    def validate(self) -> None:
+        super().validate()
+        require(self, "prompts_per_step", self.prompts_per_step >= 1, "must be ≥ 1")
+        require(self, "mini_batches", self.mini_batches >= 1 and self.prompts_per_step % self.mini_batches == 0,
+                "must be ≥ 1 and divide prompts_per_step")
+        require(self, "max_new_tokens", self.max_new_tokens >= 1, "must be ≥ 1")
+        require(self, "temperature", self.temperature > 0, "must be > 0")
+        require(self, "missing_eos_penalty", self.missing_eos_penalty >= 0, "must be ≥ 0 (it is subtracted)")
+        require(self, "clip_low", 0 < self.clip_low < 1, "must be in (0, 1)")
+        require(self, "clip_high", self.clip_high > 0, "must be > 0")
+        valid = losses.LOSS_AGG_MODES + tuple(losses.LOSS_AGG_ALIASES)
+        require(self, "loss_agg", self.loss_agg in valid, f"is not a loss aggregation mode; valid: {valid}")
+        require_choice(self, "position_ids", POSITION_IDS_MODES)
+
+    @property
+    def scoring_temperature(self) -> float:
+        """The temperature the training forward divides by (1 with P6's bug switched on)."""
+        return self.temperature if self.rescale_by_temperature else 1.0
+
+
+class RolloutTrainer(Trainer):
+    """Base of PPO and GRPO: subclasses set ``policy``, ``tokenizer``, ``problems``, ``config``,
+    ``device`` and implement ``train_step``."""
+
+    config: RolloutConfig
+    problems: list[Problem]
+
+    def sample_rollout(self, step: int, *, repeats: int = 1, sampler=None) -> tuple[list[Problem], Rollout]:
+        """Pick ``prompts_per_step`` prompts with the step's generator (each ``repeats`` times in a
+        row: GRPO's groups) and sample one response for each row with ``sampler`` (the policy)."""
+        c = self.config
+        generator = step_generator(c.seed, step)
+        picks = torch.randint(len(self.problems), (c.prompts_per_step,), generator=generator).tolist()
+        problems = [self.problems[i] for i in picks for _ in range(repeats)]
+        prompt_ids, prompt_mask = (t.to(self.device) for t in encode_prompts(self.tokenizer, [p.prompt for p in problems]))
+        rollout = sample(
+            self.policy if sampler is None else sampler, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens,
+            temperature=c.temperature, eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
+            stop_at_eos=c.stop_at_eos, generator=sampling_generator(generator, self.device, c.seed, step),
+        )
+        return problems, rollout
+
+    def logprobs(self, model, r: Rollout, rows=slice(None), with_entropy: bool = False):
+        """The training forward's log-probs (B, R) of the sampled responses of ``rows``."""
+        c = self.config
+        return response_logprobs(
+            model, r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows],
+            position_ids=c.position_ids, with_entropy=with_entropy, packed=c.packed, temperature=c.scoring_temperature,
+        )
+
+    @torch.no_grad()
+    def score_in_layout(self, model, r: Rollout, layout: list[torch.Tensor]) -> torch.Tensor:
+        """Log-probs of every row, computed mini-batch by mini-batch in the training ``layout``
+        (a list of row-index tensors), so they come from exactly the forward that trains."""
+        out = torch.zeros_like(r.response_ids, dtype=torch.float32)
+        for rows in layout:
+            out[rows] = self.logprobs(model, r, rows)
+        return out
