@@ -11,7 +11,8 @@ set it to False).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt

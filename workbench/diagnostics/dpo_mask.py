@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from workbench.trainers.dpo import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
 from workbench.errors import PromptMaskError  # noqa: F401  (re-exported)
+from workbench.trainers.dpo import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
 
 
 def check_prompt_lengths(num_rows: int, prompt_lengths: list[int]) -> None:

@@ -18,7 +18,8 @@ from workbench.rollout import Rollout, sample
 from workbench.tasks import encode_prompts
 
 
-def rollout_pair(model, tokenizer, prompts: list[str], *, max_new_tokens: int, seed: int = 0, temperature: float = 1.0) -> dict[str, Rollout]:
+def rollout_pair(model, tokenizer, prompts: list[str], *, max_new_tokens: int, seed: int = 0,
+                 temperature: float = 1.0) -> dict[str, Rollout]:
     """The same prompts sampled with ``stop_at_eos`` True (fix) and False (bug), same random stream."""
     ids, mask = encode_prompts(tokenizer, prompts)
     out = {}

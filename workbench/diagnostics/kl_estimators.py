@@ -52,7 +52,7 @@ def value_stats(policy, reference, input_ids, attention_mask, positions) -> dict
 def _flat_grad(model, scalar) -> torch.Tensor:
     params = [p for p in model.parameters() if p.requires_grad]
     grads = torch.autograd.grad(scalar, params, retain_graph=True, allow_unused=True)
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params, strict=True)])
 
 
 def gradient_comparison(policy, reference, input_ids, attention_mask, positions) -> dict:

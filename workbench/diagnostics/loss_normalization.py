@@ -59,7 +59,7 @@ def effective_kl_coefficient(lengths: list[int], beta: float, loss_agg: str) -> 
     term by ``loss_agg`` (the seed's mix): β · w_KL / w_policy, with w_KL = 1/(B·L_i)."""
     policy = analytic_token_weights(lengths, loss_agg)
     kl = analytic_token_weights(lengths, "seq-mean-token-mean")
-    return [beta * k / p if p > 0 else 0.0 for k, p in zip(kl, policy)]
+    return [beta * k / p if p > 0 else 0.0 for k, p in zip(kl, policy, strict=True)]
 
 
 def zero_loss_probe(model, tokenizer, prompt: str, completions: list[str], rewards: list[float], modes=losses.LOSS_AGG_MODES,

@@ -25,8 +25,8 @@ import torch
 
 from workbench import plots
 from workbench.batching import pad_sequences, padding_side_of
-from workbench.rollout import truncate_after_eos
 from workbench.errors import RightPaddingError  # noqa: F401  (re-exported)
+from workbench.rollout import truncate_after_eos
 
 TRANSFORMERS_MESSAGE = (
     "You are attempting to perform batched generation with padding_side='right' this may lead to unexpected "
@@ -88,7 +88,7 @@ def greedy_continuations(model, tokenizer, prompts: list[str], *, side: str, max
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_cache=True,
     )
     continuation, keep = truncate_after_eos(out[:, ids.shape[1]:], tokenizer.eos_token_id, tokenizer.pad_token_id)
-    return [row[k.bool()].tolist() for row, k in zip(continuation, keep)]
+    return [row[k.bool()].tolist() for row, k in zip(continuation, keep, strict=True)]
 
 
 def generation_divergence(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 6) -> dict:
@@ -97,7 +97,7 @@ def generation_divergence(model, tokenizer, prompts: list[str], *, max_new_token
     result = {"rows": len(prompts), "alone": alone}
     for side in ("left", "right"):
         batched = greedy_continuations(model, tokenizer, prompts, side=side, max_new_tokens=max_new_tokens)
-        result[f"{side}_divergent_rows"] = sum(a != b for a, b in zip(alone, batched))
+        result[f"{side}_divergent_rows"] = sum(a != b for a, b in zip(alone, batched, strict=True))
         result[side] = batched
     return result
 

@@ -54,7 +54,7 @@ def logprob_drift(
     """max |log p_padded − log p_alone| over every real token of every row."""
     alone = logprobs_alone(model, rows)
     padded = logprobs_padded(model, rows, pad_token_id=pad_token_id, side=side, extra_pad=extra_pad, position_ids=position_ids)
-    return max(float((a - p).abs().max()) for a, p in zip(alone, padded) if len(a))
+    return max(float((a - p).abs().max()) for a, p in zip(alone, padded, strict=True) if len(a))
 
 
 def drift_table(model, rows, *, pad_token_id: int, extra_pads=(0, 4, 16), sides=("left", "right")) -> list[dict]:
