@@ -166,3 +166,27 @@ def test_perturbed_copy_is_seeded_and_leaves_the_original():
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
     assert any(not torch.equal(p, q) for p, q in zip(a.parameters(), model.parameters(), strict=True))
+
+
+def test_plot_bands_draws_mean_and_band():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {"bug": [[{"step": i, "x": float(i + d)} for i in range(5)] for d in (0, 2)], "fix": [[{"step": i, "x": 0.0} for i in range(5)]]}
+    fig, ax = plt.subplots()
+    comparison.plot_bands(ax, runs, "x", "x", window=2)
+    lines = ax.get_lines()
+    assert [line.get_label() for line in lines] == ["bug (n=2)", "fix (n=1)"]
+    assert list(lines[0].get_ydata()) == [1.5, 2.5, 3.5, 4.5] and len(ax.collections) == 1  # one band: the 2-seed run
+    plt.close(fig)
+
+
+@pytest.mark.slow
+def test_train_variants_in_processes_matches_serial():
+    kwargs = dict(steps=1, seeds=(0, 1), problems=16, prompts_per_step=4, mini_batches=1, max_new_tokens=4)
+    variants = {"a": {"whiten_over": "real"}}
+    serial = comparison.train_variants("ppo", "tiny-arith-qwen2", variants, **kwargs)
+    parallel = comparison.train_variants("ppo", "tiny-arith-qwen2", variants, processes=2, **kwargs)
+    assert [[h["reward"] for h in run] for run in serial["a"]] == [[h["reward"] for h in run] for run in parallel["a"]]

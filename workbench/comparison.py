@@ -23,15 +23,43 @@ import numpy as np
 
 
 def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: int, seeds=(0,), problems: int = 64,
-                   before=None, **common) -> dict[str, list[list[dict]]]:
+                   before=None, processes: int = 1, **common) -> dict[str, list[list[dict]]]:
     """``{label: [history of seed 0, history of seed 1, …]}`` for ``kind`` in ("ppo", "grpo").
 
     Every run loads ``model`` afresh; ``before(policy)`` (optional) edits it before training (e.g.
     switch dropout on); ``common`` goes to every config, ``variants[label]`` to that variant's.
+    ``processes`` > 1 runs the (variant, seed) pairs in that many worker processes, each with its
+    share of the CPU threads (``before`` must then be picklable: a module-level function or a
+    ``functools.partial`` of one). Results do not depend on ``processes``.
     """
+    jobs = [(label, seed) for label in variants for seed in seeds]
+    if processes > 1 and len(jobs) > 1:
+        import multiprocessing
+        import os
+        from concurrent.futures import ProcessPoolExecutor
+
+        threads = max(1, (os.cpu_count() or 1) // processes)
+        with ProcessPoolExecutor(max_workers=min(processes, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_train_one, kind, model, {**common, **variants[label]}, steps, seed, problems, before, threads)
+                       for label, seed in jobs]
+            histories = [f.result() for f in futures]
+    else:
+        histories = [_train_one(kind, model, {**common, **variants[label]}, steps, seed, problems, before) for label, seed in jobs]
+    runs: dict[str, list[list[dict]]] = {label: [] for label in variants}
+    for (label, _), history in zip(jobs, histories, strict=True):
+        runs[label].append(history)
+    return runs
+
+
+def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, problems: int, before=None,
+               threads: int | None = None) -> list[dict]:
+    import torch
+
     from workbench.models import load
     from workbench.tasks import rl_problems
 
+    if threads is not None:
+        torch.set_num_threads(threads)
     if kind == "ppo":
         from workbench.trainers.ppo import PPOConfig as Config
         from workbench.trainers.ppo import PPOTrainer as Trainer
@@ -40,16 +68,30 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
         from workbench.trainers.grpo import GRPOTrainer as Trainer
     else:
         raise ValueError(f"kind={kind!r}: choose 'ppo' or 'grpo'")
-    runs: dict[str, list[list[dict]]] = {}
-    for label, switches in variants.items():
-        runs[label] = []
-        for seed in seeds:
-            policy, tokenizer = load(model)
-            if before is not None:
-                before(policy)
-            config = Config(steps=steps, seed=seed, progress=False, **{**common, **switches})
-            runs[label].append(Trainer(policy, tokenizer, rl_problems(problems), config).train())
-    return runs
+    policy, tokenizer = load(model)
+    if before is not None:
+        before(policy)
+    config = Config(steps=steps, seed=seed, progress=False, **switches)
+    return Trainer(policy, tokenizer, rl_problems(problems), config).train()
+
+
+def plot_bands(ax, runs: dict[str, list[list[dict]]], key: str, ylabel: str, colors: dict | None = None, *, window: int = 1) -> None:
+    """Mean over seeds per variant (a line, aligned moving average when ``window`` > 1) with a ± std band;
+    one seed draws the line alone."""
+    from workbench import plots
+
+    for i, (label, histories) in enumerate(runs.items()):
+        values = np.array([[h[key] for h in run] for run in histories], dtype=float)
+        x, mean = plots.smooth(np.nanmean(values, axis=0), window)
+        color = (colors or {}).get(label)
+        line, = ax.plot(x, mean, ls=plots.LINE_STYLES[i % 4], marker=plots.MARKERS[i % 6], markevery=max(1, len(x) // 8),
+                        markersize=4, color=color, zorder=10 - i, label=f"{label} (n={len(histories)})")
+        if len(histories) > 1:
+            _, std = plots.smooth(np.nanstd(values, axis=0, ddof=1), window)
+            ax.fill_between(x, np.array(mean) - std, np.array(mean) + std, color=line.get_color(), alpha=0.15, lw=0)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel + (" (mean ± std over seeds)" if max(len(h) for h in runs.values()) > 1 else ""))
+    ax.legend(fontsize=8)
 
 
 def first_seed(runs: dict[str, list[list[dict]]]) -> dict[str, list[dict]]:
