@@ -105,7 +105,7 @@ def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html:
     seconds = time.perf_counter() - start
     if render_html and output.is_file():
         try:
-            render_notebook_html(output, f"{info.stem} — {info.purpose}" if info.purpose else None)
+            render_notebook_html(output)
         except Exception as exc:
             error = error or f"HTML rendering failed: {exc}"
     metrics = read_metrics(out_dir)
