@@ -16,7 +16,7 @@ EOS_COLOR = "#E69F00"  # orange: EOS cells in token grids
 # Colours for series that are neither the bug nor the fix (modes, estimators, variants). The first two
 # are not BUG_COLOR/FIX_COLOR, so a loop over modes never paints one mode as "the fix"; indices 2–7
 # are unchanged from earlier releases (other modules pick them by index).
-SERIES_COLORS = ["#882255", "#44AA99", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#999933", "#000000"]
+SERIES_COLORS = ["#882255", "#332288", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#999933", "#000000"]
 LINE_STYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D", "v", "P"]
 

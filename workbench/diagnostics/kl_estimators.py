@@ -122,7 +122,7 @@ def verdict(values: dict, gradients: dict, *, no_gradient: float = 1e-3, agreeme
     return bool(reproduced), bool(fixed)
 
 
-STYLES = {"k1": ("o", "-", 8), "k2": ("s", "--", 5), "k3": ("^", ":", 5),
+STYLES = {"k1": ("o", "-", 10), "k2": ("s", "--", 5), "k3": ("^", ":", 6),
           "k1 in reward": ("o", "-", 9), "k1 in loss": ("x", "-", 6), "k2 in loss": ("s", "--", 5), "k3 in loss": ("^", ":", 6)}
 
 

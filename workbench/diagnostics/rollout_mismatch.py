@@ -81,7 +81,6 @@ def plot_mismatch(axes, results: dict, cap: float, caps=None) -> None:
             shares = [100 * f for f in clipped_fraction_by_cap(r["log_ratio"], caps)]
             axes[1].plot(caps, shares, "o-", color=colors.get(name), label=name)
     axes[1].axvline(cap, color=plots.NEUTRAL_COLOR, ls="--", label=f"chosen cap C = {cap}")
-    axes[1].set_xscale("log")
     axes[1].set_xlabel("TIS cap C (importance ratio)")
     axes[1].set_ylabel("tokens with ratio > C: reweighted by TIS (%)")
     axes[1].legend()
