@@ -111,18 +111,13 @@ def padding_side_explorer(models: dict[str, tuple], prompts: list[str]) -> Explo
 # --------------------------------------------------------------------------------------------
 def eos_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
     """Decoding steps and wasted tokens with and without EOS stopping."""
-    from workbench.diagnostics.eos import generation_cost, rollout_pair
+    from workbench.diagnostics.eos import cost_sweep, plot_generation_cost
 
     def draw(batch_size, max_new_tokens):
-        pair = rollout_pair(model, tokenizer, prompts[:batch_size], max_new_tokens=max_new_tokens, seed=seed)
-        costs = {name: generation_cost(r) for name, r in pair.items()}
-        fig, ax = plt.subplots(figsize=(6, 2.8))
-        ax.bar(["always max_new_tokens (bug)", "stop at EOS (fix)"], [costs["bug"]["tokens_generated"], costs["fix"]["tokens_generated"]],
-               color=[plots.BUG_COLOR, plots.FIX_COLOR])
-        ax.axhline(costs["fix"]["tokens_needed"], color=plots.NEUTRAL_COLOR, ls="--", label="tokens needed")
-        ax.set_ylabel("tokens generated per batch")
-        ax.legend()
-        return costs
+        costs = cost_sweep(model, tokenizer, prompts, [batch_size], max_new_tokens=max_new_tokens, seed=seed)
+        fig, axes = plt.subplots(1, 3, figsize=(12, 2.8))
+        plot_generation_cost(axes, costs)
+        return costs[batch_size]
 
     controls = {
         "batch_size": widgets.IntSlider(value=16, min=1, max=len(prompts), description="batch size"),
