@@ -8,8 +8,8 @@ larger than the noise:
 
 * with several seeds the noise is the standard error of the per-seed differences (paired seeds:
   both variants see the same prompts and initial samples);
-* with one seed the only noise estimate is the step-to-step spread of the runs' final steps, so
-  the sentence says so ("one seed").
+* with one seed the only noise estimate is the step-to-step spread of the two runs' difference over
+  the final steps (a conservative stand-in), and the sentence says so ("one seed").
 
 The conclusion is chosen by the numbers (``Effect.larger_than_noise``), never typed in a notebook.
 """
@@ -131,9 +131,9 @@ def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, f
     """Compare ``runs[bug]`` with ``runs[fix]`` on the tail mean of ``key``.
 
     The effect counts as real when |difference| > ``factor`` × noise (≈ a 95 % interval): the
-    standard error of the paired per-seed differences with ≥ 2 seeds; with one seed the standard
-    error of the tail steps' differences (steps are correlated, so this is optimistic, and the
-    sentence names it).
+    standard error of the paired per-seed differences with ≥ 2 seeds; with one seed the spread
+    (standard deviation, not its standard error: steps are correlated and seeds are not sampled)
+    of the per-step differences over the tail, and the sentence names it.
     """
     bug_runs, fix_runs = runs[bug], runs[fix]
     n = min(len(bug_runs), len(fix_runs))
@@ -149,7 +149,7 @@ def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, f
         a, b = tail(bug_runs[0]), tail(fix_runs[0])
         m = min(len(a), len(b))
         step_differences = a[-m:] - b[-m:]
-        noise = float(np.nanstd(step_differences, ddof=1) / math.sqrt(m)) if m > 1 else float("nan")
+        noise = float(np.nanstd(step_differences, ddof=1)) if m > 1 else float("nan")
     difference = float(np.mean(differences))
     larger = bool(np.isfinite(noise) and abs(difference) > factor * noise)
     return Effect(key=key, bug=float(np.mean(bug_tails)), fix=float(np.mean(fix_tails)), difference=difference,
