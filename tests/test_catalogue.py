@@ -1,14 +1,12 @@
 """P6–P13: each pitfall's signature with the switch on, and its absence with the switch off."""
 
-import copy
-
 import pytest
 import torch
 
 from workbench import losses
 from workbench.batching import pad_sequences
 from workbench.diagnostics import dropout, grad_accumulation, kl_estimators, pad_eos, rollout_mismatch, temperature, whitening
-from workbench.models import disable_dropout, load
+from workbench.models import disable_dropout, load, perturbed_copy
 from workbench.rollout import sample
 from workbench.tasks import TEST_PROMPTS, TRAIN_PROMPTS, encode_prompts, load_problems, rl_problems
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
@@ -79,11 +77,8 @@ def test_p8_pad_equals_eos_never_learns_to_stop():
 # ---- P9 KL estimators --------------------------------------------------------------------------
 def test_p9_estimator_values_and_gradients(qwen):
     reference, tokenizer = qwen
-    policy = copy.deepcopy(reference)
+    policy = perturbed_copy(reference, 0.02, seed=0)
     generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in policy.parameters():
-            p.add_(0.02 * torch.randn(p.shape, generator=generator))
     ids, mask = encode_prompts(tokenizer, PROMPTS[:8])
     rollout = sample(policy, ids, mask, max_new_tokens=4, eos_token_id=2, pad_token_id=0, generator=generator)
     seq, seq_mask = rollout.sequences()

@@ -97,7 +97,7 @@ def test_pad_eos_and_accumulation_and_whitening_explorers(tokenizer):
 def test_result_browsing_explorers():
     import torch
 
-    histories = {"a": [{"x": 0.0}, {"x": 1.0}], "b": [{"x": 5.0}, {"x": 2.0}]}
+    histories = {"a": [{"x": 0.0}, {"x": 1.0}], "b": [{"x": 5.0}, {"x": 2.0}]}  # no "step": the explorer numbers them
     explorer = wb.curve_explorer(histories, "x", "value")
     assert explorer.last == {"first": 0.0, "last": 1.0}
     explorer.controls["run"].value = "b"
@@ -108,8 +108,8 @@ def test_result_browsing_explorers():
     assert explorer.last["max_ratio_deviation"] == 0.2
     explorer.controls["rollout"].value = "fp32 rollout"
     assert explorer.last["max_ratio_deviation"] == 0.0
-    gradients = {0.1: {n: {"cosine": 1.0} for n in ("k1 in reward", "k1 in loss", "k2 in loss", "k3 in loss")},
-                 0.2: {n: {"cosine": 0.5} for n in ("k1 in reward", "k1 in loss", "k2 in loss", "k3 in loss")}}
+    gradients = {0.1: {n: {"cosine": 1.0, "norm_ratio": 1.0} for n in ("k1 in reward", "k1 in loss", "k2 in loss", "k3 in loss")},
+                 0.2: {n: {"cosine": 0.5, "norm_ratio": 1.0} for n in ("k1 in reward", "k1 in loss", "k2 in loss", "k3 in loss")}}
     explorer = wb.kl_gradient_explorer([0.1, 0.2], {0.1: {"exact_kl": 0.01}, 0.2: {"exact_kl": 0.1}}, gradients)
     assert explorer.last["k2 in loss"]["cosine"] == 0.5
     explorer.controls["scale_index"].value = 0

@@ -429,3 +429,21 @@ def disable_dropout(model) -> int:
 
 def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def perturb_(model, scale: float, seed: int = 0):
+    """Add ``scale`` × N(0, 1) noise to every parameter of ``model`` in place (a fixed ``seed``
+    gives the same noise), and return the model: a policy a known distance from its reference."""
+    generator = torch.Generator().manual_seed(seed)
+    for parameter in model.parameters():
+        noise = torch.randn(parameter.shape, generator=generator)
+        parameter.add_((scale * noise).to(device=parameter.device, dtype=parameter.dtype))
+    return model
+
+
+def perturbed_copy(model, scale: float, seed: int = 0):
+    """A deep copy of ``model`` with ``perturb_`` noise; the original is untouched."""
+    import copy
+
+    return perturb_(copy.deepcopy(model), scale, seed)

@@ -12,7 +12,13 @@ import matplotlib
 BUG_COLOR = "#D55E00"  # vermilion (Okabe–Ito palette: colour-blind safe)
 FIX_COLOR = "#0072B2"  # blue
 NEUTRAL_COLOR = "#555555"
-SERIES_COLORS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+EOS_COLOR = "#E69F00"  # orange: EOS cells in token grids
+# Colours for series that are neither the bug nor the fix (modes, estimators, variants). The first two
+# are not BUG_COLOR/FIX_COLOR, so a loop over modes never paints one mode as "the fix"; indices 2–7
+# are unchanged from earlier releases (other modules pick them by index).
+SERIES_COLORS = ["#882255", "#332288", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#999933", "#000000"]
+LINE_STYLES = ["-", "--", ":", "-."]
+MARKERS = ["o", "s", "^", "D", "v", "P"]
 
 
 def apply_style() -> None:
@@ -37,17 +43,72 @@ def bug_fix_color(bug: bool) -> str:
     return BUG_COLOR if bug else FIX_COLOR
 
 
-def plot_mask(ax, mask, title: str = "", xlabel: str = "token position", ylabel: str = "row"):
-    """A 0/1 mask (or any 2-D array of small integers) as an image with one cell per token."""
+def plot_mask(ax, mask, title: str = "", xlabel: str = "token position", ylabel: str = "row", *, eos=None,
+              key: bool = True, labels: tuple[str, str] = ("masked (0)", "in the mask (1)")):
+    """A 0/1 mask as an image with one cell per token: integer ticks, a key, and (``eos``, a
+    boolean array of the same shape) EOS cells in ``EOS_COLOR`` whatever their mask value, hatched
+    when the mask drops them."""
     import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
 
-    array = np.asarray(mask.detach().cpu() if hasattr(mask, "detach") else mask)
-    image = ax.imshow(array, cmap="Blues", vmin=0, vmax=max(1, array.max()), aspect="auto", interpolation="nearest")
+    array = np.asarray(mask.detach().cpu() if hasattr(mask, "detach") else mask).astype(float)
+    cells = (array > 0).astype(float)
+    colors = ["#f2f2f2", "#6baed6"]
+    if eos is not None:
+        eos = np.asarray(eos.detach().cpu() if hasattr(eos, "detach") else eos).astype(bool)
+        cells = np.where(eos, 2.0, cells)
+        colors.append(EOS_COLOR)
+    image = ax.imshow(cells, cmap=ListedColormap(colors), vmin=-0.5, vmax=len(colors) - 0.5, aspect="auto",
+                      interpolation="nearest")
+    if eos is not None:
+        for row, col in np.argwhere(eos & (array == 0)):
+            ax.add_patch(_hatched_cell(row, col))
+    integer_ticks(ax, array.shape)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(False)
+    if key:
+        handles = [Patch(facecolor=colors[0], edgecolor="#999999", label=labels[0]), Patch(facecolor=colors[1], label=labels[1])]
+        if eos is not None:
+            if (eos & (array > 0)).any():
+                handles.append(Patch(facecolor=EOS_COLOR, label="EOS (in the mask)"))
+            if (eos & (array == 0)).any():
+                handles.append(Patch(facecolor=EOS_COLOR, hatch="///", edgecolor="black", label="EOS dropped by the mask"))
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
     return image
+
+
+def _hatched_cell(row, col):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, hatch="///", edgecolor="black", lw=0)
+
+
+def integer_ticks(ax, shape, max_ticks: int = 12) -> None:
+    """Integer tick labels on both axes of a (rows, cols) grid image, at most ``max_ticks`` each."""
+    rows, cols = shape[0], shape[1]
+    ax.set_xticks(range(0, cols, max(1, -(-cols // max_ticks))))
+    ax.set_yticks(range(0, rows, max(1, -(-rows // max_ticks))))
+
+
+def plot_positions(ax, positions, mask, title: str = "") -> None:
+    """Position ids as a grid: real tokens coloured and numbered, pad cells left blank."""
+    import numpy as np
+
+    positions = np.asarray(positions.detach().cpu() if hasattr(positions, "detach") else positions)
+    mask = np.asarray(mask.detach().cpu() if hasattr(mask, "detach") else mask).astype(bool)
+    ax.imshow(np.ma.masked_where(~mask, positions), cmap="Blues", vmin=-2, vmax=max(1, positions[mask].max()) + 2,
+              aspect="auto", interpolation="nearest")
+    for (row, col), value in np.ndenumerate(positions):
+        if mask[row, col]:
+            ax.text(col, row, str(int(value)), ha="center", va="center", fontsize=7)
+    integer_ticks(ax, positions.shape)
+    ax.set_title(title)
+    ax.set_xlabel("token position")
+    ax.set_ylabel("row")
+    ax.grid(False)
 
 
 def annotate_grid(ax, values, fmt: str = "{}", color: str = "black") -> None:
@@ -62,12 +123,36 @@ def _enumerate_2d(values):
             yield (i, j), (value.item() if hasattr(value, "item") else value)
 
 
-def plot_curves(ax, history_by_label: dict, key: str, ylabel: str, colors: dict | None = None, xlabel: str = "training step"):
-    """One line per run: ``history_by_label[label]`` is a list of per-step metric dicts."""
-    for label, history in history_by_label.items():
+def smooth(values, window: int) -> tuple[list[float], list[float]]:
+    """Trailing moving average: ``(x, y)`` with y[i] the mean of values[i−window+1 .. i] and x the
+    index of the last value in each window, so a smoothed curve stays aligned with its raw steps."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=float)
+    window = max(1, min(int(window), len(values)))
+    if not len(values):
+        return [], []
+    filled = np.where(np.isnan(values), np.nanmean(values) if np.isfinite(values).any() else 0.0, values)
+    y = np.convolve(filled, np.ones(window) / window, mode="valid")
+    return list(range(window - 1, len(values))), y.tolist()
+
+
+def plot_curves(ax, history_by_label: dict, key: str, ylabel: str, colors: dict | None = None, xlabel: str = "training step",
+                *, window: int = 1, styles: dict | None = None):
+    """One line per run: ``history_by_label[label]`` is a list of per-step metric dicts.
+
+    Runs get distinct line styles and markers (in ``styles[label]`` or by order) and the first run
+    is drawn on top, so a run that coincides with another stays visible. ``window`` > 1 draws a
+    trailing moving average aligned with the steps (``smooth``)."""
+    for i, (label, history) in enumerate(history_by_label.items()):
         steps = [h["step"] for h in history if key in h]
         values = [h[key] for h in history if key in h]
-        ax.plot(steps, values, label=label, color=(colors or {}).get(label))
+        if window > 1:
+            index, values = smooth(values, window)
+            steps = [steps[j] for j in index]
+        style = (styles or {}).get(label, {"ls": LINE_STYLES[i % len(LINE_STYLES)], "marker": MARKERS[i % len(MARKERS)]})
+        ax.plot(steps, values, label=label, color=(colors or {}).get(label), zorder=10 - i,
+                markevery=max(1, len(steps) // 8), markersize=4, **style)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel(ylabel + (f" ({window}-step average)" if window > 1 else ""))
     ax.legend()

@@ -1,9 +1,16 @@
 """The batch report: one self-contained ``index.html`` for a catalogue run.
 
-One section per notebook: its verdict (reproduced / fixed / failed), key numbers from
-``metrics.json``, the main figure (embedded as a data URI), the parameters, the duration and
-links to the executed notebook (``.ipynb`` and its HTML rendering). No external assets: the file
-reads the same offline.
+The page opens with what was run where: the environment (Python, torch, transformers, TRL,
+device), the wall time of the whole run and the summed time of its notebooks (they differ when
+notebooks run in parallel), and one table row per notebook with its verdict and its **headline**
+— the one number a reader should remember, measured with the bug and with the fix.
+
+Each notebook's section then leads with that headline, shows the main figure (the one that shows
+the claim, named in the notebook's metadata, embedded as a data URI), the key numbers of
+``metrics.json`` grouped into bug/fix pairs with their units where the names pair up
+(``*_bug``/``*_fix``, ``*_without_*``/``*_with_*``, ``…bug…``/``…fix…`` keys), the other numbers
+after them, and the effective parameters the runner injected (seeds, steps; no temporary paths).
+No external assets: the file reads the same offline.
 """
 
 from __future__ import annotations
@@ -11,10 +18,38 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
+import platform
+import re
 from datetime import datetime
 from pathlib import Path
 
 VERDICT_CLASS = {"reproduced + fixed": "good", "failed": "bad"}
+
+BUG_WORDS = ("bug", "without")
+FIX_WORDS = ("fix", "with")
+
+
+def environment() -> dict[str, str]:
+    """Versions and device of this process (the kernels inherit the same environment)."""
+    from importlib import metadata
+
+    def version(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    device = f"CPU, {os.cpu_count()} cores"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            device = f"CUDA: {torch.cuda.get_device_name(0)}"
+    except ImportError:
+        pass
+    return {"Python": platform.python_version(), "torch": version("torch"), "transformers": version("transformers"),
+            "TRL": version("trl"), "device": device, "platform": platform.platform(terse=True)}
 
 
 def _flatten(metrics: dict, prefix: str = "") -> list[tuple[str, object]]:
@@ -28,17 +63,78 @@ def _flatten(metrics: dict, prefix: str = "") -> list[tuple[str, object]]:
     return rows
 
 
+def _side(word: str) -> str | None:
+    return "bug" if word in BUG_WORDS else "fix" if word in FIX_WORDS else None
+
+
+def _pair_key(name: str) -> tuple[str, str] | None:
+    """``(name with its bug/fix word replaced by *, side)`` for a metric name that names a side."""
+    parts = re.split(r"([._])", name)
+    for i, part in enumerate(parts):
+        side = _side(part.lower())
+        if side is not None:
+            return "".join(parts[:i] + ["*"] + parts[i + 1:]), side
+    return None
+
+
+def unit_of(name: str) -> str:
+    """A unit guessed from a metric's name (the workbench's naming conventions)."""
+    n = name.lower()
+    for words, unit in ((("fraction", "rate", "accuracy", "share"), "share"), (("ratio_deviation",), "|ρ − 1|"),
+                        (("drift", "logp", "kl", "margin"), "nats"), (("error",), "relative"), (("seconds",), "s"),
+                        (("steps",), "steps"), (("tokens", "length"), "tokens"), (("rows",), "rows")):
+        if any(w in n for w in words):
+            return unit
+    return ""
+
+
+def group_metrics(metrics: dict) -> tuple[list[tuple[str, object, object, str]], list[tuple[str, object]]]:
+    """``(pairs, others)``: ``(name, bug value, fix value, unit)`` for names that pair up, the rest as they are."""
+    rows = _flatten(metrics)
+    sides: dict[str, dict[str, object]] = {}
+    for name, value in rows:
+        key = _pair_key(name)
+        if key is not None:
+            sides.setdefault(key[0], {})[key[1]] = value
+    pairs, paired = [], set()
+    for pattern, values in sides.items():
+        if set(values) == {"bug", "fix"}:
+            pairs.append((pattern, values["bug"], values["fix"], unit_of(pattern)))
+            paired.add(pattern)
+    others = [(n, v) for n, v in rows if (_pair_key(n) or ("",))[0] not in paired]
+    return pairs, others
+
+
 def _format(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return html.escape(str(value))
     if isinstance(value, float):
         return f"{value:.4g}"
     return html.escape(str(value))
 
 
+def headline_html(headline: dict | None) -> str:
+    if not headline:
+        return "<p class='headline missing'>no headline number recorded</p>"
+    unit = html.escape(headline["unit"])
+    return (f"<p class='headline'><b>{html.escape(headline['what'])}</b>: "
+            f"<span class='bug'>bug {_format(headline['bug'])} {unit}</span> → "
+            f"<span class='fix'>fix {_format(headline['fix'])} {unit}</span></p>")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
 def _section(result, out: Path) -> str:
     verdict = result.verdict
+    metrics = result.metrics or {}
     parts = [
         f'<section id="{html.escape(result.stem)}"><h2>{html.escape(result.stem)} '
         f'<span class="verdict {VERDICT_CLASS.get(verdict, "warn")}">{html.escape(verdict)}</span></h2>',
+        headline_html(metrics.get("headline")),
         f"<p>{html.escape(result.purpose)}</p>",
     ]
     folder = Path(result.out_dir)
@@ -46,19 +142,27 @@ def _section(result, out: Path) -> str:
     links = [f'<a href="{rel}/{result.stem}.ipynb">executed notebook (.ipynb)</a>']
     if (folder / f"{result.stem}.html").is_file():
         links.append(f'<a href="{rel}/{result.stem}.html">rendered (HTML)</a>')
-    parts.append(f"<p>{' · '.join(links)} · {result.seconds:.1f} s</p>")
+    parts.append(f"<p>{' · '.join(links)} · notebook time {result.seconds:.1f} s</p>")
     if result.error:
         parts.append(f"<pre class='error'>{html.escape(result.error)}</pre>")
     if result.main_figure:
         data = base64.b64encode((folder / result.main_figure).read_bytes()).decode()
-        parts.append(f'<img alt="{html.escape(result.main_figure)}" src="data:image/png;base64,{data}">')
-    if result.metrics:
-        rows = _flatten(result.metrics.get("metrics", {}))
-        if rows:
-            body = "".join(f"<tr><td>{html.escape(k)}</td><td>{_format(v)}</td></tr>" for k, v in rows[:40])
-            parts.append(f"<details open><summary>key numbers</summary><table>{body}</table></details>")
-    params = "".join(f"<tr><td>{html.escape(k)}</td><td>{_format(v)}</td></tr>" for k, v in result.parameters.items())
-    parts.append(f"<details><summary>parameters</summary><table>{params}</table></details></section>")
+        parts.append(f'<figure><img alt="{html.escape(result.main_figure)}" src="data:image/png;base64,{data}">'
+                     f"<figcaption>main figure: {html.escape(result.main_figure)}</figcaption></figure>")
+    if metrics.get("metrics"):
+        pairs, others = group_metrics(metrics["metrics"])
+        if pairs:
+            parts.append("<details open><summary>key numbers, bug vs fix</summary>" + _table(
+                ["measure", "bug", "fix", "unit"],
+                [[html.escape(n), _format(b), _format(f), html.escape(u)] for n, b, f, u in pairs]) + "</details>")
+        if others:
+            parts.append("<details><summary>other numbers</summary>" + _table(
+                ["measure", "value", "unit"], [[html.escape(n), _format(v), html.escape(unit_of(n))] for n, v in others[:60]])
+                + "</details>")
+    parameters = metrics.get("parameters") or {k: v for k, v in result.parameters.items() if k != "out_dir"}
+    parts.append("<details><summary>effective parameters</summary>" + _table(
+        ["parameter", "value"], [[html.escape(k), html.escape(json.dumps(v))] for k, v in parameters.items()])
+        + "</details></section>")
     return "\n".join(parts)
 
 
@@ -67,27 +171,40 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:10
 h1{font-size:1.6em} h2{font-size:1.2em;border-top:1px solid #ddd;padding-top:1em}
 .verdict{font-size:.75em;padding:.15em .5em;border-radius:.4em;margin-left:.5em;color:#fff}
 .good{background:#0072B2}.bad{background:#D55E00}.warn{background:#E69F00}
-table{border-collapse:collapse;font-size:.85em}td{border:1px solid #ddd;padding:.2em .5em;font-family:monospace}
+.headline{font-size:1.05em;background:#f6f8fa;padding:.5em;border-left:4px solid #0072B2}
+.headline .bug{color:#D55E00;font-weight:600}.headline .fix{color:#0072B2;font-weight:600}
+table{border-collapse:collapse;font-size:.85em}
+td,th{border:1px solid #ddd;padding:.2em .5em;font-family:monospace;text-align:left}
 img{max-width:100%;border:1px solid #eee}pre.error{background:#fff3ef;padding:.5em;white-space:pre-wrap}
-nav a{margin-right:1em}
+figcaption{font-size:.8em;color:#555}nav a{margin-right:1em}
 """
 
 
 def write_report(out: Path, results: list, *, total_seconds: float, smoke: bool) -> Path:
     failed = sum(1 for r in results if r.verdict == "failed")
+    summed = sum(r.seconds for r in results)
     nav = " ".join(f'<a href="#{html.escape(r.stem)}">{html.escape(r.stem)}</a>' for r in results)
-    summary_rows = "".join(
-        f"<tr><td><a href='#{html.escape(r.stem)}'>{html.escape(r.stem)}</a></td><td>{html.escape(r.verdict)}</td>"
-        f"<td>{r.seconds:.1f} s</td></tr>"
-        for r in results
-    )
+
+    def headline_cell(r) -> str:
+        h = (r.metrics or {}).get("headline")
+        if not h:
+            return "—"
+        return f"{html.escape(h['what'])}: {_format(h['bug'])} → {_format(h['fix'])} {html.escape(h['unit'])}"
+
+    summary = _table(["notebook", "verdict", "headline: bug → fix", "notebook time"],
+                     [[f"<a href='#{html.escape(r.stem)}'>{html.escape(r.stem)}</a>", html.escape(r.verdict), headline_cell(r),
+                       f"{r.seconds:.1f} s"] for r in results])
+    env = _table(["", ""], [[html.escape(k), html.escape(v)] for k, v in environment().items()])
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>RLHF pitfalls workbench — run report</title>
 <style>{CSS}</style></head><body>
 <h1>RLHF pitfalls workbench — run report</h1>
-<p>{datetime.now():%Y-%m-%d %H:%M} · {len(results)} notebooks · {failed} failed · {total_seconds:.0f} s{' · smoke run' if smoke else ''}</p>
+<p>{datetime.now():%Y-%m-%d %H:%M} · {len(results)} notebooks · {failed} failed{' · smoke run' if smoke else ''}<br>
+wall time of the run: <b>{total_seconds:.0f} s</b> · summed notebook time: <b>{summed:.0f} s</b>
+(larger than the wall time when notebooks run in parallel)</p>
+<details open><summary>environment</summary>{env}</details>
 <nav>{nav}</nav>
-<table><tr><td><b>notebook</b></td><td><b>verdict</b></td><td><b>duration</b></td></tr>{summary_rows}</table>
+{summary}
 {''.join(_section(r, out) for r in results)}
 <script type="application/json" id="summary">{html.escape(json.dumps([r.stem for r in results]))}</script>
 </body></html>

@@ -132,7 +132,8 @@ def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html:
     wanted = f"{info.main_figure}.png" if info.main_figure else None
     main = wanted if wanted in figures else (figures[0] if figures else None)
     return NotebookResult(
-        stem=info.stem, purpose=info.purpose, out_dir=str(out_dir), parameters=parameters, seconds=seconds,
+        stem=info.stem, purpose=info.purpose, out_dir=str(out_dir), parameters=effective_parameters(info, parameters),
+        seconds=seconds,
         ok=error is None, error=error, metrics=metrics, figures=figures, main_figure=main,
     )
 
@@ -144,19 +145,48 @@ def _short_error(exc: Exception) -> str:
     return text if len(text) < 2000 else text[:2000] + " …"
 
 
-def render_notebook_html(notebook_path: Path) -> Path:
-    """The executed notebook as a stand-alone HTML page next to it (images embedded)."""
+def render_notebook_html(notebook_path: Path, title: str | None = None) -> Path:
+    """The executed notebook as a stand-alone HTML page next to it (images embedded), titled with
+    ``title`` (default: the notebook's first heading, else its file name), with no external script."""
     import nbformat
     from nbconvert import HTMLExporter
 
+    notebook = nbformat.read(str(notebook_path), as_version=4)
     exporter = HTMLExporter(template_name="lab")
     exporter.mathjax_url = ""  # no external assets: formulas stay as TeX source offline
-    body, _ = exporter.from_notebook_node(nbformat.read(str(notebook_path), as_version=4))
-    # The lab template loads require.js from a CDN (for widget state, which batch runs do not
-    # have): drop every external script so the page reads the same offline.
-    body = re.sub(r'<script[^>]*\ssrc="https?://[^"]*"[^>]*>\s*</script>', "", body)
-    path = notebook_path.with_suffix(".html")
-    path.write_text(body)
+    resources = {"metadata": {"name": title or notebook_title(notebook, notebook_path)}}
+    body, _ = exporter.from_notebook_node(notebook, resources=resources)
+    return _write_offline(notebook_path.with_suffix(".html"), body)
+
+
+def notebook_title(notebook, path: Path) -> str:
+    """The first markdown heading of ``notebook`` (``# 01 · S1 — …``), else the file's stem."""
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return path.stem
+
+
+_SCRIPT = re.compile(r"<script\b([^>]*)>(.*?)</script>", re.DOTALL)
+
+
+def _write_offline(path: Path, body: str) -> Path:
+    """Drop every script that loads from elsewhere: ``src`` pointing to a URL (require.js, the widget
+    manager) or empty (MathJax with no URL), and inline modules importing from a CDN (mermaid). The
+    page then reads the same offline; nothing in a batch run needs them (no widget state, no diagrams)."""
+
+    def keep(match) -> str:
+        attributes, content = match.group(1), match.group(2)
+        source = re.search(r"\ssrc=\"([^\"]*)\"", attributes)
+        if source is not None and (source.group(1) == "" or re.match(r"https?://", source.group(1))):
+            return ""
+        if re.search(r"https?://", content) and ("import" in content or "src" in content):
+            return ""
+        return match.group(0)
+
+    path.write_text(_SCRIPT.sub(keep, body))
     return path
 
 

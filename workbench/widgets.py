@@ -11,7 +11,8 @@ set it to False).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
@@ -52,7 +53,7 @@ class Explorer:
 # --------------------------------------------------------------------------------------------
 def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
     """Per-token |Δ log p| between each text alone and in a left-padded batch."""
-    from workbench.diagnostics.position_ids import logprobs_alone, logprobs_padded
+    from workbench.diagnostics.position_ids import per_text_drift, plot_drift_per_text
     from workbench.models import ARCHITECTURES, tiny_model
 
     cache: dict = {}
@@ -65,15 +66,9 @@ def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
     def draw(arch, dtype, pad, position_ids):
         model, tokenizer = model_for(arch, dtype)
         rows = [tokenizer(t)["input_ids"] for t in texts]
-        alone = logprobs_alone(model, rows)
-        padded = logprobs_padded(model, rows, pad_token_id=tokenizer.pad_token_id, side="left", extra_pad=pad, position_ids=position_ids)
-        drift = [float((a - p).abs().max()) for a, p in zip(alone, padded)]
-        fig, ax = plt.subplots(figsize=(6, 3))
-        ax.bar(range(len(texts)), [max(d, 1e-9) for d in drift], color=plots.bug_fix_color(position_ids == "model"))
-        ax.set_yscale("log")
-        ax.set_ylim(1e-9, 10)
-        ax.set_xticks(range(len(texts)), texts, rotation=30, fontsize=8)
-        ax.set_ylabel("max |Δ log p| vs unpadded (nats)")
+        drift = per_text_drift(model, rows, pad_token_id=tokenizer.pad_token_id, extra_pad=pad, position_ids=position_ids)
+        fig, ax = plt.subplots(figsize=(7, 3))
+        plot_drift_per_text(ax, texts, {position_ids: drift})
         ax.set_title(f"{arch} {dtype}, +{pad} left pads, position_ids={position_ids}")
         return {"max_drift": max(drift)}
 
@@ -90,24 +85,19 @@ def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
 # S2: padding side of batched cached generation
 # --------------------------------------------------------------------------------------------
 def padding_side_explorer(models: dict[str, tuple], prompts: list[str]) -> Explorer:
-    """Rows whose greedy continuation differs from generating alone, for a padding side."""
-    from workbench.diagnostics.padding import greedy_continuations
+    """Rows whose greedy continuation differs from generating alone (the notebook's figure, one model);
+    ``last["divergent_rows"]`` is the count for the chosen padding side."""
+    from workbench.diagnostics.padding import divergence_sweep, plot_divergence
 
-    alone_cache: dict = {}
+    cache: dict = {}
 
     def draw(model_name, side):
-        model, tokenizer = models[model_name]
-        if model_name not in alone_cache:
-            alone_cache[model_name] = [greedy_continuations(model, tokenizer, [p], side="left", max_new_tokens=6)[0] for p in prompts]
-        batched = greedy_continuations(model, tokenizer, prompts, side=side, max_new_tokens=6)
-        differs = [int(a != b) for a, b in zip(alone_cache[model_name], batched)]
-        fig, ax = plt.subplots(figsize=(6, 2.2))
-        ax.bar(range(len(prompts)), differs, color=plots.bug_fix_color(side == "right"))
-        ax.set_ylim(0, 1.2)
-        ax.set_xlabel("prompt (row of the batch)")
-        ax.set_ylabel("differs from alone (0/1)")
-        ax.set_title(f"{model_name}: {sum(differs)}/{len(prompts)} rows diverge with {side} padding")
-        return {"divergent_rows": sum(differs)}
+        if model_name not in cache:
+            cache[model_name] = divergence_sweep({model_name: models[model_name]}, prompts)[0]
+        fig, ax = plt.subplots(figsize=(6, 3))
+        plot_divergence(ax, cache[model_name])
+        ax.set_title(f"{model_name}: {side} padding selected")
+        return {"divergent_rows": cache[model_name][model_name][f"{side}_divergent_rows"]}
 
     controls = {
         "model_name": widgets.Dropdown(options=list(models), description="model"),
@@ -121,18 +111,13 @@ def padding_side_explorer(models: dict[str, tuple], prompts: list[str]) -> Explo
 # --------------------------------------------------------------------------------------------
 def eos_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
     """Decoding steps and wasted tokens with and without EOS stopping."""
-    from workbench.diagnostics.eos import generation_cost, rollout_pair
+    from workbench.diagnostics.eos import cost_sweep, plot_generation_cost
 
     def draw(batch_size, max_new_tokens):
-        pair = rollout_pair(model, tokenizer, prompts[:batch_size], max_new_tokens=max_new_tokens, seed=seed)
-        costs = {name: generation_cost(r) for name, r in pair.items()}
-        fig, ax = plt.subplots(figsize=(6, 2.8))
-        ax.bar(["always max_new_tokens (bug)", "stop at EOS (fix)"], [costs["bug"]["tokens_generated"], costs["fix"]["tokens_generated"]],
-               color=[plots.BUG_COLOR, plots.FIX_COLOR])
-        ax.axhline(costs["fix"]["tokens_needed"], color=plots.NEUTRAL_COLOR, ls="--", label="tokens needed")
-        ax.set_ylabel("tokens generated per batch")
-        ax.legend()
-        return costs
+        costs = cost_sweep(model, tokenizer, prompts, [batch_size], max_new_tokens=max_new_tokens, seed=seed)
+        fig, axes = plt.subplots(1, 3, figsize=(12, 2.8))
+        plot_generation_cost(axes, costs)
+        return costs[batch_size]
 
     controls = {
         "batch_size": widgets.IntSlider(value=16, min=1, max=len(prompts), description="batch size"),
@@ -146,17 +131,12 @@ def eos_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explore
 # --------------------------------------------------------------------------------------------
 def dpo_mask_explorer(batch) -> Explorer:
     """The loss mask of a concatenated chosen+rejected batch for each prompt_mask mode."""
-    from workbench.diagnostics.dpo_mask import audit_loss_mask
-    from workbench.trainers.dpo import PROMPT_MASK_MODES, build_loss_mask
+    from workbench.diagnostics.dpo_mask import plot_loss_mask
+    from workbench.trainers.dpo import PROMPT_MASK_MODES
 
     def draw(prompt_mask):
-        mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, prompt_mask)
-        audit = audit_loss_mask(batch.input_ids, mask, batch.prompt_lengths)
-        fig, ax = plt.subplots(figsize=(6, 3))
-        plots.plot_mask(ax, mask, f"prompt_mask={prompt_mask!r}: {len(audit)} rows count prompt tokens",
-                        xlabel="target token position", ylabel="row (chosen on top)")
-        ax.axhline(batch.num_pairs - 0.5, color=plots.BUG_COLOR if prompt_mask == "chosen_only" else plots.NEUTRAL_COLOR)
-        return {"rows_counting_prompt": len(audit)}
+        fig, ax = plt.subplots(figsize=(7, 3))
+        return {"rows_counting_prompt": plot_loss_mask(ax, batch, prompt_mask)}
 
     controls = {"prompt_mask": widgets.ToggleButtons(options=list(PROMPT_MASK_MODES), value="chosen_only", description="mask")}
     return Explorer(controls, draw, "DPO loss mask: toggle the bug")
@@ -167,21 +147,14 @@ def dpo_mask_explorer(batch) -> Explorer:
 # --------------------------------------------------------------------------------------------
 def loss_mode_explorer() -> Explorer:
     """Per-token and per-response gradient weight for a loss mode and a length spread."""
-    from workbench.diagnostics.loss_normalization import analytic_token_weights
+    from workbench.diagnostics.loss_normalization import analytic_token_weights, plot_token_weights
 
     def draw(mode, longest):
         lengths = sorted({1, max(1, longest // 4), max(1, longest // 2), longest})
-        weights = analytic_token_weights(lengths, mode)
-        fig, ax = plt.subplots(figsize=(6, 3))
-        ax.plot(lengths, weights, "o-", color=plots.FIX_COLOR, label="per token")
-        ax.plot(lengths, [w * n for w, n in zip(weights, lengths)], "s--", color=plots.NEUTRAL_COLOR, label="whole response")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("response length L (tokens)")
-        ax.set_ylabel("gradient weight")
-        ax.set_title(mode)
-        ax.legend()
-        return {"lengths": lengths, "weights": weights}
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_token_weights(axes[0], axes[1], lengths, [mode])
+        axes[0].set_title(mode)
+        return {"lengths": lengths, "weights": analytic_token_weights(lengths, mode)}
 
     controls = {
         "mode": widgets.Dropdown(options=list(losses.LOSS_AGG_MODES), value="token-mean", description="loss_agg"),
@@ -195,15 +168,13 @@ def loss_mode_explorer() -> Explorer:
 # --------------------------------------------------------------------------------------------
 def temperature_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
     """P6: first-step max |ρ − 1| for a sampling temperature, with or without dividing by it."""
-    from workbench.diagnostics.temperature import first_step_ratio
+    from workbench.diagnostics.temperature import first_step_ratio, plot_ratio_vs_temperature
 
     def draw(temperature, rescale):
         result = first_step_ratio(model, tokenizer, prompts, temperature=temperature, rescale=rescale, seed=seed)
-        fig, ax = plt.subplots(figsize=(5, 2.5))
-        ax.bar(["max |ρ−1|"], [max(result["max_ratio_deviation"], 1e-9)], color=plots.bug_fix_color(not rescale))
-        ax.set_yscale("log")
-        ax.set_ylim(1e-9, 100)
-        ax.set_ylabel("before any update")
+        other = first_step_ratio(model, tokenizer, prompts, temperature=temperature, rescale=not rescale, seed=seed)
+        fig, ax = plt.subplots(figsize=(6, 3))
+        plot_ratio_vs_temperature(ax, {(temperature, rescale): result, (temperature, not rescale): other})
         return result
 
     controls = {"temperature": widgets.FloatSlider(value=0.7, min=0.2, max=2.0, step=0.1, description="τ"),
@@ -213,15 +184,13 @@ def temperature_explorer(model, tokenizer, prompts: list[str], seed: int = 0) ->
 
 def dropout_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
     """P7: step-0 ratio and KL for a dropout probability, with or without disabling dropout."""
-    from workbench.diagnostics.dropout import step0_mismatch
+    from workbench.diagnostics.dropout import plot_step0, step0_mismatch
 
     def draw(dropout, disable):
         result = step0_mismatch(model, tokenizer, prompts, dropout=dropout, disable=disable, seed=seed)
-        fig, ax = plt.subplots(figsize=(5, 2.5))
-        ax.bar(["max |ρ−1|", "|KL| (nats)"], [max(result["max_ratio_deviation"], 1e-9), max(abs(result["sequence_kl_k1"]), 1e-9)],
-               color=plots.bug_fix_color(not disable))
-        ax.set_yscale("log")
-        ax.set_ylim(1e-9, 1e3)
+        other = step0_mismatch(model, tokenizer, prompts, dropout=dropout, disable=not disable, seed=seed)
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_step0(axes, {(dropout, disable): result, (dropout, not disable): other})
         return result
 
     controls = {"dropout": widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.01, description="dropout"),
@@ -231,14 +200,11 @@ def dropout_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Exp
 
 def pad_eos_explorer(tokenizer, problems) -> Explorer:
     """P8: the SFT loss mask with pad ≠ EOS or pad = EOS; counts the EOS targets it keeps."""
-    from workbench.trainers.sft import sft_batch
+    from workbench.diagnostics.pad_eos import plot_sft_mask
 
     def draw(pad_equals_eos):
-        ids, _, loss_mask = sft_batch(tokenizer, problems, pad_equals_eos=pad_equals_eos)
-        eos_kept = int(((ids == tokenizer.eos_token_id) & loss_mask.bool()).sum())
-        fig, ax = plt.subplots(figsize=(6, 2.5))
-        plots.plot_mask(ax, loss_mask, f"pad_equals_eos={pad_equals_eos}: {eos_kept} EOS targets kept")
-        return {"eos_kept": eos_kept}
+        fig, ax = plt.subplots(figsize=(7, 2.5))
+        return {"eos_kept": plot_sft_mask(ax, tokenizer, problems, pad_equals_eos=pad_equals_eos)}
 
     return Explorer({"pad_equals_eos": widgets.Checkbox(value=True, description="pad = EOS (bug)")}, draw,
                     "Which targets the loss keeps")
@@ -246,14 +212,13 @@ def pad_eos_explorer(tokenizer, problems) -> Explorer:
 
 def kl_gradient_explorer(noise_scales: list[float], values: dict, gradients: dict) -> Explorer:
     """P9: cosine of each estimator's expected gradient with ∇KL, at a chosen policy distance."""
-    from workbench.diagnostics.kl_estimators import GRADIENT_VARIANTS
+    from workbench.diagnostics.kl_estimators import plot_gradients
 
     def draw(scale_index):
         scale = noise_scales[scale_index]
-        fig, ax = plt.subplots(figsize=(6, 2.5))
-        ax.bar(list(GRADIENT_VARIANTS), [gradients[scale][n]["cosine"] for n in GRADIENT_VARIANTS], color=plots.SERIES_COLORS[:4])
-        ax.set_ylabel("cosine with ∇KL")
-        ax.set_title(f"noise {scale}: exact KL {values[scale]['exact_kl']:.3f} nats/token")
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_gradients(axes, {scale: values[scale]}, {scale: gradients[scale]})
+        axes[0].set_title(f"noise {scale}: exact KL {values[scale]['exact_kl']:.3f} nats/token")
         return gradients[scale]
 
     return Explorer({"scale_index": widgets.IntSlider(value=len(noise_scales) - 1, min=0, max=len(noise_scales) - 1,
@@ -280,29 +245,26 @@ def grad_accumulation_explorer(mask: torch.Tensor, micro_batch_counts: list[int]
 
 
 def curve_explorer(histories: dict, key: str, ylabel: str, colors: dict | None = None) -> Explorer:
-    """One run's curve at a time (P11: EOS rate per truncation variant, and similar)."""
+    """One run's curve at a time (P11: EOS rate per truncation variant, and similar), drawn by ``plots.plot_curves``."""
 
     def draw(run):
         values = [h[key] for h in histories[run]]
         fig, ax = plt.subplots(figsize=(6, 2.5))
-        ax.plot(values, color=(colors or {}).get(run, plots.FIX_COLOR))
-        ax.set_xlabel("training step")
-        ax.set_ylabel(ylabel)
-        ax.set_title(run)
+        steps = [{"step": i, **h} if "step" not in h else h for i, h in enumerate(histories[run])]
+        plots.plot_curves(ax, {run: steps}, key, ylabel, colors)
         return {"last": values[-1], "first": values[0]}
 
     return Explorer({"run": widgets.Dropdown(options=list(histories), description="run")}, draw, f"{ylabel} per run")
 
 
-def log_ratio_explorer(results: dict) -> Explorer:
-    """P12: the trainer/rollout log-ratio histogram of a rollout engine."""
+def log_ratio_explorer(results: dict, cap: float = 1.02) -> Explorer:
+    """P12: the trainer/rollout log-ratio histogram and TIS clipped share of a rollout engine (the notebook's figure)."""
+    from workbench.diagnostics.rollout_mismatch import plot_mismatch
 
     def draw(rollout):
         result = results[rollout]
-        fig, ax = plt.subplots(figsize=(6, 2.5))
-        ax.hist(result["log_ratio"].numpy(), bins=40, color=plots.bug_fix_color("fp32" not in rollout), log=True)
-        ax.set_xlabel("log π_trainer − log π_rollout (nats)")
-        ax.set_ylabel("tokens")
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_mismatch(axes, {rollout: result}, cap)
         return {"max_ratio_deviation": result["max_ratio_deviation"]}
 
     return Explorer({"rollout": widgets.ToggleButtons(options=list(results), description="sampler")}, draw,
@@ -311,17 +273,14 @@ def log_ratio_explorer(results: dict) -> Explorer:
 
 def whitening_explorer(values: torch.Tensor, mask: torch.Tensor) -> Explorer:
     """P13: real-token mean/std after naive and masked whitening, as padding columns are added."""
-    from workbench.diagnostics.whitening import whitening_vs_padding
+    from workbench.diagnostics.whitening import plot_whitening, whitening_vs_padding
 
     def draw(extra):
-        row = whitening_vs_padding(values, mask, [extra])[0]
-        fig, ax = plt.subplots(figsize=(6, 2.5))
-        ax.bar(["naive mean", "masked mean", "naive std", "masked std"],
-               [row["naive_mean"], row["masked_mean"], row["naive_std"], row["masked_std"]],
-               color=[plots.BUG_COLOR, plots.FIX_COLOR, plots.BUG_COLOR, plots.FIX_COLOR])
-        ax.set_ylabel("over real tokens")
-        ax.set_title(f"+{extra} pad columns")
-        return row
+        rows = whitening_vs_padding(values, mask, sorted({0, extra}))
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_whitening(axes, rows)
+        axes[0].set_title(f"0 and +{extra} pad columns")
+        return rows[-1]
 
     return Explorer({"extra": widgets.IntSlider(value=8, min=0, max=64, description="extra pads")}, draw,
                     "Whitening over padding vs real tokens")

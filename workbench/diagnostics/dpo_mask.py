@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from workbench.trainers.dpo import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
 from workbench.errors import PromptMaskError  # noqa: F401  (re-exported)
+from workbench.trainers.dpo import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
 
 
 def check_prompt_lengths(num_rows: int, prompt_lengths: list[int]) -> None:
@@ -69,3 +69,96 @@ def margin_decomposition(policy, reference, batch: PreferenceBatch, beta: float)
     ref_prompt, _ = summed_logprobs(reference, batch, prompt)
     out["rejected_prompt_term"] = -beta * (pol_prompt[b:] - ref_prompt[b:])
     return out
+
+
+# ---- training, verdict and figures (notebook 04) ----------------------------------------------
+MODE_LABELS = {"both": "both (fix)", "chosen_only": "chosen_only (bug)", "none": "none"}
+
+
+def train_by_mask_mode(model_name: str, pairs, modes=("both", "chosen_only", "none"), *, steps: int, seed: int = 0,
+                       beta: float = 0.1, batch_size: int = 16) -> tuple[dict, dict]:
+    """One DPO run per ``prompt_mask`` mode from the same checkpoint, same pairs in the same order:
+    ``(histories, trained_policies)`` keyed by mode."""
+    from workbench.models import load
+    from workbench.trainers.dpo import DPOConfig, DPOTrainer
+
+    histories, trained = {}, {}
+    for mode in modes:
+        policy, tokenizer = load(model_name)
+        config = DPOConfig(steps=steps, seed=seed, beta=beta, batch_size=batch_size, prompt_mask=mode, progress=False)
+        histories[mode] = DPOTrainer(policy, tokenizer, pairs, config).train()
+        trained[mode] = policy
+    return histories, trained
+
+
+@torch.no_grad()
+def hand_margin_gap(policy, reference, batch: PreferenceBatch, beta: float) -> float:
+    """max |margin(both) − the margin computed by hand over response tokens only| (independent of
+    ``build_loss_mask``: the response targets are the real targets that are not prompt targets)."""
+    from workbench.scoring import token_logprobs
+
+    b = batch.num_pairs
+    response_only = batch.attention_mask[:, 1:].bool() & ~prompt_target_mask(batch.attention_mask, batch.prompt_lengths)
+
+    def summed(model):
+        return (token_logprobs(model, batch.input_ids, batch.attention_mask) * response_only).sum(-1)
+
+    pol, ref = summed(policy), summed(reference)
+    hand = beta * ((pol[:b] - ref[:b]) - (pol[b:] - ref[b:]))
+    return float((hand - margin_decomposition(policy, reference, batch, beta)["margin_both"]).abs().max())
+
+
+def accuracy_conclusion(before: float, after: dict[str, float], n: int) -> str:
+    """Held-out greedy accuracy before/after DPO per mode, against the binomial noise √(p(1−p)/n)."""
+    noise = 2 * (max(before * (1 - before), 1 / n) / n) ** 0.5
+    changes = {m: a - before for m, a in after.items()}
+    spread = max(after.values()) - min(after.values())
+    parts = ", ".join(f"{m}: {a:.3f} ({changes[m]:+.3f})" for m, a in after.items())
+    if all(c < -noise for c in changes.values()):
+        verdict = ("every mode, the fix included, lowers it by more than the noise: DPO on these preference pairs moves "
+                   "greedy answers away from the task's exact answers, whatever the mask")
+    elif all(abs(c) <= noise for c in changes.values()):
+        verdict = "no mode changes it by more than the noise"
+    else:
+        verdict = "the modes differ"
+    mask_effect = "larger" if spread > noise else "not larger"
+    return (f"greedy accuracy on {n} held-out prompts: before {before:.3f}; after {parts}; noise ±{noise:.3f}: {verdict}. "
+            f"Spread between masks {spread:.3f}: {mask_effect} than the noise.")
+
+
+def verdict(audits: dict, margin_gap_after: float, hand_gap: float, *, tolerance: float = 1e-5) -> tuple[bool, bool]:
+    """(reproduced, fixed): the bug's mask counts rejected prompt tokens and, after training, its
+    margin differs from the response-only one; the fixed mask counts no prompt token and its margin
+    equals a hand computation over response tokens (≤ ``tolerance``)."""
+    reproduced = any(a["side"] == "rejected" for a in audits["chosen_only"]) and margin_gap_after > 1e-4
+    fixed = not audits["both"] and hand_gap <= tolerance
+    return bool(reproduced), bool(fixed)
+
+
+def plot_loss_mask(ax, batch: PreferenceBatch, mode: str) -> int:
+    """The loss mask of one ``prompt_mask`` mode (chosen rows on top); returns how many rows count prompt tokens."""
+    from workbench import plots
+
+    mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, mode)
+    audit = audit_loss_mask(batch.input_ids, mask, batch.prompt_lengths)
+    b = batch.num_pairs
+    plots.plot_mask(ax, mask, f"prompt_mask={MODE_LABELS[mode]}: {len(audit)} rows count prompt tokens",
+                    xlabel="target token position", ylabel=f"row (chosen 0–{b - 1}, rejected {b}–{2 * b - 1})",
+                    key=mode == "none", labels=("not summed", "summed by the loss"))
+    ax.axhline(b - 0.5, color=plots.BUG_COLOR if mode == "chosen_only" else plots.NEUTRAL_COLOR, lw=1)
+    return len(audit)
+
+
+def plot_training(axes, histories: dict) -> None:
+    """Loss, margin, accuracy and log p(prompt) per mode; 'none' (coinciding with 'both') drawn on top, dotted."""
+    from workbench import plots
+
+    colors = {MODE_LABELS["both"]: plots.FIX_COLOR, MODE_LABELS["chosen_only"]: plots.BUG_COLOR,
+              MODE_LABELS["none"]: plots.NEUTRAL_COLOR}
+    styles = {MODE_LABELS["both"]: {"ls": "-", "lw": 3, "alpha": 0.6}, MODE_LABELS["chosen_only"]: {"ls": "-"},
+              MODE_LABELS["none"]: {"ls": ":", "marker": "o"}}
+    ordered = {MODE_LABELS[m]: histories[m] for m in ("none", "chosen_only", "both") if m in histories}
+    for ax, (key, label) in zip(axes, [("loss", "DPO loss"), ("rewards/margins", "reward margin (nats × β)"),
+                                       ("rewards/accuracies", "reward accuracy (share of pairs)"),
+                                       ("logps/prompt", "policy log p(prompt) (nats)")], strict=True):
+        plots.plot_curves(ax, ordered, key, label, colors, styles=styles)

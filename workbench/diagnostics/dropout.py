@@ -49,3 +49,42 @@ def step0_mismatch(model, tokenizer, prompts: list[str], *, dropout: float, disa
         "sequence_kl_k1": float(((rollout.rollout_logprobs - ref) * rollout.response_mask).sum(-1).mean()),
         "max_abs_token_kl": float((rollout.rollout_logprobs - ref)[m].abs().max()),
     }
+
+
+# ---- sweep, verdict and figure (notebook 07) --------------------------------------------------
+def sweep(model, tokenizer, prompts: list[str], dropouts, *, seed: int = 0) -> dict:
+    """``step0_mismatch`` for every dropout probability, bug and fix: ``{(p, disable): result}``."""
+    return {(d, disable): step0_mismatch(model, tokenizer, prompts, dropout=d, disable=disable, seed=seed)
+            for d in dropouts for disable in (False, True)}
+
+
+def verdict(results: dict, *, threshold: float = 1e-2, tolerance: float = 1e-4) -> tuple[bool, bool]:
+    """(reproduced, fixed): with some dropout > 0 left on, max |ρ − 1| at step 0 exceeds ``threshold``;
+    with dropout disabled ρ − 1 and the KL to an identical reference are ≤ ``tolerance`` everywhere."""
+    dropouts = {d for d, _ in results}
+    reproduced = any(results[d, False]["max_ratio_deviation"] > threshold for d in dropouts if d > 0)
+    fixed = all(results[d, True]["max_ratio_deviation"] <= tolerance and abs(results[d, True]["sequence_kl_k1"]) <= tolerance
+                for d in dropouts)
+    return bool(reproduced), bool(fixed)
+
+
+def plot_step0(axes, results: dict) -> None:
+    """max |ρ − 1| and |KL| to an identical reference at step 0 vs the dropout probability; exact
+    zeros are counted in the titles, not drawn."""
+    from workbench import plots
+
+    dropouts = sorted({d for d, _ in results})
+    for ax, key, label in ((axes[0], "max_ratio_deviation", "max |ρ − 1| at step 0"),
+                           (axes[1], "sequence_kl_k1", "|KL(k1)| to an identical reference (nats / response)")):
+        zeros = 0
+        for disable in (False, True):
+            values = [abs(results[d, disable][key]) for d in dropouts]
+            zeros += sum(v == 0 for v in values)
+            ax.plot(dropouts, [v if v > 0 else float("nan") for v in values], "s--" if disable else "o-",
+                    color=plots.bug_fix_color(not disable),
+                    label="dropout disabled (fix)" if disable else "dropout on, train mode (bug)")
+        ax.set_yscale("log")
+        ax.set_xlabel("dropout probability")
+        ax.set_ylabel(label)
+        ax.set_title(f"{zeros} point(s) exactly 0, not drawn" if zeros else "", fontsize=8)
+    axes[0].legend()

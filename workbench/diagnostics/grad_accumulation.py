@@ -47,3 +47,52 @@ def full_batch_gradient(model, ids, mask, advantages) -> torch.Tensor:
 
 def relative_error(gradient: torch.Tensor, reference: torch.Tensor) -> float:
     return float((gradient - reference).norm() / reference.norm())
+
+
+# ---- batch, sweep, verdict and figure (notebook 10) -------------------------------------------
+def length_sorted_batch(tokenizer, batch_size: int, *, seed: int = 0, lengths=(2, 3, 4, 8, 16, 32)):
+    """A right-padded batch of random sequences sorted by length (as length-grouped samplers give),
+    so micro-batches differ in token count, with advantages ±1: ``(ids, mask, advantages)``."""
+    import random
+
+    from workbench.batching import pad_sequences
+
+    rng = random.Random(seed)
+    sizes = sorted(rng.choice(lengths) for _ in range(batch_size))
+    rows = [[tokenizer.bos_token_id] + [rng.randrange(4, len(tokenizer)) for _ in range(n)] for n in sizes]
+    ids, mask = pad_sequences(rows, tokenizer.pad_token_id, side="right")
+    return ids, mask, torch.tensor([rng.choice([-1.0, 1.0]) for _ in rows])
+
+
+def sweep(model, ids, mask, advantages, micro_batch_counts) -> dict[str, list[float]]:
+    """Relative gradient error against the full batch, per normalisation and micro-batch count."""
+    reference = full_batch_gradient(model, ids, mask, advantages)
+    return {n: [relative_error(accumulated_gradient(model, ids, mask, advantages, micro_batches=k, normalization=n), reference)
+                for k in micro_batch_counts] for n in ("per_micro_batch", "global")}
+
+
+def verdict(errors: dict[str, list[float]], *, threshold: float = 1e-2, tolerance: float = 1e-5) -> tuple[bool, bool]:
+    """(reproduced, fixed): the mean of micro-batch means misses the full-batch gradient by more than
+    ``threshold`` (relative) somewhere; global normalisation matches it within ``tolerance`` everywhere."""
+    return bool(max(errors["per_micro_batch"]) > threshold), bool(max(errors["global"]) <= tolerance)
+
+
+def plot_gradient_error(ax, micro_batch_counts, errors: dict[str, list[float]]) -> None:
+    """Relative gradient error vs the number of micro-batches; exact zeros are written at the bottom, not drawn."""
+    from workbench import plots
+
+    for normalization, bug in (("per_micro_batch", True), ("global", False)):
+        values = errors[normalization]
+        ax.plot(micro_batch_counts, [v if v > 0 else float("nan") for v in values], "o-" if bug else "s--",
+                color=plots.bug_fix_color(bug),
+                label="mean of micro-batch token means (bug)" if bug else "micro-batch sums / global token count (fix)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    bottom = ax.get_ylim()[0]
+    for normalization, bug in (("per_micro_batch", True), ("global", False)):
+        for k, v in zip(micro_batch_counts, errors[normalization], strict=True):
+            if v == 0:
+                ax.annotate("0", (k, bottom), ha="center", va="bottom", color=plots.bug_fix_color(bug), fontsize=8)
+    ax.set_xlabel("micro-batches accumulated")
+    ax.set_ylabel("‖g_accumulated − g_full‖ / ‖g_full‖ (0 written, not drawn)")
+    ax.legend()

@@ -35,3 +35,53 @@ def stopping_stats(model, tokenizer, problems: list[Problem], *, max_new_tokens:
     rewards = score_responses(tokenizer, problems, rollout.response_ids, rollout.response_mask, rollout.finished)
     return {"finished_fraction": float(rollout.finished.float().mean()),
             "mean_length": float(rollout.response_lengths.float().mean()), "accuracy": float(rewards.mean())}
+
+
+# ---- comparison, verdict and figures (notebook 08) --------------------------------------------
+def eos_targets_kept(tokenizer, problems: list[Problem], *, pad_equals_eos: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The SFT batch's ids and loss mask, and how many EOS targets the mask keeps."""
+    from workbench.trainers.sft import sft_batch
+
+    ids, _, loss_mask = sft_batch(tokenizer, problems, pad_equals_eos=pad_equals_eos)
+    return ids, loss_mask, int(((ids == tokenizer.eos_token_id) & loss_mask.bool()).sum())
+
+
+def compare(train: list[Problem], test: list[Problem], *, steps: int, seed: int = 0, arch: str = "qwen2",
+            max_new_tokens: int = 16) -> dict[bool, dict]:
+    """Train from scratch with pad ≠ EOS (False) and pad = EOS (True); greedy stopping stats of each."""
+    stats = {}
+    for bug in (False, True):
+        model, tokenizer, _ = sft_run(train, pad_equals_eos=bug, steps=steps, seed=seed, arch=arch)
+        stats[bug] = stopping_stats(model, tokenizer, test, max_new_tokens=max_new_tokens)
+    return stats
+
+
+def verdict(stats: dict[bool, dict], *, low: float = 0.1, high: float = 0.9) -> tuple[bool, bool]:
+    """(reproduced, fixed): with pad = EOS fewer than ``low`` of greedy answers stop; with a distinct pad more than ``high``."""
+    return bool(stats[True]["finished_fraction"] < low), bool(stats[False]["finished_fraction"] > high)
+
+
+def plot_sft_mask(ax, tokenizer, problems: list[Problem], *, pad_equals_eos: bool) -> int:
+    """The SFT loss mask with EOS cells marked (hatched where the mask drops them); returns the EOS targets kept."""
+    from workbench import plots
+
+    ids, loss_mask, kept = eos_targets_kept(tokenizer, problems, pad_equals_eos=pad_equals_eos)
+    is_eos = ids == tokenizer.eos_token_id
+    first_eos = is_eos & (is_eos.long().cumsum(-1) == 1)
+    title = "pad = EOS, mask = ids != pad (bug)" if pad_equals_eos else "distinct pad, explicit mask (fix)"
+    plots.plot_mask(ax, loss_mask, f"{title}: {kept} EOS targets kept", eos=first_eos)
+    return kept
+
+
+def plot_stopping(axes, stats: dict[bool, dict], max_new_tokens: int = 16) -> None:
+    """Share of greedy answers that stop, and their mean length, bug vs fix (values written on the bars)."""
+    from workbench import plots
+
+    labels, colors = ["distinct pad (fix)", "pad = EOS (bug)"], [plots.FIX_COLOR, plots.BUG_COLOR]
+    for ax, key, scale, ylabel in ((axes[0], "finished_fraction", 100, "greedy responses that stop (%)"),
+                                   (axes[1], "mean_length", 1, f"mean response length (tokens, limit {max_new_tokens})")):
+        values = [stats[False][key] * scale, stats[True][key] * scale]
+        ax.bar(labels, values, color=colors)
+        for i, v in enumerate(values):
+            ax.text(i, v, f"{v:.1f}", ha="center", va="bottom")
+        ax.set_ylabel(ylabel)

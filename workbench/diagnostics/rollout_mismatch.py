@@ -37,3 +37,50 @@ def rollout_vs_trainer(model, tokenizer, prompts: list[str], *, rollout_dtype: t
         "tis_max_weight": float(weights.max()),
         "tis_clipped_fraction": float((log_ratio.exp() > cap).float().mean()),
     }
+
+
+# ---- sweep, verdict and figures (notebook 12) -------------------------------------------------
+ROLLOUT_DTYPES = {"bf16 rollout": torch.bfloat16, "fp16 rollout": torch.float16, "fp32 rollout": torch.float32}
+
+
+def sweep(model, tokenizer, prompts: list[str], *, cap: float, seed: int = 0) -> dict:
+    """``rollout_vs_trainer`` for a bf16, fp16 and fp32 rollout copy of ``model``."""
+    return {name: rollout_vs_trainer(model, tokenizer, prompts, rollout_dtype=dtype, cap=cap, seed=seed)
+            for name, dtype in ROLLOUT_DTYPES.items()}
+
+
+def clipped_fraction_by_cap(log_ratio: torch.Tensor, caps) -> list[float]:
+    """Share of tokens whose importance ratio exceeds each cap C (the tokens TIS reweights)."""
+    ratio = log_ratio.exp()
+    return [float((ratio > c).float().mean()) for c in caps]
+
+
+def verdict(results: dict, *, threshold: float = 1e-2, tolerance: float = 1e-4) -> tuple[bool, bool]:
+    """(reproduced, fixed): a bf16 rollout gives max |ρ − 1| > ``threshold`` before any update; an fp32
+    rollout (the trainer's own precision) gives ≤ ``tolerance``, and TIS at the chosen cap acts on some
+    tokens (clipped fraction > 0) — a cap above every ratio corrects nothing."""
+    bf16, fp32 = results["bf16 rollout"], results["fp32 rollout"]
+    return bool(bf16["max_ratio_deviation"] > threshold), \
+        bool(fp32["max_ratio_deviation"] <= tolerance and bf16["tis_clipped_fraction"] > 0)
+
+
+def plot_mismatch(axes, results: dict, cap: float, caps=None) -> None:
+    """Left: histogram of the per-token log-ratio per rollout dtype. Right: share of tokens TIS clips vs the cap."""
+    from workbench import plots
+
+    colors = {"bf16 rollout": plots.BUG_COLOR, "fp16 rollout": plots.SERIES_COLORS[4], "fp32 rollout": plots.FIX_COLOR}
+    for i, (name, r) in enumerate(results.items()):
+        axes[0].hist(r["log_ratio"].numpy(), bins=60, histtype="step", color=colors.get(name), label=name, log=True,
+                     ls=plots.LINE_STYLES[i], lw=1.5)
+    axes[0].set_xlabel("log π_trainer(fp32) − log π_rollout per token (nats)")
+    axes[0].set_ylabel("tokens")
+    axes[0].legend()
+    caps = caps or sorted({1.001, 1.002, 1.005, 1.01, 1.02, 1.05, 1.1, 1.2, 1.5, 2.0, cap})
+    for name, r in results.items():
+        if name != "fp32 rollout":
+            shares = [100 * f for f in clipped_fraction_by_cap(r["log_ratio"], caps)]
+            axes[1].plot(caps, shares, "o-", color=colors.get(name), label=name)
+    axes[1].axvline(cap, color=plots.NEUTRAL_COLOR, ls="--", label=f"chosen cap C = {cap}")
+    axes[1].set_xlabel("TIS cap C (importance ratio)")
+    axes[1].set_ylabel("tokens with ratio > C: reweighted by TIS (%)")
+    axes[1].legend()

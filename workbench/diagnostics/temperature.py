@@ -27,3 +27,38 @@ def first_step_ratio(model, tokenizer, prompts: list[str], *, temperature: float
                              temperature=temperature if rescale else 1.0)
     log_ratio = (logp - rollout.rollout_logprobs)[rollout.response_mask.bool()]
     return {"max_ratio_deviation": float((log_ratio.exp() - 1).abs().max()), "mean_abs_log_ratio": float(log_ratio.abs().mean())}
+
+
+# ---- sweep, verdict and figure (notebook 06_temperature) --------------------------------------
+def sweep(model, tokenizer, prompts: list[str], temperatures, *, seed: int = 0) -> dict:
+    """``first_step_ratio`` for every temperature, bug and fix: ``{(τ, rescale): result}``."""
+    return {(t, rescale): first_step_ratio(model, tokenizer, prompts, temperature=t, rescale=rescale, seed=seed)
+            for t in temperatures for rescale in (False, True)}
+
+
+def verdict(results: dict, *, threshold: float = 1e-2, tolerance: float = 1e-4) -> tuple[bool, bool]:
+    """(reproduced, fixed): at some τ ≠ 1 the unscaled recomputation gives max |ρ − 1| > ``threshold``;
+    dividing by τ gives ≤ ``tolerance`` at every τ."""
+    temperatures = {t for t, _ in results}
+    reproduced = any(results[t, False]["max_ratio_deviation"] > threshold for t in temperatures if t != 1.0)
+    fixed = all(results[t, True]["max_ratio_deviation"] <= tolerance for t in temperatures)
+    return bool(reproduced), bool(fixed)
+
+
+def plot_ratio_vs_temperature(ax, results: dict) -> None:
+    """max |ρ − 1| before any update vs τ, bug and fix; exact zeros are listed in the title, not drawn."""
+    from workbench import plots
+
+    temperatures = sorted({t for t, _ in results})
+    zeros = []
+    for rescale in (False, True):
+        values = [results[t, rescale]["max_ratio_deviation"] for t in temperatures]
+        zeros += [f"τ={t}{' (fix)' if rescale else ' (bug)'}" for t, v in zip(temperatures, values, strict=True) if v == 0]
+        ax.plot(temperatures, [v if v > 0 else float("nan") for v in values], "s--" if rescale else "o-",
+                color=plots.bug_fix_color(not rescale),
+                label="logits / τ in the recomputation (fix)" if rescale else "raw logits (bug)")
+    ax.set_yscale("log")
+    ax.set_xlabel("sampling temperature τ")
+    ax.set_ylabel("max |ρ − 1| before any update")
+    ax.set_title("exactly 0 (not drawn): " + ", ".join(zeros) if zeros else "", fontsize=8)
+    ax.legend()

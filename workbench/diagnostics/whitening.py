@@ -29,3 +29,43 @@ def whitening_vs_padding(values: torch.Tensor, mask: torch.Tensor, extra_pads: l
         rows.append({"extra_pads": extra, "padding_fraction": 1 - float(padded_mask.float().mean()),
                      "naive_mean": naive["mean"], "naive_std": naive["std"], "masked_mean": masked["mean"], "masked_std": masked["std"]})
     return rows
+
+
+# ---- advantages of a real rollout, verdict and figure (notebook 13) ---------------------------
+def rollout_advantages(model_name: str, *, seed: int = 0, gamma: float = 1.0, lam: float = 0.95):
+    """GAE advantages of one PPO rollout of ``model_name`` (sparse score on the last token, V = 0):
+    ``(advantages, mask)``, both (B, T) with real padding."""
+    from workbench import losses
+    from workbench.models import load
+    from workbench.tasks import rl_problems
+    from workbench.trainers.ppo import PPOConfig, PPOTrainer, last_token_rewards
+
+    policy, tokenizer = load(model_name)
+    trainer = PPOTrainer(policy, tokenizer, rl_problems(64), PPOConfig(steps=1, seed=seed, progress=False))
+    _, rollout, scores = trainer.rollout(0)
+    mask = rollout.response_mask.float()
+    advantages, _ = losses.gae(last_token_rewards(scores, mask), torch.zeros_like(mask), mask, gamma, lam)
+    return advantages, mask
+
+
+def verdict(rows: list[dict], *, threshold: float = 0.05, tolerance: float = 1e-5) -> tuple[bool, bool]:
+    """(reproduced, fixed): naive whitening leaves real-token advantages off-centre by more than
+    ``threshold`` at some padding; masked whitening gives mean 0 (≤ ``tolerance``) and std 1 (±1e-3) at every padding."""
+    reproduced = max(abs(r["naive_mean"]) for r in rows) > threshold
+    fixed = all(abs(r["masked_mean"]) <= tolerance and abs(r["masked_std"] - 1) < 1e-3 for r in rows)
+    return bool(reproduced), bool(fixed)
+
+
+def plot_whitening(axes, rows: list[dict]) -> None:
+    """Mean and std of whitened advantages on real tokens vs the padding share, naive (bug) and masked (fix)."""
+    from workbench import plots
+
+    fractions = [r["padding_fraction"] * 100 for r in rows]
+    for ax, key, ylabel, target in ((axes[0], "mean", "mean of whitened advantages on real tokens", 0.0),
+                                    (axes[1], "std", "std of whitened advantages on real tokens", 1.0)):
+        ax.plot(fractions, [r[f"naive_{key}"] for r in rows], "o-", color=plots.BUG_COLOR, label="over every position (bug)")
+        ax.plot(fractions, [r[f"masked_{key}"] for r in rows], "s--", color=plots.FIX_COLOR, label="over real tokens (fix)")
+        ax.axhline(target, color=plots.NEUTRAL_COLOR, lw=0.8)
+        ax.set_xlabel("padding in the batch (%)")
+        ax.set_ylabel(ylabel)
+    axes[0].legend()

@@ -1,0 +1,74 @@
+"""The run report: headline first, bug/fix pairs with units, effective parameters, environment, both times."""
+
+import re
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+from workbench import report  # noqa: E402
+from workbench.runner import NotebookResult, notebook_title, render_notebook_html  # noqa: E402
+
+
+@pytest.fixture
+def result(tmp_path):
+    import matplotlib.pyplot as plt
+
+    folder = tmp_path / "01_x"
+    folder.mkdir()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    fig.savefig(folder / "claim.png")
+    plt.close(fig)
+    metrics = {"notebook": "01_x", "parameters": {"seed": 0, "steps": 3}, "reproduced": True, "fixed": True,
+               "metrics": {"drift_without_position_ids": {"gpt2": 0.41}, "drift_with_position_ids": {"gpt2": 0.0},
+                           "max_ratio_deviation_bug": 0.5, "max_ratio_deviation_fix": 1e-7, "packed_speedup": 2.0},
+               "headline": {"what": "max drift", "unit": "nats", "bug": 0.41, "fix": 0.0}}
+    return NotebookResult(stem="01_x", purpose="S1 · a purpose", out_dir=str(folder),
+                          parameters={"seed": 0, "out_dir": "/tmp/abc"}, seconds=12.5, ok=True, metrics=metrics,
+                          figures=["claim.png"], main_figure="claim.png")
+
+
+def test_metrics_pair_up_by_name_with_units():
+    pairs, others = report.group_metrics({"drift_without_position_ids": {"gpt2": 0.4}, "drift_with_position_ids": {"gpt2": 0.0},
+                                          "finished_fraction_bug": 0.0, "finished_fraction_fix": 0.9, "ppo": {"bug": 1, "fix": 2},
+                                          "packed_with_cache": 3.0, "speedup": 2.0})
+    assert ("drift_*_position_ids.gpt2", 0.4, 0.0, "nats") in pairs
+    assert ("finished_fraction_*", 0.0, 0.9, "share") in pairs and ("ppo.*", 1, 2, "") in pairs
+    assert dict(others) == {"packed_with_cache": 3.0, "speedup": 2.0}  # one side only: not a pair
+
+
+def test_section_leads_with_the_headline_and_hides_temporary_paths(tmp_path, result):
+    path = report.write_report(tmp_path, [result], total_seconds=20.0, smoke=True)
+    page = path.read_text()
+    section = page[page.index('<section id="01_x">'):]
+    assert section.index("class='headline'") < section.index("<img")  # headline before the figure
+    assert "bug 0.41 nats" in section and "fix 0 nats" in section
+    assert "drift_*_position_ids.gpt2" in section and "max_ratio_deviation_*" in section
+    assert "/tmp/abc" not in page and "&quot;steps&quot;" not in page and ">steps<" in section  # effective parameters
+    assert "wall time of the run: <b>20 s</b>" in page and "summed notebook time: <b>12 s</b>" in page
+    for name in ("Python", "torch", "transformers", "TRL", "device"):
+        assert f"<td>{name}</td>" in page
+    assert "main figure: claim.png" in section
+    assert "http://" not in page and "https://" not in page
+
+
+def test_a_notebook_without_headline_says_so(tmp_path, result):
+    del result.metrics["headline"]
+    assert "no headline number recorded" in report.write_report(tmp_path, [result], total_seconds=1, smoke=False).read_text()
+
+
+def test_rendered_page_is_titled_and_offline(tmp_path):
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 07 · P7 — Dropout\n\ntext"),
+                                               nbformat.v4.new_code_cell("1 + 1")])
+    path = tmp_path / "07_dropout.ipynb"
+    nbformat.write(notebook, str(path))
+    assert notebook_title(notebook, path) == "07 · P7 — Dropout"
+    page = render_notebook_html(path).read_text()
+    assert re.search(r"<title>07 · P7 — Dropout</title>", page)
+    scripts = re.findall(r"<script\b[^>]*>.*?</script>", page, re.DOTALL)
+    assert not [s for s in scripts if re.search(r"(src=\"https?://|import\(\"https?://|src=\"\")", s)]
+    assert "cdnjs" not in page and "unpkg" not in page
