@@ -104,7 +104,10 @@ def test_tokenizer_without_pad_token_names_the_fix(tmp_path):
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     config.pop("pad_token", None)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="no pad token.*pad_token="):
-        load(tmp_path)
+    _, automatic = load(tmp_path)  # pad_token="auto": the existing, never generated <pad>
+    assert automatic.pad_token == "<pad>" and automatic.pad_token_id != automatic.eos_token_id
     _, loaded = load(tmp_path, pad_token="<unk>")
     assert loaded.pad_token_id != loaded.eos_token_id
+    loaded.pad_token = None
+    with pytest.raises(ModelLoadError, match="no pad token.*pad_token='auto'"):
+        models.check_tokenizer(loaded)
