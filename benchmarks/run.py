@@ -31,6 +31,8 @@ HERE = Path(__file__).resolve().parent
 # the shared hyper-parameters of a comparison
 GRPO = dict(prompts=2, num_generations=8, max_new_tokens=8, learning_rate=1e-5)
 DPO = dict(batch_size=8, learning_rate=1e-5, beta=0.1)
+# one scoring call at a real vocabulary (Qwen2.5's), random weights built from a config
+MEMORY = dict(vocab_size=151936, rows=4, tokens=256)
 
 
 def _timed(step_fn, steps: int) -> float:
@@ -148,6 +150,75 @@ def worker(kind: str, steps: int, repeats: int) -> dict:
     return summary
 
 
+def _naive_scoring(model, input_ids, attention_mask):
+    """The scorer before chunking: full logits, upcast whole, a full log-softmax for the entropy."""
+    import torch
+    import torch.nn.functional as F
+
+    from workbench.scoring import forward
+
+    logits = forward(model, input_ids, attention_mask)[:, :-1].float()
+    logprobs = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    with torch.no_grad():
+        log_probs = F.log_softmax(logits.detach(), dim=-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return logprobs, entropy
+
+
+def _peak_mb(fn, device: str) -> float:
+    """Peak memory (MB) above what was held before ``fn()`` ran: the CUDA allocator's peak on a GPU,
+    the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) on a CPU."""
+    import re
+
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+    def status(field):
+        return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
+
+    Path("/proc/self/clear_refs").write_text("5")
+    before = status("VmRSS")
+    fn()
+    return status("VmHWM") - before
+
+
+def memory_worker(device: str) -> dict:
+    """Peak memory of one scoring call (log-probs + entropy, no gradient) and of one training call
+    (log-probs, backward) on a random Qwen2 with Qwen2.5's 151,936-token vocabulary: naive vs chunked."""
+    import torch
+
+    from workbench.models import tiny_model
+    from workbench.scoring import token_logprobs
+
+    model, _ = tiny_model("qwen2", vocab_size=MEMORY["vocab_size"], seed=0)
+    model.to(device)
+    rows, tokens = MEMORY["rows"], MEMORY["tokens"]
+    ids = torch.randint(4, MEMORY["vocab_size"], (rows, tokens), generator=torch.Generator().manual_seed(0)).to(device)
+    mask = torch.ones_like(ids)
+    paths = {"naive": _naive_scoring, "chunked": lambda m, i, k: token_logprobs(m, i, k, with_entropy=True)}
+    out = {"rows": rows, "tokens": tokens, "vocab_size": MEMORY["vocab_size"]}
+    for name, fn in paths.items():
+        def scoring(fn=fn):
+            with torch.no_grad():
+                fn(model, ids, mask)
+
+        def training(fn=fn):
+            fn(model, ids, mask)[0].sum().backward()
+
+        fn(model, ids[:, :8], mask[:, :8])[0].sum().backward()  # warm-up: kernels, gradient buffers
+        out[f"{name}_scoring_mb"] = _peak_mb(scoring, device)
+        model.zero_grad(set_to_none=False)
+        out[f"{name}_training_mb"] = _peak_mb(training, device)
+    return out
+
+
 def run_worker(kind: str, steps: int, repeats: int) -> dict:
     done = subprocess.run([sys.executable, __file__, "--worker", kind, "--steps", str(steps), "--repeats", str(repeats)],
                           capture_output=True, text=True)
@@ -184,11 +255,15 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--write", action="store_true", help="append the results to benchmarks/RESULTS.md")
     args = parser.parse_args()
     steps = args.steps or (20 if args.quick else 40)
     repeats = args.repeats or 3
+    if args.worker == "memory":
+        print(json.dumps(memory_worker(args.device)))
+        return 0
     if args.worker:
         print(json.dumps(worker(args.worker, steps, repeats)))
         return 0
