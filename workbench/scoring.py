@@ -156,15 +156,56 @@ def response_logprobs(
     with_entropy: bool = False,
     packed: bool = False,
     chunk_size: int | None = None,
+    share_prompts: bool = False,
 ):
     """Per-token log-probs (B, R) of ``response_ids`` given left-padded ``prompt_ids``.
 
     Returns ``logprobs`` or ``(logprobs, entropy)``. Values at masked response positions are
-    meaningless: every consumer selects with ``response_mask``.
+    meaningless: every consumer selects with ``response_mask``. ``share_prompts``: rows with the
+    same prompt (GRPO's groups) run the prompt once (see ``_scored_shared_prompts``); used only
+    with mask-derived position ids, padded layout, a model in eval mode (no dropout) that
+    ``lm_head_of`` accepts, and when a prompt repeats.
     """
-    logprobs, entropy = _scored(
-        model, torch.cat([prompt_ids, response_ids], dim=1), torch.cat([prompt_mask, response_mask], dim=1),
-        prompt_ids.shape[1] - 1, position_ids=position_ids, temperature=temperature, packed=packed,
-        with_entropy=with_entropy, chunk_size=chunk_size,
-    )
+    shared = None
+    if share_prompts and not packed and position_ids == "mask" and not getattr(model, "training", True):
+        shared = _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature,
+                                        with_entropy=with_entropy, chunk_size=chunk_size)
+    if shared is not None:
+        logprobs, entropy = shared
+    else:
+        logprobs, entropy = _scored(
+            model, torch.cat([prompt_ids, response_ids], dim=1), torch.cat([prompt_mask, response_mask], dim=1),
+            prompt_ids.shape[1] - 1, position_ids=position_ids, temperature=temperature, packed=packed,
+            with_entropy=with_entropy, chunk_size=chunk_size,
+        )
     return (logprobs, entropy) if with_entropy else logprobs
+
+
+def _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature, with_entropy, chunk_size):
+    """Log-probs of the responses with each distinct prompt run once (GRPO's groups): the prompt
+    forward fills a KV cache, which is copied to the rows sharing the prompt (autograd flows back
+    through the copy), and the responses run on top of it. Same maths as the full forward; float
+    noise differs (other matmul shapes). None when no prompt repeats or the model is not a plain
+    LM-head model (e.g. a DDP wrapper, which must see one forward per backward)."""
+    parts = lm_head_of(model)
+    if parts is None:
+        return None
+    rows = torch.cat([prompt_ids, prompt_mask], dim=1)
+    distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    if distinct.shape[0] == rows.shape[0]:
+        return None
+    body, head = parts
+    first = torch.full((distinct.shape[0],), rows.shape[0], dtype=torch.long, device=rows.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(rows.shape[0], device=rows.device), "amin")
+    prompt_positions = position_ids_from_mask(prompt_mask)
+    prompt_out = body(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=prompt_positions[first],
+                      use_cache=True)
+    cache = prompt_out.past_key_values
+    cache.reorder_cache(inverse)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    positions = position_ids_from_mask(attention_mask)[:, prompt_ids.shape[1]:]
+    response_hidden = body(input_ids=response_ids, attention_mask=attention_mask, position_ids=positions,
+                           past_key_values=cache, use_cache=True).last_hidden_state
+    # the hidden state before each response token: the prompt's last one, then the response's own
+    hidden = torch.cat([prompt_out.last_hidden_state[inverse, -1:], response_hidden[:, :-1]], dim=1)
+    return head_logprobs_and_entropy(hidden, head, response_ids, temperature, with_entropy=with_entropy, chunk_size=chunk_size)
