@@ -7,10 +7,12 @@
 Each side of a comparison runs in its own Python process, started once; both are built before any
 timing starts, then the repeats alternate workbench, TRL, workbench, TRL, ... (each repeat builds a
 fresh trainer from the same saved model folder, takes one warm-up step and times ``--steps``
-steps), so a drift in the machine's speed hits both sides alike. The median steps/s of each side
-is compared. On a CPU both sides run with the same number of threads (``--threads``, default 1:
-on a shared 2-core machine, two OpenMP threads that wait for each other turn small ops 10-50×
-slower whenever another process holds a core, and the numbers become noise).
+steps), so a drift in the machine's speed hits both sides alike. On a CPU both sides run with the
+same number of threads (``--threads``, default 1: on a shared 2-core machine, two OpenMP threads
+that wait for each other turn small ops 10-50× slower whenever another process holds a core) and
+the ratio compares the medians of steps per CPU-second of each process, which other processes on
+the shared cores cannot slow down (the wall-clock steps/s are printed too); on a GPU, wall-clock
+steps/s.
 
 Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or the saving):
 
@@ -61,27 +63,37 @@ MARK = "@@bench "  # prefix of the worker's result lines on stdout
 # --------------------------------------------------------------------------------------------
 # Worker side: one process per trainer, serving repeats
 # --------------------------------------------------------------------------------------------
-def _timed(step_fn, steps: int) -> float:
+def _clock() -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process)."""
+    return time.perf_counter(), time.process_time()
+
+
+def _rates(start: tuple[float, float], end: tuple[float, float], steps: int) -> dict:
+    """Steps per wall-clock second and per CPU second of the process."""
+    return {"steps_per_s": steps / (end[0] - start[0]), "steps_per_cpu_s": steps / (end[1] - start[1])}
+
+
+def _timed(step_fn, steps: int) -> dict:
     step_fn()  # warm-up
-    start = time.perf_counter()
+    start = _clock()
     for _ in range(steps):
         step_fn()
-    return steps / (time.perf_counter() - start)
+    return _rates(start, _clock(), steps)
 
 
-def _train_with_clock(trainer) -> list[float]:
-    """Run a transformers/TRL trainer and return the wall-clock time at the end of every step."""
+def _train_with_clock(trainer) -> dict:
+    """Run a transformers/TRL trainer; rates between the end of its first step and of its last."""
     from transformers import TrainerCallback
 
-    times: list[float] = []
+    times: list[tuple[float, float]] = []
 
     class Clock(TrainerCallback):
         def on_step_end(self, *args, **kwargs):
-            times.append(time.perf_counter())
+            times.append(_clock())
 
     trainer.add_callback(Clock())
     trainer.train()
-    return times
+    return _rates(times[0], times[-1], len(times) - 1)
 
 
 def _grpo_workbench(folder, settings, steps, seed, device):
@@ -102,8 +114,7 @@ def _grpo_workbench(folder, settings, steps, seed, device):
         state["tokens"] += out["response_length"] * settings["prompts"] * settings["num_generations"]
         state["rewards"].append(out["reward"])
 
-    rate = _timed(step, steps)
-    return {"steps_per_s": rate, "tokens_per_step": state["tokens"] / state["step"], "values": state["rewards"]}
+    return {**_timed(step, steps), "tokens_per_step": state["tokens"] / state["step"], "values": state["rewards"]}
 
 
 def _grpo_trl(folder, settings, steps, seed, device):
@@ -127,10 +138,10 @@ def _grpo_trl(folder, settings, steps, seed, device):
                       save_strategy="no", seed=seed, disable_tqdm=True, temperature=1.0)
     trainer = GRPOTrainer(model=folder, reward_funcs=reward_fn, args=args, processing_class=tokenizer,
                           train_dataset=Dataset.from_list([{"prompt": p} for p in problems] * 8))
-    times = _train_with_clock(trainer)
+    rates = _train_with_clock(trainer)
     history = [h for h in trainer.state.log_history if "completions/mean_length" in h]
     tokens = history[-1]["completions/mean_length"] * settings["prompts"] * settings["num_generations"] if history else 0.0
-    return {"steps_per_s": (len(times) - 1) / (times[-1] - times[0]), "tokens_per_step": tokens,
+    return {**rates, "tokens_per_step": tokens,
             "values": [h["reward"] for h in trainer.state.log_history if "reward" in h]}
 
 
@@ -151,7 +162,7 @@ def _dpo_workbench(folder, settings, steps, seed, device):
         state["step"] += 1
         state["losses"].append(out["loss"])
 
-    return {"steps_per_s": _timed(step, steps), "values": state["losses"]}
+    return {**_timed(step, steps), "values": state["losses"]}
 
 
 def _dpo_trl(folder, settings, steps, seed, device):
@@ -167,9 +178,7 @@ def _dpo_trl(folder, settings, steps, seed, device):
                      per_device_train_batch_size=settings["batch_size"], learning_rate=settings["learning_rate"],
                      beta=settings["beta"], max_steps=steps + 1, save_strategy="no", seed=seed, disable_tqdm=True)
     trainer = DPOTrainer(model=folder, args=args, train_dataset=Dataset.from_list(pairs), processing_class=tokenizer)
-    times = _train_with_clock(trainer)
-    return {"steps_per_s": (len(times) - 1) / (times[-1] - times[0]),
-            "values": [h["loss"] for h in trainer.state.log_history if "loss" in h]}
+    return {**_train_with_clock(trainer), "values": [h["loss"] for h in trainer.state.log_history if "loss" in h]}
 
 
 RUNNERS = {"grpo-workbench": _grpo_workbench, "grpo-trl": _grpo_trl, "dpo-workbench": _dpo_workbench, "dpo-trl": _dpo_trl}
@@ -252,14 +261,21 @@ def paired(name: str, folder: str, settings: dict, steps: int, repeats: int, arg
     summary = {}
     for side, results in runs.items():
         rates = [r["steps_per_s"] for r in results]
+        cpu_rates = [r["steps_per_cpu_s"] for r in results]
         values = [v for r in results for v in r["values"]]
-        summary[side] = {"steps_per_s": rates, "median": statistics.median(rates),
-                         "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
+        summary[side] = {"steps_per_s": rates, "median": statistics.median(rates), "cpu_median": statistics.median(cpu_rates),
+                         "steps_per_cpu_s": cpu_rates, "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
                          "range": [min(values), max(values)] if values else None}
         if "tokens_per_step" in results[0]:
             summary[side]["tokens_per_s"] = statistics.median(r["tokens_per_step"] * r["steps_per_s"] for r in results)
-    summary["ratio"] = summary["workbench"]["median"] / summary["trl"]["median"]
-    pairs = zip(summary["workbench"]["steps_per_s"], summary["trl"]["steps_per_s"], strict=True)
+    # the headline: wall-clock steps/s on a GPU; on a CPU (one thread per process) steps per CPU
+    # second of each process, which another process on the shared cores cannot slow down
+    key = "steps_per_s" if args.device == "cuda" else "steps_per_cpu_s"
+    summary["key"] = key
+    summary["ratio"] = statistics.median(runs["workbench"][i][key] for i in range(repeats)) / statistics.median(
+        runs["trl"][i][key] for i in range(repeats))
+    summary["wall_ratio"] = summary["workbench"]["median"] / summary["trl"]["median"]
+    pairs = zip(summary["workbench"][key], summary["trl"][key], strict=True)
     summary["pair_ratios"] = [a / b for a, b in pairs]
     return summary
 
@@ -272,9 +288,13 @@ def _comparison_line(label: str, s: dict, value_name: str) -> str:
         return "—" if r is None else f"[{r[0]:.3g}, {r[1]:.3g}]"
 
     pairs = ", ".join(f"{r:.2f}" for r in s["pair_ratios"])
-    return (f"{label}: workbench {ours['median']:.2f} steps/s vs TRL {theirs['median']:.2f} steps/s{tokens}, "
-            f"peak RSS {ours['peak_rss_mb']:.0f} vs {theirs['peak_rss_mb']:.0f} MB, {value_name} range {fmt(ours['range'])} vs "
-            f"{fmt(theirs['range'])}, per-repeat ratios {pairs} → {s['ratio']:.2f}×")
+    if s["key"] == "steps_per_cpu_s":
+        speed = (f"workbench {ours['cpu_median']:.2f} vs TRL {theirs['cpu_median']:.2f} steps per CPU-second "
+                 f"(wall clock {ours['median']:.2f} vs {theirs['median']:.2f} steps/s, {s['wall_ratio']:.2f}×)")
+    else:
+        speed = f"workbench {ours['median']:.2f} steps/s vs TRL {theirs['median']:.2f} steps/s"
+    return (f"{label}: {speed}{tokens}, peak RSS {ours['peak_rss_mb']:.0f} vs {theirs['peak_rss_mb']:.0f} MB, "
+            f"{value_name} range {fmt(ours['range'])} vs {fmt(theirs['range'])}, per-repeat ratios {pairs} → {s['ratio']:.2f}×")
 
 
 def _save_model(folder: str, model, tokenizer) -> str:
@@ -361,8 +381,13 @@ def run_memory(args) -> dict:
 
 
 # ---- packing and EOS -------------------------------------------------------------------------
+def _timer(device: str) -> float:
+    """Wall clock on a GPU; this process's CPU time on a CPU (immune to other processes' load)."""
+    return time.perf_counter() if device == "cuda" else time.process_time()
+
+
 def scoring_throughput(model, sequences, *, packed: bool, device: str, repeats: int) -> float:
-    """Real tokens scored per second (median of ``repeats``), right-padded or bin-packed."""
+    """Real tokens scored per second (median of ``repeats``; CPU seconds on a CPU), right-padded or bin-packed."""
     import torch
 
     from workbench.batching import pad_sequences
@@ -372,13 +397,35 @@ def scoring_throughput(model, sequences, *, packed: bool, device: str, repeats: 
     times = []
     with torch.no_grad():
         for i in range(repeats + 1):
-            start = time.perf_counter()
+            start = _timer(device)
             token_logprobs(model, ids, mask, packed=packed)
             if device == "cuda":
                 torch.cuda.synchronize()
             if i:  # the first call is a warm-up
-                times.append(time.perf_counter() - start)
+                times.append(_timer(device) - start)
     return int(mask.sum()) / statistics.median(times)
+
+
+def one_row_throughput(model, sequences, *, device: str, repeats: int) -> float:
+    """The same, all sequences in one packed row (the previous packed path: a total × total mask)."""
+    import torch
+
+    from workbench.batching import pack_sequences
+    from workbench.scoring import logprobs_from_logits
+
+    batch = pack_sequences(sequences)
+    inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.model_inputs().items()}
+    targets = batch.targets.to(device)
+    times = []
+    with torch.no_grad():
+        for i in range(repeats + 1):
+            start = _timer(device)
+            logprobs_from_logits(model(**inputs).logits, targets)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if i:
+                times.append(_timer(device) - start)
+    return sum(batch.lengths) / statistics.median(times)
 
 
 def extras(args) -> dict:
@@ -401,14 +448,15 @@ def extras(args) -> dict:
     tiny, _ = tiny_model("qwen2")
     tiny.to(args.device)
     repeats = 5 if args.quick else 11
-    padded, packed = [], []
-    for _ in range(3):  # alternate the two layouts, median of medians
+    padded, packed, one_row = [], [], []
+    for _ in range(3):  # alternate the layouts, median of medians
         padded.append(scoring_throughput(tiny, ragged, packed=False, device=args.device, repeats=repeats))
         packed.append(scoring_throughput(tiny, ragged, packed=True, device=args.device, repeats=repeats))
+        one_row.append(one_row_throughput(tiny, ragged, device=args.device, repeats=repeats))
     padded_tok_s, packed_tok_s = statistics.median(padded), statistics.median(packed)
     return {"eos_time_ratio": bug["seconds"] / fix["seconds"], "eos_tokens_bug": bug["tokens_generated"],
             "eos_tokens_fix": fix["tokens_generated"], "packed_speedup": packed_tok_s / padded_tok_s,
-            "padded_tok_s": padded_tok_s, "packed_tok_s": packed_tok_s,
+            "padded_tok_s": padded_tok_s, "packed_tok_s": packed_tok_s, "one_row_tok_s": statistics.median(one_row),
             "rows": len(first_fit_decreasing(lengths, max(lengths))), "sequences": len(lengths)}
 
 
@@ -467,8 +515,8 @@ def main() -> int:
         results["grpo_large"], "reward"))
     extra = extras(args)
     lines.append(f"Packed vs padded scoring ({extra['sequences']} ragged sequences, 8–200 tokens, first-fit-decreasing into "
-                 f"{extra['rows']} rows of 200): {extra['padded_tok_s']:.0f} → {extra['packed_tok_s']:.0f} tok/s → "
-                 f"{extra['packed_speedup']:.2f}×")
+                 f"{extra['rows']} rows of 200; one row of everything: {extra['one_row_tok_s']:.0f} tok/s): "
+                 f"{extra['padded_tok_s']:.0f} → {extra['packed_tok_s']:.0f} tok/s → {extra['packed_speedup']:.2f}×")
     memory = run_memory(args)
     m = memory
     lines.append(f"Scoring memory (one call, log-probs + entropy, {m['rows']}×{m['tokens']} tokens, "
