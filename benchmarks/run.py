@@ -1,13 +1,31 @@
-"""Benchmarks: workbench trainers vs TRL on the same tiny model, data and hyper-parameters (CPU, fp32).
+"""Benchmarks: workbench trainers vs TRL on the same model, data and hyper-parameters, side by side.
 
-    python benchmarks/run.py --quick      # < 1 minute
+    python benchmarks/run.py --quick      # about 1.5 minutes on 2 CPU cores
     python benchmarks/run.py              # more steps and repeats
+    python benchmarks/run.py --device cuda --write   # the same comparisons on a GPU
 
-Each side runs in its own fresh Python process (so peak memory is measured per side); inside it
-the trainer is built ``--repeats`` times and timed over ``--steps`` steps after one warm-up step.
-Printed: one line per comparison ending in the ratio workbench/TRL of the median steps/s. Also the
-EOS-stopping saving and the packed-vs-padded scoring speedup. Results can be appended to
-benchmarks/RESULTS.md with ``--write``.
+Each side of a comparison runs in its own Python process, started once; both are built before any
+timing starts, then the repeats alternate workbench, TRL, workbench, TRL, ... (each repeat builds a
+fresh trainer from the same saved model folder, takes one warm-up step and times ``--steps``
+steps), so a drift in the machine's speed hits both sides alike. On a CPU both sides run with the
+same number of threads (``--threads``, default 1: on a shared 2-core machine, two OpenMP threads
+that wait for each other turn small ops 10-50× slower whenever another process holds a core) and
+the ratio compares the medians of steps per CPU-second of each process, which other processes on
+the shared cores cannot slow down (the wall-clock steps/s are printed too); on a GPU, wall-clock
+steps/s.
+
+Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or the saving):
+
+* ``GRPO:`` and ``DPO:`` — the shipped ``tiny-arith-qwen2`` (0.4M parameters), TRL 1.16;
+* ``GRPO, larger model`` — a random Qwen2 configuration of ~12M parameters with a 32k
+  vocabulary, where compute rather than Python overhead dominates;
+* ``Packed vs padded`` — scoring a ragged batch (8–200 tokens) bin-packed vs padded;
+* ``Scoring memory`` — peak memory of one scoring call (log-probs + entropy) on a random Qwen2 with
+  Qwen2.5's 151,936-token vocabulary, the naive full-logits path vs the chunked one;
+* ``EOS stopping`` — the rollout time saved by stopping at EOS (pitfall S3).
+
+``--write`` appends the lines, the machine, the load average and the settings to
+benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -16,6 +34,8 @@ import argparse
 import json
 import os
 import platform
+import random
+import re
 import resource
 import statistics
 import subprocess
@@ -28,198 +48,508 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
-# the shared hyper-parameters of a comparison
+# the shared hyper-parameters of each comparison
 GRPO = dict(prompts=2, num_generations=8, max_new_tokens=8, learning_rate=1e-5)
 DPO = dict(batch_size=8, learning_rate=1e-5, beta=0.1)
+# the larger model: a random Qwen2 from a config (no hub), 32k vocabulary; shorter runs
+LARGE_MODEL = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=768, vocab_size=32000, max_position_embeddings=512)
+GRPO_LARGE = dict(prompts=2, num_generations=4, max_new_tokens=16, learning_rate=1e-5)
+# one scoring call at a real vocabulary (Qwen2.5's), random weights built from a config
+MEMORY = dict(vocab_size=151936, rows=4, tokens=256)
+MARK = "@@bench "  # prefix of the worker's result lines on stdout
 
 
-def _timed(step_fn, steps: int) -> float:
+# --------------------------------------------------------------------------------------------
+# Worker side: one process per trainer, serving repeats
+# --------------------------------------------------------------------------------------------
+def _clock() -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process)."""
+    return time.perf_counter(), time.process_time()
+
+
+def _rates(start: tuple[float, float], end: tuple[float, float], steps: int) -> dict:
+    """Steps per wall-clock second and per CPU second of the process."""
+    return {"steps_per_s": steps / (end[0] - start[0]), "steps_per_cpu_s": steps / (end[1] - start[1])}
+
+
+def _timed(step_fn, steps: int) -> dict:
     step_fn()  # warm-up
-    start = time.perf_counter()
+    start = _clock()
     for _ in range(steps):
         step_fn()
-    return steps / (time.perf_counter() - start)
+    return _rates(start, _clock(), steps)
 
 
-def _train_with_clock(trainer) -> list[float]:
-    """Run a transformers/TRL trainer and return the wall-clock time at the end of every step."""
+def _train_with_clock(trainer) -> dict:
+    """Run a transformers/TRL trainer; rates between the end of its first step and of its last."""
     from transformers import TrainerCallback
 
-    times: list[float] = []
+    times: list[tuple[float, float]] = []
 
     class Clock(TrainerCallback):
         def on_step_end(self, *args, **kwargs):
-            times.append(time.perf_counter())
+            times.append(_clock())
 
     trainer.add_callback(Clock())
     trainer.train()
-    return times
+    return _rates(times[0], times[-1], len(times) - 1)
 
 
-def worker(kind: str, steps: int, repeats: int) -> dict:
+def _grpo_workbench(folder, settings, steps, seed, device):
+    from workbench.models import load
+    from workbench.tasks import rl_problems
+    from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
+
+    model, tok = load(folder)
+    model.to(device)
+    trainer = GRPOTrainer(model, tok, rl_problems(64), GRPOConfig(
+        steps=10**6, prompts_per_step=settings["prompts"], num_generations=settings["num_generations"],
+        max_new_tokens=settings["max_new_tokens"], learning_rate=settings["learning_rate"], progress=False, seed=seed))
+    state = {"step": 0, "tokens": 0.0, "rewards": []}
+
+    def step():
+        out = trainer.train_step(state["step"])
+        state["step"] += 1
+        state["tokens"] += out["response_length"] * settings["prompts"] * settings["num_generations"]
+        state["rewards"].append(out["reward"])
+
+    return {**_timed(step, steps), "tokens_per_step": state["tokens"] / state["step"], "values": state["rewards"]}
+
+
+def _grpo_trl(folder, settings, steps, seed, device):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from workbench.tasks import reward, rl_problems
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    problems = {p.prompt: p for p in rl_problems(64)}
+    eos = tokenizer.eos_token
+
+    def reward_fn(prompts, completions, **kw):
+        return [reward(c.split(eos)[0] if eos in c else c, True, problems[p]) for p, c in zip(prompts, completions, strict=True)]
+
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=device == "cpu", bf16=False, report_to="none", logging_steps=10**6,
+                      per_device_train_batch_size=settings["prompts"] * settings["num_generations"],
+                      num_generations=settings["num_generations"], max_completion_length=settings["max_new_tokens"],
+                      learning_rate=settings["learning_rate"], max_steps=steps + 1, beta=0.0, loss_type="grpo",
+                      save_strategy="no", seed=seed, disable_tqdm=True, temperature=1.0)
+    trainer = GRPOTrainer(model=folder, reward_funcs=reward_fn, args=args, processing_class=tokenizer,
+                          train_dataset=Dataset.from_list([{"prompt": p} for p in problems] * 8))
+    rates = _train_with_clock(trainer)
+    history = [h for h in trainer.state.log_history if "completions/mean_length" in h]
+    tokens = history[-1]["completions/mean_length"] * settings["prompts"] * settings["num_generations"] if history else 0.0
+    return {**rates, "tokens_per_step": tokens,
+            "values": [h["reward"] for h in trainer.state.log_history if "reward" in h]}
+
+
+def _dpo_workbench(folder, settings, steps, seed, device):
+    from workbench.models import load
+    from workbench.tasks import TRAIN_PREFERENCES, load_preferences
+    from workbench.trainers.dpo import DPOConfig, DPOTrainer
+
+    model, tok = load(folder)
+    model.to(device)
+    trainer = DPOTrainer(model, tok, load_preferences(TRAIN_PREFERENCES)[:512], DPOConfig(
+        steps=10**6, batch_size=settings["batch_size"], learning_rate=settings["learning_rate"], beta=settings["beta"],
+        progress=False, seed=seed))
+    state = {"step": 0, "losses": []}
+
+    def step():
+        out = trainer.train_step(state["step"])
+        state["step"] += 1
+        state["losses"].append(out["loss"])
+
+    return {**_timed(step, steps), "values": state["losses"]}
+
+
+def _dpo_trl(folder, settings, steps, seed, device):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    from workbench.tasks import TRAIN_PREFERENCES, load_preferences
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    pairs = [{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in load_preferences(TRAIN_PREFERENCES)[:512]]
+    args = DPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=device == "cpu", bf16=False, report_to="none", logging_steps=1,
+                     per_device_train_batch_size=settings["batch_size"], learning_rate=settings["learning_rate"],
+                     beta=settings["beta"], max_steps=steps + 1, save_strategy="no", seed=seed, disable_tqdm=True)
+    trainer = DPOTrainer(model=folder, args=args, train_dataset=Dataset.from_list(pairs), processing_class=tokenizer)
+    return {**_train_with_clock(trainer), "values": [h["loss"] for h in trainer.state.log_history if "loss" in h]}
+
+
+RUNNERS = {"grpo-workbench": _grpo_workbench, "grpo-trl": _grpo_trl, "dpo-workbench": _dpo_workbench, "dpo-trl": _dpo_trl}
+
+
+def serve(kind: str, folder: str, settings: dict, steps: int, device: str, threads: int) -> None:
+    """Worker loop: import everything, say ``ready``, then run one repeat per seed read from stdin."""
     import torch
 
-    from workbench.models import load
-    from workbench.tasks import TRAIN_PREFERENCES, load_preferences, rl_problems
+    if device == "cpu":
+        torch.set_num_threads(threads)
+    import trl  # noqa: F401  (imported before "ready" on both sides: no import inside a timed region)
 
-    torch.manual_seed(0)
-    policy0, tokenizer = load("tiny-arith-qwen2")
-    folder = tempfile.mkdtemp()
-    policy0.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    rates, extra = [], {}
-    for repeat in range(repeats):
-        if kind == "grpo-workbench":
-            from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
+    import workbench.trainers.dpo  # noqa: F401
+    import workbench.trainers.grpo  # noqa: F401
 
-            model, tok = load(folder)
-            trainer = GRPOTrainer(model, tok, rl_problems(64), GRPOConfig(
-                steps=10**6, prompts_per_step=GRPO["prompts"], num_generations=GRPO["num_generations"],
-                max_new_tokens=GRPO["max_new_tokens"], learning_rate=GRPO["learning_rate"], progress=False, seed=repeat))
-            state = {"step": 0, "tokens": 0}
+    print(MARK + json.dumps({"ready": kind}), flush=True)
+    for line in sys.stdin:
+        seed = int(line)
+        result = RUNNERS[kind](folder, settings, steps, seed, device)
+        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(MARK + json.dumps(result), flush=True)
 
-            def step():
-                out = trainer.train_step(state["step"])
-                state["step"] += 1
-                state["tokens"] += out["response_length"] * GRPO["prompts"] * GRPO["num_generations"]
-                extra.setdefault("rewards", []).append(out["reward"])
 
-            rates.append(_timed(step, steps))
-            extra["tokens_per_step"] = state["tokens"] / state["step"]
-        elif kind == "grpo-trl":
-            from datasets import Dataset
-            from trl import GRPOConfig, GRPOTrainer
+# --------------------------------------------------------------------------------------------
+# Orchestrator side
+# --------------------------------------------------------------------------------------------
+class Worker:
+    def __init__(self, kind: str, folder: str, settings: dict, steps: int, args):
+        command = [sys.executable, __file__, "--serve", kind, "--folder", folder, "--settings", json.dumps(settings),
+                   "--steps", str(steps), "--device", args.device, "--threads", str(args.threads)]
+        self.kind = kind
+        self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty worker never blocks on it
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                        text=True, env=_worker_env(args))
 
-            from workbench.tasks import reward
+    def _read(self) -> dict:
+        while True:
+            line = self.process.stdout.readline()
+            if not line:
+                self.log.seek(0)
+                raise RuntimeError(f"{self.kind} worker died:\n{self.log.read()[-3000:]}")
+            if line.startswith(MARK):  # trainers print to stdout too
+                return json.loads(line[len(MARK):])
 
-            problems = {p.prompt: p for p in rl_problems(64)}
+    def ready(self) -> None:
+        self._read()
 
-            def reward_fn(prompts, completions, **kw):
-                return [reward(c.split(tok_eos)[0] if tok_eos in c else c, True, problems[p]) for p, c in zip(prompts, completions, strict=False)]
+    def run(self, seed: int) -> dict:
+        self.process.stdin.write(f"{seed}\n")
+        self.process.stdin.flush()
+        return self._read()
 
-            tok_eos = tokenizer.eos_token
-            args = GRPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=False, report_to="none", logging_steps=10**6,
-                              per_device_train_batch_size=GRPO["prompts"] * GRPO["num_generations"],
-                              num_generations=GRPO["num_generations"], max_completion_length=GRPO["max_new_tokens"],
-                              learning_rate=GRPO["learning_rate"], max_steps=steps + 1, beta=0.0, loss_type="grpo",
-                              save_strategy="no", seed=repeat, disable_tqdm=True, temperature=1.0)
-            trainer = GRPOTrainer(model=folder, reward_funcs=reward_fn, args=args, processing_class=tokenizer,
-                                  train_dataset=Dataset.from_list([{"prompt": p} for p in problems] * 8))
-            times = _train_with_clock(trainer)
-            rates.append((len(times) - 1) / (times[-1] - times[0]))
-            history = [h for h in trainer.state.log_history if "completions/mean_length" in h]
-            if history:
-                extra["tokens_per_step"] = history[-1]["completions/mean_length"] * GRPO["prompts"] * GRPO["num_generations"]
-        elif kind == "dpo-workbench":
-            from workbench.trainers.dpo import DPOConfig, DPOTrainer
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
 
-            model, tok = load(folder)
-            trainer = DPOTrainer(model, tok, load_preferences(TRAIN_PREFERENCES)[:512], DPOConfig(
-                steps=10**6, batch_size=DPO["batch_size"], learning_rate=DPO["learning_rate"], beta=DPO["beta"], progress=False, seed=repeat))
-            state = {"step": 0}
 
-            def step():
-                out = trainer.train_step(state["step"])
-                state["step"] += 1
-                extra.setdefault("losses", []).append(out["loss"])
+def _worker_env(args) -> dict:
+    env = dict(os.environ)
+    if args.device == "cpu":
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
+    return env
 
-            rates.append(_timed(step, steps))
-        elif kind == "dpo-trl":
-            from datasets import Dataset
-            from trl import DPOConfig, DPOTrainer
 
-            pairs = [{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in load_preferences(TRAIN_PREFERENCES)[:512]]
-            args = DPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=False, report_to="none", logging_steps=1,
-                             per_device_train_batch_size=DPO["batch_size"], learning_rate=DPO["learning_rate"], beta=DPO["beta"],
-                             max_steps=steps + 1, save_strategy="no", seed=repeat, disable_tqdm=True)
-            trainer = DPOTrainer(model=folder, args=args, train_dataset=Dataset.from_list(pairs), processing_class=tokenizer)
-            times = _train_with_clock(trainer)
-            rates.append((len(times) - 1) / (times[-1] - times[0]))
-            extra["losses"] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-        else:
-            raise ValueError(kind)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    summary = {"kind": kind, "steps_per_s": rates, "median_steps_per_s": statistics.median(rates), "peak_rss_mb": peak_mb}
-    if "tokens_per_step" in extra:
-        summary["tokens_per_s"] = extra["tokens_per_step"] * summary["median_steps_per_s"]
-    for key in ("rewards", "losses"):
-        if key in extra and extra[key]:
-            summary[f"{key}_range"] = [min(extra[key]), max(extra[key])]
+def paired(name: str, folder: str, settings: dict, steps: int, repeats: int, args) -> dict:
+    """Repeats alternating workbench and TRL (both processes ready before the first timing)."""
+    ours = Worker(f"{name}-workbench", folder, settings, steps, args)
+    theirs = Worker(f"{name}-trl", folder, settings, steps, args)
+    ours.ready()
+    theirs.ready()
+    runs: dict[str, list[dict]] = {"workbench": [], "trl": []}
+    try:
+        for seed in range(repeats):
+            runs["workbench"].append(ours.run(seed))
+            runs["trl"].append(theirs.run(seed))
+    finally:
+        ours.close()
+        theirs.close()
+    summary = {}
+    for side, results in runs.items():
+        rates = [r["steps_per_s"] for r in results]
+        cpu_rates = [r["steps_per_cpu_s"] for r in results]
+        values = [v for r in results for v in r["values"]]
+        summary[side] = {"steps_per_s": rates, "median": statistics.median(rates), "cpu_median": statistics.median(cpu_rates),
+                         "steps_per_cpu_s": cpu_rates, "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
+                         "range": [min(values), max(values)] if values else None}
+        if "tokens_per_step" in results[0]:
+            summary[side]["tokens_per_s"] = statistics.median(r["tokens_per_step"] * r["steps_per_s"] for r in results)
+    # the headline: wall-clock steps/s on a GPU; on a CPU (one thread per process) steps per CPU
+    # second of each process, which another process on the shared cores cannot slow down
+    key = "steps_per_s" if args.device == "cuda" else "steps_per_cpu_s"
+    summary["key"] = key
+    summary["ratio"] = statistics.median(runs["workbench"][i][key] for i in range(repeats)) / statistics.median(
+        runs["trl"][i][key] for i in range(repeats))
+    summary["wall_ratio"] = summary["workbench"]["median"] / summary["trl"]["median"]
+    pairs = zip(summary["workbench"][key], summary["trl"][key], strict=True)
+    summary["pair_ratios"] = [a / b for a, b in pairs]
     return summary
 
 
-def run_worker(kind: str, steps: int, repeats: int) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--worker", kind, "--steps", str(steps), "--repeats", str(repeats)],
-                          capture_output=True, text=True)
+def _comparison_line(label: str, s: dict, value_name: str) -> str:
+    ours, theirs = s["workbench"], s["trl"]
+    tokens = (f", generated tok/s {ours['tokens_per_s']:.0f} vs {theirs['tokens_per_s']:.0f}" if "tokens_per_s" in ours else "")
+
+    def fmt(r):
+        return "—" if r is None else f"[{r[0]:.3g}, {r[1]:.3g}]"
+
+    pairs = ", ".join(f"{r:.2f}" for r in s["pair_ratios"])
+    if s["key"] == "steps_per_cpu_s":
+        speed = (f"workbench {ours['cpu_median']:.2f} vs TRL {theirs['cpu_median']:.2f} steps per CPU-second "
+                 f"(wall clock {ours['median']:.2f} vs {theirs['median']:.2f} steps/s, {s['wall_ratio']:.2f}×)")
+    else:
+        speed = f"workbench {ours['median']:.2f} steps/s vs TRL {theirs['median']:.2f} steps/s"
+    return (f"{label}: {speed}{tokens}, peak RSS {ours['peak_rss_mb']:.0f} vs {theirs['peak_rss_mb']:.0f} MB, "
+            f"{value_name} range {fmt(ours['range'])} vs {fmt(theirs['range'])}, per-repeat ratios {pairs} → {s['ratio']:.2f}×")
+
+
+def _save_model(folder: str, model, tokenizer) -> str:
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+# ---- memory ----------------------------------------------------------------------------------
+def _naive_scoring(model, input_ids, attention_mask):
+    """The scorer before chunking: full logits, upcast whole, a full log-softmax for the entropy."""
+    import torch
+    import torch.nn.functional as F
+
+    from workbench.scoring import forward
+
+    logits = forward(model, input_ids, attention_mask)[:, :-1].float()
+    logprobs = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    with torch.no_grad():
+        log_probs = F.log_softmax(logits.detach(), dim=-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return logprobs, entropy
+
+
+def _peak_mb(fn, device: str) -> float:
+    """Peak memory (MB) above what was held before ``fn()`` ran: the CUDA allocator's peak on a GPU,
+    the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) on a CPU."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+    def status(field):
+        return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
+
+    Path("/proc/self/clear_refs").write_text("5")
+    before = status("VmRSS")
+    fn()
+    return status("VmHWM") - before
+
+
+def memory_worker(device: str) -> dict:
+    """Peak memory of one scoring call (log-probs + entropy, no gradient) and of one training call
+    (log-probs, backward) on a random Qwen2 with Qwen2.5's 151,936-token vocabulary: naive vs chunked."""
+    import torch
+
+    from workbench.models import tiny_model
+    from workbench.scoring import token_logprobs
+
+    model, _ = tiny_model("qwen2", vocab_size=MEMORY["vocab_size"], seed=0)
+    model.to(device)
+    rows, tokens = MEMORY["rows"], MEMORY["tokens"]
+    ids = torch.randint(4, MEMORY["vocab_size"], (rows, tokens), generator=torch.Generator().manual_seed(0)).to(device)
+    mask = torch.ones_like(ids)
+    paths = {"naive": _naive_scoring, "chunked": lambda m, i, k: token_logprobs(m, i, k, with_entropy=True)}
+    out = {"rows": rows, "tokens": tokens, "vocab_size": MEMORY["vocab_size"],
+           "parameters": sum(p.numel() for p in model.parameters())}
+    for name, fn in paths.items():
+        def scoring(fn=fn):
+            with torch.no_grad():
+                fn(model, ids, mask)
+
+        def training(fn=fn):
+            fn(model, ids, mask)[0].sum().backward()
+
+        fn(model, ids[:, :8], mask[:, :8])[0].sum().backward()  # warm-up: kernels, gradient buffers
+        out[f"{name}_scoring_mb"] = _peak_mb(scoring, device)
+        model.zero_grad(set_to_none=False)
+        out[f"{name}_training_mb"] = _peak_mb(training, device)
+    return out
+
+
+def run_memory(args) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--memory-worker", "--device", args.device, "--threads", str(args.threads)],
+                          capture_output=True, text=True, env=_worker_env(args))
     if done.returncode != 0:
-        raise RuntimeError(f"{kind} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"memory worker failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def extras(quick: bool) -> dict:
+# ---- packing and EOS -------------------------------------------------------------------------
+def _timer(device: str) -> float:
+    """Wall clock on a GPU; this process's CPU time on a CPU (immune to other processes' load)."""
+    return time.perf_counter() if device == "cuda" else time.process_time()
 
+
+def scoring_throughput(model, sequences, *, packed: bool, device: str, repeats: int) -> float:
+    """Real tokens scored per second (median of ``repeats``; CPU seconds on a CPU), right-padded or bin-packed."""
+    import torch
+
+    from workbench.batching import pad_sequences
+    from workbench.scoring import token_logprobs
+
+    ids, mask = (t.to(device) for t in pad_sequences(sequences, 0, side="right"))
+    times = []
+    with torch.no_grad():
+        for i in range(repeats + 1):
+            start = _timer(device)
+            token_logprobs(model, ids, mask, packed=packed)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if i:  # the first call is a warm-up
+                times.append(_timer(device) - start)
+    return int(mask.sum()) / statistics.median(times)
+
+
+def one_row_throughput(model, sequences, *, device: str, repeats: int) -> float:
+    """The same, all sequences in one packed row (the previous packed path: a total × total mask)."""
+    import torch
+
+    from workbench.batching import pack_sequences
+    from workbench.scoring import logprobs_from_logits
+
+    batch = pack_sequences(sequences)
+    inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.model_inputs().items()}
+    targets = batch.targets.to(device)
+    times = []
+    with torch.no_grad():
+        for i in range(repeats + 1):
+            start = _timer(device)
+            logprobs_from_logits(model(**inputs).logits, targets)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if i:
+                times.append(_timer(device) - start)
+    return sum(batch.lengths) / statistics.median(times)
+
+
+def extras(args) -> dict:
+    import torch
+
+    from workbench.batching import first_fit_decreasing
     from workbench.diagnostics.eos import generation_cost, rollout_pair
-    from workbench.diagnostics.padding import scoring_throughput
     from workbench.models import load, tiny_model
     from workbench.tasks import TEST_PROMPTS, load_problems
 
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
     model, tokenizer = load("tiny-arith-qwen2")
     prompts = [p.prompt for p in load_problems(TEST_PROMPTS)[:64]]
     pair = rollout_pair(model, tokenizer, prompts, max_new_tokens=32)
     bug, fix = generation_cost(pair["bug"]), generation_cost(pair["fix"])
-    import random
-
     rng = random.Random(0)
     lengths = [rng.choice([8, 16, 32, 64, 128, 200]) for _ in range(32)]
     ragged = [[1] + [rng.randrange(4, 64) for _ in range(n - 1)] for n in lengths]
     tiny, _ = tiny_model("qwen2")
-    padded = scoring_throughput(tiny, ragged, packed=False, pad_token_id=0, repeats=3 if quick else 7)
-    packed = scoring_throughput(tiny, ragged, packed=True, pad_token_id=0, repeats=3 if quick else 7)
-    return {"eos_time_ratio": bug["seconds"] / fix["seconds"], "eos_tokens_bug": bug["tokens_generated"], "eos_tokens_fix": fix["tokens_generated"],
-            "packed_speedup": packed / padded, "padded_tok_s": padded, "packed_tok_s": packed}
+    tiny.to(args.device)
+    repeats = 5 if args.quick else 11
+    padded, packed, one_row = [], [], []
+    for _ in range(3):  # alternate the layouts, median of medians
+        padded.append(scoring_throughput(tiny, ragged, packed=False, device=args.device, repeats=repeats))
+        packed.append(scoring_throughput(tiny, ragged, packed=True, device=args.device, repeats=repeats))
+        one_row.append(one_row_throughput(tiny, ragged, device=args.device, repeats=repeats))
+    padded_tok_s, packed_tok_s = statistics.median(padded), statistics.median(packed)
+    return {"eos_time_ratio": bug["seconds"] / fix["seconds"], "eos_tokens_bug": bug["tokens_generated"],
+            "eos_tokens_fix": fix["tokens_generated"], "packed_speedup": packed_tok_s / padded_tok_s,
+            "padded_tok_s": padded_tok_s, "packed_tok_s": packed_tok_s, "one_row_tok_s": statistics.median(one_row),
+            "rows": len(first_fit_decreasing(lengths, max(lengths))), "sequences": len(lengths)}
+
+
+def _load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (about 1.5 minutes)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per repeat (tiny model)")
+    parser.add_argument("--repeats", type=int, default=None, help="repeats per side (≥ 3 for a median worth quoting)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads per process on a CPU (both sides)")
     parser.add_argument("--write", action="store_true", help="append the results to benchmarks/RESULTS.md")
+    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--folder", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--settings", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     steps = args.steps or (20 if args.quick else 40)
-    repeats = args.repeats or 3
-    if args.worker:
-        print(json.dumps(worker(args.worker, steps, repeats)))
+    repeats = args.repeats or (3 if args.quick else 5)
+    if args.serve:
+        serve(args.serve, args.folder, json.loads(args.settings), steps, args.device, args.threads)
         return 0
-    start = time.perf_counter()
+    if args.memory_worker:
+        print(json.dumps(memory_worker(args.device)))
+        return 0
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("--device cuda: no CUDA device here; run it on a GPU machine", file=sys.stderr)
+            return 2
+
+    from workbench.models import load, tiny_model
+
+    start, load_before = time.perf_counter(), _load()
     lines, results = [], {}
-    for name in ("grpo", "dpo"):
-        ours, theirs = run_worker(f"{name}-workbench", steps, repeats), run_worker(f"{name}-trl", steps, repeats)
-        results[name] = {"workbench": ours, "trl": theirs}
-        ratio = ours["median_steps_per_s"] / theirs["median_steps_per_s"]
-        tokens = (f", generated tok/s {ours.get('tokens_per_s', 0):.0f} vs {theirs.get('tokens_per_s', 0):.0f}"
-                  if name == "grpo" else "")
-        ranges = f", {'reward' if name == 'grpo' else 'loss'} range " + (
-            f"{ours.get('rewards_range', ours.get('losses_range'))} vs {theirs.get('losses_range', '—')}" if name == "dpo"
-            else f"{[round(v, 3) for v in ours.get('rewards_range', [])]}")
-        lines.append(f"{name.upper()}: workbench {ours['median_steps_per_s']:.2f} steps/s vs TRL {theirs['median_steps_per_s']:.2f} steps/s"
-                     f"{tokens}, peak RSS {ours['peak_rss_mb']:.0f} vs {theirs['peak_rss_mb']:.0f} MB{ranges} → ratio {ratio:.2f}×")
-    extra = extras(args.quick)
-    lines.append(f"EOS stopping: {extra['eos_tokens_bug']} → {extra['eos_tokens_fix']} tokens for 64 responses, rollout time ratio → {extra['eos_time_ratio']:.2f}×")
-    lines.append(f"Packed vs padded scoring (32 ragged sequences, 8–200 tokens): {extra['padded_tok_s']:.0f} → {extra['packed_tok_s']:.0f} tok/s → {extra['packed_speedup']:.2f}×")
+    base = tempfile.mkdtemp()
+    tiny_folder = _save_model(f"{base}/tiny", *load("tiny-arith-qwen2"))
+    large, large_tok = tiny_model("qwen2", seed=0, **LARGE_MODEL)
+    large_params = sum(p.numel() for p in large.parameters())
+    large_folder = _save_model(f"{base}/large", large, large_tok)
+    del large
+
+    results["grpo"] = paired("grpo", tiny_folder, GRPO, steps, repeats, args)
+    lines.append(_comparison_line("GRPO", results["grpo"], "reward"))
+    results["dpo"] = paired("dpo", tiny_folder, DPO, steps, repeats, args)
+    lines.append(_comparison_line("DPO", results["dpo"], "loss"))
+    large_steps = 3 if args.quick else 8
+    results["grpo_large"] = paired("grpo", large_folder, GRPO_LARGE, large_steps, max(3, repeats - 2), args)
+    lines.append(_comparison_line(
+        f"GRPO, larger model (random Qwen2, {large_params / 1e6:.1f}M parameters, {LARGE_MODEL['vocab_size']} vocabulary, "
+        f"{GRPO_LARGE['prompts']}×{GRPO_LARGE['num_generations']}×{GRPO_LARGE['max_new_tokens']} tokens)",
+        results["grpo_large"], "reward"))
+    extra = extras(args)
+    lines.append(f"Packed vs padded scoring ({extra['sequences']} ragged sequences, 8–200 tokens, first-fit-decreasing into "
+                 f"{extra['rows']} rows of 200; one row of everything: {extra['one_row_tok_s']:.0f} tok/s): "
+                 f"{extra['padded_tok_s']:.0f} → {extra['packed_tok_s']:.0f} tok/s → {extra['packed_speedup']:.2f}×")
+    memory = run_memory(args)
+    m = memory
+    lines.append(f"Scoring memory (one call, log-probs + entropy, {m['rows']}×{m['tokens']} tokens, "
+                 f"vocabulary {m['vocab_size']}, {m['parameters'] / 1e6:.1f}M parameters): "
+                 f"naive {m['naive_scoring_mb']:.0f} MB → chunked {m['chunked_scoring_mb']:.0f} MB "
+                 f"(training call with backward: {m['naive_training_mb']:.0f} → "
+                 f"{m['chunked_training_mb']:.0f} MB, {m['naive_training_mb'] / m['chunked_training_mb']:.2f}× less) → "
+                 f"{m['naive_scoring_mb'] / m['chunked_scoring_mb']:.2f}×")
+    lines.append(f"EOS stopping: {extra['eos_tokens_bug']} → {extra['eos_tokens_fix']} tokens for 64 responses, rollout time "
+                 f"→ {extra['eos_time_ratio']:.2f}×")
+    load_after = _load()
     for line in lines:
         print(line)
     elapsed = time.perf_counter() - start
-    print(f"({elapsed:.0f} s, {steps} timed steps × {repeats} repeats per side)")
+    print(f"({elapsed:.0f} s, {steps} timed steps × {repeats} repeats per side, {args.device}, {args.threads} thread(s); "
+          f"load average (1/5/15 min) {load_before} before, {load_after} after)")
     if args.write:
+        import torch
+        import transformers
+        import trl
+
+        machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
+        if args.device == "cuda":
+            machine += f", {torch.cuda.get_device_name()}"
         with open(HERE / "RESULTS.md", "a") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} — {'quick' if args.quick else 'full'} run\n\n")
-            f.write(f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, "
-                    f"torch {__import__('torch').__version__}, transformers {__import__('transformers').__version__}, trl {__import__('trl').__version__}\n\n")
+            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} — {'quick' if args.quick else 'full'} run, {args.device}\n\n")
+            f.write(f"Machine: {machine}, Python {platform.python_version()}, torch {torch.__version__}, "
+                    f"transformers {transformers.__version__}, trl {trl.__version__}; {args.threads} thread(s) per process; "
+                    f"load average (1/5/15 min) {load_before} before, {load_after} after ({elapsed:.0f} s)\n\n")
             for line in lines:
                 f.write(f"- {line}\n")
-            f.write(f"\nSettings: GRPO {GRPO}, DPO {DPO}; {steps} timed steps × {repeats} repeats per side, median reported.\n")
+            f.write(f"\nSettings: GRPO {GRPO}, DPO {DPO}, larger-model GRPO {GRPO_LARGE} on {LARGE_MODEL}; {steps} timed steps "
+                    f"({large_steps} for the larger model) × {repeats} repeats per side, alternating, median reported.\n")
     return 0
 
 

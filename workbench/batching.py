@@ -10,6 +10,12 @@ Three ways to put ragged sequences in one tensor, and the one thing each needs r
   at 0 per sequence, ``attention_mask=None`` and ``use_cache=False`` so transformers detects the
   sequence boundaries from the position ids. Next-token targets are made per sequence *before*
   packing, so no target crosses a boundary.
+* bin-packed rows (``pack_rows``): the same, but sequences are first-fit-decreasing packed into
+  several rows of a fixed capacity (about the longest sequence), as verl's and OpenRLHF's dynamic
+  batches are. Without flash-attention's variable-length kernels (sdpa, eager: every CPU) a packed
+  row attends over a dense (row length)² block mask, so one row of all the tokens costs total²;
+  rows of the longest sequence's length cost rows × longest², less than the padded batch's
+  sequences × longest². Flash-attention wants a single row (its packed path needs batch size 1).
 """
 
 from __future__ import annotations
@@ -121,3 +127,80 @@ def pack_sequences(sequences: list[torch.Tensor] | list[list[int]]) -> PackedBat
 def unpack_token_values(packed_values: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
     """Split a per-position tensor of shape (1, total) or (total,) into one tensor per sequence."""
     return list(torch.split(packed_values.reshape(-1), lengths))
+
+
+def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Bin-pack items of ``lengths`` into bins of ``capacity``: longest first (ties: lower index
+    first), each into the first bin with room, a new bin when none has. Returns the item indices
+    of each bin, in insertion order."""
+    if any(n > capacity for n in lengths):
+        raise ValueError(f"an item of length {max(lengths)} does not fit in capacity={capacity}; raise the capacity")
+    if any(n < 0 for n in lengths):
+        raise ValueError("lengths must be ≥ 0")
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for b, free in enumerate(room):
+            if lengths[i] <= free:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+    return bins
+
+
+@dataclass
+class PackedRows:
+    """Sequences bin-packed into ``rows`` × ``capacity`` (see ``pack_rows``).
+
+    ``input_ids``/``position_ids``: (rows, capacity); position ids restart at 0 for every sequence
+    and for each row's trailing filler block (its own "sequence", attended only by itself).
+    ``bins``: the sequence indices of each row, in order. ``gather_index``: for every real token
+    of sequence 0, then 1, ... (the order of ``padded[mask]`` for right- or left-padded rows), its
+    index in the flattened (rows × capacity) layout.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    bins: list[list[int]]
+    lengths: list[int]
+    gather_index: torch.Tensor
+
+    def model_inputs(self) -> dict:
+        """Keyword arguments for a packed forward: no mask, no cache, restarting positions."""
+        return dict(input_ids=self.input_ids, position_ids=self.position_ids, attention_mask=None, use_cache=False)
+
+    def unpack(self, values: torch.Tensor) -> torch.Tensor:
+        """(rows, capacity, ...) values → (real tokens, ...) in sequence order."""
+        return values.reshape(-1, *values.shape[2:])[self.gather_index]
+
+
+def pack_rows(sequences: list[torch.Tensor] | list[list[int]], capacity: int | None = None,
+              filler: int | None = None) -> PackedRows:
+    """First-fit-decreasing pack ``sequences`` into rows of ``capacity`` tokens (default: the
+    longest sequence's length), built on the sequences' device. Each row's free tail holds
+    ``filler`` (default: the first token of the first sequence, so no pad id appears in an unmasked
+    batch), which nothing reads."""
+    rows = [torch.as_tensor(s, dtype=torch.long).reshape(-1) for s in sequences]
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError("pack_rows needs at least one sequence and no empty sequence")
+    lengths = [len(r) for r in rows]
+    capacity = max(lengths) if capacity is None else capacity
+    bins = first_fit_decreasing(lengths, capacity)
+    device = rows[0].device
+    filler = int(rows[0][0]) if filler is None else filler
+    ids, positions, starts = [], [], [0] * len(rows)
+    for b, members in enumerate(bins):
+        row, offset = [], 0
+        for i in members:
+            starts[i] = b * capacity + offset
+            row.append(rows[i])
+            offset += lengths[i]
+        tail = capacity - offset
+        ids.append(torch.cat(row + [torch.full((tail,), filler, dtype=torch.long, device=device)]))
+        restarts = [torch.arange(lengths[i], device=device) for i in members] + [torch.arange(tail, device=device)]
+        positions.append(torch.cat(restarts))
+    gather_index = torch.cat([torch.arange(starts[i], starts[i] + lengths[i], device=device) for i in range(len(rows))])
+    return PackedRows(torch.stack(ids), torch.stack(positions), bins, lengths, gather_index)

@@ -21,6 +21,13 @@ The model is used in whatever mode the caller left it (``eval()`` for sampling w
 Sampling uses an explicit ``torch.Generator``: the trainers seed one per step, so a rollout is
 reproducible whatever happened before it, and the bug/fix runs of S3 sample identical responses.
 ``engine="hf"`` runs ``model.generate`` instead (for cross-checks; same tokens for the same seed).
+
+Speed: the loop runs under ``torch.inference_mode`` (the returned tensors are ordinary ones), and
+``share_prefill=True`` (GRPO's groups: each prompt repeated ``num_generations`` times) runs the
+prompt forward once per *distinct* prompt and copies its KV cache to the repeated rows. The sampled
+distribution is the same; the logits differ from a prefill of every row by matmul float noise
+(~1e-7 in fp32: a kernel may sum in another order for another number of rows), so it is off by
+default and turned on only by the trainers' group sampling.
 """
 
 from __future__ import annotations
@@ -120,12 +127,14 @@ def sample(
     engine: str = "workbench",
     top_k: int = 0,
     top_p: float = 1.0,
+    share_prefill: bool = False,
 ) -> Rollout:
     """Sample up to ``max_new_tokens`` tokens for each left-padded prompt (see module doc).
 
     ``top_k`` (0 = off) and ``top_p`` (1.0 = off) truncate the distribution after the temperature.
+    ``share_prefill``: one prompt forward per distinct prompt row (see module doc).
     """
-    from workbench.sampling_filters import check_filters, filter_logits
+    from workbench.sampling_filters import check_filters
 
     check_filters(top_k, top_p)
     truncated = (top_k > 0 or top_p < 1.0) and not greedy
@@ -149,15 +158,59 @@ def sample(
     if engine != "workbench":
         raise ValueError(f"engine={engine!r}; use 'workbench' or 'hf'")
     start = time.perf_counter()
+    with torch.inference_mode():
+        tokens, logprobs = _sampling_loop(
+            model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id, temperature=temperature, stop_at_eos=stop_at_eos, greedy=greedy,
+            generator=generator, truncated=truncated, top_k=top_k, top_p=top_p, share_prefill=share_prefill,
+        )
+    # clones made outside inference mode: ordinary tensors that autograd may use later
+    raw_response = torch.stack(tokens, dim=1).clone()
+    response_ids, response_mask = truncate_after_eos(raw_response, eos_token_id, pad_token_id)
+    rollout_logprobs = zero_masked(torch.stack(logprobs, dim=1).clone(), response_mask)
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        rollout_logprobs=rollout_logprobs,
+        finished=torch.isin(response_ids, _stop_ids(eos_token_id, prompt_ids.device)).any(-1),
+        decode_steps=len(tokens),
+        tokens_generated=len(tokens) * prompt_ids.shape[0],
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _prefill(model, prompt_ids, attention_mask, position_ids, share: bool):
+    """The prompt forward with a cache; with ``share``, once per distinct row, then expanded."""
+    if share:
+        rows = torch.cat([prompt_ids, attention_mask], dim=1)
+        distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
+        if distinct.shape[0] < rows.shape[0]:
+            first = torch.full((distinct.shape[0],), rows.shape[0], dtype=torch.long, device=rows.device)
+            first = first.scatter_reduce(0, inverse, torch.arange(rows.shape[0], device=rows.device), "amin")
+            output = model(input_ids=prompt_ids[first], attention_mask=attention_mask[first],
+                           position_ids=position_ids[first], use_cache=True)
+            output.past_key_values.reorder_cache(inverse)
+            return output.logits[inverse, -1], output.past_key_values
+    output = model(input_ids=prompt_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+    return output.logits[:, -1], output.past_key_values
+
+
+def _sampling_loop(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_id, pad_token_id, temperature,
+                   stop_at_eos, greedy, generator, truncated, top_k, top_p, share_prefill):
+    """The cached decoding loop: the sampled tokens and their log-probs, one tensor per step."""
+    from workbench.sampling_filters import filter_logits
+
     stop_ids = _stop_ids(eos_token_id, prompt_ids.device)
     attention_mask = prompt_mask.clone()
     position_ids = position_ids_from_mask(attention_mask)
-    output = model(input_ids=prompt_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+    last_logits, cache = _prefill(model, prompt_ids, attention_mask, position_ids, share_prefill)
     next_position = position_ids[:, -1:] + 1
     finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
     tokens, logprobs = [], []
-    for _ in range(max_new_tokens):
-        scores = output.logits[:, -1].float()
+    for step in range(max_new_tokens):
+        scores = last_logits.float()
         if not torch.isfinite(scores).all():
             raise NonFiniteError(
                 "the policy's logits contain NaN/inf while sampling; the step was not applied and the last good "
@@ -178,31 +231,19 @@ def sample(
         tokens.append(token)
         logprobs.append(logprob)
         finished |= torch.isin(token, stop_ids)
-        if stop_at_eos and bool(finished.all()):
-            break
+        if (stop_at_eos and bool(finished.all())) or step == max_new_tokens - 1:
+            break  # (no forward for a token that is never sampled from)
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=1)
         output = model(
             input_ids=token[:, None],
             attention_mask=attention_mask,
             position_ids=next_position,
-            past_key_values=output.past_key_values,
+            past_key_values=cache,
             use_cache=True,
         )
+        last_logits, cache = output.logits[:, -1], output.past_key_values
         next_position = next_position + 1
-    raw_response = torch.stack(tokens, dim=1)
-    response_ids, response_mask = truncate_after_eos(raw_response, eos_token_id, pad_token_id)
-    rollout_logprobs = zero_masked(torch.stack(logprobs, dim=1), response_mask)
-    return Rollout(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response_ids,
-        response_mask=response_mask,
-        rollout_logprobs=rollout_logprobs,
-        finished=torch.isin(response_ids, stop_ids).any(-1),
-        decode_steps=len(tokens),
-        tokens_generated=len(tokens) * prompt_ids.shape[0],
-        seconds=time.perf_counter() - start,
-    )
+    return tokens, logprobs
 
 
 def _sample_with_generate(

@@ -8,13 +8,20 @@ through it, so a switch reaches all three. Its ``position_ids`` switch is pitfal
 * ``"model"`` (bug): only ``input_ids`` and ``attention_mask`` are passed, so the model numbers
   positions 0..T-1 and a left-padded row's positions are shifted by its pad count.
 
-``packed=True`` runs the same rows padding-free (``workbench.batching.pack_sequences``: one row,
-restarting position ids, no mask, no cache) and puts the outputs back in the padded layout, so
-callers cannot tell the difference except in speed.
+``packed=True`` runs the same rows padding-free (``workbench.batching.pack_rows``: sequences
+first-fit-decreasing packed into rows of about the longest sequence's length, position ids
+restarting per sequence, no mask, no cache; one row under flash-attention) and puts the outputs
+back in the padded layout, so callers cannot tell the difference except in speed.
 
 Log-probabilities are taken in fp32: logits are upcast *before* they are divided by the sampling
 temperature (dividing bf16 logits first rounds them: 0.045 nats at τ = 0.7 on a bf16 model), the
 order the sampler uses. Recomputing at τ = 1 what was sampled at τ is pitfall P6.
+
+Memory: ``token_logprobs``/``response_logprobs`` never hold the fp32 (B, T, V) logits. For
+architectures whose logits are exactly ``lm_head(hidden)`` (GPT-2, Llama, Qwen2, ...) they run the
+transformer body and apply the LM head chunk by chunk (``workbench.chunked``), so not even the
+model-dtype logits are whole; for the others they take the full forward and upcast chunk by chunk.
+``chunk_size`` (rows per chunk) defaults to about 2^24 logits.
 
 Names: ``token_logprobs`` scores every next token of a row (B, T−1); ``response_logprobs`` scores
 the response part of prompt+response rows (B, R); ``logprobs_from_logits`` and
@@ -26,7 +33,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from workbench.batching import pack_sequences, position_ids_from_mask
+from workbench.batching import pack_rows, position_ids_from_mask
+from workbench.chunked import entropy_chunked, head_logprobs_and_entropy, lm_head_of, logprobs_and_entropy
 
 POSITION_IDS_MODES = ("mask", "model")
 
@@ -47,6 +55,13 @@ def _last_layer(output) -> torch.Tensor:
     return logits if logits is not None else output.last_hidden_state
 
 
+def _pack_capacity(model, lengths: list[int]) -> int:
+    """Row length of a packed batch: the longest sequence, or everything in one row under
+    flash-attention (its variable-length path needs batch size 1)."""
+    attn = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
+    return sum(lengths) if attn.startswith("flash") else max(lengths)
+
+
 def forward(
     model,
     input_ids: torch.Tensor,
@@ -64,9 +79,9 @@ def forward(
         if not contiguous_rows(attention_mask):
             raise ValueError("packed scoring needs each row's real tokens in one contiguous block")
         mask = attention_mask.bool()
-        batch = pack_sequences([row[m] for row, m in zip(input_ids, mask, strict=False)])
-        values = _last_layer(model(**{k: (v.to(input_ids.device) if torch.is_tensor(v) else v)
-                                      for k, v in batch.model_inputs().items()}))[0]
+        sequences = [row[m] for row, m in zip(input_ids, mask, strict=False)]
+        batch = pack_rows(sequences, _pack_capacity(model, [len(q) for q in sequences]))
+        values = batch.unpack(_last_layer(model(**batch.model_inputs())))
         padded = values.new_zeros((*input_ids.shape, values.shape[-1]))
         padded[mask] = values
         return padded
@@ -76,23 +91,36 @@ def forward(
     return _last_layer(model(**inputs))
 
 
-def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,
+                         chunk_size: int | None = None) -> torch.Tensor:
     """log softmax(logits / temperature)[label] in fp32 (upcast first), without materialising the
-    full log-softmax. Negative labels (e.g. -100) are read as token 0: mask them afterwards."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    picked = logits.gather(-1, labels.clamp_min(0).unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+    full log-softmax or the fp32 logits (``chunk_size`` rows at a time). Negative labels (e.g.
+    -100) are read as token 0: mask them afterwards."""
+    return logprobs_and_entropy(logits, labels, temperature, chunk_size=chunk_size)[0]
 
 
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy (nats) of softmax(logits / temperature) at every position, in fp32."""
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, *, chunk_size: int | None = None) -> torch.Tensor:
+    """Entropy (nats) of softmax(logits / temperature) at every position, in fp32 (chunked when
+    no gradient is needed)."""
+    if not (torch.is_grad_enabled() and logits.requires_grad):
+        return entropy_chunked(logits, temperature, chunk_size)
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     log_probs = F.log_softmax(logits, dim=-1)
     return -(log_probs.exp() * log_probs).sum(-1)
+
+
+def _scored(model, input_ids, attention_mask, first: int, *, position_ids, temperature, packed, with_entropy, chunk_size):
+    """Log-probs (and entropy) of the targets ``first + 1 .. T−1`` of every row, shape (B, T−1−first)."""
+    labels = input_ids[:, first + 1 :]
+    parts = lm_head_of(model)
+    if parts is not None:  # the LM head applied chunk by chunk from the last hidden state
+        body, head = parts
+        hidden = forward(body, input_ids, attention_mask, position_ids=position_ids, packed=packed)[:, first:-1]
+        return head_logprobs_and_entropy(hidden, head, labels, temperature, with_entropy=with_entropy, chunk_size=chunk_size)
+    logits = forward(model, input_ids, attention_mask, position_ids=position_ids, packed=packed)[:, first:-1]
+    return logprobs_and_entropy(logits, labels, temperature, with_entropy=with_entropy, chunk_size=chunk_size)
 
 
 def token_logprobs(
@@ -104,17 +132,16 @@ def token_logprobs(
     temperature: float = 1.0,
     packed: bool = False,
     with_entropy: bool = False,
+    chunk_size: int | None = None,
 ):
-    """log p(token t | tokens < t) for t = 1..T−1 of every row: shape (B, T−1) (and the entropy).
+    """log p(token t | tokens < t) for t = 1..T−1 of every row: shape (B, T−1) (and the entropy,
+    which carries no gradient).
 
     Values at padded targets are meaningless: consumers always select with a mask.
     """
-    logits = forward(model, input_ids, attention_mask, position_ids=position_ids, packed=packed)[:, :-1]
-    logprobs = logprobs_from_logits(logits, input_ids[:, 1:], temperature)
-    if not with_entropy:
-        return logprobs
-    with torch.no_grad():  # a metric: no autograd graph for it
-        return logprobs, entropy_from_logits(logits.detach(), temperature)
+    logprobs, entropy = _scored(model, input_ids, attention_mask, 0, position_ids=position_ids, temperature=temperature,
+                                packed=packed, with_entropy=with_entropy, chunk_size=chunk_size)
+    return (logprobs, entropy) if with_entropy else logprobs
 
 
 def response_logprobs(
@@ -128,17 +155,57 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     packed: bool = False,
+    chunk_size: int | None = None,
+    share_prompts: bool = False,
 ):
     """Per-token log-probs (B, R) of ``response_ids`` given left-padded ``prompt_ids``.
 
     Returns ``logprobs`` or ``(logprobs, entropy)``. Values at masked response positions are
-    meaningless: every consumer selects with ``response_mask``.
+    meaningless: every consumer selects with ``response_mask``. ``share_prompts``: rows with the
+    same prompt (GRPO's groups) run the prompt once (see ``_scored_shared_prompts``); used only
+    with mask-derived position ids, padded layout, a model in eval mode (no dropout) that
+    ``lm_head_of`` accepts, and when a prompt repeats.
     """
-    result = token_logprobs(
-        model, torch.cat([prompt_ids, response_ids], dim=1), torch.cat([prompt_mask, response_mask], dim=1),
-        position_ids=position_ids, temperature=temperature, packed=packed, with_entropy=with_entropy,
-    )
-    prompt_width = prompt_ids.shape[1]
-    if with_entropy:
-        return result[0][:, prompt_width - 1 :], result[1][:, prompt_width - 1 :]
-    return result[:, prompt_width - 1 :]
+    shared = None
+    if share_prompts and not packed and position_ids == "mask" and not getattr(model, "training", True):
+        shared = _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature,
+                                        with_entropy=with_entropy, chunk_size=chunk_size)
+    if shared is not None:
+        logprobs, entropy = shared
+    else:
+        logprobs, entropy = _scored(
+            model, torch.cat([prompt_ids, response_ids], dim=1), torch.cat([prompt_mask, response_mask], dim=1),
+            prompt_ids.shape[1] - 1, position_ids=position_ids, temperature=temperature, packed=packed,
+            with_entropy=with_entropy, chunk_size=chunk_size,
+        )
+    return (logprobs, entropy) if with_entropy else logprobs
+
+
+def _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature, with_entropy, chunk_size):
+    """Log-probs of the responses with each distinct prompt run once (GRPO's groups): the prompt
+    forward fills a KV cache, which is copied to the rows sharing the prompt (autograd flows back
+    through the copy), and the responses run on top of it. Same maths as the full forward; float
+    noise differs (other matmul shapes). None when no prompt repeats or the model is not a plain
+    LM-head model (e.g. a DDP wrapper, which must see one forward per backward)."""
+    parts = lm_head_of(model)
+    if parts is None:
+        return None
+    rows = torch.cat([prompt_ids, prompt_mask], dim=1)
+    distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    if distinct.shape[0] == rows.shape[0]:
+        return None
+    body, head = parts
+    first = torch.full((distinct.shape[0],), rows.shape[0], dtype=torch.long, device=rows.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(rows.shape[0], device=rows.device), "amin")
+    prompt_positions = position_ids_from_mask(prompt_mask)
+    prompt_out = body(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=prompt_positions[first],
+                      use_cache=True)
+    cache = prompt_out.past_key_values
+    cache.reorder_cache(inverse)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    positions = position_ids_from_mask(attention_mask)[:, prompt_ids.shape[1]:]
+    response_hidden = body(input_ids=response_ids, attention_mask=attention_mask, position_ids=positions,
+                           past_key_values=cache, use_cache=True).last_hidden_state
+    # the hidden state before each response token: the prompt's last one, then the response's own
+    hidden = torch.cat([prompt_out.last_hidden_state[inverse, -1:], response_hidden[:, :-1]], dim=1)
+    return head_logprobs_and_entropy(hidden, head, response_ids, temperature, with_entropy=with_entropy, chunk_size=chunk_size)

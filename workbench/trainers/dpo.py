@@ -110,14 +110,23 @@ class PreferenceBatch:
         return PreferenceBatch(self.input_ids.to(device), self.attention_mask.to(device), self.prompt_lengths)
 
 
+def encode_pair(tokenizer, pair: dict) -> tuple[list[int], list[int], list[int]]:
+    """``(prompt, prompt+chosen, prompt+rejected)`` token ids: ``<bos> prompt response <eos>``."""
+    prompt = tokenizer(pair["prompt"])["input_ids"]
+    eos = [tokenizer.eos_token_id]
+    return (prompt, prompt + tokenizer(pair["chosen"], add_special_tokens=False)["input_ids"] + eos,
+            prompt + tokenizer(pair["rejected"], add_special_tokens=False)["input_ids"] + eos)
+
+
+def collate_encoded(encoded: list[tuple[list[int], list[int], list[int]]], pad_token_id: int) -> PreferenceBatch:
+    """Stack encoded pairs (``encode_pair``) right-padded: chosen rows on top of rejected rows."""
+    input_ids, attention_mask = pad_sequences([e[1] for e in encoded] + [e[2] for e in encoded], pad_token_id, side="right")
+    return PreferenceBatch(input_ids, attention_mask, [len(e[0]) for e in encoded])
+
+
 def collate_preferences(tokenizer, pairs: list[dict]) -> PreferenceBatch:
     """Tokenise pairs as ``<bos> prompt response <eos>`` and stack chosen on top of rejected."""
-    prompts = [tokenizer(p["prompt"])["input_ids"] for p in pairs]
-    eos = [tokenizer.eos_token_id]
-    chosen = [pr + tokenizer(p["chosen"], add_special_tokens=False)["input_ids"] + eos for pr, p in zip(prompts, pairs, strict=False)]
-    rejected = [pr + tokenizer(p["rejected"], add_special_tokens=False)["input_ids"] + eos for pr, p in zip(prompts, pairs, strict=False)]
-    input_ids, attention_mask = pad_sequences(chosen + rejected, tokenizer.pad_token_id, side="right")
-    return PreferenceBatch(input_ids, attention_mask, [len(p) for p in prompts])
+    return collate_encoded([encode_pair(tokenizer, p) for p in pairs], tokenizer.pad_token_id)
 
 
 def build_loss_mask(attention_mask: torch.Tensor, prompt_lengths: list[int], prompt_mask: str) -> torch.Tensor:
@@ -169,6 +178,7 @@ class DPOTrainer(Trainer):
         self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
         self.device = next(self.policy.parameters()).device
         self.reference.to(self.device)
+        self._encoded: dict[int, tuple] = {}  # pair index → token ids: each pair is tokenised once per run
         self.precomputed_reference: torch.Tensor | None = None
         if config.reference == "precomputed":
             self.precomputed_reference = self._precompute_reference()
@@ -198,7 +208,10 @@ class DPOTrainer(Trainer):
     def train_step(self, step: int) -> dict:
         c = self.config
         indices = self.dist.shard(self.batch_indices(step))  # this process's pairs (all of them in one process)
-        batch = collate_preferences(self.tokenizer, [self.pairs[i] for i in indices]).to(self.device)
+        for i in indices:
+            if i not in self._encoded:
+                self._encoded[i] = encode_pair(self.tokenizer, self.pairs[i])
+        batch = collate_encoded([self._encoded[i] for i in indices], self.tokenizer.pad_token_id).to(self.device)
         loss_mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, c.prompt_mask)
         b = batch.num_pairs
         with torch.no_grad():

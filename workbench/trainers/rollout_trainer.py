@@ -6,9 +6,11 @@ objective, and the switches of pitfalls S1, S3, P6, P7); ``RolloutTrainer`` hold
 both trainers take the same way:
 
 * ``sample_rollout`` — pick prompts with the step's seeded generator, left-pad them, sample at the
-  configured temperature, stop at EOS (or not: S3);
+  configured temperature, stop at EOS (or not: S3); a group's repeated prompt is tokenised and
+  prefilled once (``sample(share_prefill=True)``);
 * ``logprobs`` — the training forward's per-token log-probs of the sampled responses, with the
-  position-id (S1) and temperature (P6) switches and optional packing;
+  position-id (S1) and temperature (P6) switches, optional packing and optional prompt sharing
+  (``share_prompts``: a prompt repeated by a group runs once and its KV cache serves the group);
 * ``score_in_layout`` — the same, computed mini-batch by mini-batch in the layout the optimiser
   steps will see, so that π_old and the reference are scored by exactly the forward that trains
   (ρ = 1 and KL = 0 before any update, also in bf16: see ``tests/test_invariances.py``).
@@ -57,6 +59,10 @@ class RolloutConfig(TrainerConfig):
     packed: bool = False
     """Score with padding-free packed batches (one row, restarting position ids, no mask, no
     cache) instead of padded ones: same numbers up to float noise, less wasted compute."""
+    share_prompts: bool = False
+    """Training forward: run a prompt shared by several rows (GRPO's groups) once and let its KV
+    cache serve them all (``scoring.response_logprobs``): same numbers up to float noise; pays when
+    prompts are long next to the per-call overhead (not on the tiny models)."""
     # ---- Pitfall switches (the default is the fix) -----------------------------------------
     position_ids: str = "mask"
     """S1: ``mask`` derives the training forward's position ids from the attention mask (fix);
@@ -113,12 +119,14 @@ class RolloutTrainer(Trainer):
         generator = step_generator(c.seed, step)
         picks = torch.randint(len(self.problems), (c.prompts_per_step,), generator=generator).tolist()
         problems = [self.problems[i] for i in picks for _ in range(repeats)]
-        prompts = encode_prompts(self.tokenizer, [p.prompt for p in problems], c.chat_template)
-        prompt_ids, prompt_mask = (t.to(self.device) for t in prompts)
+        # each distinct pick tokenised once, its row repeated (the same tensors as encoding every row)
+        encoded = encode_prompts(self.tokenizer, [self.problems[i].prompt for i in picks], c.chat_template)
+        prompt_ids, prompt_mask = (t.repeat_interleave(repeats, dim=0).to(self.device) for t in encoded)
         rollout = sample(
             self.policy if sampler is None else sampler, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens,
             temperature=c.temperature, eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
             stop_at_eos=c.stop_at_eos, generator=sampling_generator(generator, self.device, c.seed, step),
+            share_prefill=repeats > 1,
         )
         return problems, rollout
 
@@ -128,6 +136,7 @@ class RolloutTrainer(Trainer):
         return response_logprobs(
             model, r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows],
             position_ids=c.position_ids, with_entropy=with_entropy, packed=c.packed, temperature=c.scoring_temperature,
+            share_prompts=c.share_prompts,
         )
 
     @torch.no_grad()

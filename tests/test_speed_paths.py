@@ -1,0 +1,105 @@
+"""The trainers' speed paths give the numbers of the plain paths.
+
+* the sampler under inference mode returns ordinary tensors and makes no forward pass for a token
+  it never samples from; ``share_prefill`` (one prompt forward per distinct prompt) samples the
+  same tokens for the same seed;
+* ``share_prompts`` (a group's prompt run once in the training forward, its KV cache shared) gives
+  the plain path's log-probs and gradients, and GRPO with it keeps ρ = 1 and KL = 0 at step 0 (fp32
+  and bf16);
+* a group's prompt is tokenised once; DPO's per-pair token cache builds the same batches.
+"""
+
+import pytest
+import torch
+
+from workbench.batching import pad_sequences
+from workbench.models import load, tiny_model
+from workbench.rollout import sample
+from workbench.scoring import response_logprobs
+from workbench.tasks import Problem, encode_prompts, rl_problems
+from workbench.trainers.dpo import DPOConfig, DPOTrainer, collate_encoded, collate_preferences
+from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
+
+RAGGED = [Problem("1+2=", "3"), Problem("12+34=", "46"), Problem("3*4=", "12"), Problem("56-7=", "49")]
+
+
+def group_prompts(tokenizer, groups=3, size=4):
+    return encode_prompts(tokenizer, [p.prompt for p in rl_problems(groups) for _ in range(size)])
+
+
+def test_sampler_returns_ordinary_tensors_and_skips_the_unused_last_forward():
+    model, tokenizer = load("tiny-arith-qwen2")
+    ids, mask = group_prompts(tokenizer)
+    calls = []
+    handle = model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        r = sample(model, ids, mask, max_new_tokens=3, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                   stop_at_eos=False, generator=torch.Generator().manual_seed(0))
+    finally:
+        handle.remove()
+    assert r.decode_steps == 3 and len(calls) == 3  # prefill + 2 decode forwards (the 3rd token needs none)
+    assert not r.response_ids.is_inference() and not r.rollout_logprobs.is_inference()
+
+
+@pytest.mark.parametrize("name", ["tiny-arith-qwen2", "tiny-arith-gpt2"])
+def test_shared_prefill_samples_the_same_tokens(name):
+    model, tokenizer = load(name)
+    ids, mask = group_prompts(tokenizer)
+    rollouts = [sample(model, ids, mask, max_new_tokens=8, eos_token_id=tokenizer.eos_token_id,
+                       pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(3), share_prefill=share)
+                for share in (False, True)]
+    assert torch.equal(rollouts[0].response_ids, rollouts[1].response_ids)
+    assert (rollouts[0].rollout_logprobs - rollouts[1].rollout_logprobs).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_shared_prompts_give_the_plain_log_probs_and_gradients(arch):
+    model, _ = tiny_model(arch, seed=2)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, 60, (n,), generator=g) for n in (3, 7, 5)]
+    prompt_ids, prompt_mask = pad_sequences([p for p in prompts for _ in range(4)], 0, side="left")
+    lengths = (1, 4, 6, 2, 3, 3, 5, 6, 2, 1, 1, 6)
+    response_ids, response_mask = pad_sequences([torch.randint(4, 60, (n,), generator=g) for n in lengths], 0, side="right")
+    results = []
+    for share in (False, True):
+        model.zero_grad()
+        logp, entropy = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=0.7,
+                                          with_entropy=True, share_prompts=share)
+        (logp * response_mask).sum().backward()
+        results.append((logp.detach(), entropy, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    real = response_mask.bool()
+    assert (results[0][0] - results[1][0])[real].abs().max() <= 1e-5
+    assert (results[0][1] - results[1][1])[real].abs().max() <= 1e-5
+    for name, grad in results[0][2].items():
+        assert torch.allclose(grad, results[1][2][name], atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grpo_with_shared_prompts_keeps_ratio_one_and_kl_zero_at_step_0(dtype):
+    model, tokenizer = load("tiny-arith-qwen2")
+    config = GRPOConfig(steps=1, progress=False, prompts_per_step=4, num_generations=2, max_new_tokens=4, beta=0.1,
+                        mini_batches=2, num_iterations=2, share_prompts=True)
+    step = GRPOTrainer(model.to(dtype), tokenizer, RAGGED, config).train()[0]
+    assert step["ratio_deviation_first"] == 0.0 and step["kl_first"] == 0.0 and step["clip_fraction_first"] == 0.0
+    assert step["ratio_deviation_later"] > 0  # the update is real
+
+
+def test_group_prompts_are_encoded_like_every_row():
+    model, tokenizer = load("tiny-arith-qwen2")
+    trainer = GRPOTrainer(model, tokenizer, RAGGED, GRPOConfig(steps=1, progress=False, prompts_per_step=3, num_generations=2))
+    problems, rollout = trainer.sample_rollout(0, repeats=2)
+    ids, mask = encode_prompts(tokenizer, [p.prompt for p in problems])
+    assert torch.equal(rollout.prompt_ids, ids) and torch.equal(rollout.prompt_mask, mask)
+
+
+def test_dpo_token_cache_builds_the_same_batches():
+    model, tokenizer = load("tiny-arith-qwen2")
+    pairs = [{"prompt": "1+2=", "chosen": "3", "rejected": "4"}, {"prompt": "12+34=", "chosen": "46", "rejected": "406"},
+             {"prompt": "3*4=", "chosen": "12", "rejected": "7"}]
+    trainer = DPOTrainer(model, tokenizer, pairs, DPOConfig(steps=3, batch_size=2, progress=False))
+    trainer.train()
+    for step in range(3):
+        indices = trainer.batch_indices(step)
+        expected = collate_preferences(tokenizer, [pairs[i] for i in indices])
+        cached = collate_encoded([trainer._encoded[i] for i in indices], tokenizer.pad_token_id)
+        assert torch.equal(cached.input_ids, expected.input_ids) and cached.prompt_lengths == expected.prompt_lengths
