@@ -144,6 +144,8 @@ def token_logprobs(
     return (logprobs, entropy) if with_entropy else logprobs
 
 
+# response_logprobs shares token_logprobs' keyword options on purpose (the one justified pair that
+# ``duplicates`` reports): two public entry points, one for whole rows and one for prompt+response.
 def response_logprobs(
     model,
     prompt_ids: torch.Tensor,

@@ -130,6 +130,18 @@ def _entropy_text(m, a):
             f"to H(softmax(z)) {m['gap_to_entropy_at_1']:.2g})")
 
 
+def _conventions() -> dict[str, tuple]:
+    """probe → (seed, kind, expected, check, describe) for the rows that are one convention per probe."""
+    return {
+        "temperature": ("P6", "convention", "log-probs of softmax(logits / τ)", _audit_passed, _audit_text),
+        "kl_estimators": ("P9", "convention", "k1, k2, k3 each clamped to ±10", _kl_openrlhf, _kl_text),
+        "kl_penalty": ("P9", "convention", "k1, k2 unclamped; low_var_kl = k3 clamped to ±10", _kl_verl, _kl_text),
+        "entropy_temperature": ("P15", "convention", "entropy of the temperature-scaled logits", _entropy, _entropy_text),
+        "grpo_advantage": ("S5", "convention", "Bessel std, ε = 1e-6, constant group → 0", _advantage, _advantage_text),
+        "dual_clip": ("PPO", "convention", "dual-clip c = 3 for A < 0, log-ratio clamped to ±20", _dual_clip, _dual_clip_text),
+    }
+
+
 def expectation(peer: str, version: str, probe: str, measured: dict) -> Expectation | None:
     """What a (peer, version, probe) row should show; None for a row this table does not judge."""
     key = measured.get("loss_type") or measured.get("loss_agg_mode")
@@ -178,19 +190,8 @@ def expectation(peer: str, version: str, probe: str, measured: dict) -> Expectat
                            lambda m, a: bool(a) and not a["passed"] and a["convention"] == "model default", _audit_text)
     if probe == "position_ids":
         return Expectation("S1", "fix", "position ids from the mask (left padding = alone)", _audit_passed, _audit_text)
-    if probe == "temperature":
-        return Expectation("P6", "convention", "log-probs of softmax(logits / τ)", _audit_passed, _audit_text)
-    if probe == "kl_estimators":
-        return Expectation("P9", "convention", "k1, k2, k3 each clamped to ±10", _kl_openrlhf, _kl_text)
-    if probe == "kl_penalty":
-        return Expectation("P9", "convention", "k1, k2 unclamped; low_var_kl = k3 clamped to ±10", _kl_verl, _kl_text)
-    if probe == "entropy_temperature":
-        return Expectation("P15", "convention", "entropy of the temperature-scaled logits", _entropy, _entropy_text)
-    if probe == "grpo_advantage":
-        return Expectation("S5", "convention", "Bessel std, ε = 1e-6, constant group → 0", _advantage, _advantage_text)
-    if probe == "dual_clip":
-        return Expectation("PPO", "convention", "dual-clip c = 3 for A < 0, log-ratio clamped to ±20", _dual_clip,
-                           _dual_clip_text)
+    if probe in CONVENTION_PROBES:  # probes judged the same way whatever the peer
+        return Expectation(*CONVENTION_PROBES[probe])
     return None
 
 
@@ -374,3 +375,6 @@ def skipped_reason(rows: list[dict]) -> str:
     first = missing[0]
     return (f"{len(missing)} bug/fix probes not measured, e.g. {first['peer']} {first['version']}: {first['measured'][:200]} "
             "(run `make peers`)")
+
+
+CONVENTION_PROBES = _conventions()

@@ -13,6 +13,7 @@ A trainer subclass provides ``train_step(step) -> dict`` and lists what a checkp
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import math
@@ -60,9 +61,8 @@ class TrainerConfig:
     state (the AMP convention); ``bf16`` — weights and optimiser in pure bf16, a documented hazard:
     an update smaller than ~2⁻⁹ of a weight rounds away (pitfall P23)."""
 
-    # The tuned learning rate of the shipped tiny models, and the trainer's scale for larger ones.
-    TINY_LEARNING_RATE: ClassVar[float] = 1e-3
-    LARGE_LEARNING_RATE_SCALE: ClassVar[float] = 1.0
+    # learning_rate="auto": (the value tuned for the shipped tiny models, the trainer's scale for larger ones)
+    AUTO_LEARNING_RATE: ClassVar[tuple[float, float]] = (1e-3, 1.0)
 
     def __post_init__(self):
         self.validate()
@@ -85,9 +85,10 @@ class TrainerConfig:
         if value != "auto":
             return float(value)
         parameters = sum(p.numel() for p in model.parameters())
+        tiny_value, scale = self.AUTO_LEARNING_RATE
         if parameters < 10e6:
-            return self.TINY_LEARNING_RATE if tiny is None else tiny
-        resolved = (1e-5 if parameters < 1e9 else 1e-6) * self.LARGE_LEARNING_RATE_SCALE
+            return tiny_value if tiny is None else tiny
+        resolved = (1e-5 if parameters < 1e9 else 1e-6) * scale
         print(f"{type(self).__name__}.learning_rate=auto → {resolved:.0e} for a {parameters / 1e6:.0f}M-parameter model")
         return resolved
 
@@ -173,6 +174,46 @@ def clip_and_check_gradients(parameters, max_grad_norm: float) -> float:
     return float(norm)
 
 
+def optimizer_step(loss: torch.Tensor, optimizers, parameter_groups, max_grad_norm: float, names=("loss",)) -> float:
+    """One guarded update: refuse a non-finite loss (nothing applied), back-propagate, clip each
+    parameter group's gradients (refusing non-finite ones), step every optimizer. ``loss`` may be a
+    tuple of losses (summed for the backward, each checked by its name). Returns the first group's
+    pre-clip gradient norm."""
+    parts = loss if isinstance(loss, tuple) else (loss,)
+    for part, name in zip(parts, names, strict=True):
+        check_finite_loss(part, name)
+    for optimizer in optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    sum(parts).backward()
+    norms = [clip_and_check_gradients(parameters, max_grad_norm) for parameters in parameter_groups]
+    for optimizer in optimizers:
+        optimizer.step()
+    return norms[0]
+
+
+def frozen_reference(policy, reference=None):
+    """The reference model: ``reference`` if given, else a deep copy of the *live* initial policy
+    (never reloaded from disk, as TRL does from ``config._name_or_path``), frozen: eval mode, no grad."""
+    reference = reference if reference is not None else copy.deepcopy(policy)
+    return reference.eval().requires_grad_(False)
+
+
+def require_data(rows, trainer: str, what: str) -> None:
+    if not rows:
+        raise ValueError(f"{trainer} got an empty {what} dataset; pass at least one row")
+
+
+def prepare_policy(config: TrainerConfig, policy, others=(), disable_dropout: bool = True):
+    """The start every trainer shares: the P7 dropout switch on the policy and the ``others``
+    (reference, critic), the precision mode, the resolved learning rate and the policy's AdamW.
+    Returns ``(dropout_on, learning_rate, optimizer)``."""
+    models = (policy, *others)
+    dropout_on = apply_dropout_switch(models, disable_dropout)
+    apply_precision(models, config.precision)
+    learning_rate = config.resolve_learning_rate(policy)
+    return dropout_on, learning_rate, adamw(policy.parameters(), lr=learning_rate, weight_decay=getattr(config, "weight_decay", 0.0))
+
+
 def check_finite_loss(loss: torch.Tensor, name: str = "loss") -> None:
     if not torch.isfinite(loss).all():
         raise NonFiniteError(
@@ -197,12 +238,12 @@ class Trainer:
         self.step = 0
         self.history: list[dict] = []
 
-    # -- what a checkpoint holds ------------------------------------------------------------
+    # -- what a checkpoint holds (defaults: one policy, one optimizer) -------------------------
     def modules(self) -> dict[str, torch.nn.Module]:
-        raise NotImplementedError
+        return {"policy": self.policy}
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        raise NotImplementedError
+        return {"optimizer": self.optimizer}
 
     def generators(self) -> dict[str, torch.Generator]:
         return {}

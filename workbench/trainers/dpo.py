@@ -21,7 +21,6 @@ precomputed once from it (``reference="precomputed"``) — never reloaded from d
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -35,10 +34,6 @@ from workbench.trainers import base
 from workbench.trainers.base import (
     Trainer,
     TrainerConfig,
-    adamw,
-    apply_dropout_switch,
-    check_finite_loss,
-    clip_and_check_gradients,
     require,
     require_choice,
     step_generator,
@@ -51,8 +46,7 @@ PROMPT_MASK_MODES = ("both", "chosen_only", "none")
 class DPOConfig(TrainerConfig):
     """DPOTrainer's hyper-parameters and pitfall switches (the defaults are the fixes)."""
 
-    TINY_LEARNING_RATE: ClassVar[float] = 1e-4  # learning_rate="auto" on the tiny models
-    LARGE_LEARNING_RATE_SCALE: ClassVar[float] = 0.5  # 5e-6 up to 1B parameters, 5e-7 above
+    AUTO_LEARNING_RATE: ClassVar[tuple[float, float]] = (1e-4, 0.5)  # tiny models; 5e-6 up to 1B parameters, 5e-7 above
 
     batch_size: int = 16
     """Preference pairs per step (the forward holds 2 × batch_size rows)."""
@@ -162,18 +156,11 @@ class DPOTrainer(Trainer):
     progress_keys = ("loss", "rewards/accuracies")
 
     def __init__(self, policy, tokenizer, pairs: list[dict], config: DPOConfig, reference=None):
+        base.require_data(pairs, "DPOTrainer", "preference")  # before anything is built
         super().__init__()
-        if not pairs:
-            raise ValueError("DPOTrainer got an empty preference dataset; pass at least one pair")
         self.policy, self.tokenizer, self.pairs, self.config = policy, tokenizer, pairs, config
-        # A frozen copy of the live initial policy: never reloaded from disk (TRL reloads
-        # from config._name_or_path when no ref_model is given).
-        self.reference = reference if reference is not None else copy.deepcopy(policy)
-        self.reference.eval().requires_grad_(False)
-        self.dropout_on = apply_dropout_switch((self.policy, self.reference), config.disable_dropout)
-        base.apply_precision((self.policy, self.reference), config.precision)
-        self.learning_rate = config.resolve_learning_rate(policy)
-        self.optimizer = adamw(policy.parameters(), lr=self.learning_rate, weight_decay=0.0)
+        self.reference = base.frozen_reference(policy, reference)
+        self.dropout_on, self.learning_rate, self.optimizer = base.prepare_policy(config, policy, (self.reference,), config.disable_dropout)
         self.dist = Distributed.current()
         self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
         self.device = next(self.policy.parameters()).device
@@ -183,12 +170,6 @@ class DPOTrainer(Trainer):
         if config.reference == "precomputed":
             self.precomputed_reference = self._precompute_reference()
             self.reference = None
-
-    def modules(self):
-        return {"policy": self.policy}
-
-    def optimizers(self):
-        return {"optimizer": self.optimizer}
 
     def _precompute_reference(self, chunk: int = 256) -> torch.Tensor:
         """Reference log-probs (N, 2): chosen, rejected for every pair, computed once."""
@@ -228,11 +209,7 @@ class DPOTrainer(Trainer):
             chosen_lengths=lengths[:b], rejected_lengths=lengths[b:],
         )
         loss = per_pair.mean()
-        check_finite_loss(loss)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = clip_and_check_gradients(self.policy.parameters(), c.max_grad_norm)
-        self.optimizer.step()
+        grad_norm = base.optimizer_step(loss, [self.optimizer], [self.policy.parameters()], c.max_grad_norm)
 
         with torch.no_grad():
             prompt_targets = prompt_target_mask(batch.attention_mask, batch.prompt_lengths)

@@ -42,7 +42,6 @@ depends on the length distribution.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -61,7 +60,7 @@ class GRPOConfig(RolloutConfig):
     """GRPOTrainer's hyper-parameters and pitfall switches (the defaults are the fixes)."""
 
     # learning_rate="auto" on the tiny models (RL signal is weak next to Adam's noise: much higher degrades them)
-    TINY_LEARNING_RATE: ClassVar[float] = 2e-4
+    AUTO_LEARNING_RATE: ClassVar[tuple[float, float]] = (2e-4, 1.0)
 
     # ---- Rollout ---------------------------------------------------------------------------
     num_generations: int = 8
@@ -154,17 +153,10 @@ class GRPOTrainer(RolloutTrainer):
 
     def __init__(self, policy, tokenizer, problems: list[Problem], config: GRPOConfig, reference=None):
         super().__init__()
-        if not problems:
-            raise ValueError("GRPOTrainer got an empty prompt dataset; pass at least one Problem")
+        base.require_data(problems, "GRPOTrainer", "prompt")
         self.policy, self.tokenizer, self.problems, self.config = policy, tokenizer, problems, config
-        self.reference = None
-        if config.beta > 0:
-            self.reference = reference if reference is not None else copy.deepcopy(policy)
-            self.reference.eval().requires_grad_(False)
-        self.dropout_on = base.apply_dropout_switch((self.policy, self.reference), config.disable_dropout)
-        base.apply_precision((self.policy, self.reference), config.precision)
-        self.learning_rate = config.resolve_learning_rate(policy)
-        self.optimizer = base.adamw(policy.parameters(), lr=self.learning_rate, weight_decay=0.0)
+        self.reference = base.frozen_reference(policy, reference) if config.beta > 0 else None
+        self.dropout_on, self.learning_rate, self.optimizer = base.prepare_policy(config, policy, (self.reference,), config.disable_dropout)
         # Under accelerate: sampling uses self.policy (identical everywhere), training forwards the
         # DDP-wrapped model on this process's shard of rows.
         self.dist = Distributed.current()
@@ -176,12 +168,6 @@ class GRPOTrainer(RolloutTrainer):
     def _global_normalizer(self, mask, mode) -> float:
         """The global batch's denominator divided by the number of processes (DDP averages)."""
         return float(self.dist.sum(losses.aggregation_denominator(mask, mode, self.config.max_new_tokens))) / self.dist.world_size
-
-    def modules(self):
-        return {"policy": self.policy}
-
-    def optimizers(self):
-        return {"optimizer": self.optimizer}
 
     def train_step(self, step: int) -> dict:
         c = self.config
@@ -218,11 +204,7 @@ class GRPOTrainer(RolloutTrainer):
                     kl_estimator=c.kl_estimator, max_len=c.max_new_tokens,
                     normalizer=self._global_normalizer if self.dist.enabled else None,
                 )
-                base.check_finite_loss(loss)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                records["grad_norm"].append(base.clip_and_check_gradients(self.policy.parameters(), c.max_grad_norm))
-                self.optimizer.step()
+                records["grad_norm"].append(base.optimizer_step(loss, [self.optimizer], [self.policy.parameters()], c.max_grad_norm))
                 # per-process values → global ones (the loss: the sum of the processes' shares)
                 records["loss"].append(float(self.dist.sum(float(loss.detach()))) / self.dist.world_size)
                 records["clip_fraction"].append(self.dist.mean(stats["clip_fraction"]))

@@ -57,7 +57,7 @@ from workbench.trainers.rollout_trainer import RolloutConfig, RolloutTrainer
 class PPOConfig(RolloutConfig):
     """PPOTrainer's hyper-parameters and pitfall switches (the defaults are the fixes)."""
 
-    TINY_LEARNING_RATE: ClassVar[float] = 1e-4  # the actor's learning_rate="auto" on the tiny models
+    AUTO_LEARNING_RATE: ClassVar[tuple[float, float]] = (1e-4, 1.0)  # the actor's learning_rate="auto"
 
     # ---- Optimisation ----------------------------------------------------------------------
     critic_learning_rate: float | str = "auto"
@@ -130,10 +130,8 @@ class PPOTrainer(RolloutTrainer):
     def __init__(self, policy, tokenizer, problems: list[Problem], config: PPOConfig, reference=None, critic=None):
         super().__init__()
         self.policy, self.tokenizer, self.problems, self.config = policy, tokenizer, problems, config
-        if not problems:
-            raise ValueError("PPOTrainer got an empty prompt dataset; pass at least one Problem")
-        self.reference = reference if reference is not None else copy.deepcopy(policy)
-        self.reference.eval().requires_grad_(False)
+        base.require_data(problems, "PPOTrainer", "prompt")
+        self.reference = base.frozen_reference(policy, reference)
         self.critic = critic if critic is not None else ValueModel.from_policy(policy, seed=config.seed)
         self.dropout_on = base.apply_dropout_switch((self.policy, self.reference, self.critic), config.disable_dropout)
         self.rollout_model = None
@@ -145,7 +143,7 @@ class PPOTrainer(RolloutTrainer):
         base.apply_precision((self.policy, self.reference, self.critic), config.precision)
         self.learning_rate = config.resolve_learning_rate(policy)
         self.critic_learning_rate = config.resolve_learning_rate(policy, config.critic_learning_rate, tiny=1e-3)
-        if config.critic_learning_rate == "auto" and self.learning_rate != config.TINY_LEARNING_RATE:
+        if config.critic_learning_rate == "auto" and self.learning_rate != config.AUTO_LEARNING_RATE[0]:
             self.critic_learning_rate = 10 * self.learning_rate
         self.policy_optimizer = base.adamw(policy.parameters(), lr=self.learning_rate, weight_decay=0.0)
         self.critic_optimizer = base.adamw(self.critic.parameters(), lr=self.critic_learning_rate, weight_decay=0.0)
@@ -222,15 +220,9 @@ class PPOTrainer(RolloutTrainer):
                 )
                 values = self._values(r, rows)
                 value_loss, value_clip_fraction = losses.ppo_value_loss(values, old_values[rows], returns[rows], mb_mask, c.value_clip)
-                base.check_finite_loss(policy_loss, "policy loss")
-                base.check_finite_loss(value_loss, "value loss")
-                self.policy_optimizer.zero_grad(set_to_none=True)
-                self.critic_optimizer.zero_grad(set_to_none=True)
-                (policy_loss + value_loss).backward()
-                grad_norm = base.clip_and_check_gradients(self.policy.parameters(), c.max_grad_norm)
-                base.clip_and_check_gradients(self.critic.parameters(), c.max_grad_norm)
-                self.policy_optimizer.step()
-                self.critic_optimizer.step()
+                grad_norm = base.optimizer_step(
+                    (policy_loss, value_loss), [self.policy_optimizer, self.critic_optimizer],
+                    [self.policy.parameters(), self.critic.parameters()], c.max_grad_norm, names=("policy loss", "value loss"))
                 stats["policy_loss"].append(float(policy_loss.detach()))
                 stats["value_loss"].append(float(value_loss.detach()))
                 stats["clip_fraction"].append(policy_stats["clip_fraction"])

@@ -18,23 +18,14 @@ from workbench import losses
 from workbench.batching import pad_sequences
 from workbench.scoring import forward, logprobs_from_logits
 from workbench.tasks import Problem, encode_response
-from workbench.trainers.base import (
-    Trainer,
-    TrainerConfig,
-    adamw,
-    apply_precision,
-    check_finite_loss,
-    clip_and_check_gradients,
-    require,
-)
+from workbench.trainers.base import Trainer, TrainerConfig, optimizer_step, prepare_policy, require
 
 
 @dataclass
 class SFTConfig(TrainerConfig):
     """SFTTrainer's hyper-parameters (supervised fine-tuning on the task) and the P8 switch."""
 
-    TINY_LEARNING_RATE: ClassVar[float] = 1e-3  # learning_rate="auto" on the tiny models
-    LARGE_LEARNING_RATE_SCALE: ClassVar[float] = 2.0  # 2e-5 up to 1B parameters, 2e-6 above
+    AUTO_LEARNING_RATE: ClassVar[tuple[float, float]] = (1e-3, 2.0)  # tiny models; 2e-5 up to 1B parameters, 2e-6 above
 
     batch_size: int = 64
     """Examples per optimisation step."""
@@ -74,9 +65,7 @@ class SFTTrainer(Trainer):
     def __init__(self, model, tokenizer, problems: list[Problem], config: SFTConfig):
         super().__init__()
         self.model, self.tokenizer, self.problems, self.config = model, tokenizer, problems, config
-        apply_precision((self.model,), config.precision)
-        self.base_learning_rate = config.resolve_learning_rate(model)
-        self.optimizer = adamw(model.parameters(), lr=self.base_learning_rate, weight_decay=config.weight_decay)
+        _, self.base_learning_rate, self.optimizer = prepare_policy(config, model, disable_dropout=False)
         self.rng = random.Random(config.seed)
 
     def modules(self):
@@ -103,11 +92,7 @@ class SFTTrainer(Trainer):
         token_logprobs = logprobs_from_logits(logits[:, :-1], ids[:, 1:])
         mask = loss_mask[:, 1:].float()
         loss = -losses.masked_sum(token_logprobs, mask) / mask.sum()
-        check_finite_loss(loss)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = clip_and_check_gradients(self.model.parameters(), self.config.max_grad_norm)
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate(step)
-        self.optimizer.step()
+        grad_norm = optimizer_step(loss, [self.optimizer], [self.model.parameters()], self.config.max_grad_norm)
         return {"loss": float(loss.detach()), "grad_norm": grad_norm}
