@@ -381,6 +381,10 @@ def load(
     )
     pad = set_pad_token(model, tokenizer, pad_token)
     check_tokenizer(tokenizer, allow_pad_equal_eos=allow_pad_equal_eos)
+    if tokenizer.pad_token_id in stop_token_ids(model, tokenizer) and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        pad += (" — also a stop id of the generation config (as in Qwen2.5): harmless here, where masks come from the "
+                "attention mask and the stop positions, but a mask built as `ids != pad` would drop that stop action (P8)")
+        print(f"note: {pad}")
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
