@@ -186,8 +186,10 @@ def ragged_sequences(tokenizer, n: int, *, seed: int = 0, lengths=(8, 16, 32, 64
     import random
 
     rng = random.Random(seed)
-    return [[tokenizer.bos_token_id] + [rng.randrange(4, len(tokenizer)) for _ in range(rng.choice(lengths) - 1)]
-            for _ in range(n)]
+    def first():  # BOS where the tokenizer has one (Qwen2-style tokenizers have none: a random token then)
+        return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else rng.randrange(4, len(tokenizer))
+
+    return [[first()] + [rng.randrange(4, len(tokenizer)) for _ in range(rng.choice(lengths) - 1)] for _ in range(n)]
 
 
 def attention_entries(lengths: list[int]) -> dict[str, int]:

@@ -148,13 +148,14 @@ def verdict(drift_bug: float, drift_fix: float, *, threshold: float = 1e-2, tole
     return bool(drift_bug > threshold), bool(drift_fix <= tolerance)
 
 
-def first_step_table(names, prompts: list[str], *, seed: int = 0) -> dict:
-    """``first_step_mismatch`` for each model name × position-ids mode: ``{(name, mode): result}``."""
+def first_step_table(names, prompts: list[str], *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto") -> dict:
+    """``first_step_mismatch`` for each model name × position-ids mode: ``{(name, mode): result}``
+    (``device``, ``pad_token``: as for ``workbench.models.load``)."""
     from workbench.models import load
 
     table = {}
     for name in names:
-        model, tokenizer = load(name)
+        model, tokenizer = load(name, device=device, pad_token=pad_token)
         for mode in ("model", "mask"):
             table[name, mode] = first_step_mismatch(model, tokenizer, prompts, position_ids=mode, seed=seed)
     return table

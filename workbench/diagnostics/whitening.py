@@ -32,7 +32,8 @@ def whitening_vs_padding(values: torch.Tensor, mask: torch.Tensor, extra_pads: l
 
 
 # ---- advantages of a real rollout, verdict and figure (notebook 13) ---------------------------
-def rollout_advantages(model_name: str, *, seed: int = 0, gamma: float = 1.0, lam: float = 0.95):
+def rollout_advantages(model_name: str, *, seed: int = 0, gamma: float = 1.0, lam: float = 0.95, device: str = "auto",
+                       pad_token: str | None = "auto"):
     """GAE advantages of one PPO rollout of ``model_name`` (sparse score on the last token, V = 0):
     ``(advantages, mask)``, both (B, T) with real padding."""
     from workbench import losses
@@ -40,7 +41,7 @@ def rollout_advantages(model_name: str, *, seed: int = 0, gamma: float = 1.0, la
     from workbench.tasks import rl_problems
     from workbench.trainers.ppo import PPOConfig, PPOTrainer, last_token_rewards
 
-    policy, tokenizer = load(model_name)
+    policy, tokenizer = load(model_name, device=device, pad_token=pad_token)
     trainer = PPOTrainer(policy, tokenizer, rl_problems(64), PPOConfig(steps=1, seed=seed, progress=False))
     _, rollout, scores = trainer.rollout(0)
     mask = rollout.response_mask.float()
