@@ -81,11 +81,13 @@ def cost_sweep(model, tokenizer, prompts: list[str], batch_sizes, *, max_new_tok
 def one_step_gap(model_name: str, *, max_new_tokens: int, seed: int = 0, prompts_per_step: int = 16,
                  **loading) -> tuple[dict, dict, float]:
     """One PPO step from the same weights with ``stop_at_eos`` True and False: both step records and
-    the largest |difference| in reward, KL and losses (0 when masking after EOS is exact)."""
+    the largest |difference| in reward, KL and losses (0 when masking after EOS is exact). ``loading``
+    (``device``, ``pad_token``, ``precision``) goes to ``comparison.train_variants``."""
     from workbench.comparison import train_variants
 
     runs = train_variants("ppo", model_name, {"fix": {"stop_at_eos": True}, "bug": {"stop_at_eos": False}}, steps=1,
-                          seeds=(seed,), max_new_tokens=max_new_tokens, prompts_per_step=prompts_per_step, mini_batches=2, **loading)
+                          seeds=(seed,), max_new_tokens=max_new_tokens, prompts_per_step=prompts_per_step, mini_batches=2,
+                          **loading)
     fix, bug = runs["fix"][0][0], runs["bug"][0][0]
     return fix, bug, max(abs(fix[k] - bug[k]) for k in ("policy_loss", "value_loss", "reward", "kl"))
 
