@@ -46,6 +46,7 @@ def write_metrics(
     metrics: dict,
     headline: dict | None = None,
     parameters: dict | None = None,
+    not_shown: str | list[str] | None = None,
 ) -> None:
     """Write ``metrics.json`` atomically and print a one-line verdict.
 
@@ -54,7 +55,13 @@ def write_metrics(
 
     ``headline`` is the one number a reader should remember, measured with the bug and with the
     fix: ``{"what": str, "unit": str, "bug": float, "fix": float}`` (the report leads with it).
+
+    ``not_shown``: why this checkpoint cannot show (part of) the pitfall (``cannot_show``), recorded
+    as ``metrics["not_shown"]``; ``None`` or empty when everything was measured.
     """
+    reasons = [not_shown] if isinstance(not_shown, str) else [r for r in (not_shown or []) if r]
+    if reasons:
+        metrics = {**metrics, "not_shown": [*metrics.get("not_shown", []), *(cannot_show(r) for r in reasons)]}
     if headline is not None:
         missing = {"what", "unit", "bug", "fix"} - set(headline)
         if missing:

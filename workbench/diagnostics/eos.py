@@ -114,6 +114,17 @@ def verdict(costs: dict, loss_gap: float, tolerance: float = 1e-6) -> tuple[bool
     return bool(reproduced), bool(fixed)
 
 
+def not_shown(costs: dict) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: a policy that never emits a stop id
+    (an untrained checkpoint) decodes to the limit with or without ``stop_at_eos``, so there is no
+    waste to measure."""
+    largest = costs[max(costs)]
+    if largest["fix"]["finished_fraction"] > 0:
+        return None
+    return (f"no response stopped within {largest['fix']['decode_steps']} tokens at batch {max(costs)} (finished fraction 0): "
+            "an untrained checkpoint never emits a stop id, so stopping at EOS saves nothing here; use a trained one")
+
+
 def plot_generation_cost(axes, costs: dict) -> None:
     """Decoding steps, wasted share and wall time vs batch size, bug and fix."""
     from workbench import plots
