@@ -58,3 +58,29 @@ def test_every_notebook_runs_on_realistic_checkpoints(tmp_path, stem, checkpoint
     payload = run_one(tmp_path, stem, checkpoint)
     if not (payload["reproduced"] and payload["fixed"]):  # an unshown pitfall is said, not silently judged
         assert payload["metrics"].get("not_shown"), f"{stem} on {checkpoint}: no verdict and no reason recorded"
+
+
+def test_write_metrics_records_what_a_checkpoint_cannot_show(tmp_path, capsys):
+    from workbench import nbtools
+
+    nbtools.write_metrics(tmp_path, notebook="x", reproduced=False, fixed=True, metrics={"a": 1.0}, not_shown="no EOS ever")
+    assert json.loads((tmp_path / "metrics.json").read_text())["metrics"] == {"a": 1.0, "not_shown": ["no EOS ever"]}
+    assert "cannot show with this checkpoint: no EOS ever" in capsys.readouterr().out
+    nbtools.write_metrics(tmp_path, notebook="x", reproduced=True, fixed=True, metrics={"a": 1.0}, not_shown=[None])
+    assert "not_shown" not in json.loads((tmp_path / "metrics.json").read_text())["metrics"]
+
+
+def test_cannot_show_reasons_are_chosen_by_the_numbers():
+    from workbench.diagnostics import eos, position_ids
+    from workbench.models import tiny_model
+
+    def costs(finished):
+        return {64: {"fix": {"finished_fraction": finished, "decode_steps": 32}, "bug": {}}}
+
+    assert eos.not_shown(costs(0.5)) is None
+    assert "never emits a stop id" in eos.not_shown(costs(0.0))
+    rope, _ = tiny_model("qwen2")
+    learned, _ = tiny_model("gpt2")
+    assert position_ids.not_shown(rope, 1e-6) and "rotary" in position_ids.not_shown(rope, 1e-6)
+    assert position_ids.not_shown(rope, 0.5) is None  # drift measured: shown
+    assert position_ids.not_shown(learned, 1e-6) is None  # learned positions: a small drift is a result, not a blind spot
