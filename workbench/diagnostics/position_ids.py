@@ -150,13 +150,14 @@ def verdict(drift_bug: float, drift_fix: float, *, threshold: float = 1e-2, tole
 
 def not_shown(model, drift_bug: float, *, threshold: float = 1e-2) -> str | None:
     """Why ``model`` cannot show S1 in this precision, or None: with rotary positions the shift
-    cancels up to rounding, so the drift without position ids stays below ``threshold``."""
+    cancels up to rounding, so the drift (or first-step |ρ − 1|) without position ids stays below ``threshold``."""
     from workbench.models import uses_rope
 
     if drift_bug > threshold or not uses_rope(model):
         return None
-    return (f"rotary positions: the left-padding shift cancels up to rounding (max drift {drift_bug:.1e} nats ≤ {threshold:g} "
-            f"in {next(model.parameters()).dtype}); a checkpoint with learned absolute positions (realistic-gpt2) shows it")
+    return (f"{model.config.model_type} has rotary positions: the left-padding shift cancels up to rounding (largest effect "
+            f"without position ids {drift_bug:.1e} ≤ {threshold:g} in {next(model.parameters()).dtype}); a checkpoint with "
+            "learned absolute positions (realistic-gpt2) shows it")
 
 
 def first_step_table(names, prompts: list[str], *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto") -> dict:
