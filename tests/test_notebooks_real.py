@@ -22,11 +22,12 @@ ALL = sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb") if not p.s
 def overrides_for(stem: str, checkpoint: str) -> dict:
     """The checkpoint in every model parameter the notebook has, set sensibly."""
     from workbench.notebooks import find_notebook
+    from workbench.realistic import spec_of
 
     parameters = find_notebook(stem).parameters
-    chat = checkpoint + "-chat"
-    out = {"model": chat if stem in ("17_stop_tokens", "19_batch_shape_logprobs", "21_duplicate_bos",
-                                      "22_multiturn_retokenization") else checkpoint}
+    has_template = spec_of(checkpoint.removeprefix("realistic-")).chat_template is not None
+    chat_notebooks = ("17_stop_tokens", "19_batch_shape_logprobs", "21_duplicate_bos", "22_multiturn_retokenization")
+    out = {"model": checkpoint + "-chat" if stem in chat_notebooks and has_template else checkpoint}
     if "rope_model" in parameters:  # 01: the rotary model to compare with (GPT-2 has learned positions)
         out["rope_model"] = "realistic-qwen2" if checkpoint == "realistic-gpt2" else checkpoint
     if "reference_model" in parameters:  # same tokenizer as the policy
