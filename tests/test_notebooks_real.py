@@ -75,11 +75,11 @@ def test_cannot_show_reasons_are_chosen_by_the_numbers():
     from workbench.diagnostics import eos, position_ids
     from workbench.models import tiny_model
 
-    def costs(finished):
-        return {64: {"fix": {"finished_fraction": finished, "decode_steps": 32}, "bug": {}}}
+    def costs(fix_steps):
+        return {64: {"fix": {"finished_fraction": 0.1, "decode_steps": fix_steps}, "bug": {"decode_steps": 32}}}
 
-    assert eos.not_shown(costs(0.5)) is None
-    assert "never emits a stop id" in eos.not_shown(costs(0.0))
+    assert eos.not_shown(costs(12)) is None  # every response stopped by step 12: the saving is measured
+    assert "saves no decode step" in eos.not_shown(costs(32))
     rope, _ = tiny_model("qwen2")
     learned, _ = tiny_model("gpt2")
     assert position_ids.not_shown(rope, 1e-6) and "rotary" in position_ids.not_shown(rope, 1e-6)

@@ -115,14 +115,15 @@ def verdict(costs: dict, loss_gap: float, tolerance: float = 1e-6) -> tuple[bool
 
 
 def not_shown(costs: dict) -> str | None:
-    """Why this checkpoint cannot show the pitfall, or None: a policy that never emits a stop id
-    (an untrained checkpoint) decodes to the limit with or without ``stop_at_eos``, so there is no
-    waste to measure."""
+    """Why this checkpoint cannot show the pitfall, or None: when some response at the largest batch
+    runs to the length limit (an untrained checkpoint rarely emits a stop id), stopping at EOS decodes
+    as many steps as not stopping, so there is no saving to measure."""
     largest = costs[max(costs)]
-    if largest["fix"]["finished_fraction"] > 0:
+    if largest["fix"]["decode_steps"] < largest["bug"]["decode_steps"]:
         return None
-    return (f"no response stopped within {largest['fix']['decode_steps']} tokens at batch {max(costs)} (finished fraction 0): "
-            "an untrained checkpoint never emits a stop id, so stopping at EOS saves nothing here; use a trained one")
+    return (f"at batch {max(costs)} some response runs to the limit of {largest['bug']['decode_steps']} tokens (only "
+            f"{largest['fix']['finished_fraction']:.0%} emit a stop id): stopping at EOS saves no decode step with this "
+            "checkpoint (an untrained one rarely stops); use a trained one")
 
 
 def plot_generation_cost(axes, costs: dict) -> None:
