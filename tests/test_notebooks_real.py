@@ -72,7 +72,7 @@ def test_write_metrics_records_what_a_checkpoint_cannot_show(tmp_path, capsys):
 
 
 def test_cannot_show_reasons_are_chosen_by_the_numbers():
-    from workbench.diagnostics import eos, position_ids
+    from workbench.diagnostics import eos, position_ids, truncation
     from workbench.models import tiny_model
 
     def costs(fix_steps):
@@ -85,3 +85,6 @@ def test_cannot_show_reasons_are_chosen_by_the_numbers():
     assert position_ids.not_shown(rope, 1e-6) and "rotary" in position_ids.not_shown(rope, 1e-6)
     assert position_ids.not_shown(rope, 0.5) is None  # drift measured: shown
     assert position_ids.not_shown(learned, 1e-6) is None  # learned positions: a small drift is a result, not a blind spot
+    bug = {"truncated": 40, "truncated_rewarded": 0, "mixed_groups": 3, "pressure": 0.0}
+    assert "earns a reward" in truncation.not_shown({truncation.BUG: bug})
+    assert truncation.not_shown({truncation.BUG: {**bug, "truncated_rewarded": 5}}) is None
