@@ -57,6 +57,15 @@ def verdict(rows: list[dict], *, threshold: float = 0.05, tolerance: float = 1e-
     return bool(reproduced), bool(fixed)
 
 
+def not_shown(rows: list[dict]) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: when every advantage of the rollout is 0
+    (all rewards equal: an untrained checkpoint answers nothing right), whitening has nothing to centre."""
+    if any(r["naive_std"] > 0 or r["masked_std"] > 0 for r in rows):
+        return None
+    return ("every advantage of this checkpoint's rollout is 0 (all rewards equal: an untrained checkpoint answers nothing "
+            "right), so whitening has nothing to centre or scale; use a trained one")
+
+
 def plot_whitening(axes, rows: list[dict]) -> None:
     """Mean and std of whitened advantages on real tokens vs the padding share, naive (bug) and masked (fix)."""
     from workbench import plots
