@@ -30,8 +30,8 @@ def overrides_for(stem: str, checkpoint: str) -> dict:
     out = {"model": checkpoint + "-chat" if stem in chat_notebooks and has_template else checkpoint}
     if "rope_model" in parameters:  # 01: the rotary model to compare with (GPT-2 has learned positions)
         out["rope_model"] = "realistic-qwen2" if checkpoint == "realistic-gpt2" else checkpoint
-    if "reference_model" in parameters:  # same tokenizer as the policy
-        out["reference_model"] = checkpoint
+    if "reference_model" in parameters:  # same tokenizer as the policy, other weights where there are any (the chat-SFT one)
+        out["reference_model"] = checkpoint + "-chat" if has_template else checkpoint
     if "architectures" in parameters:  # 02: the generation hazard on this checkpoint
         out["architectures"] = [checkpoint]
     return out
