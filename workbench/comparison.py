@@ -23,15 +23,18 @@ import numpy as np
 
 
 def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: int, seeds=(0,), problems: int = 64,
-                   before=None, processes: int = 1, **common) -> dict[str, list[list[dict]]]:
+                   before=None, processes: int = 1, device: str = "auto", pad_token: str | None = "auto",
+                   **common) -> dict[str, list[list[dict]]]:
     """``{label: [history of seed 0, history of seed 1, …]}`` for ``kind`` in ("ppo", "grpo").
 
     Every run loads ``model`` afresh; ``before(policy)`` (optional) edits it before training (e.g.
     switch dropout on); ``common`` goes to every config, ``variants[label]`` to that variant's.
     ``processes`` > 1 runs the (variant, seed) pairs in that many worker processes, each with its
     share of the CPU threads (``before`` must then be picklable: a module-level function or a
-    ``functools.partial`` of one). Results do not depend on ``processes``.
+    ``functools.partial`` of one). Results do not depend on ``processes``. ``device`` and
+    ``pad_token`` go to ``workbench.models.load`` (the notebooks' parameters of those names).
     """
+    loading = {"device": device, "pad_token": pad_token}
     jobs = [(label, seed) for label in variants for seed in seeds]
     if processes > 1 and len(jobs) > 1:
         import multiprocessing
@@ -40,11 +43,13 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
 
         threads = max(1, (os.cpu_count() or 1) // processes)
         with ProcessPoolExecutor(max_workers=min(processes, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_train_one, kind, model, {**common, **variants[label]}, steps, seed, problems, before, threads)
+            futures = [pool.submit(_train_one, kind, model, {**common, **variants[label]}, steps, seed, problems, before, threads,
+                                   loading)
                        for label, seed in jobs]
             histories = [f.result() for f in futures]
     else:
-        histories = [_train_one(kind, model, {**common, **variants[label]}, steps, seed, problems, before) for label, seed in jobs]
+        histories = [_train_one(kind, model, {**common, **variants[label]}, steps, seed, problems, before, None, loading)
+                     for label, seed in jobs]
     runs: dict[str, list[list[dict]]] = {label: [] for label in variants}
     for (label, _), history in zip(jobs, histories, strict=True):
         runs[label].append(history)
@@ -52,7 +57,7 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
 
 
 def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, problems: int, before=None,
-               threads: int | None = None) -> list[dict]:
+               threads: int | None = None, loading: dict | None = None) -> list[dict]:
     import torch
 
     from workbench.models import load
@@ -68,7 +73,7 @@ def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, pro
         from workbench.trainers.grpo import GRPOTrainer as Trainer
     else:
         raise ValueError(f"kind={kind!r}: choose 'ppo' or 'grpo'")
-    policy, tokenizer = load(model)
+    policy, tokenizer = load(model, **(loading or {}))
     if before is not None:
         before(policy)
     config = Config(steps=steps, seed=seed, progress=False, **switches)

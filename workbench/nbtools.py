@@ -3,7 +3,8 @@
 * ``prepare(stem, out_dir)``: resolves the output folder (``runs/interactive/<stem>`` when the
   notebook is opened by hand, the runner's folder in batch), applies the plot style;
 * ``save_figure(fig, out_dir, name)``: PNG next to the executed notebook;
-* ``write_metrics(...)``: the ``metrics.json`` contract, written atomically.
+* ``write_metrics(...)``: the ``metrics.json`` contract, written atomically;
+* ``cannot_show(reason, metrics)``: a pitfall this checkpoint cannot show, said and recorded.
 
 ``metrics.json``: ``{"notebook", "parameters", "reproduced", "fixed", "metrics"}`` where
 ``reproduced`` is true when the bug's signature was measured with the bug switched on and
@@ -45,6 +46,7 @@ def write_metrics(
     metrics: dict,
     headline: dict | None = None,
     parameters: dict | None = None,
+    not_shown: str | list[str] | None = None,
 ) -> None:
     """Write ``metrics.json`` atomically and print a one-line verdict.
 
@@ -53,7 +55,13 @@ def write_metrics(
 
     ``headline`` is the one number a reader should remember, measured with the bug and with the
     fix: ``{"what": str, "unit": str, "bug": float, "fix": float}`` (the report leads with it).
+
+    ``not_shown``: why this checkpoint cannot show (part of) the pitfall (``cannot_show``), recorded
+    as ``metrics["not_shown"]``; ``None`` or empty when everything was measured.
     """
+    reasons = [not_shown] if isinstance(not_shown, str) else [r for r in (not_shown or []) if r]
+    if reasons:
+        metrics = {**metrics, "not_shown": [*metrics.get("not_shown", []), *(cannot_show(r) for r in reasons)]}
     if headline is not None:
         missing = {"what", "unit", "bug", "fix"} - set(headline)
         if missing:
@@ -67,6 +75,16 @@ def write_metrics(
     path = Path(out_dir) / "metrics.json"
     atomic_write_json(path, payload)
     print(f"{notebook}: bug reproduced = {payload['reproduced']}, fix shown = {payload['fixed']} → {path}")
+
+
+def cannot_show(reason: str, metrics: dict | None = None) -> str:
+    """Say that this checkpoint cannot show (part of) the pitfall, and why: printed for the reader and
+    recorded as ``metrics["not_shown"]`` (a list, one reason per part) for ``metrics.json``, so that a
+    verdict is never claimed for something that was not measured. Returns the reason."""
+    print(f"cannot show with this checkpoint: {reason}")
+    if metrics is not None:
+        metrics.setdefault("not_shown", []).append(reason)
+    return reason
 
 
 def read_metrics(out_dir: str | Path) -> dict | None:

@@ -76,16 +76,18 @@ MODE_LABELS = {"both": "both (fix)", "chosen_only": "chosen_only (bug)", "none":
 
 
 def train_by_mask_mode(model_name: str, pairs, modes=("both", "chosen_only", "none"), *, steps: int, seed: int = 0,
-                       beta: float = 0.1, batch_size: int = 16) -> tuple[dict, dict]:
+                       beta: float = 0.1, batch_size: int = 16, device: str = "auto", pad_token: str | None = "auto",
+                       precision: str = "fp32") -> tuple[dict, dict]:
     """One DPO run per ``prompt_mask`` mode from the same checkpoint, same pairs in the same order:
-    ``(histories, trained_policies)`` keyed by mode."""
+    ``(histories, trained_policies)`` keyed by mode (``device``, ``pad_token``: as for ``models.load``)."""
     from workbench.models import load
     from workbench.trainers.dpo import DPOConfig, DPOTrainer
 
     histories, trained = {}, {}
     for mode in modes:
-        policy, tokenizer = load(model_name)
-        config = DPOConfig(steps=steps, seed=seed, beta=beta, batch_size=batch_size, prompt_mask=mode, progress=False)
+        policy, tokenizer = load(model_name, device=device, pad_token=pad_token)
+        config = DPOConfig(steps=steps, seed=seed, beta=beta, batch_size=batch_size, prompt_mask=mode, progress=False,
+                           precision=precision)
         histories[mode] = DPOTrainer(policy, tokenizer, pairs, config).train()
         trained[mode] = policy
     return histories, trained

@@ -120,6 +120,14 @@ def greedy_answers(model, tokenizer, prompts: list[str], how: str, *, max_new_to
             for r, k in zip(rollout.response_ids, rollout.response_mask, strict=True)]
 
 
+def not_shown(tokenizer) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: a tokenizer without a BOS token (Qwen2)
+    cannot put two in front of a prompt."""
+    if tokenizer.bos_token_id is not None:
+        return None
+    return "the tokenizer has no BOS token (Qwen2-style), so no prompt can start with two; a Llama-3-like checkpoint shows it"
+
+
 def verdict(bug: dict, fix: dict, *, signature: float = 1e-3, tolerance: float = 1e-6) -> tuple[bool, bool]:
     """``(reproduced, fixed)`` from two ``response_shift`` path summaries: the bug path starts with
     two BOS and moves the log-probs; the fix path starts with one and moves nothing."""

@@ -78,13 +78,16 @@ def cost_sweep(model, tokenizer, prompts: list[str], batch_sizes, *, max_new_tok
     return costs
 
 
-def one_step_gap(model_name: str, *, max_new_tokens: int, seed: int = 0, prompts_per_step: int = 16) -> tuple[dict, dict, float]:
+def one_step_gap(model_name: str, *, max_new_tokens: int, seed: int = 0, prompts_per_step: int = 16,
+                 **loading) -> tuple[dict, dict, float]:
     """One PPO step from the same weights with ``stop_at_eos`` True and False: both step records and
-    the largest |difference| in reward, KL and losses (0 when masking after EOS is exact)."""
+    the largest |difference| in reward, KL and losses (0 when masking after EOS is exact). ``loading``
+    (``device``, ``pad_token``, ``precision``) goes to ``comparison.train_variants``."""
     from workbench.comparison import train_variants
 
     runs = train_variants("ppo", model_name, {"fix": {"stop_at_eos": True}, "bug": {"stop_at_eos": False}}, steps=1,
-                          seeds=(seed,), max_new_tokens=max_new_tokens, prompts_per_step=prompts_per_step, mini_batches=2)
+                          seeds=(seed,), max_new_tokens=max_new_tokens, prompts_per_step=prompts_per_step, mini_batches=2,
+                          **loading)
     fix, bug = runs["fix"][0][0], runs["bug"][0][0]
     return fix, bug, max(abs(fix[k] - bug[k]) for k in ("policy_loss", "value_loss", "reward", "kl"))
 
@@ -109,6 +112,18 @@ def verdict(costs: dict, loss_gap: float, tolerance: float = 1e-6) -> tuple[bool
         largest["bug"]["decode_steps"] > largest["fix"]["decode_steps"]
     fixed = all(c["fix"]["decode_steps"] == c["fix"]["longest_response"] for c in costs.values()) and loss_gap <= tolerance
     return bool(reproduced), bool(fixed)
+
+
+def not_shown(costs: dict) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: when some response at the largest batch
+    runs to the length limit (an untrained checkpoint rarely emits a stop id), stopping at EOS decodes
+    as many steps as not stopping, so there is no saving to measure."""
+    largest = costs[max(costs)]
+    if largest["fix"]["decode_steps"] < largest["bug"]["decode_steps"]:
+        return None
+    return (f"at batch {max(costs)} some response runs to the limit of {largest['bug']['decode_steps']} tokens (only "
+            f"{largest['fix']['finished_fraction']:.0%} emit a stop id): stopping at EOS saves no decode step with this "
+            "checkpoint (an untrained one rarely stops); use a trained one")
 
 
 def plot_generation_cost(axes, costs: dict) -> None:

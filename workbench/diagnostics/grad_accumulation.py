@@ -59,7 +59,9 @@ def length_sorted_batch(tokenizer, batch_size: int, *, seed: int = 0, lengths=(2
 
     rng = random.Random(seed)
     sizes = sorted(rng.choice(lengths) for _ in range(batch_size))
-    rows = [[tokenizer.bos_token_id] + [rng.randrange(4, len(tokenizer)) for _ in range(n)] for n in sizes]
+    bos = tokenizer.bos_token_id  # None for Qwen2-style tokenizers: the row then starts with a random token
+    rows = [[bos if bos is not None else rng.randrange(4, len(tokenizer))] + [rng.randrange(4, len(tokenizer)) for _ in range(n)]
+            for n in sizes]
     ids, mask = pad_sequences(rows, tokenizer.pad_token_id, side="right")
     return ids, mask, torch.tensor([rng.choice([-1.0, 1.0]) for _ in rows])
 

@@ -2,8 +2,8 @@
 
 Trainers that infer the loss mask as ``ids != pad`` (TRL's old PPOTrainer built its masks from
 ``ids != pad``) drop every EOS when the pad token *is* EOS: the policy is never trained to stop,
-and its responses run to the length limit. ``stop_rate_after_sft`` trains a fresh tiny model by
-SFT both ways and measures how often its greedy answers stop.
+and its responses run to the length limit. ``compare`` trains a fresh tiny model (or any
+checkpoint: a built-in name or a folder) by SFT both ways and measures how often its greedy answers stop.
 """
 
 from __future__ import annotations
@@ -16,9 +16,22 @@ from workbench.tasks import Problem, encode_prompts, score_responses
 from workbench.trainers.sft import SFTConfig, SFTTrainer
 
 
-def sft_run(problems: list[Problem], *, pad_equals_eos: bool, steps: int, seed: int = 0, arch: str = "qwen2"):
-    """A tiny model trained from scratch by SFT; returns ``(model, tokenizer, history)``."""
-    model, tokenizer = tiny_model(arch, seed=seed)
+def starting_model(name: str, *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto"):
+    """``(model, tokenizer)`` to fine-tune: ``tiny-<arch>`` (``tiny-qwen2``, ``tiny-llama``, ``tiny-gpt2``)
+    or a bare architecture name is a tiny model built from scratch with ``seed``; any other name or
+    folder goes to ``workbench.models.load``."""
+    from workbench.models import ARCHITECTURES, load
+
+    arch = name.removeprefix("tiny-")
+    if arch in ARCHITECTURES:
+        return tiny_model(arch, seed=seed)
+    return load(name, device=device, pad_token=pad_token)
+
+
+def sft_run(problems: list[Problem], *, pad_equals_eos: bool, steps: int, seed: int = 0, arch: str = "qwen2", **loading):
+    """A model (``starting_model(arch)``: a tiny one from scratch by default) trained by SFT; returns
+    ``(model, tokenizer, history)``. ``loading``: ``device``, ``pad_token`` for a checkpoint."""
+    model, tokenizer = starting_model(arch, seed=seed, **loading)
     config = SFTConfig(steps=steps, seed=seed, learning_rate=3e-3, warmup_steps=min(50, steps // 5 + 1),
                        pad_equals_eos=pad_equals_eos, progress=False)
     history = SFTTrainer(model, tokenizer, problems, config).train()
@@ -47,11 +60,12 @@ def eos_targets_kept(tokenizer, problems: list[Problem], *, pad_equals_eos: bool
 
 
 def compare(train: list[Problem], test: list[Problem], *, steps: int, seed: int = 0, arch: str = "qwen2",
-            max_new_tokens: int = 16) -> dict[bool, dict]:
-    """Train from scratch with pad ≠ EOS (False) and pad = EOS (True); greedy stopping stats of each."""
+            max_new_tokens: int = 16, **loading) -> dict[bool, dict]:
+    """Train ``arch`` (a tiny architecture, or any name or folder: ``starting_model``) with pad ≠ EOS
+    (False) and pad = EOS (True); greedy stopping stats of each."""
     stats = {}
     for bug in (False, True):
-        model, tokenizer, _ = sft_run(train, pad_equals_eos=bug, steps=steps, seed=seed, arch=arch)
+        model, tokenizer, _ = sft_run(train, pad_equals_eos=bug, steps=steps, seed=seed, arch=arch, **loading)
         stats[bug] = stopping_stats(model, tokenizer, test, max_new_tokens=max_new_tokens)
     return stats
 

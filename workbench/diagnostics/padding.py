@@ -181,13 +181,19 @@ def packed_vs_alone(model, sequences: list[list[int]]) -> dict[str, float]:
     return out
 
 
-def ragged_sequences(tokenizer, n: int, *, seed: int = 0, lengths=(8, 16, 32, 64, 128, 200)) -> list[list[int]]:
-    """``n`` random token sequences of mixed lengths (a ragged batch for the throughput comparison)."""
+def ragged_sequences(tokenizer, n: int, *, seed: int = 0, lengths=(8, 16, 32, 64, 128, 200),
+                     max_length: int | None = None) -> list[list[int]]:
+    """``n`` random token sequences of mixed lengths (a ragged batch for the throughput comparison),
+    none longer than ``max_length`` (the model's context: learned positions end there)."""
     import random
 
+    if max_length:
+        lengths = [length for length in lengths if length <= max_length] or [max_length]
     rng = random.Random(seed)
-    return [[tokenizer.bos_token_id] + [rng.randrange(4, len(tokenizer)) for _ in range(rng.choice(lengths) - 1)]
-            for _ in range(n)]
+    def first():  # BOS where the tokenizer has one (Qwen2-style tokenizers have none: a random token then)
+        return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else rng.randrange(4, len(tokenizer))
+
+    return [[first()] + [rng.randrange(4, len(tokenizer)) for _ in range(rng.choice(lengths) - 1)] for _ in range(n)]
 
 
 def attention_entries(lengths: list[int]) -> dict[str, int]:

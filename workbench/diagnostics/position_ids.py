@@ -148,13 +148,26 @@ def verdict(drift_bug: float, drift_fix: float, *, threshold: float = 1e-2, tole
     return bool(drift_bug > threshold), bool(drift_fix <= tolerance)
 
 
-def first_step_table(names, prompts: list[str], *, seed: int = 0) -> dict:
-    """``first_step_mismatch`` for each model name × position-ids mode: ``{(name, mode): result}``."""
+def not_shown(model, drift_bug: float, *, threshold: float = 1e-2) -> str | None:
+    """Why ``model`` cannot show S1 in this precision, or None: with rotary positions the shift
+    cancels up to rounding, so the drift (or first-step |ρ − 1|) without position ids stays below ``threshold``."""
+    from workbench.models import uses_rope
+
+    if drift_bug > threshold or not uses_rope(model):
+        return None
+    return (f"{model.config.model_type} has rotary positions: the left-padding shift cancels up to rounding (largest effect "
+            f"without position ids {drift_bug:.1e} ≤ {threshold:g} in {next(model.parameters()).dtype}); a checkpoint with "
+            "learned absolute positions (realistic-gpt2) shows it")
+
+
+def first_step_table(names, prompts: list[str], *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto") -> dict:
+    """``first_step_mismatch`` for each model name × position-ids mode: ``{(name, mode): result}``
+    (``device``, ``pad_token``: as for ``workbench.models.load``)."""
     from workbench.models import load
 
     table = {}
     for name in names:
-        model, tokenizer = load(name)
+        model, tokenizer = load(name, device=device, pad_token=pad_token)
         for mode in ("model", "mask"):
             table[name, mode] = first_step_mismatch(model, tokenizer, prompts, position_ids=mode, seed=seed)
     return table

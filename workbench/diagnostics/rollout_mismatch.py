@@ -64,6 +64,16 @@ def verdict(results: dict, *, threshold: float = 1e-2, tolerance: float = 1e-4) 
         bool(fp32["max_ratio_deviation"] <= tolerance and bf16["tis_clipped_fraction"] > 0)
 
 
+def not_shown(results: dict, *, threshold: float = 1e-2) -> str | None:
+    """Why this checkpoint cannot show the mismatch, or None: an untrained checkpoint's logits are
+    near zero (a near-uniform distribution), so bf16 rounding barely moves its log-probs."""
+    deviation = results["bf16 rollout"]["max_ratio_deviation"]
+    if deviation > threshold:
+        return None
+    return (f"a bf16 rollout moves this checkpoint's ratios by only {deviation:.1e} ≤ {threshold:g}: an untrained checkpoint's "
+            "logits are near zero, so bf16 rounding barely changes its log-probs; use a trained one")
+
+
 def plot_mismatch(axes, results: dict, cap: float, caps=None) -> None:
     """Left: histogram of the per-token log-ratio per rollout dtype. Right: share of tokens TIS clips vs the cap."""
     from workbench import plots

@@ -105,6 +105,18 @@ def scenarios(sources: dict[str, list[int]]) -> dict[str, dict[str, list[int]]]:
     }
 
 
+def not_shown(sources: dict[str, list[int]]) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: when the tokenizer's EOS and the generation
+    config both already name the template's turn end, every partial stop set stops at it."""
+    turn_end = set(sources["template_turn_end"])
+    if not turn_end:
+        return "the tokenizer has no chat template, so there is no turn-end token to miss; use a -chat checkpoint"
+    if turn_end <= set(sources["tokenizer"]) and turn_end <= set(sources["generation_config"]):
+        return (f"the tokenizer's EOS and the generation config both already name the turn end {sorted(turn_end)}: no "
+                "partial stop set misses it (a base checkpoint fine-tuned on ChatML, realistic-qwen2-base-chat, shows it)")
+    return None
+
+
 def verdict(bug_truncated: float, fix_truncated: float, *, signature: float = 0.5, tolerance: float = 0.1) -> tuple[bool, bool]:
     """``(reproduced, fixed)``: most responses counted truncated with a partial stop set, few with the union."""
     return bug_truncated > signature, fix_truncated < tolerance

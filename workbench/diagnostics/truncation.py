@@ -81,6 +81,16 @@ def verdict(measured: dict[str, dict], *, threshold: float = 0.05) -> tuple[bool
     return bool(reproduced), bool(fixed)
 
 
+def not_shown(measured: dict[str, dict]) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: when no truncated response earns a reward
+    even under the bug (an untrained checkpoint answers nothing right), scoring truncated responses as
+    finished changes no advantage."""
+    if measured[BUG]["truncated_rewarded"] > 0:
+        return None
+    return (f"none of the {measured[BUG]['truncated']} truncated responses earns a reward even when scored as finished "
+            "(an untrained checkpoint answers nothing right), so the bug changes no advantage here; use a trained one")
+
+
 def conclusion(measured: dict[str, dict]) -> str:
     """The step-0 finding in words chosen by the numbers."""
     bug, ref = measured[BUG]["pressure"], measured[REFERENCE]["pressure"]

@@ -32,7 +32,8 @@ def whitening_vs_padding(values: torch.Tensor, mask: torch.Tensor, extra_pads: l
 
 
 # ---- advantages of a real rollout, verdict and figure (notebook 13) ---------------------------
-def rollout_advantages(model_name: str, *, seed: int = 0, gamma: float = 1.0, lam: float = 0.95):
+def rollout_advantages(model_name: str, *, seed: int = 0, gamma: float = 1.0, lam: float = 0.95, device: str = "auto",
+                       pad_token: str | None = "auto"):
     """GAE advantages of one PPO rollout of ``model_name`` (sparse score on the last token, V = 0):
     ``(advantages, mask)``, both (B, T) with real padding."""
     from workbench import losses
@@ -40,7 +41,7 @@ def rollout_advantages(model_name: str, *, seed: int = 0, gamma: float = 1.0, la
     from workbench.tasks import rl_problems
     from workbench.trainers.ppo import PPOConfig, PPOTrainer, last_token_rewards
 
-    policy, tokenizer = load(model_name)
+    policy, tokenizer = load(model_name, device=device, pad_token=pad_token)
     trainer = PPOTrainer(policy, tokenizer, rl_problems(64), PPOConfig(steps=1, seed=seed, progress=False))
     _, rollout, scores = trainer.rollout(0)
     mask = rollout.response_mask.float()
@@ -54,6 +55,15 @@ def verdict(rows: list[dict], *, threshold: float = 0.05, tolerance: float = 1e-
     reproduced = max(abs(r["naive_mean"]) for r in rows) > threshold
     fixed = all(abs(r["masked_mean"]) <= tolerance and abs(r["masked_std"] - 1) < 1e-3 for r in rows)
     return bool(reproduced), bool(fixed)
+
+
+def not_shown(rows: list[dict]) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: when every advantage of the rollout is 0
+    (all rewards equal: an untrained checkpoint answers nothing right), whitening has nothing to centre."""
+    if any(r["naive_std"] > 0 or r["masked_std"] > 0 for r in rows):
+        return None
+    return ("every advantage of this checkpoint's rollout is 0 (all rewards equal: an untrained checkpoint answers nothing "
+            "right), so whitening has nothing to centre or scale; use a trained one")
 
 
 def plot_whitening(axes, rows: list[dict]) -> None:

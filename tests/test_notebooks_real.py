@@ -1,0 +1,90 @@
+"""The catalogue on realistic local checkpoints (issue 15): GPT-2-, Qwen2- and Llama-style folders built
+by ``workbench.realistic`` (byte-level BPE, no pad token, no BOS, several stop ids, bf16 on disk).
+
+Default suite: the notebooks whose mechanism needs no trained policy (01, 02, 04, 05) reproduce the
+bug and show the fix on each checkpoint. ``slow``: every notebook runs in smoke mode on each
+checkpoint without failing; where a checkpoint cannot show a pitfall, ``metrics.json`` says so in
+``metrics["not_shown"]`` instead of claiming a verdict.
+"""
+
+import json
+
+import pytest
+
+from workbench.notebooks import NOTEBOOKS_DIR
+from workbench.runner import run_catalogue
+
+CHECKPOINTS = ("realistic-gpt2", "realistic-qwen2", "realistic-llama")
+MECHANISM_ONLY = ("01_position_ids", "02_right_padding_flash_attention", "04_dpo_loss_mask", "05_grpo_loss_normalization")
+ALL = sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb") if not p.stem.startswith("9"))
+
+
+def overrides_for(stem: str, checkpoint: str) -> dict:
+    """The checkpoint in every model parameter the notebook has, set sensibly."""
+    from workbench.notebooks import find_notebook
+    from workbench.realistic import spec_of
+
+    parameters = find_notebook(stem).parameters
+    has_template = spec_of(checkpoint.removeprefix("realistic-")).chat_template is not None
+    chat_notebooks = ("17_stop_tokens", "19_batch_shape_logprobs", "21_duplicate_bos", "22_multiturn_retokenization")
+    out = {"model": checkpoint + "-chat" if stem in chat_notebooks and has_template else checkpoint}
+    if "rope_model" in parameters:  # 01: the rotary model to compare with (GPT-2 has learned positions)
+        out["rope_model"] = "realistic-qwen2" if checkpoint == "realistic-gpt2" else checkpoint
+    if "reference_model" in parameters:  # same tokenizer as the policy, other weights where there are any (the chat-SFT one)
+        out["reference_model"] = checkpoint + "-chat" if has_template else checkpoint
+    if "architectures" in parameters:  # 02: the generation hazard on this checkpoint
+        out["architectures"] = [checkpoint]
+    return out
+
+
+def run_one(tmp_path, stem: str, checkpoint: str) -> dict:
+    folder, results = run_catalogue([stem], smoke=True, overrides=overrides_for(stem, checkpoint), out_dir=tmp_path,
+                                    progress=False, render_html=False)
+    assert results[0].ok, f"{stem} on {checkpoint}: {results[0].error}"
+    return json.loads((folder / stem / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("checkpoint", CHECKPOINTS)
+@pytest.mark.parametrize("stem", MECHANISM_ONLY)
+def test_mechanism_notebooks_reproduce_and_fix_on_realistic_checkpoints(tmp_path, stem, checkpoint):
+    payload = run_one(tmp_path, stem, checkpoint)
+    assert payload["parameters"]["model"].startswith(checkpoint)
+    assert payload["reproduced"] is True and payload["fixed"] is True, payload["metrics"].get("not_shown")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpoint", CHECKPOINTS)
+@pytest.mark.parametrize("stem", [s for s in ALL if s not in MECHANISM_ONLY])
+def test_every_notebook_runs_on_realistic_checkpoints(tmp_path, stem, checkpoint):
+    payload = run_one(tmp_path, stem, checkpoint)
+    if not (payload["reproduced"] and payload["fixed"]):  # an unshown pitfall is said, not silently judged
+        assert payload["metrics"].get("not_shown"), f"{stem} on {checkpoint}: no verdict and no reason recorded"
+
+
+def test_write_metrics_records_what_a_checkpoint_cannot_show(tmp_path, capsys):
+    from workbench import nbtools
+
+    nbtools.write_metrics(tmp_path, notebook="x", reproduced=False, fixed=True, metrics={"a": 1.0}, not_shown="no EOS ever")
+    assert json.loads((tmp_path / "metrics.json").read_text())["metrics"] == {"a": 1.0, "not_shown": ["no EOS ever"]}
+    assert "cannot show with this checkpoint: no EOS ever" in capsys.readouterr().out
+    nbtools.write_metrics(tmp_path, notebook="x", reproduced=True, fixed=True, metrics={"a": 1.0}, not_shown=[None])
+    assert "not_shown" not in json.loads((tmp_path / "metrics.json").read_text())["metrics"]
+
+
+def test_cannot_show_reasons_are_chosen_by_the_numbers():
+    from workbench.diagnostics import eos, position_ids, truncation
+    from workbench.models import tiny_model
+
+    def costs(fix_steps):
+        return {64: {"fix": {"finished_fraction": 0.1, "decode_steps": fix_steps}, "bug": {"decode_steps": 32}}}
+
+    assert eos.not_shown(costs(12)) is None  # every response stopped by step 12: the saving is measured
+    assert "saves no decode step" in eos.not_shown(costs(32))
+    rope, _ = tiny_model("qwen2")
+    learned, _ = tiny_model("gpt2")
+    assert position_ids.not_shown(rope, 1e-6) and "rotary" in position_ids.not_shown(rope, 1e-6)
+    assert position_ids.not_shown(rope, 0.5) is None  # drift measured: shown
+    assert position_ids.not_shown(learned, 1e-6) is None  # learned positions: a small drift is a result, not a blind spot
+    bug = {"truncated": 40, "truncated_rewarded": 0, "mixed_groups": 3, "pressure": 0.0}
+    assert "earns a reward" in truncation.not_shown({truncation.BUG: bug})
+    assert truncation.not_shown({truncation.BUG: {**bug, "truncated_rewarded": 5}}) is None
