@@ -50,3 +50,9 @@ class AuditInputError(ValueError):
 class ResumeError(InputError):
     """An output folder whose checkpoints cannot be resumed as asked: saved under another config, or
     with no checkpoint that verifies. Nothing was trained; the message gives the ways forward."""
+
+
+class NotebookStopped(Exception):
+    """Raised by ``nbtools.stop_here`` after a notebook recorded why this checkpoint cannot show its
+    pitfall at all (e.g. a chat-template pitfall on a checkpoint without a template). The runner counts
+    such a run as completed, with the reason in ``metrics.json``, not as a failure."""

@@ -87,6 +87,18 @@ def cannot_show(reason: str, metrics: dict | None = None) -> str:
     return reason
 
 
+def stop_here(out_dir: str | Path, *, notebook: str, reason: str, metrics: dict | None = None) -> None:
+    """End the notebook early because this checkpoint cannot show the pitfall at all: print the
+    reason, write ``metrics.json`` with ``reproduced``/``fixed`` false, ``metrics["not_shown"]`` and
+    ``metrics["stopped"]``, then raise ``NotebookStopped`` (the runner reports "cannot show", not a
+    failure; opened by hand, the remaining cells are not meant to run)."""
+    from workbench.errors import NotebookStopped
+
+    write_metrics(out_dir, notebook=notebook, reproduced=False, fixed=False,
+                  metrics={**(metrics or {}), "stopped": reason}, not_shown=reason)
+    raise NotebookStopped(f"{notebook}: {reason}")
+
+
 def read_metrics(out_dir: str | Path) -> dict | None:
     path = Path(out_dir) / "metrics.json"
     return json.loads(path.read_text()) if path.is_file() else None

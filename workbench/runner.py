@@ -42,6 +42,8 @@ class NotebookResult:
         if not self.ok or self.metrics is None:
             return "failed"
         reproduced, fixed = self.metrics.get("reproduced"), self.metrics.get("fixed")
+        if self.metrics.get("metrics", {}).get("stopped"):
+            return "cannot show (see metrics)"
         if reproduced and fixed:
             return "reproduced + fixed"
         if reproduced:
@@ -123,6 +125,8 @@ def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html:
         except Exception as exc:
             error = error or f"HTML rendering failed: {exc}"
     metrics = read_metrics(out_dir)
+    if error is not None and "NotebookStopped" in error and metrics is not None and metrics.get("metrics", {}).get("stopped"):
+        error = None  # nbtools.stop_here: the checkpoint cannot show this pitfall, and metrics.json says why
     if error is None and metrics is None:
         error = "the notebook finished without writing metrics.json"
     if metrics is not None:  # the effective parameters, recorded by the one who injected them
