@@ -9,6 +9,7 @@ keeps going when one fails, and finishes with ``<out>/index.html`` (see ``report
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import time
@@ -234,9 +235,11 @@ def run_catalogue(
             results[i] = _execute_safely(info, parameters, out, render_html, threads=None)
             bar.update(1)
     else:
-        # Several kernels at once, each limited to its share of the CPU cores.
+        # Several kernels at once, each limited to its share of the CPU cores. Workers are spawned,
+        # not forked: a fork of a process that already runs threads (torch, tokenizers, tqdm) can
+        # inherit a held lock and hang forever (seen in a CI rehearsal).
         threads = max(1, (os.cpu_count() or 1) // workers)
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = {pool.submit(_execute_safely, info, parameters, out, render_html, threads): i
                        for i, (info, parameters) in enumerate(jobs)}
             for future in as_completed(futures):
