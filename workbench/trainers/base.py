@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from workbench.checkpoint import latest_valid_checkpoint, load_checkpoint, save_checkpoint
 from workbench.errors import ConfigError, NonFiniteError, ResumeError  # noqa: F401  (re-exported)
+from workbench.models import count_parameters
 
 
 @dataclass
@@ -79,21 +80,21 @@ class TrainerConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def resolve_learning_rate(self, model, value=None, tiny=None) -> float:
-        """``learning_rate`` (or ``value``), with ``auto`` resolved by ``model``'s parameter count."""
-        value = self.learning_rate if value is None else value
-        if value != "auto":
-            return float(value)
-        parameters = sum(p.numel() for p in model.parameters())
+    def resolve_learning_rate(self, model) -> float:
+        """``learning_rate``, with ``auto`` resolved by ``model``'s parameter count."""
+        if self.learning_rate != "auto":
+            return float(self.learning_rate)
+        parameters = count_parameters(model)
         tiny_value, scale = self.AUTO_LEARNING_RATE
-        if parameters < 10e6:
-            return tiny_value if tiny is None else tiny
+        if parameters < TINY_MODEL_PARAMETERS:
+            return tiny_value
         resolved = (1e-5 if parameters < 1e9 else 1e-6) * scale
         print(f"{type(self).__name__}.learning_rate=auto → {resolved:.0e} for a {parameters / 1e6:.0f}M-parameter model")
         return resolved
 
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+TINY_MODEL_PARAMETERS = 10e6  # below this, learning_rate="auto" is the value tuned for the shipped tiny models
 
 
 def apply_precision(models, precision: str) -> None:

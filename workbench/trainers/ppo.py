@@ -46,6 +46,7 @@ import torch
 
 from workbench import losses
 from workbench.critic import ValueModel
+from workbench.models import count_parameters
 from workbench.rollout import Rollout
 from workbench.tasks import Problem, score_responses
 from workbench.trainers import base
@@ -142,9 +143,11 @@ class PPOTrainer(RolloutTrainer):
         self.critic.to(self.device)
         base.apply_precision((self.policy, self.reference, self.critic), config.precision)
         self.learning_rate = config.resolve_learning_rate(policy)
-        self.critic_learning_rate = config.resolve_learning_rate(policy, config.critic_learning_rate, tiny=1e-3)
-        if config.critic_learning_rate == "auto" and self.learning_rate != config.AUTO_LEARNING_RATE[0]:
-            self.critic_learning_rate = 10 * self.learning_rate
+        if config.critic_learning_rate == "auto":  # 1e-3 on the tiny models, 10× the actor's above
+            tiny = count_parameters(policy) < base.TINY_MODEL_PARAMETERS
+            self.critic_learning_rate = 1e-3 if tiny else 10 * self.learning_rate
+        else:
+            self.critic_learning_rate = float(config.critic_learning_rate)
         self.policy_optimizer = base.adamw(policy.parameters(), lr=self.learning_rate, weight_decay=0.0)
         self.critic_optimizer = base.adamw(self.critic.parameters(), lr=self.critic_learning_rate, weight_decay=0.0)
 
