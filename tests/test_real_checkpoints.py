@@ -145,6 +145,19 @@ def test_pure_bf16_is_the_documented_hazard(capsys):
     assert "pitfall P23" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16"])
+def test_ppo_with_its_critic_trains_in_each_precision(precision):
+    # found by scripts/gpu_check.py: pure bf16 converted the critic's fp32 value head, which then got fp32 input
+    from workbench.tasks import rl_problems
+    from workbench.trainers.ppo import PPOConfig, PPOTrainer
+
+    model, tokenizer = models.load("tiny-arith-qwen2", device="cpu")
+    config = PPOConfig(steps=1, progress=False, prompts_per_step=4, mini_batches=2, max_new_tokens=4, precision=precision)
+    step = PPOTrainer(model, tokenizer, rl_problems(8), config).train()[0]
+    assert step["train_ratio_deviation"] == 0.0 and step["kl_token_max_abs"] == 0.0
+    assert torch.isfinite(torch.tensor(step["value_loss"]))
+
+
 # ---- resuming safely ------------------------------------------------------------------------------
 GRPO_ARGS = ["train", "grpo", "--quiet", "--limit", "16", "--prompts_per_step", "2", "--num_generations", "2", "--max_new_tokens", "4"]
 

@@ -40,7 +40,8 @@ class ValueModel(nn.Module):
     ) -> torch.Tensor:
         """A value (B, T) for every position (meaningless at padded positions: select with the mask)."""
         hidden = forward(self.body, input_ids, attention_mask, position_ids=position_ids, packed=packed)
-        return self.value_head(hidden.float()).squeeze(-1)
+        # the head's own dtype: fp32 as built, bf16 once precision="bf16" has converted the whole critic
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
     def response_values(
         self, prompt_ids, prompt_mask, response_ids, response_mask, *, position_ids: str = "mask", packed: bool = False

@@ -256,8 +256,9 @@ def checkpoint(flavour: str, *, seed: int = 0) -> Path:
     return _cached(f"{flavour}-seed{seed}", lambda tmp: write_checkpoint(flavour, tmp, seed=seed))
 
 
-def load_hf(folder: str | Path, *, dtype: torch.dtype | None = None):
-    """``(model, tokenizer)`` with transformers directly (safetensors, no remote code), in eval mode.
+def load_hf(folder: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
+    """``(model, tokenizer)`` with transformers directly (safetensors, no remote code), in eval mode,
+    on ``device`` (``"auto"``: CUDA when present, as ``workbench.models.resolve_device``).
 
     ``workbench.models.load`` refuses tokenizers without a pad token (GPT-2, Llama 3); the
     diagnostics that need those checkpoints load them here and never pad with EOS.
@@ -269,7 +270,9 @@ def load_hf(folder: str | Path, *, dtype: torch.dtype | None = None):
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
                                                  use_safetensors=True, **({"dtype": dtype} if dtype else {}))
-    model.eval()
+    from workbench.models import resolve_device
+
+    model.to(resolve_device(device)).eval()
     return model, tokenizer
 
 

@@ -83,15 +83,16 @@ def response_shift(model, tokenizer, prompts: list[str], *, max_new_tokens: int 
     stop = [stop] if isinstance(stop, int) else list(stop)
     pad = filler_id(tokenizer, avoid=stop + [tokenizer.bos_token_id])
     prompts_by = {how: [encode_chat(tokenizer, [{"role": "user", "content": p}], how) for p in prompts] for how in ENCODINGS}
-    ids, mask = pad_sequences(prompts_by["template ids"], pad, side="left")
+    device = model.device
+    ids, mask = (t.to(device) for t in pad_sequences(prompts_by["template ids"], pad, side="left"))
     rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad,
-                     generator=torch.Generator().manual_seed(seed), greedy=greedy)
+                     generator=torch.Generator(device).manual_seed(seed), greedy=greedy)
     m = rollout.response_mask.bool()
     # π_old as the engine saw it: the same responses behind the template's own ids (teacher-forced).
     reference = response_logprobs(model, ids, mask, rollout.response_ids, rollout.response_mask).float()
     result = {"texts": [tokenizer.decode(r[k]) for r, k in zip(rollout.response_ids, m, strict=True)], "paths": {}}
     for how, rows in prompts_by.items():
-        p_ids, p_mask = pad_sequences(rows, pad, side="left")
+        p_ids, p_mask = (t.to(device) for t in pad_sequences(rows, pad, side="left"))
         logp = response_logprobs(model, p_ids, p_mask, rollout.response_ids, rollout.response_mask).float()
         log_ratio = (logp - reference)[m]
         result["paths"][how] = {
@@ -99,7 +100,7 @@ def response_shift(model, tokenizer, prompts: list[str], *, max_new_tokens: int 
             "mean_abs_log_ratio": float(log_ratio.abs().mean()),
             "max_ratio_deviation": float((log_ratio.exp() - 1).abs().max()),
             "sequence_kl_k1": float(-(logp - reference).mul(rollout.response_mask).sum(-1).mean()) + 0.0,  # no "-0.0"
-            "log_ratio": log_ratio,
+            "log_ratio": log_ratio.cpu(),
         }
     # the guard: stripping the extra BOS recovers the template's ids exactly
     guarded = [strip_duplicate_bos(r, tokenizer.bos_token_id) for r in prompts_by["text + tokenizer()"]]
@@ -114,7 +115,7 @@ def greedy_answers(model, tokenizer, prompts: list[str], how: str, *, max_new_to
     stop = [stop] if isinstance(stop, int) else list(stop)
     pad = filler_id(tokenizer, avoid=stop + [tokenizer.bos_token_id])
     rows = [encode_chat(tokenizer, [{"role": "user", "content": p}], how) for p in prompts]
-    ids, mask = pad_sequences(rows, pad, side="left")
+    ids, mask = (t.to(model.device) for t in pad_sequences(rows, pad, side="left"))
     rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad, greedy=True)
     return [tokenizer.decode(r[k.bool()], skip_special_tokens=True)
             for r, k in zip(rollout.response_ids, rollout.response_mask, strict=True)]

@@ -78,10 +78,11 @@ def rollout_under(model, tokenizer, prompts: list[str], *, stop_ids: list[int], 
     """Sample responses that stop on ``stop_ids``; count a response finished when it contains one
     of ``finished_ids`` (what the trainer recognises as EOS). Returns the costs and the counts."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
-    ids, mask = pad_sequences(chat_prompt_ids(tokenizer, prompts), pad, side="left")
+    device = model.device
+    ids, mask = (t.to(device) for t in pad_sequences(chat_prompt_ids(tokenizer, prompts), pad, side="left"))
     rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=pad,
-                     generator=torch.Generator().manual_seed(seed))
-    counted = torch.isin(rollout.response_ids, torch.tensor(finished_ids)) & rollout.response_mask.bool()
+                     generator=torch.Generator(device).manual_seed(seed))
+    counted = torch.isin(rollout.response_ids, torch.tensor(finished_ids, device=device)) & rollout.response_mask.bool()
     finished = counted.any(-1)
     return {
         "stopped_fraction": float(rollout.finished.float().mean()),

@@ -1,0 +1,192 @@
+"""What the workbench does on a CUDA GPU, measured: attention back-ends' log-prob gaps and the trainers' step-0 invariances.
+
+    python scripts/gpu_check.py --out gpu_check.json      # needs a CUDA GPU; about a minute
+
+Why: the CPU test suite cannot run the CUDA paths (bf16 autocast on CUDA, PyTorch's fused attention
+kernels, device generators for sampling, stop ids on the GPU). This script runs them on the realistic
+checkpoints (``workbench.realistic``: GPT-2-, Qwen2- and Llama-like, built locally in seconds) and
+prints, then writes as JSON:
+
+1. **the machine**: GPU, driver, CUDA, torch, transformers, whether flash-attn is importable;
+2. **attention back-ends**: the response log-probs of the same sequences under eager attention,
+   ``sdpa`` (PyTorch picks the kernel), ``sdpa`` restricted to each of its kernels (math, memory-
+   efficient, flash), and ``flash_attention_2`` when flash-attn is importable, in fp32 and bf16, each
+   against the fp32 eager reference: max and mean |Δ log p| over response tokens. Two layouts: each
+   sequence alone (no padding: the flash kernel is eligible) and a left-padded batch (a padding mask:
+   PyTorch's flash kernel is not eligible and sdpa falls back);
+3. **trainers on CUDA**: one step of PPO, GRPO and DPO per precision (``fp32``, ``bf16-mixed``,
+   ``bf16``) on each realistic checkpoint with the default switches: ρ − 1, KL and clip fraction at
+   step 0 must be exactly 0, DPO's step-0 margins exactly 0 (the invariances of
+   ``tests/test_invariances.py``, here on the GPU), with each step's wall time.
+
+Nothing here is a test (CI has no GPU); ``docs/GPU.md`` records what it printed, with the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from workbench import models, realistic  # noqa: E402
+from workbench.batching import pad_sequences  # noqa: E402
+from workbench.scoring import response_logprobs  # noqa: E402
+from workbench.tasks import rl_problems  # noqa: E402
+
+CHECKPOINTS = ("realistic-gpt2", "realistic-qwen2", "realistic-llama")
+DEVICE = "cuda"  # --device cpu: a dry run of this script on a machine without a GPU
+
+
+def machine() -> dict:
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=False).stdout.strip()
+    import transformers
+
+    return {"gpu": smi, "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
+            "python": platform.python_version(), "flash_attn_importable": importlib.util.find_spec("flash_attn") is not None,
+            "capability": ".".join(map(str, torch.cuda.get_device_capability()))}
+
+
+def backends() -> dict:
+    """Attention set-ups: (attn_implementation, PyTorch sdpa kernel or None for PyTorch's choice)."""
+    from torch.nn.attention import SDPBackend
+
+    chosen = {"eager": ("eager", None), "sdpa": ("sdpa", None), "sdpa/math": ("sdpa", SDPBackend.MATH),
+              "sdpa/efficient": ("sdpa", SDPBackend.EFFICIENT_ATTENTION), "sdpa/flash": ("sdpa", SDPBackend.FLASH_ATTENTION)}
+    if importlib.util.find_spec("flash_attn") is not None:
+        chosen["flash_attention_2"] = ("flash_attention_2", None)
+    return chosen
+
+
+def sequences(tokenizer, n: int = 16, response_tokens: int = 12):
+    """n prompts of different lengths with a fixed pseudo-response each (token ids, not sampled)."""
+    generator = torch.Generator().manual_seed(0)
+    prompts = [tokenizer(p.prompt * (1 + i % 4), add_special_tokens=False)["input_ids"] for i, p in enumerate(rl_problems(n))]
+    vocab = min(len(tokenizer), 200)
+    responses = [torch.randint(3, vocab, (response_tokens,), generator=generator).tolist() for _ in prompts]
+    return prompts, responses
+
+
+def score(model, prompts, responses, filler: int, layout: str) -> list[torch.Tensor]:
+    """Per-sequence response log-probs (fp32, CPU) in ``layout``: "alone" or "padded"."""
+    device = model.device
+    if layout == "alone":
+        out = []
+        for p, r in zip(prompts, responses, strict=True):
+            ids, mask = torch.tensor([p], device=device), torch.ones(1, len(p), dtype=torch.long, device=device)
+            rid, rmask = torch.tensor([r], device=device), torch.ones(1, len(r), dtype=torch.long, device=device)
+            out.append(response_logprobs(model, ids, mask, rid, rmask).float().cpu()[0])
+        return out
+    ids, mask = (t.to(device) for t in pad_sequences(prompts, filler, side="left"))
+    rid = torch.tensor(responses, device=device)
+    logp = response_logprobs(model, ids, mask, rid, torch.ones_like(rid)).float().cpu()
+    return list(logp)
+
+
+def attention_gaps(name: str) -> dict:
+    """max / mean |Δ log p| of every (back-end, dtype, layout) against fp32 eager, same layout."""
+    results = {}
+    for layout in ("alone", "padded"):
+        reference = None
+        for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            for label, (implementation, kernel) in backends().items():
+                model, tokenizer = models.load(name, dtype=dtype, attn_implementation=implementation, device=DEVICE)
+                prompts, responses = sequences(tokenizer)
+                filler = tokenizer.pad_token_id
+                context = contextlib.nullcontext()
+                if kernel is not None:
+                    from torch.nn.attention import sdpa_kernel
+
+                    context = sdpa_kernel([kernel])
+                key = f"{layout}/{dtype_name}/{label}"
+                try:
+                    with context, torch.no_grad():
+                        values = torch.cat(score(model, prompts, responses, filler, layout))
+                except RuntimeError as error:  # a kernel not eligible for this layout or dtype
+                    results[key] = {"error": str(error).splitlines()[0][:160]}
+                    continue
+                if reference is None:  # fp32 eager comes first
+                    reference = values
+                gap = (values - reference).abs()
+                results[key] = {"max_abs": float(gap.max()), "mean_abs": float(gap.mean())}
+    return results
+
+
+def synchronize() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def trainer_step0(name: str, precision: str) -> dict:
+    """One step of each trainer on CUDA under the default switches; the step-0 invariants."""
+    from workbench.tasks import Problem
+    from workbench.trainers.dpo import DPOConfig, DPOTrainer
+    from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
+    from workbench.trainers.ppo import PPOConfig, PPOTrainer
+
+    problems = [Problem(p.prompt, p.answer) for p in rl_problems(16)]
+    pairs = [{"prompt": p.prompt, "chosen": p.answer, "rejected": p.answer + "1"} for p in problems[:8]]
+    out = {}
+    runs = {
+        "grpo": lambda m, t: GRPOTrainer(m, t, problems, GRPOConfig(
+            steps=1, progress=False, prompts_per_step=4, num_generations=4, max_new_tokens=8, beta=0.1, mini_batches=2,
+            num_iterations=2, precision=precision)).train()[0],
+        "ppo": lambda m, t: PPOTrainer(m, t, problems, PPOConfig(
+            steps=1, progress=False, prompts_per_step=8, mini_batches=2, max_new_tokens=8, precision=precision)).train()[0],
+        "dpo": lambda m, t: DPOTrainer(m, t, pairs, DPOConfig(steps=1, progress=False, batch_size=4, precision=precision)).train()[0],
+    }
+    keys = {"grpo": ("ratio_deviation_first", "kl_first", "clip_fraction_first"),
+            "ppo": ("train_ratio_deviation", "kl_token_max_abs", "clip_fraction_first"),
+            "dpo": ("rewards/margins", "rewards/chosen", "rewards/rejected")}
+    for kind, run in runs.items():
+        model, tokenizer = models.load(name, device=DEVICE, dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+        try:
+            synchronize()
+            start = time.perf_counter()
+            step = run(model, tokenizer)
+            synchronize()
+            values = {k: float(step[k]) for k in keys[kind]}
+            out[kind] = {**values, "exact": all(v == 0.0 for v in values.values()), "seconds": time.perf_counter() - start}
+        except Exception as error:  # recorded, not hidden: the point is to see what breaks on a GPU
+            out[kind] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="gpu_check.json", help="where the JSON goes")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the script itself")
+    args = parser.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU on this machine; run it where `torch.cuda.is_available()` is true", file=sys.stderr)
+        return 2
+    for flavour in ("gpt2", "qwen2", "llama"):
+        realistic.checkpoint(flavour)  # built locally on first use
+    report = {"machine": machine() if DEVICE == "cuda" else {"device": "cpu (dry run)"}, "attention": {}, "trainers": {}}
+    print(json.dumps(report["machine"]))
+    for name in CHECKPOINTS:
+        report["attention"][name] = attention_gaps(name)
+        for key, value in report["attention"][name].items():
+            print(f"{name:16s} {key:28s} {value}")
+        report["trainers"][name] = {p: trainer_step0(name, p) for p in ("fp32", "bf16-mixed", "bf16")}
+        for precision, kinds in report["trainers"][name].items():
+            for kind, value in kinds.items():
+                print(f"{name:16s} {precision:10s} {kind:4s} {value}")
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
