@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
 
 from workbench.batching import padding_side_of, position_ids_from_mask
+from workbench.devices import generator_on, model_device
 from workbench.errors import NonFiniteError
 from workbench.losses import zero_masked
 
@@ -103,6 +104,13 @@ class Rollout:
     def response_lengths(self) -> torch.Tensor:
         return self.response_mask.sum(-1)
 
+    def to(self, device: torch.device) -> Rollout:
+        """The same rollout with its tensors on ``device`` (itself when they are there already)."""
+        if self.prompt_ids.device == torch.device(device):
+            return self
+        tensors = {f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+        return replace(self, **tensors)
+
     def sequences(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt and response side by side: ``(input_ids, attention_mask)``."""
         return (
@@ -147,6 +155,8 @@ def sample(
             "sample() needs left-padded prompts: with right padding a short row's next token would be predicted "
             "from a pad position (pitfall S2). Pad prompts on the left (tokenizer.padding_side = 'left')."
         )
+    home, device = prompt_ids.device, model_device(model)  # see workbench.devices
+    prompt_ids, prompt_mask, generator = prompt_ids.to(device), prompt_mask.to(device), generator_on(generator, device)
     if engine == "hf" and truncated:
         raise ValueError("top_k/top_p are implemented by engine='workbench' only; drop them or use the workbench engine")
     if engine == "hf":
@@ -154,7 +164,7 @@ def sample(
             model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
             pad_token_id=pad_token_id, temperature=temperature, stop_at_eos=stop_at_eos, greedy=greedy,
             generator=generator,
-        )
+        ).to(home)
     if engine != "workbench":
         raise ValueError(f"engine={engine!r}; use 'workbench' or 'hf'")
     start = time.perf_counter()
@@ -168,7 +178,7 @@ def sample(
     raw_response = torch.stack(tokens, dim=1).clone()
     response_ids, response_mask = truncate_after_eos(raw_response, eos_token_id, pad_token_id)
     rollout_logprobs = zero_masked(torch.stack(logprobs, dim=1).clone(), response_mask)
-    return Rollout(
+    rollout = Rollout(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         response_ids=response_ids,
@@ -179,6 +189,7 @@ def sample(
         tokens_generated=len(tokens) * prompt_ids.shape[0],
         seconds=time.perf_counter() - start,
     )
+    return rollout.to(home)
 
 
 def _prefill(model, prompt_ids, attention_mask, position_ids, share: bool):

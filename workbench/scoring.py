@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from workbench.batching import pack_rows, position_ids_from_mask
 from workbench.chunked import entropy_chunked, head_logprobs_and_entropy, lm_head_of, logprobs_and_entropy
+from workbench.devices import model_device
 
 POSITION_IDS_MODES = ("mask", "model")
 
@@ -75,6 +76,8 @@ def forward(
     positions are 0."""
     if position_ids not in POSITION_IDS_MODES:
         raise ValueError(f"position_ids={position_ids!r}; use 'mask' (fix) or 'model' (the S1 bug)")
+    device = model_device(model)  # inputs built on the CPU reach a model on a GPU (see workbench.devices)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     if packed:
         if not contiguous_rows(attention_mask):
             raise ValueError("packed scoring needs each row's real tokens in one contiguous block")
@@ -141,7 +144,8 @@ def token_logprobs(
     """
     logprobs, entropy = _scored(model, input_ids, attention_mask, 0, position_ids=position_ids, temperature=temperature,
                                 packed=packed, with_entropy=with_entropy, chunk_size=chunk_size)
-    return (logprobs, entropy) if with_entropy else logprobs
+    home = input_ids.device  # results go back where the inputs were (see workbench.devices)
+    return (logprobs.to(home), entropy.to(home)) if with_entropy else logprobs.to(home)
 
 
 # response_logprobs shares token_logprobs' keyword options on purpose (the one justified pair that
@@ -168,6 +172,8 @@ def response_logprobs(
     with mask-derived position ids, padded layout, a model in eval mode (no dropout) that
     ``lm_head_of`` accepts, and when a prompt repeats.
     """
+    home, device = prompt_ids.device, model_device(model)  # see workbench.devices
+    prompt_ids, prompt_mask, response_ids, response_mask = (t.to(device) for t in (prompt_ids, prompt_mask, response_ids, response_mask))
     shared = None
     if share_prompts and not packed and position_ids == "mask" and not getattr(model, "training", True):
         shared = _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature,
@@ -180,7 +186,7 @@ def response_logprobs(
             prompt_ids.shape[1] - 1, position_ids=position_ids, temperature=temperature, packed=packed,
             with_entropy=with_entropy, chunk_size=chunk_size,
         )
-    return (logprobs, entropy) if with_entropy else logprobs
+    return (logprobs.to(home), entropy.to(home)) if with_entropy else logprobs.to(home)
 
 
 def _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature, with_entropy, chunk_size):

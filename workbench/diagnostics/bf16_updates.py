@@ -53,9 +53,12 @@ def sft_batch_for(tokenizer, n: int = 64, seed: int = 0):
 
 
 def _loss(model, ids, attention_mask, loss_mask, precision: str) -> torch.Tensor:
+    from workbench.devices import model_device
     from workbench.scoring import logprobs_from_logits
 
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+    device = model_device(model)
+    ids, attention_mask, loss_mask = ids.to(device), attention_mask.to(device), loss_mask.to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
         logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1]
     mask = loss_mask[:, 1:].float()
     return -(logprobs_from_logits(logits, ids[:, 1:]) * mask).sum() / mask.sum()

@@ -133,7 +133,7 @@ def next_token_logits(model, tokenizer, prompts: list[str]) -> torch.Tensor:
     from workbench.tasks import encode_prompts
 
     ids, mask = encode_prompts(tokenizer, prompts)
-    return forward(model, ids, mask)[:, -1].double()
+    return forward(model, ids, mask)[:, -1].double().cpu()  # the sweeps below run on the CPU in float64
 
 
 def verdict(on_policy: dict, off_policy: dict, tolerance: float = 1e-6) -> tuple[bool, bool]:

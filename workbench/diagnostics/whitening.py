@@ -22,8 +22,8 @@ def whitening_vs_padding(values: torch.Tensor, mask: torch.Tensor, extra_pads: l
     """Real-token statistics after naive and masked whitening as padding columns are added."""
     rows = []
     for extra in extra_pads:
-        padded_values = torch.cat([values, torch.zeros(values.shape[0], extra)], 1)
-        padded_mask = torch.cat([mask, torch.zeros(mask.shape[0], extra, dtype=mask.dtype)], 1)
+        padded_values = torch.cat([values, values.new_zeros(values.shape[0], extra)], 1)
+        padded_mask = torch.cat([mask, mask.new_zeros(mask.shape[0], extra)], 1)
         naive = real_token_stats(naive_whiten(padded_values) * padded_mask, padded_mask)
         masked = real_token_stats(masked_whiten(padded_values, padded_mask), padded_mask)
         rows.append({"extra_pads": extra, "padding_fraction": 1 - float(padded_mask.float().mean()),

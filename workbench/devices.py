@@ -1,0 +1,31 @@
+"""Where tensors live: the model's device wins, and callers get results back where their inputs were.
+
+The library's entry points (``scoring.forward``, ``scoring.token_logprobs``/``response_logprobs``,
+``rollout.sample``) accept inputs on any device. A notebook or a user's diagnostic builds its ids on
+the CPU (tokenizers return CPU tensors) while the model may sit on a GPU; rather than make every
+caller move its tensors, the entry points move the inputs to the model's device, compute there, and
+hand per-token results back on the inputs' device, so the caller's CPU code keeps working. In the
+trainers everything is already on the model's device and each move is a no-op.
+
+A sampling generator must live on the device that samples: a CPU generator handed to a GPU model
+seeds a device generator from one draw of its own stream (deterministic for a given seed, and the
+CPU generator advances as if it had sampled).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def model_device(model) -> torch.device:
+    """The device of ``model``'s parameters (the CPU for a model without any)."""
+    parameter = next(iter(model.parameters()), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def generator_on(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """``generator`` itself when it lives on ``device``, else a ``device`` generator seeded from it."""
+    if generator is None or generator.device.type == device.type:
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
