@@ -51,4 +51,4 @@ class ValueModel(nn.Module):
             torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, response_mask], 1),
             position_ids=position_ids, packed=packed,
         )
-        return values[:, prompt_ids.shape[1] - 1 : -1]
+        return values[:, prompt_ids.shape[1] - 1 : -1].to(prompt_ids.device)  # back where the inputs were (workbench.devices)

@@ -86,7 +86,7 @@ class SFTTrainer(Trainer):
     def train_step(self, step: int) -> dict:
         rng = random.Random(self.config.seed * 1_000_003 + step)
         batch = [self.problems[rng.randrange(len(self.problems))] for _ in range(self.config.batch_size)]
-        ids, attention_mask, loss_mask = sft_batch(self.tokenizer, batch, self.config.pad_equals_eos)
+        ids, attention_mask, loss_mask = (t.to(self.compute_device) for t in sft_batch(self.tokenizer, batch, self.config.pad_equals_eos))
         self.model.train()
         logits = forward(self.model, ids, attention_mask)
         token_logprobs = logprobs_from_logits(logits[:, :-1], ids[:, 1:])
