@@ -99,7 +99,7 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature
     """log softmax(logits / temperature)[label] in fp32 (upcast first), without materialising the
     full log-softmax or the fp32 logits (``chunk_size`` rows at a time). Negative labels (e.g.
     -100) are read as token 0: mask them afterwards."""
-    return logprobs_and_entropy(logits, labels, temperature, chunk_size=chunk_size)[0]
+    return logprobs_and_entropy(logits, labels.to(logits.device), temperature, chunk_size=chunk_size)[0]
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, *, chunk_size: int | None = None) -> torch.Tensor:
@@ -116,6 +116,8 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, *, chunk
 
 def _scored(model, input_ids, attention_mask, first: int, *, position_ids, temperature, packed, with_entropy, chunk_size):
     """Log-probs (and entropy) of the targets ``first + 1 .. T−1`` of every row, shape (B, T−1−first)."""
+    device = model_device(model)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     labels = input_ids[:, first + 1 :]
     parts = lm_head_of(model)
     if parts is not None:  # the LM head applied chunk by chunk from the last hidden state

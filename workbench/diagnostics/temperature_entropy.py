@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from workbench.devices import model_device
 from workbench.rollout import sample
 from workbench.scoring import entropy_from_logits, forward
 from workbench.tasks import encode_prompts
@@ -47,7 +48,7 @@ def step0_measurements(model, tokenizer, prompts: list[str], *, temperature: flo
     ``kl``: the per-token KL penalty k1 = log π_τ(a) − log π_ref(a) and k3, and the exact KL, with the
     reference scored at τ (fix) or at 1 (bug). All are means over real response tokens.
     """
-    ids, mask = encode_prompts(tokenizer, prompts)
+    ids, mask = (t.to(model_device(model)) for t in encode_prompts(tokenizer, prompts))  # everything on the model's device
     rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                      generator=torch.Generator().manual_seed(seed))
