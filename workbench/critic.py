@@ -31,7 +31,8 @@ class ValueModel(nn.Module):
     def from_policy(cls, policy, seed: int = 0) -> ValueModel:
         body = copy.deepcopy(policy.base_model)
         hidden = policy.config.hidden_size if hasattr(policy.config, "hidden_size") else policy.config.n_embd
-        critic = cls(body, hidden, seed).to(next(policy.parameters()).dtype)
+        parameter = next(policy.parameters())
+        critic = cls(body, hidden, seed).to(device=parameter.device, dtype=parameter.dtype)
         critic.value_head.float()
         return critic
 

@@ -1,7 +1,7 @@
 """Where tensors live: the model's device wins, and callers get results back where their inputs were.
 
 The library's entry points (``scoring.forward``, ``scoring.token_logprobs``/``response_logprobs``,
-``rollout.sample``) accept inputs on any device. A notebook or a user's diagnostic builds its ids on
+``rollout.sample``, ``critic.ValueModel.response_values``) accept inputs on any device. A notebook or a user's diagnostic builds its ids on
 the CPU (tokenizers return CPU tensors) while the model may sit on a GPU; rather than make every
 caller move its tensors, the entry points move the inputs to the model's device, compute there, and
 hand per-token results back on the inputs' device, so the caller's CPU code keeps working. In the

@@ -76,8 +76,9 @@ def forward(
     positions are 0."""
     if position_ids not in POSITION_IDS_MODES:
         raise ValueError(f"position_ids={position_ids!r}; use 'mask' (fix) or 'model' (the S1 bug)")
-    device = model_device(model)  # inputs built on the CPU reach a model on a GPU (see workbench.devices)
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    home, device = input_ids.device, model_device(model)  # see workbench.devices
+    if home != device:  # inputs built on the CPU for a model on a GPU: computed there, handed back here
+        return forward(model, input_ids.to(device), attention_mask.to(device), position_ids=position_ids, packed=packed).to(home)
     if packed:
         if not contiguous_rows(attention_mask):
             raise ValueError("packed scoring needs each row's real tokens in one contiguous block")

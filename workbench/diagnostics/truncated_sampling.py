@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from workbench.devices import model_device
 from workbench.rollout import Rollout, sample
 from workbench.sampling_filters import kept_mass, processed_logprobs
 from workbench.scoring import forward, logprobs_from_logits
@@ -24,7 +25,7 @@ from workbench.tasks import encode_prompts
 
 def rollout_with_filters(model, tokenizer, prompts: list[str], *, top_k: int = 0, top_p: float = 1.0,
                          temperature: float = 1.0, seed: int = 0, max_new_tokens: int = 6) -> Rollout:
-    ids, mask = encode_prompts(tokenizer, prompts)
+    ids, mask = (t.to(model_device(model)) for t in encode_prompts(tokenizer, prompts))  # everything on the model's device
     return sample(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                   generator=torch.Generator().manual_seed(seed))
