@@ -83,3 +83,15 @@ def test_rendered_notebook_html_has_no_external_scripts(tmp_path):
     nbformat.write(notebook, str(path))
     html = render_notebook_html(path).read_text()
     assert "<h1" in html and 'src="http' not in html
+
+
+def test_a_run_whose_measurements_were_skipped_has_no_negative_verdict():
+    from workbench.runner import NotebookResult
+
+    def result(metrics):
+        return NotebookResult(stem="90_peer_lab", purpose="", out_dir="", parameters={}, seconds=1.0, ok=True, metrics=metrics)
+
+    skipped = {"reproduced": False, "fixed": False, "metrics": {"skipped": "12 bug/fix probes not measured (run `make peers`)"}}
+    assert result(skipped).verdict == "skipped (see metrics)"
+    assert result({"reproduced": False, "fixed": False, "metrics": {}}).verdict == "not reproduced"
+    assert result({**skipped, "reproduced": True, "fixed": True}).verdict == "reproduced + fixed"

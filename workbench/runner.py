@@ -47,6 +47,8 @@ class NotebookResult:
             return "cannot show (see metrics)"
         if reproduced and fixed:
             return "reproduced + fixed"
+        if self.metrics.get("metrics", {}).get("skipped"):  # e.g. peer environments absent: no verdict, never "not reproduced"
+            return "skipped (see metrics)"
         if reproduced:
             return "reproduced, fix not shown"
         if fixed:
