@@ -13,6 +13,7 @@ import copy
 import torch
 from torch import nn
 
+from workbench.devices import model_device
 from workbench.scoring import forward
 
 
@@ -40,6 +41,9 @@ class ValueModel(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, position_ids: str = "mask", packed: bool = False
     ) -> torch.Tensor:
         """A value (B, T) for every position (meaningless at padded positions: select with the mask)."""
+        home, device = input_ids.device, model_device(self)  # computed on the critic's device, handed back (workbench.devices)
+        if home != device:
+            return self.forward(input_ids.to(device), attention_mask.to(device), position_ids=position_ids, packed=packed).to(home)
         hidden = forward(self.body, input_ids, attention_mask, position_ids=position_ids, packed=packed)
         # the head's own dtype: fp32 as built, bf16 once precision="bf16" has converted the whole critic
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
@@ -52,4 +56,4 @@ class ValueModel(nn.Module):
             torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, response_mask], 1),
             position_ids=position_ids, packed=packed,
         )
-        return values[:, prompt_ids.shape[1] - 1 : -1].to(prompt_ids.device)  # back where the inputs were (workbench.devices)
+        return values[:, prompt_ids.shape[1] - 1 : -1]
