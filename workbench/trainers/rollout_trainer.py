@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import torch
 
 from workbench import losses
+from workbench.batching import pad_sequences
 from workbench.models import stop_token_ids
 from workbench.rollout import Rollout, sample
 from workbench.scoring import POSITION_IDS_MODES, response_logprobs
-from workbench.tasks import CHAT_TEMPLATE_MODES, Problem, encode_prompts, uses_chat_template
+from workbench.tasks import CHAT_TEMPLATE_MODES, Problem, prompt_ids, uses_chat_template
 from workbench.trainers.base import Trainer, TrainerConfig, require, require_choice, sampling_generator, step_generator
 
 
@@ -122,8 +123,8 @@ class RolloutTrainer(Trainer):
         generator = step_generator(c.seed, step)
         picks = torch.randint(len(self.problems), (c.prompts_per_step,), generator=generator).tolist()
         problems = [self.problems[i] for i in picks for _ in range(repeats)]
-        # each distinct pick tokenised once, its row repeated (the same tensors as encoding every row)
-        encoded = encode_prompts(self.tokenizer, [self.problems[i].prompt for i in picks], c.chat_template)
+        # each problem tokenised once per run, its row repeated (the same tensors as encoding every row)
+        encoded = pad_sequences([self._prompt_tokens(i) for i in picks], self.tokenizer.pad_token_id, side="left")
         prompt_ids, prompt_mask = (t.repeat_interleave(repeats, dim=0).to(self.device) for t in encoded)
         rollout = sample(
             self.policy if sampler is None else sampler, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens,
@@ -132,6 +133,14 @@ class RolloutTrainer(Trainer):
             share_prefill=repeats > 1,
         )
         return problems, rollout
+
+    def _prompt_tokens(self, index: int) -> list[int]:
+        """Token ids of problem ``index``'s prompt (``tasks.prompt_ids``), tokenised once per run."""
+        cache = self.__dict__.setdefault("_prompt_token_cache", {})  # keyed by text: safe if problems change
+        text = self.problems[index].prompt
+        if text not in cache:
+            cache[text] = prompt_ids(self.tokenizer, text, self.config.chat_template)
+        return cache[text]
 
     def logprobs(self, model, r: Rollout, rows=slice(None), with_entropy: bool = False):
         """The training forward's log-probs (B, R) of the sampled responses of ``rows``."""
