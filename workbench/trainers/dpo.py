@@ -29,7 +29,7 @@ import torch
 from workbench import losses
 from workbench.batching import pad_sequences
 from workbench.distributed import Distributed
-from workbench.scoring import POSITION_IDS_MODES, shared_prefix_token_logprobs, token_logprobs
+from workbench.scoring import POSITION_IDS_MODES, shared_prefix_token_logprobs, token_logprobs, tree_capable
 from workbench.trainers import base
 from workbench.trainers.base import (
     Trainer,
@@ -178,8 +178,9 @@ class DPOTrainer(Trainer):
         self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
         self.device = next(self.policy.parameters()).device
         self.reference.to(self.device)
-        # policy and reference take the same path (step-0 margins exactly 0); not with dropout on (P7)
-        self.share_prompts = config.share_prompts and not self.dropout_on
+        # policy and reference take the same path (step-0 margins exactly 0); not with dropout on (P7),
+        # nor when the model that trains cannot take the prefix-tree forward (a DDP wrapper)
+        self.share_prompts = config.share_prompts and not self.dropout_on and tree_capable(self.train_policy)
         self._encoded: dict[int, tuple] = {}  # pair index → token ids: each pair is tokenised once per run
         self.precomputed_reference: torch.Tensor | None = None
         if config.reference == "precomputed":

@@ -27,7 +27,7 @@ from workbench import losses
 from workbench.batching import pad_sequences
 from workbench.models import stop_token_ids
 from workbench.rollout import Rollout, sample
-from workbench.scoring import POSITION_IDS_MODES, response_logprobs
+from workbench.scoring import POSITION_IDS_MODES, response_logprobs, tree_capable
 from workbench.tasks import CHAT_TEMPLATE_MODES, Problem, prompt_ids, uses_chat_template
 from workbench.trainers.base import Trainer, TrainerConfig, require, require_choice, sampling_generator, step_generator
 
@@ -148,8 +148,14 @@ class RolloutTrainer(Trainer):
         return response_logprobs(
             model, r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows],
             position_ids=c.position_ids, with_entropy=with_entropy, packed=c.packed, temperature=c.scoring_temperature,
-            share_prompts=c.share_prompts,
+            share_prompts=self.shares_prompts,
         )
+
+    @property
+    def shares_prompts(self) -> bool:
+        """``share_prompts``, for every model alike, when the model that trains can take the
+        prefix-tree forward (not a DDP wrapper): policy, π_old and reference then share one path."""
+        return self.config.share_prompts and tree_capable(getattr(self, "train_policy", self.policy))
 
     @torch.no_grad()
     def score_in_layout(self, model, r: Rollout, layout: list[torch.Tensor]) -> torch.Tensor:
