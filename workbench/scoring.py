@@ -174,9 +174,9 @@ def response_logprobs(
 
     Returns ``logprobs`` or ``(logprobs, entropy)``. Values at masked response positions are
     meaningless: every consumer selects with ``response_mask``. ``share_prompts``: rows with the
-    same prompt (GRPO's groups) run the prompt once (see ``_scored_shared_prompts``); used only
-    with mask-derived position ids, padded layout, a model in eval mode (no dropout) that
-    ``lm_head_of`` accepts, and when a prompt repeats.
+    same prompt (GRPO's groups) run the prompt once, in one prefix-tree forward (see
+    ``_scored_shared_prompts``); used only with mask-derived position ids, padded layout, a model in
+    eval mode (no dropout) that ``tree_capable`` accepts (LM head, sdpa), and when a prompt repeats.
     """
     shared = None
     if share_prompts and not packed and position_ids == "mask" and not getattr(model, "training", True):
