@@ -16,7 +16,10 @@ steps/s.
 
 Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or the saving):
 
-* ``GRPO:`` and ``DPO:`` — the shipped ``tiny-arith-qwen2`` (0.4M parameters), TRL 1.16;
+* ``GRPO:`` and ``DPO:`` — the shipped ``tiny-arith-qwen2`` (0.4M parameters), TRL 1.16 with its
+  defaults; ``GRPO (TRL without gradient checkpointing)`` and ``DPO (…)`` — the same workbench runs
+  against TRL with gradient checkpointing off (TRL 1.16 turns it on by default in both configs; it
+  recomputes the forward in the backward pass), a third process in the same rotation;
 * ``GRPO, larger model`` — a random Qwen2 configuration of ~12M parameters with a 32k
   vocabulary, where compute rather than Python overhead dominates;
 * ``Packed vs padded`` — scoring a ragged batch (8–200 tokens) bin-packed vs padded;
@@ -135,7 +138,7 @@ def _grpo_trl(folder, settings, steps, seed, device):
                       per_device_train_batch_size=settings["prompts"] * settings["num_generations"],
                       num_generations=settings["num_generations"], max_completion_length=settings["max_new_tokens"],
                       learning_rate=settings["learning_rate"], max_steps=steps + 1, beta=0.0, loss_type="grpo",
-                      save_strategy="no", seed=seed, disable_tqdm=True, temperature=1.0)
+                      save_strategy="no", seed=seed, disable_tqdm=True, temperature=1.0, **_checkpointing(settings))
     trainer = GRPOTrainer(model=folder, reward_funcs=reward_fn, args=args, processing_class=tokenizer,
                           train_dataset=Dataset.from_list([{"prompt": p} for p in problems] * 8))
     rates = _train_with_clock(trainer)
@@ -143,6 +146,12 @@ def _grpo_trl(folder, settings, steps, seed, device):
     tokens = history[-1]["completions/mean_length"] * settings["prompts"] * settings["num_generations"] if history else 0.0
     return {**rates, "tokens_per_step": tokens,
             "values": [h["reward"] for h in trainer.state.log_history if "reward" in h]}
+
+
+def _checkpointing(settings) -> dict:
+    """TRL's own default (gradient checkpointing on in its GRPO and DPO configs: a second forward in
+    the backward pass, which slows it), or off for the ``… (TRL without gradient checkpointing)`` lines."""
+    return {"gradient_checkpointing": False} if settings.get("trl_gradient_checkpointing") is False else {}
 
 
 def _dpo_workbench(folder, settings, steps, seed, device):
@@ -176,12 +185,15 @@ def _dpo_trl(folder, settings, steps, seed, device):
     pairs = [{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in load_preferences(TRAIN_PREFERENCES)[:512]]
     args = DPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=device == "cpu", bf16=False, report_to="none", logging_steps=1,
                      per_device_train_batch_size=settings["batch_size"], learning_rate=settings["learning_rate"],
-                     beta=settings["beta"], max_steps=steps + 1, save_strategy="no", seed=seed, disable_tqdm=True)
+                     beta=settings["beta"], max_steps=steps + 1, save_strategy="no", seed=seed, disable_tqdm=True,
+                     **_checkpointing(settings))
     trainer = DPOTrainer(model=folder, args=args, train_dataset=Dataset.from_list(pairs), processing_class=tokenizer)
     return {**_train_with_clock(trainer), "values": [h["loss"] for h in trainer.state.log_history if "loss" in h]}
 
 
-RUNNERS = {"grpo-workbench": _grpo_workbench, "grpo-trl": _grpo_trl, "dpo-workbench": _dpo_workbench, "dpo-trl": _dpo_trl}
+RUNNERS = {"grpo-workbench": _grpo_workbench, "grpo-trl": _grpo_trl, "dpo-workbench": _dpo_workbench, "dpo-trl": _dpo_trl,
+           "grpo-trl_no_gc": _grpo_trl, "dpo-trl_no_gc": _dpo_trl}
+NO_GC = {"trl_gradient_checkpointing": False}  # the settings of the TRL side without gradient checkpointing
 
 
 def serve(kind: str, folder: str, settings: dict, steps: int, device: str, threads: int) -> None:
@@ -244,20 +256,33 @@ def _worker_env(args) -> dict:
     return env
 
 
-def paired(name: str, folder: str, settings: dict, steps: int, repeats: int, args) -> dict:
-    """Repeats alternating workbench and TRL (both processes ready before the first timing)."""
-    ours = Worker(f"{name}-workbench", folder, settings, steps, args)
-    theirs = Worker(f"{name}-trl", folder, settings, steps, args)
-    ours.ready()
-    theirs.ready()
-    runs: dict[str, list[dict]] = {"workbench": [], "trl": []}
+def paired(name: str, folder: str, settings: dict, steps: int, repeats: int, args, no_gc: bool = False) -> dict:
+    """Repeats alternating workbench and TRL (all processes ready before the first timing). With
+    ``no_gc``, a third process runs TRL with gradient checkpointing off, in the same rotation, and
+    ``summary["no_gc"]`` compares the workbench with it."""
+    workers = {"workbench": Worker(f"{name}-workbench", folder, settings, steps, args),
+               "trl": Worker(f"{name}-trl", folder, settings, steps, args)}
+    if no_gc:
+        workers["trl_no_gc"] = Worker(f"{name}-trl_no_gc", folder, {**settings, **NO_GC}, steps, args)
+    for worker in workers.values():
+        worker.ready()
+    runs: dict[str, list[dict]] = {side: [] for side in workers}
     try:
         for seed in range(repeats):
-            runs["workbench"].append(ours.run(seed))
-            runs["trl"].append(theirs.run(seed))
+            for side, worker in workers.items():
+                runs[side].append(worker.run(seed))
     finally:
-        ours.close()
-        theirs.close()
+        for worker in workers.values():
+            worker.close()
+    summary = _summary(runs["workbench"], runs["trl"], repeats, args)
+    if no_gc:
+        summary["no_gc"] = _summary(runs["workbench"], runs["trl_no_gc"], repeats, args)
+    return summary
+
+
+def _summary(workbench: list[dict], trl: list[dict], repeats: int, args) -> dict:
+    """Medians, ranges and the workbench ÷ TRL ratio of one comparison."""
+    runs = {"workbench": workbench, "trl": trl}
     summary = {}
     for side, results in runs.items():
         rates = [r["steps_per_s"] for r in results]
@@ -503,10 +528,12 @@ def main() -> int:
     large_folder = _save_model(f"{base}/large", large, large_tok)
     del large
 
-    results["grpo"] = paired("grpo", tiny_folder, GRPO, steps, repeats, args)
+    results["grpo"] = paired("grpo", tiny_folder, GRPO, steps, repeats, args, no_gc=True)
     lines.append(_comparison_line("GRPO", results["grpo"], "reward"))
-    results["dpo"] = paired("dpo", tiny_folder, DPO, steps, repeats, args)
+    lines.append(_comparison_line("GRPO (TRL without gradient checkpointing)", results["grpo"]["no_gc"], "reward"))
+    results["dpo"] = paired("dpo", tiny_folder, DPO, steps, repeats, args, no_gc=True)
     lines.append(_comparison_line("DPO", results["dpo"], "loss"))
+    lines.append(_comparison_line("DPO (TRL without gradient checkpointing)", results["dpo"]["no_gc"], "loss"))
     large_steps = 3 if args.quick else 8
     results["grpo_large"] = paired("grpo", large_folder, GRPO_LARGE, large_steps, max(3, repeats - 2), args)
     lines.append(_comparison_line(

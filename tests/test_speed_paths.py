@@ -3,7 +3,7 @@
 * the sampler under inference mode returns ordinary tensors and makes no forward pass for a token
   it never samples from; ``share_prefill`` (one prompt forward per distinct prompt) samples the
   same tokens for the same seed;
-* ``share_prompts`` (a group's prompt run once in the training forward, its KV cache shared) gives
+* ``share_prompts`` (a group's prompt run once in the training forward, prefix-tree rows) gives
   the plain path's log-probs and gradients, and GRPO with it keeps ρ = 1 and KL = 0 at step 0 (fp32
   and bf16);
 * a group's prompt is tokenised once; DPO's per-pair token cache builds the same batches.

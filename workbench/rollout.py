@@ -222,12 +222,14 @@ def _sampling_loop(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_
     tokens, logprobs = [], []
     for step in range(max_new_tokens):
         scores = last_logits.float()
-        if not torch.isfinite(scores).all():
+        # one reduction instead of an elementwise test: the sum is NaN or ±inf exactly when an entry
+        # is (finite logits would have to exceed ~1e33 for the sum to overflow)
+        if not torch.isfinite(scores.sum()):
             raise NonFiniteError(
                 "the policy's logits contain NaN/inf while sampling; the step was not applied and the last good "
                 "checkpoint is kept. Lower the learning rate or check the weights."
             )
-        if not greedy:
+        if not greedy and temperature != 1.0:  # (x / 1.0 is x: no pass over the vocabulary for it)
             scores = scores / temperature
         if truncated:
             scores = filter_logits(scores, top_k=top_k, top_p=top_p)

@@ -29,7 +29,7 @@ import torch
 from workbench import losses
 from workbench.batching import pad_sequences
 from workbench.distributed import Distributed
-from workbench.scoring import POSITION_IDS_MODES, token_logprobs
+from workbench.scoring import POSITION_IDS_MODES, shared_prefix_token_logprobs, token_logprobs, tree_capable
 from workbench.trainers import base
 from workbench.trainers.base import (
     Trainer,
@@ -71,6 +71,11 @@ class DPOConfig(TrainerConfig):
     packed: bool = False
     """Score with padding-free packed batches (one row, restarting position ids, no mask, no
     cache) instead of padded ones: same numbers up to float noise, less wasted compute."""
+    share_prompts: bool = True
+    """Run each pair's prompt once for its chosen and rejected rows (one row per pair, the two
+    responses after the prompt under a prefix-tree attention mask, ``scoring.prefix_tree``): same
+    numbers up to float noise (~1e-7 in fp32), ~35% fewer tokens through policy and reference. Used
+    with ``position_ids="mask"``, unpacked, dropout off and sdpa attention; otherwise the plain forward."""
     disable_dropout: bool = True
     """P7 switch: dropout probabilities of policy and reference set to 0 (fix, TRL's default), or
     left on with the policy in train mode (bug: step-0 margins are dropout noise instead of 0)."""
@@ -146,9 +151,17 @@ def prompt_target_mask(attention_mask: torch.Tensor, prompt_lengths: list[int]) 
     return ((positions < lengths) & attention_mask.bool())[:, 1:]
 
 
-def summed_logprobs(model, batch: PreferenceBatch, loss_mask: torch.Tensor, *, position_ids: str = "mask", packed: bool = False):
-    """Log-probs summed under ``loss_mask`` per row (2B,), and the per-token log-probs (2B, T−1)."""
-    per_token = token_logprobs(model, batch.input_ids, batch.attention_mask, position_ids=position_ids, packed=packed)
+def summed_logprobs(model, batch: PreferenceBatch, loss_mask: torch.Tensor, *, position_ids: str = "mask", packed: bool = False,
+                    share_prompts: bool = False):
+    """Log-probs summed under ``loss_mask`` per row (2B,), and the per-token log-probs (2B, T−1).
+    ``share_prompts``: a pair's prompt runs once for both rows (``scoring.shared_prefix_token_logprobs``)."""
+    per_token = None
+    if share_prompts and position_ids == "mask" and not packed:
+        b = batch.num_pairs
+        per_token = shared_prefix_token_logprobs(model, batch.input_ids, batch.attention_mask, [[i, i + b] for i in range(b)],
+                                                 batch.prompt_lengths)
+    if per_token is None:
+        per_token = token_logprobs(model, batch.input_ids, batch.attention_mask, position_ids=position_ids, packed=packed)
     return losses.masked_sum(per_token, loss_mask, dim=-1), per_token
 
 
@@ -165,6 +178,9 @@ class DPOTrainer(Trainer):
         self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
         self.device = next(self.policy.parameters()).device
         self.reference.to(self.device)
+        # policy and reference take the same path (step-0 margins exactly 0); not with dropout on (P7),
+        # nor when the model that trains cannot take the prefix-tree forward (a DDP wrapper)
+        self.share_prompts = config.share_prompts and not self.dropout_on and tree_capable(self.train_policy)
         self._encoded: dict[int, tuple] = {}  # pair index → token ids: each pair is tokenised once per run
         self.precomputed_reference: torch.Tensor | None = None
         if config.reference == "precomputed":
@@ -178,7 +194,8 @@ class DPOTrainer(Trainer):
             for start in range(0, len(self.pairs), chunk):
                 batch = collate_preferences(self.tokenizer, self.pairs[start : start + chunk]).to(self.device)
                 mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, self.config.prompt_mask)
-                logps, _ = summed_logprobs(self.reference, batch, mask, position_ids=self.config.position_ids, packed=self.config.packed)
+                logps, _ = summed_logprobs(self.reference, batch, mask, position_ids=self.config.position_ids,
+                                           packed=self.config.packed, share_prompts=self.share_prompts)
                 out.append(logps.view(2, -1).T)
         return torch.cat(out)
 
@@ -200,9 +217,11 @@ class DPOTrainer(Trainer):
                 ref = self.precomputed_reference[indices].to(self.device)
                 ref_chosen, ref_rejected = ref[:, 0], ref[:, 1]
             else:
-                ref_logps, ref_tokens = summed_logprobs(self.reference, batch, loss_mask, position_ids=c.position_ids, packed=c.packed)
+                ref_logps, ref_tokens = summed_logprobs(self.reference, batch, loss_mask, position_ids=c.position_ids,
+                                                        packed=c.packed, share_prompts=self.share_prompts)
                 ref_chosen, ref_rejected = ref_logps[:b], ref_logps[b:]
-        policy_logps, policy_tokens = summed_logprobs(self.train_policy, batch, loss_mask, position_ids=c.position_ids, packed=c.packed)
+        policy_logps, policy_tokens = summed_logprobs(self.train_policy, batch, loss_mask, position_ids=c.position_ids,
+                                                      packed=c.packed, share_prompts=self.share_prompts)
         lengths = loss_mask.sum(-1)
         per_pair, chosen_rewards, rejected_rewards = losses.dpo_loss(
             policy_logps[:b], policy_logps[b:], ref_chosen, ref_rejected, c.beta, c.loss_type, c.label_smoothing,
