@@ -465,6 +465,7 @@ def extras(args) -> dict:
         torch.set_num_threads(args.threads)
     model, tokenizer = load("tiny-arith-qwen2")
     prompts = [p.prompt for p in load_problems(TEST_PROMPTS)[:64]]
+    rollout_pair(model, tokenizer, prompts, max_new_tokens=32)  # warm-up: on a GPU the first rollout pays CUDA's start-up
     pair = rollout_pair(model, tokenizer, prompts, max_new_tokens=32)
     bug, fix = generation_cost(pair["bug"]), generation_cost(pair["fix"])
     rng = random.Random(0)
