@@ -87,3 +87,23 @@ def test_sampler_stops_on_nan_logits():
     ids, mask = torch.tensor([[1, 20, 21]]), torch.ones(1, 3, dtype=torch.long)
     with pytest.raises(NonFiniteError, match="logits contain NaN/inf"):
         sample(model, ids, mask, max_new_tokens=2, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+
+
+@pytest.mark.parametrize("name", ["realistic-gpt2", "realistic-qwen2", "realistic-llama"])
+def test_grpo_groups_score_the_same_shared_or_padded_on_realistic_checkpoints(name):
+    # byte-level BPE prompts of several lengths, 4 samples per prompt as in a GRPO group; absolute
+    # positions (GPT-2) and rotary ones (Qwen2, Llama) alike
+    from workbench.scoring import response_logprobs
+    from workbench.tasks import encode_prompts, rl_problems
+
+    model, tokenizer = load(name, device="cpu")
+    prompts = [p.prompt for p in rl_problems(4) for _ in range(4)]
+    ids, mask = encode_prompts(tokenizer, prompts)
+    rollout = sample(model, ids, mask, max_new_tokens=8, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                     generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        padded = response_logprobs(model, ids, mask, rollout.response_ids, rollout.response_mask, share_prompts=False)
+        shared = response_logprobs(model, ids, mask, rollout.response_ids, rollout.response_mask, share_prompts=True)
+    real = rollout.response_mask.bool()
+    assert int(real.sum()) > 16
+    assert float((padded - shared)[real].abs().max()) <= 1e-5
