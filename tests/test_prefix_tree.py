@@ -97,6 +97,7 @@ def test_grpo_groups_score_the_same_shared_or_padded_on_realistic_checkpoints(na
     from workbench.tasks import encode_prompts, rl_problems
 
     model, tokenizer = load(name, device="cpu")
+    assert not model.training  # the shared path serves models in eval mode only
     prompts = [p.prompt for p in rl_problems(4) for _ in range(4)]
     ids, mask = encode_prompts(tokenizer, prompts)
     rollout = sample(model, ids, mask, max_new_tokens=8, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
