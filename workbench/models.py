@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from workbench.errors import AttentionBackendUnavailable, ModelLoadError  # noqa: F401  (re-exported)
+from workbench.stop_ids import stop_token_ids  # noqa: F401  (used here; models.stop_token_ids stays public)
 from workbench.tokenizer import DATA_DIR, load_char_tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "gpt2")
@@ -199,29 +200,6 @@ def check_checkpoint_folder(path: Path) -> None:
 
 PAD_LIKE = ("pad", "reserved", "unused")
 ADDED_PAD_TOKEN = "<|pad|>"
-
-
-def stop_token_ids(model, tokenizer, *, chat_template: bool = False) -> list[int]:
-    """Every id that ends a response: the tokenizer's EOS ∪ the generation config's EOS (an id or a
-    list: Qwen2.5-Instruct stops on ``<|im_end|>`` and ``<|endoftext|>``) ∪, when prompts go through
-    the chat template, the token the template ends an assistant turn with (pitfall P17)."""
-    ids = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if configured is not None:
-        ids.update(int(i) for i in ([configured] if isinstance(configured, int) else configured))
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        from workbench.realistic import template_turn_end
-
-        try:
-            ids.add(int(template_turn_end(tokenizer)))
-        except ValueError:
-            pass  # a template whose turn end is plain text: nothing to add as a stop id
-    if not ids:
-        raise ModelLoadError("neither the tokenizer nor the generation config names an EOS token: rollouts could never stop. "
-                             "Set tokenizer.eos_token (or generation_config.eos_token_id) in the checkpoint folder.")
-    return sorted(ids)
 
 
 def choose_pad_token(model, tokenizer) -> tuple[str, bool]:

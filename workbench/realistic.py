@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from workbench.stop_ids import template_turn_end  # noqa: F401  (used below; public here too)
+
 VERSION = "1"
 FLAVOURS = ("gpt2", "qwen2", "qwen2-base", "llama")
 VOCAB_SIZE = 512
@@ -322,19 +324,6 @@ def chat_training_rows(tokenizer, conversations: list[list[dict]]) -> list[tuple
 def _template_ids(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
     out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
     return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
-
-
-def template_turn_end(tokenizer) -> int:
-    """The id of the token the chat template writes right after an assistant message."""
-    sentinel = "Zq7"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": sentinel}],
-                                         tokenize=False)
-    after = text.split(sentinel, 1)[1]
-    ids = tokenizer(after, add_special_tokens=False)["input_ids"]
-    special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
-    if not ids or ids[0] not in special:
-        raise ValueError(f"the chat template ends an assistant turn with {after!r}, not with a special token")
-    return ids[0]
 
 
 def chat_sft(model, tokenizer, *, steps: int = 150, batch_size: int = 32, lr: float = 3e-3, seed: int = 0) -> list[float]:

@@ -121,6 +121,6 @@ def verdict(stats: dict, *, signature: float = 0.1, tolerance: float = 1e-6) -> 
 
 def template_turn_end_id(tokenizer) -> int:
     """The special token id the chat template writes after an assistant message."""
-    from workbench.realistic import template_turn_end
+    from workbench.stop_ids import template_turn_end
 
     return template_turn_end(tokenizer)

@@ -22,35 +22,11 @@ import torch
 
 from workbench.batching import pad_sequences
 from workbench.rollout import sample
+from workbench.stop_ids import SOURCES, stop_id_sources, union_stop_ids
 
-SOURCES = ("tokenizer", "generation_config", "template_turn_end")
-
-
-def template_turn_end(tokenizer) -> int | None:
-    """The special token the chat template writes right after an assistant message (None without a template)."""
-    from workbench.realistic import template_turn_end as turn_end
-
-    return turn_end(tokenizer) if getattr(tokenizer, "chat_template", None) else None
-
-
-def stop_id_sources(generation_config, tokenizer) -> dict[str, list[int]]:
-    """The stop ids each source names: ``{"tokenizer", "generation_config", "template_turn_end"}``."""
-    config = generation_config.eos_token_id
-    config = [] if config is None else [config] if isinstance(config, int) else list(config)
-    turn_end = template_turn_end(tokenizer)
-    return {"tokenizer": [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id],
-            "generation_config": config, "template_turn_end": [] if turn_end is None else [turn_end]}
-
-
-def union_stop_ids(sources: dict[str, list[int]], use: tuple[str, ...] = SOURCES) -> list[int]:
-    """Sorted, de-duplicated stop ids of the sources named in ``use`` (the fix: all three)."""
-    unknown = set(use) - set(SOURCES)
-    if unknown:
-        raise ValueError(f"unknown stop-id sources {sorted(unknown)}; use any of {SOURCES}")
-    ids = sorted({i for name in use for i in sources[name]})
-    if not ids:
-        raise ValueError(f"no stop id in the sources {use}: the policy could never stop")
-    return ids
+# the sources and their union live with the library's own stop ids (one place): re-exported here
+__all__ = ["SOURCES", "stop_id_sources", "union_stop_ids", "audit", "chat_prompt_ids", "rollout_under", "scenarios", "not_shown",
+           "verdict"]
 
 
 def audit(folder) -> dict:
