@@ -94,6 +94,8 @@ def test_pad_eos_and_accumulation_and_whitening_verdicts():
     stops = {"finished_fraction": 1.0}
     assert pad_eos.verdict({True: stops, False: stops}) == (False, True)
     assert pad_eos.verdict({True: {"finished_fraction": 0.0}, False: {"finished_fraction": 0.5}}) == (True, False)
+    assert "only 50% of greedy answers stop" in pad_eos.not_shown({True: {"finished_fraction": 0.0}, False: {"finished_fraction": 0.5}})
+    assert pad_eos.not_shown({True: {"finished_fraction": 0.0}, False: stops}) is None
     assert grad_accumulation.verdict({"per_micro_batch": [0.0, 1e-7], "global": [0.0, 1e-7]}) == (False, True)
     centred = [{"naive_mean": 1e-8, "masked_mean": 0.0, "masked_std": 1.0}]
     assert whitening.verdict(centred) == (False, True)

@@ -75,6 +75,17 @@ def verdict(stats: dict[bool, dict], *, low: float = 0.1, high: float = 0.9) -> 
     return bool(stats[True]["finished_fraction"] < low), bool(stats[False]["finished_fraction"] > high)
 
 
+def not_shown(stats: dict[bool, dict], *, high: float = 0.9) -> str | None:
+    """Why this run cannot show the fix, or None: when the distinct-pad model, after this run's SFT
+    budget, stops on no more than ``high`` of its greedy answers (a checkpoint whose answers take
+    several BPE tokens learns to stop more slowly than the character-level tiny model)."""
+    fix, bug = stats[False]["finished_fraction"], stats[True]["finished_fraction"]
+    if fix > high:
+        return None
+    return (f"with a distinct pad, only {fix:.0%} of greedy answers stop after this run's SFT steps (the verdict asks for more "
+            f"than {high:.0%}; with pad = EOS {bug:.0%} stop): train longer (sft_steps) to see the fix in full")
+
+
 def plot_sft_mask(ax, tokenizer, problems: list[Problem], *, pad_equals_eos: bool) -> int:
     """The SFT loss mask with EOS cells marked (hatched where the mask drops them); returns the EOS targets kept."""
     from workbench import plots
