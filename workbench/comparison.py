@@ -11,6 +11,13 @@ larger than the noise:
 * with one seed the only noise estimate is the step-to-step spread of the two runs' difference over
   the final steps (a conservative stand-in), and the sentence says so ("one seed").
 
+Training runs only tell something when the policy *learns*: ``learning_settings(kind)`` holds, in
+one place, the settings measured to raise held-out greedy accuracy of the shipped tiny policy
+(docs/LEARNING.md), and ``train_variants(..., problems=None, held_out=N)`` trains on every training
+prompt and scores N fixed held-out prompts greedily before and after each run (``heldout_accuracy``
+in the run's last record); ``gain`` says whether a variant's held-out accuracy rose by more than the
+seed noise.
+
 The conclusion is chosen by the numbers (``Effect.larger_than_noise``), never typed in a notebook.
 """
 
@@ -21,14 +28,40 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Settings measured to raise held-out greedy accuracy of tiny-arith-qwen2 (docs/LEARNING.md, 3 seeds each).
+# "full": scripts/learning_settings.py's reference runs; "notebook": the cheaper variant the training
+# notebooks use to stay within the catalogue's time budget (measured to still learn, numbers in the doc).
+LEARNING_SETTINGS = {
+    ("grpo", "full"): dict(learning_rate=1e-5, prompts_per_step=32, num_generations=8, steps=60, max_new_tokens=6,
+                           loss_agg="seq-mean-token-mean"),
+    ("ppo", "full"): dict(learning_rate=1e-5, prompts_per_step=64, steps=60, max_new_tokens=6),
+    ("grpo", "notebook"): dict(learning_rate=2e-5, prompts_per_step=32, num_generations=8, steps=30, max_new_tokens=6,
+                               loss_agg="seq-mean-token-mean"),
+    ("ppo", "notebook"): dict(learning_rate=1.5e-5, prompts_per_step=48, steps=40, max_new_tokens=6),
+}
+HELD_OUT = 400  # held-out test prompts scored greedily before and after a run (docs/LEARNING.md)
 
-def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: int, seeds=(0,), problems: int = 64,
-                   before=None, processes: int = 1, device: str = "auto", pad_token: str | None = "auto",
+
+def learning_settings(kind: str, budget: str = "notebook", **overrides) -> dict:
+    """Trainer settings under which ``kind`` ("grpo", "ppo") raises held-out accuracy; ``overrides``
+    replace single entries (e.g. ``steps=3`` in smoke mode). Train with ``train_variants(...,
+    problems=None, held_out=HELD_OUT, **settings)``: all training prompts, held-out accuracy recorded."""
+    if (kind, budget) not in LEARNING_SETTINGS:
+        raise ValueError(f"learning_settings({kind!r}, {budget!r}): kind must be 'grpo' or 'ppo' and budget 'full' or 'notebook'")
+    return {**LEARNING_SETTINGS[kind, budget], **overrides}
+
+
+def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: int, seeds=(0,), problems: int | None = 64,
+                   held_out: int = 0, before=None, processes: int = 1, device: str = "auto", pad_token: str | None = "auto",
                    **common) -> dict[str, list[list[dict]]]:
     """``{label: [history of seed 0, history of seed 1, …]}`` for ``kind`` in ("ppo", "grpo").
 
     Every run loads ``model`` afresh; ``before(policy)`` (optional) edits it before training (e.g.
     switch dropout on); ``common`` goes to every config, ``variants[label]`` to that variant's.
+    ``problems``: train on the first that many training prompts, or on all of them (None: the
+    learning settings). ``held_out`` > 0 scores the first ``held_out`` test prompts greedily (eval
+    mode) before and after training and adds ``heldout_accuracy_start``, ``heldout_accuracy`` and
+    ``heldout_gain`` to the run's last record.
     ``processes`` > 1 runs the (variant, seed) pairs in that many worker processes, each with its
     share of the CPU threads (``before`` must then be picklable: a module-level function or a
     ``functools.partial`` of one). Results do not depend on ``processes``. ``device`` and
@@ -44,24 +77,24 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
         threads = max(1, (os.cpu_count() or 1) // processes)
         with ProcessPoolExecutor(max_workers=min(processes, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_train_one, kind, model, {**common, **variants[label]}, steps, seed, problems, before, threads,
-                                   loading)
+                                   loading, held_out)
                        for label, seed in jobs]
             histories = [f.result() for f in futures]
     else:
-        histories = [_train_one(kind, model, {**common, **variants[label]}, steps, seed, problems, before, None, loading)
-                     for label, seed in jobs]
+        histories = [_train_one(kind, model, {**common, **variants[label]}, steps, seed, problems, before, None, loading,
+                                held_out) for label, seed in jobs]
     runs: dict[str, list[list[dict]]] = {label: [] for label in variants}
     for (label, _), history in zip(jobs, histories, strict=True):
         runs[label].append(history)
     return runs
 
 
-def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, problems: int, before=None,
-               threads: int | None = None, loading: dict | None = None) -> list[dict]:
+def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, problems: int | None, before=None,
+               threads: int | None = None, loading: dict | None = None, held_out: int = 0) -> list[dict]:
     import torch
 
     from workbench.models import load
-    from workbench.tasks import rl_problems
+    from workbench.tasks import TEST_PROMPTS, TRAIN_PROMPTS, load_problems, rl_problems
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -77,10 +110,30 @@ def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, pro
     if before is not None:
         before(policy)
     config = Config(steps=steps, seed=seed, progress=False, **switches)
-    return Trainer(policy, tokenizer, rl_problems(problems), config).train()
+    test = load_problems(TEST_PROMPTS)[:held_out] if held_out > 0 else []
+    start = _held_out_accuracy(policy, tokenizer, test) if test else None
+    train = load_problems(TRAIN_PROMPTS) if problems is None else rl_problems(problems)
+    history = Trainer(policy, tokenizer, train, config).train()
+    if test and history:
+        end = _held_out_accuracy(policy, tokenizer, test)
+        history[-1].update(heldout_accuracy_start=start, heldout_accuracy=end, heldout_gain=end - start)
+    return history
 
 
-def plot_bands(ax, runs: dict[str, list[list[dict]]], key: str, ylabel: str, colors: dict | None = None, *, window: int = 1) -> None:
+def _held_out_accuracy(policy, tokenizer, problems) -> float:
+    """Greedy accuracy in eval mode (no dropout), the policy's mode restored afterwards."""
+    from workbench.tasks import greedy_accuracy
+
+    training = policy.training
+    policy.eval()
+    try:
+        return greedy_accuracy(policy, tokenizer, problems)
+    finally:
+        policy.train(training)
+
+
+def plot_bands(ax, runs: dict[str, list[list[dict]]], key: str, ylabel: str, colors: dict | None = None, *,
+               window: int = 1) -> None:
     """Mean over seeds per variant (a line, aligned moving average when ``window`` > 1) with a ± std band;
     one seed draws the line alone."""
     from workbench import plots
@@ -113,7 +166,7 @@ def tail_mean(history: list[dict], key: str, fraction: float = 0.25) -> float:
 
 @dataclass
 class Effect:
-    """bug − fix of one metric over the final steps, against the noise."""
+    """bug − fix of one metric over the final steps (or at the first step), against the noise."""
 
     key: str
     bug: float
@@ -122,31 +175,43 @@ class Effect:
     noise: float
     seeds: int
     larger_than_noise: bool
+    names: tuple[str, str] = ("bug", "fix")
 
     def sentence(self, unit: str = "") -> str:
         unit = f" {unit}" if unit else ""
         source = f"over {self.seeds} seeds" if self.seeds > 1 else "one seed, step-to-step noise"
         verdict = "larger than" if self.larger_than_noise else "not larger than"
-        return (f"{self.key}: bug {self.bug:.3g}, fix {self.fix:.3g}{unit}; effect {self.difference:+.3g} ± {self.noise:.2g} "
-                f"({source}): {verdict} the noise")
+        verdict += " seed noise" if self.seeds > 1 else " the noise"
+        a, b = self.names
+        return (f"{self.key}: {a} {self.bug:.3g}, {b} {self.fix:.3g}{unit}; effect {self.difference:+.3g} ± {self.noise:.2g} "
+                f"({source}): {verdict}")
 
 
 def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, fraction: float = 0.25,
-           factor: float = 2.0) -> Effect:
-    """Compare ``runs[bug]`` with ``runs[fix]`` on the tail mean of ``key``.
+           factor: float = 2.0, at: str = "end") -> Effect:
+    """Compare ``runs[bug]`` with ``runs[fix]`` on the tail mean of ``key`` (``at="start"``: on the
+    first step's value, e.g. a gap that exists before any update and is therefore not learnt).
 
     The effect counts as real when |difference| > ``factor`` × noise (≈ a 95 % interval): the
     standard error of the paired per-seed differences with ≥ 2 seeds; with one seed the spread
     (standard deviation, not its standard error: steps are correlated and seeds are not sampled)
     of the per-step differences over the tail, and the sentence names it.
     """
+    if at not in ("end", "start"):
+        raise ValueError(f"at={at!r}: choose 'end' (tail mean) or 'start' (first step)")
     bug_runs, fix_runs = runs[bug], runs[fix]
     n = min(len(bug_runs), len(fix_runs))
-    bug_tails = np.array([tail_mean(h, key, fraction) for h in bug_runs[:n]])
-    fix_tails = np.array([tail_mean(h, key, fraction) for h in fix_runs[:n]])
+
+    def value(history):
+        return float(history[0][key]) if at == "start" else tail_mean(history, key, fraction)
+
+    bug_tails = np.array([value(h) for h in bug_runs[:n]])
+    fix_tails = np.array([value(h) for h in fix_runs[:n]])
     differences = bug_tails - fix_tails
     if n > 1:
         noise = float(np.std(differences, ddof=1) / math.sqrt(n))
+    elif at == "start":
+        noise = float("nan")  # one value per run: no noise estimate
     else:
         def tail(history):
             values = np.array([h[key] for h in history if key in h], dtype=float)
@@ -157,8 +222,45 @@ def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, f
         noise = float(np.nanstd(step_differences, ddof=1)) if m > 1 else float("nan")
     difference = float(np.mean(differences))
     larger = bool(np.isfinite(noise) and abs(difference) > factor * noise)
-    return Effect(key=key, bug=float(np.mean(bug_tails)), fix=float(np.mean(fix_tails)), difference=difference,
-                  noise=noise, seeds=n, larger_than_noise=larger)
+    return Effect(key=key + (" at step 0" if at == "start" else ""), bug=float(np.mean(bug_tails)), fix=float(np.mean(fix_tails)),
+                  difference=difference, noise=noise, seeds=n, larger_than_noise=larger)
+
+
+def gain(runs: dict[str, list[list[dict]]], label: str, *, factor: float = 2.0) -> Effect:
+    """Did ``label``'s runs learn? Held-out greedy accuracy after − before (``train_variants(...,
+    held_out=N)``), against the standard error over seeds (one seed: no noise estimate, never
+    "larger"). The ``Effect`` reads end (``bug``) vs start (``fix``)."""
+    records = [history[-1] for history in runs[label]]
+    if not records or any("heldout_gain" not in r for r in records):
+        raise ValueError(f"gain({label!r}): the runs carry no held-out accuracy; train with train_variants(..., held_out=N)")
+    gains = np.array([r["heldout_gain"] for r in records], dtype=float)
+    n = len(gains)
+    noise = float(np.std(gains, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+    difference = float(np.mean(gains))
+    return Effect(key=f"held-out greedy accuracy, {label}", bug=float(np.mean([r["heldout_accuracy"] for r in records])),
+                  fix=float(np.mean([r["heldout_accuracy_start"] for r in records])), difference=difference, noise=noise,
+                  seeds=n, larger_than_noise=bool(np.isfinite(noise) and abs(difference) > factor * noise),
+                  names=("end", "start"))
+
+
+def learning_sentence(runs: dict[str, list[list[dict]]]) -> str:
+    """One line per variant: does its held-out greedy accuracy rise by more than the seed noise?"""
+    return "\n".join(gain(runs, label).sentence() for label in runs)
+
+
+def plot_heldout(ax, runs: dict[str, list[list[dict]]], colors: dict | None = None) -> None:
+    """Held-out greedy accuracy before and after training per variant: one dot per seed, mean ± std bar."""
+    for i, (label, histories) in enumerate(runs.items()):
+        start = np.array([h[-1]["heldout_accuracy_start"] for h in histories], dtype=float)
+        end = np.array([h[-1]["heldout_accuracy"] for h in histories], dtype=float)
+        color = (colors or {}).get(label)
+        for j, (values, x) in enumerate(((start, i - 0.15), (end, i + 0.15))):
+            std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+            ax.errorbar([x], [values.mean()], yerr=[std], fmt="o" if j else "s", mfc="none" if j == 0 else color,
+                        color=color or "0.3", capsize=4, zorder=3)
+            ax.scatter(np.full(len(values), x + 0.06), values, s=10, color=color or "0.3", alpha=0.6, zorder=2)
+    ax.set_xticks(range(len(runs)), [f"{label}\n(start □ → end ●)" for label in runs], fontsize=8)
+    ax.set_ylabel("held-out greedy accuracy" + (" (mean ± std, dots: seeds)" if max(len(h) for h in runs.values()) > 1 else ""))
 
 
 def first_divergence(a: list[dict], b: list[dict], key: str, tolerance: float = 1e-9) -> int | None:

@@ -1,0 +1,76 @@
+"""Learning settings, held-out evaluation and the learning / step-0 verdicts of ``workbench.comparison`` (issue 16)."""
+
+import math
+
+import matplotlib
+import pytest
+
+from workbench import comparison
+
+matplotlib.use("Agg")
+
+
+def _runs(starts, ends, steps=4):
+    """One history per seed whose last record carries held-out accuracy start → end."""
+    runs = []
+    for start, end in zip(starts, ends, strict=True):
+        history = [{"step": i, "x": float(i)} for i in range(steps)]
+        history[-1].update(heldout_accuracy_start=start, heldout_accuracy=end, heldout_gain=end - start)
+        runs.append(history)
+    return runs
+
+
+def test_learning_settings_are_one_table_with_overrides():
+    grpo = comparison.learning_settings("grpo")
+    assert grpo == comparison.LEARNING_SETTINGS["grpo", "notebook"] and grpo["learning_rate"] <= 2e-5
+    assert comparison.learning_settings("ppo", "full")["steps"] == 60
+    assert comparison.learning_settings("grpo", steps=3)["steps"] == 3
+    assert comparison.LEARNING_SETTINGS["grpo", "notebook"]["steps"] != 3  # the table is not edited by an override
+    with pytest.raises(ValueError, match="kind must be"):
+        comparison.learning_settings("dpo")
+
+
+def test_gain_larger_than_seed_noise_only_when_it_is():
+    runs = {"up": _runs([0.40, 0.40, 0.40], [0.44, 0.45, 0.43]), "flat": _runs([0.40, 0.40, 0.40], [0.42, 0.38, 0.41])}
+    up, flat = comparison.gain(runs, "up"), comparison.gain(runs, "flat")
+    assert up.larger_than_noise and math.isclose(up.difference, 0.04) and math.isclose(up.noise, 0.01 / math.sqrt(3))
+    assert up.bug == pytest.approx(0.44) and up.fix == pytest.approx(0.40)
+    assert "end 0.44, start 0.4" in up.sentence() and up.sentence().endswith("(over 3 seeds): larger than seed noise")
+    assert not flat.larger_than_noise and "not larger than" in flat.sentence()
+    one = comparison.gain({"a": _runs([0.4], [0.5])}, "a")
+    assert one.seeds == 1 and not one.larger_than_noise  # one seed: no noise estimate, never "larger"
+    assert comparison.learning_sentence(runs).count("\n") == 1
+    with pytest.raises(ValueError, match="held_out"):
+        comparison.gain({"a": [[{"step": 0, "x": 1.0}]]}, "a")
+
+
+def test_effect_at_start_separates_a_step0_gap_from_learning():
+    # the bug starts 0.5 higher and the gap closes: present at step 0, absent at the end
+    bug = [[{"step": i, "r": 0.5 * (i == 0) + 0.01 * s} for i in range(8)] for s in range(3)]
+    fix = [[{"step": i, "r": 0.01 * s + (0.001 * s if i == 0 else (0.0, 0.004, -0.004)[s])} for i in range(8)] for s in range(3)]
+    runs = {"bug": bug, "fix": fix}
+    start, end = comparison.effect(runs, "r", "bug", "fix", at="start"), comparison.effect(runs, "r", "bug", "fix")
+    assert start.key == "r at step 0" and start.difference == pytest.approx(0.499) and start.larger_than_noise
+    assert not end.larger_than_noise and abs(end.difference) < 0.01
+    assert not comparison.effect({"bug": bug[:1], "fix": fix[:1]}, "r", "bug", "fix", at="start").larger_than_noise
+    with pytest.raises(ValueError, match="at="):
+        comparison.effect(runs, "r", "bug", "fix", at="middle")
+
+
+def test_plot_heldout_draws_start_and_end_per_variant():
+    import matplotlib.pyplot as plt
+
+    runs = {"bug": _runs([0.4, 0.4], [0.41, 0.43]), "fix": _runs([0.4, 0.4], [0.45, 0.46])}
+    fig, ax = plt.subplots()
+    comparison.plot_heldout(ax, runs, {"bug": "red", "fix": "blue"})
+    assert len(ax.get_xticks()) == 2 and len(ax.collections) >= 4  # seed dots (and error bars) for start and end of each
+    plt.close(fig)
+
+
+def test_train_variants_on_all_prompts_records_held_out_accuracy():
+    runs = comparison.train_variants("grpo", "tiny-arith-qwen2", {"a": {}}, problems=None, held_out=16,
+                                     **comparison.learning_settings("grpo", steps=1, prompts_per_step=2, num_generations=2))
+    last = runs["a"][0][-1]
+    assert 0 <= last["heldout_accuracy_start"] <= 1 and 0 <= last["heldout_accuracy"] <= 1
+    assert last["heldout_gain"] == pytest.approx(last["heldout_accuracy"] - last["heldout_accuracy_start"])
+    assert "heldout_accuracy" not in runs["a"][0][0] or len(runs["a"][0]) == 1
