@@ -74,3 +74,24 @@ def test_train_variants_on_all_prompts_records_held_out_accuracy():
     assert 0 <= last["heldout_accuracy_start"] <= 1 and 0 <= last["heldout_accuracy"] <= 1
     assert last["heldout_gain"] == pytest.approx(last["heldout_accuracy"] - last["heldout_accuracy_start"])
     assert "heldout_accuracy" not in runs["a"][0][0] or len(runs["a"][0]) == 1
+
+
+def test_drift_of_a_key_against_seed_noise():
+    rising = [[{"step": i, "x": i * 0.1 + 0.01 * s} for i in range(8)] for s in range(3)]
+    wobbling = [[{"step": i, "x": (0.05, -0.05, 0.0)[s] * (i > 0)} for i in range(8)] for s in range(3)]
+    runs = {"up": rising, "flat": wobbling}
+    up = comparison.drift(runs, "up", "x")
+    assert up.larger_than_noise and up.fix == pytest.approx(0.01) and up.bug == pytest.approx(0.65 + 0.01)
+    assert not comparison.drift(runs, "flat", "x").larger_than_noise
+    assert not comparison.drift({"one": rising[:1]}, "one", "x").larger_than_noise  # one seed: no noise estimate
+
+
+def test_train_variants_dpo_returns_the_first_seeds_models():
+    import torch
+
+    runs, models = comparison.train_variants("dpo", "tiny-arith-qwen2", {"both": {"prompt_mask": "both"}}, steps=1, seeds=(0, 1),
+                                             problems=8, held_out=8, batch_size=4, return_models=True)
+    assert len(runs["both"]) == 2 and "logps/prompt" in runs["both"][0][0] and "heldout_accuracy" in runs["both"][1][-1]
+    assert set(models) == {"both"} and isinstance(models["both"], torch.nn.Module)
+    with pytest.raises(ValueError, match="kind="):
+        comparison.train_variants("sft", "tiny-arith-qwen2", {"a": {}}, steps=1)

@@ -53,22 +53,26 @@ def learning_settings(kind: str, budget: str = "notebook", **overrides) -> dict:
 
 def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: int, seeds=(0,), problems: int | None = 64,
                    held_out: int = 0, before=None, processes: int = 1, device: str = "auto", pad_token: str | None = "auto",
-                   **common) -> dict[str, list[list[dict]]]:
-    """``{label: [history of seed 0, history of seed 1, …]}`` for ``kind`` in ("ppo", "grpo").
+                   return_models: bool = False, **common):
+    """``{label: [history of seed 0, history of seed 1, …]}`` for ``kind`` in ("ppo", "grpo", "dpo").
 
     Every run loads ``model`` afresh; ``before(policy)`` (optional) edits it before training (e.g.
     switch dropout on); ``common`` goes to every config, ``variants[label]`` to that variant's.
-    ``problems``: train on the first that many training prompts, or on all of them (None: the
-    learning settings). ``held_out`` > 0 scores the first ``held_out`` test prompts greedily (eval
+    ``problems``: train on the first that many training prompts (DPO: preference pairs), or on all
+    of them (None: the learning settings). ``held_out`` > 0 scores the first ``held_out`` test prompts greedily (eval
     mode) before and after training and adds ``heldout_accuracy_start``, ``heldout_accuracy`` and
     ``heldout_gain`` to the run's last record.
     ``processes`` > 1 runs the (variant, seed) pairs in that many worker processes, each with its
     share of the CPU threads (``before`` must then be picklable: a module-level function or a
     ``functools.partial`` of one). Results do not depend on ``processes``. ``device`` and
     ``pad_token`` go to ``workbench.models.load`` (the notebooks' parameters of those names).
+    ``return_models``: return ``(runs, {label: trained policy of the first seed})`` instead.
     """
+    if kind not in TRAINERS:
+        raise ValueError(f"kind={kind!r}: choose one of {sorted(TRAINERS)}")
     loading = {"device": device, "pad_token": pad_token}
     jobs = [(label, seed) for label in variants for seed in seeds]
+    keep = [return_models and seed == seeds[0] for _, seed in jobs]
     if processes > 1 and len(jobs) > 1:
         import multiprocessing
         import os
@@ -77,47 +81,60 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
         threads = max(1, (os.cpu_count() or 1) // processes)
         with ProcessPoolExecutor(max_workers=min(processes, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_train_one, kind, model, {**common, **variants[label]}, steps, seed, problems, before, threads,
-                                   loading, held_out)
-                       for label, seed in jobs]
-            histories = [f.result() for f in futures]
+                                   loading, held_out, k)
+                       for (label, seed), k in zip(jobs, keep, strict=True)]
+            results = [f.result() for f in futures]
     else:
-        histories = [_train_one(kind, model, {**common, **variants[label]}, steps, seed, problems, before, None, loading,
-                                held_out) for label, seed in jobs]
+        results = [_train_one(kind, model, {**common, **variants[label]}, steps, seed, problems, before, None, loading,
+                              held_out, k) for (label, seed), k in zip(jobs, keep, strict=True)]
     runs: dict[str, list[list[dict]]] = {label: [] for label in variants}
-    for (label, _), history in zip(jobs, histories, strict=True):
+    models = {}
+    for (label, _), (history, state) in zip(jobs, results, strict=True):
         runs[label].append(history)
-    return runs
+        if state is not None:
+            from workbench.models import load
+
+            models[label], _ = load(model, **loading)
+            models[label].load_state_dict(state)
+    return (runs, models) if return_models else runs
+
+
+# kind → (module, config class, trainer class) under workbench.trainers
+TRAINERS = {"ppo": ("ppo", "PPOConfig", "PPOTrainer"), "grpo": ("grpo", "GRPOConfig", "GRPOTrainer"),
+            "dpo": ("dpo", "DPOConfig", "DPOTrainer")}
 
 
 def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, problems: int | None, before=None,
-               threads: int | None = None, loading: dict | None = None, held_out: int = 0) -> list[dict]:
+               threads: int | None = None, loading: dict | None = None, held_out: int = 0,
+               keep_model: bool = False) -> tuple[list[dict], dict | None]:
+    """One run: its history, and its trained weights when ``keep_model``."""
+    import importlib
+
     import torch
 
     from workbench.models import load
-    from workbench.tasks import TEST_PROMPTS, TRAIN_PROMPTS, load_problems, rl_problems
+    from workbench.tasks import TEST_PROMPTS, TRAIN_PREFERENCES, TRAIN_PROMPTS, load_preferences, load_problems, rl_problems
 
     if threads is not None:
         torch.set_num_threads(threads)
-    if kind == "ppo":
-        from workbench.trainers.ppo import PPOConfig as Config
-        from workbench.trainers.ppo import PPOTrainer as Trainer
-    elif kind == "grpo":
-        from workbench.trainers.grpo import GRPOConfig as Config
-        from workbench.trainers.grpo import GRPOTrainer as Trainer
-    else:
-        raise ValueError(f"kind={kind!r}: choose 'ppo' or 'grpo'")
+    module, config_name, trainer_name = TRAINERS[kind]
+    trainers = importlib.import_module(f"workbench.trainers.{module}")
+    Config, Trainer = getattr(trainers, config_name), getattr(trainers, trainer_name)
     policy, tokenizer = load(model, **(loading or {}))
     if before is not None:
         before(policy)
     config = Config(steps=steps, seed=seed, progress=False, **switches)
     test = load_problems(TEST_PROMPTS)[:held_out] if held_out > 0 else []
     start = _held_out_accuracy(policy, tokenizer, test) if test else None
-    train = load_problems(TRAIN_PROMPTS) if problems is None else rl_problems(problems)
+    if kind == "dpo":
+        train = load_preferences(TRAIN_PREFERENCES)[:problems]
+    else:
+        train = load_problems(TRAIN_PROMPTS) if problems is None else rl_problems(problems)
     history = Trainer(policy, tokenizer, train, config).train()
     if test and history:
         end = _held_out_accuracy(policy, tokenizer, test)
         history[-1].update(heldout_accuracy_start=start, heldout_accuracy=end, heldout_gain=end - start)
-    return history
+    return history, ({k: v.detach().cpu() for k, v in policy.state_dict().items()} if keep_model else None)
 
 
 def _held_out_accuracy(policy, tokenizer, problems) -> float:
@@ -239,6 +256,20 @@ def gain(runs: dict[str, list[list[dict]]], label: str, *, factor: float = 2.0) 
     difference = float(np.mean(gains))
     return Effect(key=f"held-out greedy accuracy, {label}", bug=float(np.mean([r["heldout_accuracy"] for r in records])),
                   fix=float(np.mean([r["heldout_accuracy_start"] for r in records])), difference=difference, noise=noise,
+                  seeds=n, larger_than_noise=bool(np.isfinite(noise) and abs(difference) > factor * noise),
+                  names=("end", "start"))
+
+
+def drift(runs: dict[str, list[list[dict]]], label: str, key: str, *, fraction: float = 0.25, factor: float = 2.0) -> Effect:
+    """How far ``key`` moved during ``label``'s runs: tail mean − first step per seed, against the
+    standard error over seeds (one seed: no noise estimate, never "larger"). Reads end vs start."""
+    histories = runs[label]
+    starts = np.array([float(h[0][key]) for h in histories])
+    ends = np.array([tail_mean(h, key, fraction) for h in histories])
+    n = len(histories)
+    noise = float(np.std(ends - starts, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+    difference = float(np.mean(ends - starts))
+    return Effect(key=f"{key}, {label}", bug=float(np.mean(ends)), fix=float(np.mean(starts)), difference=difference, noise=noise,
                   seeds=n, larger_than_noise=bool(np.isfinite(noise) and abs(difference) > factor * noise),
                   names=("end", "start"))
 
