@@ -95,3 +95,27 @@ def test_train_variants_dpo_returns_the_first_seeds_models():
     assert set(models) == {"both"} and isinstance(models["both"], torch.nn.Module)
     with pytest.raises(ValueError, match="kind="):
         comparison.train_variants("sft", "tiny-arith-qwen2", {"a": {}}, steps=1)
+
+
+def test_dpo_heldout_explanation_is_chosen_by_the_numbers():
+    from workbench.diagnostics import dpo_mask
+
+    def e(difference, larger):
+        return comparison.Effect("k", 0.4 + difference, 0.4, difference, 0.005, 3, larger, ("end", "start"))
+
+    assert "chosen (correct) answers themselves became less likely" in dpo_mask.heldout_explanation(e(-0.1, True), e(-0.3, True))
+    assert "no change in held-out accuracy" in dpo_mask.heldout_explanation(e(-0.004, False), e(-0.3, True))
+    assert "without the chosen answers losing" in dpo_mask.heldout_explanation(e(-0.1, True), e(0.01, False))
+
+
+def test_grad_accumulation_widget_redraws_the_notebooks_figure():
+    import torch
+
+    from workbench import widgets as wb
+
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])
+    errors = {"per_micro_batch": [0.0, 0.2, 0.4], "global": [0.0, 1e-7, 2e-7]}
+    explorer = wb.grad_accumulation_explorer(mask, [1, 2, 4], errors)
+    assert explorer.last["error_bug"] == 0.4 and explorer.last["tokens"] == [2, 4, 1, 3]
+    explorer.controls["micro_batches"].value = 2
+    assert explorer.last["error_bug"] == 0.2 and explorer.last["error_fix"] == 1e-7 and explorer.renders == 2
