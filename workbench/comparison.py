@@ -150,17 +150,18 @@ def _held_out_accuracy(policy, tokenizer, problems) -> float:
 
 
 def plot_bands(ax, runs: dict[str, list[list[dict]]], key: str, ylabel: str, colors: dict | None = None, *,
-               window: int = 1) -> None:
+               window: int = 1, styles: dict | None = None) -> None:
     """Mean over seeds per variant (a line, aligned moving average when ``window`` > 1) with a ± std band;
-    one seed draws the line alone."""
+    one seed draws the line alone. ``styles[label]`` replaces the line style and marker chosen by order."""
     from workbench import plots
 
     for i, (label, histories) in enumerate(runs.items()):
         values = np.array([[h[key] for h in run] for run in histories], dtype=float)
         x, mean = plots.smooth(np.nanmean(values, axis=0), window)
         color = (colors or {}).get(label)
-        line, = ax.plot(x, mean, ls=plots.LINE_STYLES[i % 4], marker=plots.MARKERS[i % 6], markevery=max(1, len(x) // 8),
-                        markersize=4, color=color, zorder=10 - i, label=f"{label} (n={len(histories)})")
+        style = (styles or {}).get(label, {"ls": plots.LINE_STYLES[i % 4], "marker": plots.MARKERS[i % 6]})
+        line, = ax.plot(x, mean, markevery=max(1, len(x) // 8), markersize=4, color=color, zorder=10 - i,
+                        label=f"{label} (n={len(histories)})", **style)
         if len(histories) > 1:
             _, std = plots.smooth(np.nanstd(values, axis=0, ddof=1), window)
             ax.fill_between(x, np.array(mean) - std, np.array(mean) + std, color=line.get_color(), alpha=0.15, lw=0)
@@ -196,7 +197,10 @@ class Effect:
 
     def sentence(self, unit: str = "") -> str:
         unit = f" {unit}" if unit else ""
-        source = f"over {self.seeds} seeds" if self.seeds > 1 else "one seed, step-to-step noise"
+        if self.seeds > 1:
+            source = f"over {self.seeds} seeds"
+        else:
+            source = "one seed, step-to-step noise" if math.isfinite(self.noise) else "one seed: no noise estimate"
         verdict = "larger than" if self.larger_than_noise else "not larger than"
         verdict += " seed noise" if self.seeds > 1 else " the noise"
         a, b = self.names
