@@ -119,3 +119,15 @@ def test_grad_accumulation_widget_redraws_the_notebooks_figure():
     assert explorer.last["error_bug"] == 0.4 and explorer.last["tokens"] == [2, 4, 1, 3]
     explorer.controls["micro_batches"].value = 2
     assert explorer.last["error_bug"] == 0.2 and explorer.last["error_fix"] == 1e-7 and explorer.renders == 2
+
+
+def test_learnt_gap_separates_a_step0_gap_from_learning():
+    def run(start, end, wobble):
+        return [{"step": i, "r": start if i == 0 else end + wobble} for i in range(8)]
+
+    present_from_start = {"bug": [run(0.0, 0.0, w) for w in (0.0, 0.01, -0.01)], "fix": [run(0.5, 0.5, 0.0)] * 3}
+    e = comparison.learnt_gap(present_from_start, "r", "bug", "fix")
+    assert e.fix == pytest.approx(-0.5) and e.bug == pytest.approx(-0.5) and not e.larger_than_noise
+    learnt = {"bug": [run(0.0, -0.3, w) for w in (0.0, 0.01, -0.01)], "fix": [run(0.0, 0.0, 0.0)] * 3}
+    e = comparison.learnt_gap(learnt, "r", "bug", "fix")
+    assert e.difference == pytest.approx(-0.3) and e.larger_than_noise and "final gap -0.3, step-0 gap 0" in e.sentence()

@@ -264,6 +264,23 @@ def gain(runs: dict[str, list[list[dict]]], label: str, *, factor: float = 2.0) 
                   names=("end", "start"))
 
 
+def learnt_gap(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, fraction: float = 0.25,
+               factor: float = 2.0) -> Effect:
+    """The part of the bug − fix gap in ``key`` that training added: per seed, the gap over the final
+    steps minus the gap at step 0 (e.g. P7: sampling with dropout on lowers the reward before any
+    update), against the standard error over seeds. Reads final gap vs step-0 gap."""
+    n = min(len(runs[bug]), len(runs[fix]))
+    start = np.array([float(b[0][key]) - float(f[0][key]) for b, f in zip(runs[bug][:n], runs[fix][:n], strict=True)])
+    end = np.array([tail_mean(b, key, fraction) - tail_mean(f, key, fraction)
+                    for b, f in zip(runs[bug][:n], runs[fix][:n], strict=True)])
+    noise = float(np.std(end - start, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+    difference = float(np.mean(end - start))
+    return Effect(key=f"{key} gap learnt (final gap − step-0 gap)", bug=float(np.mean(end)), fix=float(np.mean(start)),
+                  difference=difference, noise=noise, seeds=n,
+                  larger_than_noise=bool(np.isfinite(noise) and abs(difference) > factor * noise),
+                  names=("final gap", "step-0 gap"))
+
+
 def drift(runs: dict[str, list[list[dict]]], label: str, key: str, *, fraction: float = 0.25, factor: float = 2.0) -> Effect:
     """How far ``key`` moved during ``label``'s runs: tail mean − first step per seed, against the
     standard error over seeds (one seed: no noise estimate, never "larger"). Reads end vs start."""
