@@ -92,6 +92,8 @@ def test_train_variants_dpo_returns_the_first_seeds_models():
     runs, models = comparison.train_variants("dpo", "tiny-arith-qwen2", {"both": {"prompt_mask": "both"}}, steps=1, seeds=(0, 1),
                                              problems=8, held_out=8, batch_size=4, return_models=True)
     assert len(runs["both"]) == 2 and "logps/prompt" in runs["both"][0][0] and "heldout_accuracy" in runs["both"][1][-1]
+    chosen = comparison.gain(runs, "both", "heldout_logp_chosen")
+    assert chosen.seeds == 2 and chosen.fix < 0 and chosen.key == "heldout_logp_chosen, both"
     assert set(models) == {"both"} and isinstance(models["both"], torch.nn.Module)
     with pytest.raises(ValueError, match="kind="):
         comparison.train_variants("sft", "tiny-arith-qwen2", {"a": {}}, steps=1)
@@ -103,9 +105,10 @@ def test_dpo_heldout_explanation_is_chosen_by_the_numbers():
     def e(difference, larger):
         return comparison.Effect("k", 0.4 + difference, 0.4, difference, 0.005, 3, larger, ("end", "start"))
 
-    assert "chosen (correct) answers themselves became less likely" in dpo_mask.heldout_explanation(e(-0.1, True), e(-0.3, True))
-    assert "no change in held-out accuracy" in dpo_mask.heldout_explanation(e(-0.004, False), e(-0.3, True))
-    assert "without the chosen answers losing" in dpo_mask.heldout_explanation(e(-0.1, True), e(0.01, False))
+    text = dpo_mask.heldout_explanation(e(-0.1, True), e(-0.3, True), e(-2.0, True))
+    assert "chosen (correct) answers themselves became less likely" in text and "the rejected faster" in text
+    assert "no change in held-out accuracy" in dpo_mask.heldout_explanation(e(-0.004, False), e(-0.3, True), e(-2.0, True))
+    assert "without the chosen answers losing" in dpo_mask.heldout_explanation(e(-0.1, True), e(0.01, False), e(-2.0, True))
 
 
 def test_grad_accumulation_widget_redraws_the_notebooks_figure():

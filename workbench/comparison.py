@@ -112,8 +112,8 @@ def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, pro
 
     import torch
 
+    from workbench import tasks
     from workbench.models import load
-    from workbench.tasks import TEST_PROMPTS, TRAIN_PREFERENCES, TRAIN_PROMPTS, load_preferences, load_problems, rl_problems
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -124,17 +124,44 @@ def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, pro
     if before is not None:
         before(policy)
     config = Config(steps=steps, seed=seed, progress=False, **switches)
-    test = load_problems(TEST_PROMPTS)[:held_out] if held_out > 0 else []
+    test = tasks.load_problems(tasks.TEST_PROMPTS)[:held_out] if held_out > 0 else []
     start = _held_out_accuracy(policy, tokenizer, test) if test else None
+    if kind == "dpo" and test:
+        pairs = tasks.load_preferences(tasks.TEST_PREFERENCES)[:held_out]
+        held_out_pairs = _held_out_pair_logps(policy, tokenizer, pairs)
     if kind == "dpo":
-        train = load_preferences(TRAIN_PREFERENCES)[:problems]
+        train = tasks.load_preferences(tasks.TRAIN_PREFERENCES)[:problems]
     else:
-        train = load_problems(TRAIN_PROMPTS) if problems is None else rl_problems(problems)
+        train = tasks.load_problems(tasks.TRAIN_PROMPTS) if problems is None else tasks.rl_problems(problems)
     history = Trainer(policy, tokenizer, train, config).train()
     if test and history:
         end = _held_out_accuracy(policy, tokenizer, test)
         history[-1].update(heldout_accuracy_start=start, heldout_accuracy=end, heldout_gain=end - start)
+        if kind == "dpo":  # what DPO does to the answers it is shown, on pairs it never saw
+            history[-1].update({f"{k}_start": v for k, v in held_out_pairs.items()})
+            history[-1].update(_held_out_pair_logps(policy, tokenizer, pairs))
     return history, ({k: v.detach().cpu() for k, v in policy.state_dict().items()} if keep_model else None)
+
+
+def _held_out_pair_logps(policy, tokenizer, pairs, chunk: int = 200) -> dict[str, float]:
+    """Mean summed log-prob of the chosen and of the rejected responses (prompt excluded), eval mode."""
+    import torch
+
+    from workbench.trainers.dpo import build_loss_mask, collate_preferences, summed_logprobs
+
+    training = policy.training
+    policy.eval()
+    chosen, rejected = [], []
+    try:
+        with torch.no_grad():
+            for i in range(0, len(pairs), chunk):
+                batch = collate_preferences(tokenizer, pairs[i:i + chunk]).to(next(policy.parameters()).device)
+                summed, _ = summed_logprobs(policy, batch, build_loss_mask(batch.attention_mask, batch.prompt_lengths, "both"))
+                chosen += summed[:batch.num_pairs].tolist()
+                rejected += summed[batch.num_pairs:].tolist()
+    finally:
+        policy.train(training)
+    return {"heldout_logp_chosen": float(np.mean(chosen)), "heldout_logp_rejected": float(np.mean(rejected))}
 
 
 def _held_out_accuracy(policy, tokenizer, problems) -> float:
@@ -247,19 +274,22 @@ def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, f
                   difference=difference, noise=noise, seeds=n, larger_than_noise=larger)
 
 
-def gain(runs: dict[str, list[list[dict]]], label: str, *, factor: float = 2.0) -> Effect:
+def gain(runs: dict[str, list[list[dict]]], label: str, key: str = "heldout_accuracy", *, factor: float = 2.0) -> Effect:
     """Did ``label``'s runs learn? Held-out greedy accuracy after − before (``train_variants(...,
-    held_out=N)``), against the standard error over seeds (one seed: no noise estimate, never
-    "larger"). The ``Effect`` reads end (``bug``) vs start (``fix``)."""
+    held_out=N)``; another held-out ``key`` recorded with ``{key}_start``, e.g. DPO's
+    ``heldout_logp_chosen``), against the standard error over seeds (one seed: no noise estimate,
+    never "larger"). The ``Effect`` reads end (``bug``) vs start (``fix``)."""
     records = [history[-1] for history in runs[label]]
-    if not records or any("heldout_gain" not in r for r in records):
-        raise ValueError(f"gain({label!r}): the runs carry no held-out accuracy; train with train_variants(..., held_out=N)")
-    gains = np.array([r["heldout_gain"] for r in records], dtype=float)
+    if not records or any(key not in r or f"{key}_start" not in r for r in records):
+        raise ValueError(f"gain({label!r}, {key!r}): the runs carry no held-out {key}; "
+                         "train with train_variants(..., held_out=N)")
+    gains = np.array([r[key] - r[f"{key}_start"] for r in records], dtype=float)
     n = len(gains)
     noise = float(np.std(gains, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
     difference = float(np.mean(gains))
-    return Effect(key=f"held-out greedy accuracy, {label}", bug=float(np.mean([r["heldout_accuracy"] for r in records])),
-                  fix=float(np.mean([r["heldout_accuracy_start"] for r in records])), difference=difference, noise=noise,
+    name = "held-out greedy accuracy" if key == "heldout_accuracy" else key
+    return Effect(key=f"{name}, {label}", bug=float(np.mean([r[key] for r in records])),
+                  fix=float(np.mean([r[f"{key}_start"] for r in records])), difference=difference, noise=noise,
                   seeds=n, larger_than_noise=bool(np.isfinite(noise) and abs(difference) > factor * noise),
                   names=("end", "start"))
 
