@@ -68,12 +68,16 @@ def test_plot_heldout_draws_start_and_end_per_variant():
 
 
 def test_train_variants_on_all_prompts_records_held_out_accuracy():
+    import torch
+
+    torch.set_num_threads(2)
     runs = comparison.train_variants("grpo", "tiny-arith-qwen2", {"a": {}}, problems=None, held_out=16,
                                      **comparison.learning_settings("grpo", steps=1, prompts_per_step=2, num_generations=2))
     last = runs["a"][0][-1]
     assert 0 <= last["heldout_accuracy_start"] <= 1 and 0 <= last["heldout_accuracy"] <= 1
     assert last["heldout_gain"] == pytest.approx(last["heldout_accuracy"] - last["heldout_accuracy_start"])
     assert "heldout_accuracy" not in runs["a"][0][0] or len(runs["a"][0]) == 1
+    assert torch.get_num_threads() == 2  # the tiny model ran on one thread; the caller's setting is back
 
 
 def test_drift_of_a_key_against_seed_noise():

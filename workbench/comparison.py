@@ -107,13 +107,27 @@ TRAINERS = {"ppo": ("ppo", "PPOConfig", "PPOTrainer"), "grpo": ("grpo", "GRPOCon
 def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, problems: int | None, before=None,
                threads: int | None = None, loading: dict | None = None, held_out: int = 0,
                keep_model: bool = False) -> tuple[list[dict], dict | None]:
-    """One run: its history, and its trained weights when ``keep_model``."""
+    """One run: its history, and its trained weights when ``keep_model``. ``threads`` None (a run in
+    this process): a tiny model on the CPU runs on one thread, the caller's setting restored after —
+    its matrices are too small to gain from two, and two threads on a shared machine wait on each
+    other (measured: a 3-step PPO pair 1.5 s on one thread, 17–34 s on two beside another job)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    try:
+        return _train_one_unguarded(kind, model, switches, steps, seed, problems, before, threads, loading, held_out, keep_model)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train_one_unguarded(kind, model, switches, steps, seed, problems, before, threads, loading, held_out, keep_model):
     import importlib
 
     import torch
 
     from workbench import tasks
-    from workbench.models import load
+    from workbench.models import count_parameters, load
+    from workbench.trainers.base import TINY_MODEL_PARAMETERS
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -121,6 +135,8 @@ def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, pro
     trainers = importlib.import_module(f"workbench.trainers.{module}")
     Config, Trainer = getattr(trainers, config_name), getattr(trainers, trainer_name)
     policy, tokenizer = load(model, **(loading or {}))
+    if threads is None and next(policy.parameters()).device.type == "cpu" and count_parameters(policy) < TINY_MODEL_PARAMETERS:
+        torch.set_num_threads(1)
     if before is not None:
         before(policy)
     config = Config(steps=steps, seed=seed, progress=False, **switches)
