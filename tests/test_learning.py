@@ -138,3 +138,16 @@ def test_learnt_gap_separates_a_step0_gap_from_learning():
     learnt = {"bug": [run(0.0, -0.3, w) for w in (0.0, 0.01, -0.01)], "fix": [run(0.0, 0.0, 0.0)] * 3}
     e = comparison.learnt_gap(learnt, "r", "bug", "fix")
     assert e.difference == pytest.approx(-0.3) and e.larger_than_noise and "final gap -0.3, step-0 gap 0" in e.sentence()
+
+
+def test_train_variants_with_dropout_on_is_reproducible():
+    from functools import partial
+
+    from workbench.diagnostics.dropout import set_dropout
+
+    kwargs = dict(steps=1, seeds=(0,), problems=8, prompts_per_step=4, mini_batches=1, max_new_tokens=4,
+                  before=partial(set_dropout, p=0.1))
+    variants = {"dropout on": {"disable_dropout": False}}
+    a = comparison.train_variants("ppo", "tiny-arith-gpt2", variants, **kwargs)
+    b = comparison.train_variants("ppo", "tiny-arith-gpt2", variants, **kwargs)
+    assert a["dropout on"][0][0]["train_ratio_deviation"] == b["dropout on"][0][0]["train_ratio_deviation"] > 1e-3

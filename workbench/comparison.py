@@ -140,6 +140,7 @@ def _train_one_unguarded(kind, model, switches, steps, seed, problems, before, t
     if before is not None:
         before(policy)
     config = Config(steps=steps, seed=seed, progress=False, **switches)
+    torch.manual_seed(seed)  # the global generator draws dropout masks (P7's bug variant): same seed, same run
     test = tasks.load_problems(tasks.TEST_PROMPTS)[:held_out] if held_out > 0 else []
     start = _held_out_accuracy(policy, tokenizer, test) if test else None
     if kind == "dpo" and test:
