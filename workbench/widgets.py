@@ -225,23 +225,37 @@ def kl_gradient_explorer(noise_scales: list[float], values: dict, gradients: dic
                                                       description="distance")}, draw, "Gradient of each KL choice")
 
 
-def grad_accumulation_explorer(mask: torch.Tensor, micro_batch_counts: list[int]) -> Explorer:
-    """P10: per-token weight in each micro-batch, bug (mean of means) vs fix (global token count)."""
+def grad_accumulation_explorer(mask: torch.Tensor, micro_batch_counts: list[int], errors: dict | None = None) -> Explorer:
+    """P10: the notebook's figure — relative gradient error vs micro-batches (``errors`` from
+    ``grad_accumulation.sweep``), the chosen count marked — above the per-token weights of that split,
+    bug (mean of means) vs fix (global token count). Without ``errors`` only the weights are drawn."""
+    from workbench.diagnostics.grad_accumulation import plot_gradient_error
 
     def draw(micro_batches):
         chunks = torch.arange(mask.shape[0]).chunk(micro_batches)
         tokens = [int(mask[c].sum()) for c in chunks]
         bug = [1 / t / len(tokens) for t in tokens]
-        fig, ax = plt.subplots(figsize=(6, 2.5))
-        ax.bar(range(len(tokens)), bug, color=plots.BUG_COLOR, label="per-token weight, bug")
-        ax.axhline(1 / sum(tokens), color=plots.FIX_COLOR, label="per-token weight, fix")
-        ax.set_xlabel("micro-batch")
-        ax.set_ylabel("weight")
-        ax.legend()
-        return {"tokens": tokens, "bug_weights": bug, "fix_weight": 1 / sum(tokens)}
+        result = {"tokens": tokens, "bug_weights": bug, "fix_weight": 1 / sum(tokens)}
+        if errors is not None:
+            fig, (ax, weights_ax) = plt.subplots(2, 1, figsize=(7, 6.5), height_ratios=(2, 1))
+            plot_gradient_error(ax, micro_batch_counts, errors)
+            i = list(micro_batch_counts).index(micro_batches)
+            ax.axvline(micro_batches, color=plots.NEUTRAL_COLOR, lw=0.8, ls=":")
+            result.update(error_bug=errors["per_micro_batch"][i], error_fix=errors["global"][i])
+            ax.set_title(f"{micro_batches} micro-batches: relative error {result['error_bug']:.2e} (bug) vs "
+                         f"{result['error_fix']:.1e} (fix)", fontsize=9)
+        else:
+            fig, weights_ax = plt.subplots(figsize=(6, 2.5))
+        weights_ax.bar(range(len(tokens)), bug, color=plots.BUG_COLOR, label="per-token weight, bug")
+        weights_ax.axhline(1 / sum(tokens), color=plots.FIX_COLOR, label="per-token weight, fix")
+        weights_ax.set_xlabel("micro-batch")
+        weights_ax.set_ylabel("weight")
+        weights_ax.legend(fontsize=8)
+        fig.tight_layout()
+        return result
 
-    return Explorer({"micro_batches": widgets.Dropdown(options=list(micro_batch_counts), value=micro_batch_counts[-1],
-                                                       description="micro-batches")}, draw, "Token weights under accumulation")
+    control = widgets.Dropdown(options=list(micro_batch_counts), value=micro_batch_counts[-1], description="micro-batches")
+    return Explorer({"micro_batches": control}, draw, "Gradient error and token weights under accumulation")
 
 
 def curve_explorer(histories: dict, key: str, ylabel: str, colors: dict | None = None) -> Explorer:

@@ -1,0 +1,153 @@
+"""Learning settings, held-out evaluation and the learning / step-0 verdicts of ``workbench.comparison`` (issue 16)."""
+
+import math
+
+import matplotlib
+import pytest
+
+from workbench import comparison
+
+matplotlib.use("Agg")
+
+
+def _runs(starts, ends, steps=4):
+    """One history per seed whose last record carries held-out accuracy start → end."""
+    runs = []
+    for start, end in zip(starts, ends, strict=True):
+        history = [{"step": i, "x": float(i)} for i in range(steps)]
+        history[-1].update(heldout_accuracy_start=start, heldout_accuracy=end, heldout_gain=end - start)
+        runs.append(history)
+    return runs
+
+
+def test_learning_settings_are_one_table_with_overrides():
+    grpo = comparison.learning_settings("grpo")
+    assert grpo == comparison.LEARNING_SETTINGS["grpo", "notebook"] and grpo["learning_rate"] <= 2e-5
+    assert comparison.learning_settings("ppo", "full")["steps"] == 60
+    assert comparison.learning_settings("grpo", steps=3)["steps"] == 3
+    assert comparison.LEARNING_SETTINGS["grpo", "notebook"]["steps"] != 3  # the table is not edited by an override
+    with pytest.raises(ValueError, match="kind must be"):
+        comparison.learning_settings("dpo")
+
+
+def test_gain_larger_than_seed_noise_only_when_it_is():
+    runs = {"up": _runs([0.40, 0.40, 0.40], [0.44, 0.45, 0.43]), "flat": _runs([0.40, 0.40, 0.40], [0.42, 0.38, 0.41])}
+    up, flat = comparison.gain(runs, "up"), comparison.gain(runs, "flat")
+    assert up.larger_than_noise and math.isclose(up.difference, 0.04) and math.isclose(up.noise, 0.01 / math.sqrt(3))
+    assert up.bug == pytest.approx(0.44) and up.fix == pytest.approx(0.40)
+    assert "end 0.44, start 0.4" in up.sentence() and up.sentence().endswith("(over 3 seeds): larger than seed noise")
+    assert not flat.larger_than_noise and "not larger than" in flat.sentence()
+    one = comparison.gain({"a": _runs([0.4], [0.5])}, "a")
+    assert one.seeds == 1 and not one.larger_than_noise  # one seed: no noise estimate, never "larger"
+    assert comparison.learning_sentence(runs).count("\n") == 1
+    with pytest.raises(ValueError, match="held_out"):
+        comparison.gain({"a": [[{"step": 0, "x": 1.0}]]}, "a")
+
+
+def test_effect_at_start_separates_a_step0_gap_from_learning():
+    # the bug starts 0.5 higher and the gap closes: present at step 0, absent at the end
+    bug = [[{"step": i, "r": 0.5 * (i == 0) + 0.01 * s} for i in range(8)] for s in range(3)]
+    fix = [[{"step": i, "r": 0.01 * s + (0.001 * s if i == 0 else (0.0, 0.004, -0.004)[s])} for i in range(8)] for s in range(3)]
+    runs = {"bug": bug, "fix": fix}
+    start, end = comparison.effect(runs, "r", "bug", "fix", at="start"), comparison.effect(runs, "r", "bug", "fix")
+    assert start.key == "r at step 0" and start.difference == pytest.approx(0.499) and start.larger_than_noise
+    assert not end.larger_than_noise and abs(end.difference) < 0.01
+    assert not comparison.effect({"bug": bug[:1], "fix": fix[:1]}, "r", "bug", "fix", at="start").larger_than_noise
+    with pytest.raises(ValueError, match="at="):
+        comparison.effect(runs, "r", "bug", "fix", at="middle")
+
+
+def test_plot_heldout_draws_start_and_end_per_variant():
+    import matplotlib.pyplot as plt
+
+    runs = {"bug": _runs([0.4, 0.4], [0.41, 0.43]), "fix": _runs([0.4, 0.4], [0.45, 0.46])}
+    fig, ax = plt.subplots()
+    comparison.plot_heldout(ax, runs, {"bug": "red", "fix": "blue"})
+    assert len(ax.get_xticks()) == 2 and len(ax.collections) >= 4  # seed dots (and error bars) for start and end of each
+    plt.close(fig)
+
+
+def test_train_variants_on_all_prompts_records_held_out_accuracy():
+    import torch
+
+    torch.set_num_threads(2)
+    runs = comparison.train_variants("grpo", "tiny-arith-qwen2", {"a": {}}, problems=None, held_out=16,
+                                     **comparison.learning_settings("grpo", steps=1, prompts_per_step=2, num_generations=2))
+    last = runs["a"][0][-1]
+    assert 0 <= last["heldout_accuracy_start"] <= 1 and 0 <= last["heldout_accuracy"] <= 1
+    assert last["heldout_gain"] == pytest.approx(last["heldout_accuracy"] - last["heldout_accuracy_start"])
+    assert "heldout_accuracy" not in runs["a"][0][0] or len(runs["a"][0]) == 1
+    assert torch.get_num_threads() == 2  # the tiny model ran on one thread; the caller's setting is back
+
+
+def test_drift_of_a_key_against_seed_noise():
+    rising = [[{"step": i, "x": i * 0.1 + 0.01 * s} for i in range(8)] for s in range(3)]
+    wobbling = [[{"step": i, "x": (0.05, -0.05, 0.0)[s] * (i > 0)} for i in range(8)] for s in range(3)]
+    runs = {"up": rising, "flat": wobbling}
+    up = comparison.drift(runs, "up", "x")
+    assert up.larger_than_noise and up.fix == pytest.approx(0.01) and up.bug == pytest.approx(0.65 + 0.01)
+    assert not comparison.drift(runs, "flat", "x").larger_than_noise
+    assert not comparison.drift({"one": rising[:1]}, "one", "x").larger_than_noise  # one seed: no noise estimate
+
+
+def test_train_variants_dpo_returns_the_first_seeds_models():
+    import torch
+
+    runs, models = comparison.train_variants("dpo", "tiny-arith-qwen2", {"both": {"prompt_mask": "both"}}, steps=1, seeds=(0, 1),
+                                             problems=8, held_out=8, batch_size=4, return_models=True)
+    assert len(runs["both"]) == 2 and "logps/prompt" in runs["both"][0][0] and "heldout_accuracy" in runs["both"][1][-1]
+    chosen = comparison.gain(runs, "both", "heldout_logp_chosen")
+    assert chosen.seeds == 2 and chosen.fix < 0 and chosen.key == "heldout_logp_chosen, both"
+    assert set(models) == {"both"} and isinstance(models["both"], torch.nn.Module)
+    with pytest.raises(ValueError, match="kind="):
+        comparison.train_variants("sft", "tiny-arith-qwen2", {"a": {}}, steps=1)
+
+
+def test_dpo_heldout_explanation_is_chosen_by_the_numbers():
+    from workbench.diagnostics import dpo_mask
+
+    def e(difference, larger):
+        return comparison.Effect("k", 0.4 + difference, 0.4, difference, 0.005, 3, larger, ("end", "start"))
+
+    text = dpo_mask.heldout_explanation(e(-0.1, True), e(-0.3, True), e(-2.0, True))
+    assert "chosen (correct) answers themselves became less likely" in text and "the rejected faster" in text
+    assert "no change in held-out accuracy" in dpo_mask.heldout_explanation(e(-0.004, False), e(-0.3, True), e(-2.0, True))
+    assert "without the chosen answers losing" in dpo_mask.heldout_explanation(e(-0.1, True), e(0.01, False), e(-2.0, True))
+
+
+def test_grad_accumulation_widget_redraws_the_notebooks_figure():
+    import torch
+
+    from workbench import widgets as wb
+
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])
+    errors = {"per_micro_batch": [0.0, 0.2, 0.4], "global": [0.0, 1e-7, 2e-7]}
+    explorer = wb.grad_accumulation_explorer(mask, [1, 2, 4], errors)
+    assert explorer.last["error_bug"] == 0.4 and explorer.last["tokens"] == [2, 4, 1, 3]
+    explorer.controls["micro_batches"].value = 2
+    assert explorer.last["error_bug"] == 0.2 and explorer.last["error_fix"] == 1e-7 and explorer.renders == 2
+
+
+def test_learnt_gap_separates_a_step0_gap_from_learning():
+    def run(start, end, wobble):
+        return [{"step": i, "r": start if i == 0 else end + wobble} for i in range(8)]
+
+    present_from_start = {"bug": [run(0.0, 0.0, w) for w in (0.0, 0.01, -0.01)], "fix": [run(0.5, 0.5, 0.0)] * 3}
+    e = comparison.learnt_gap(present_from_start, "r", "bug", "fix")
+    assert e.fix == pytest.approx(-0.5) and e.bug == pytest.approx(-0.5) and not e.larger_than_noise
+    learnt = {"bug": [run(0.0, -0.3, w) for w in (0.0, 0.01, -0.01)], "fix": [run(0.0, 0.0, 0.0)] * 3}
+    e = comparison.learnt_gap(learnt, "r", "bug", "fix")
+    assert e.difference == pytest.approx(-0.3) and e.larger_than_noise and "final gap -0.3, step-0 gap 0" in e.sentence()
+
+
+def test_train_variants_with_dropout_on_is_reproducible():
+    from functools import partial
+
+    from workbench.diagnostics.dropout import set_dropout
+
+    kwargs = dict(steps=1, seeds=(0,), problems=8, prompts_per_step=4, mini_batches=1, max_new_tokens=4,
+                  before=partial(set_dropout, p=0.1))
+    variants = {"dropout on": {"disable_dropout": False}}
+    a = comparison.train_variants("ppo", "tiny-arith-gpt2", variants, **kwargs)
+    b = comparison.train_variants("ppo", "tiny-arith-gpt2", variants, **kwargs)
+    assert a["dropout on"][0][0]["train_ratio_deviation"] == b["dropout on"][0][0]["train_ratio_deviation"] > 1e-3
