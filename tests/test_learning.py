@@ -35,7 +35,8 @@ def test_gain_larger_than_seed_noise_only_when_it_is():
     up, flat = comparison.gain(runs, "up"), comparison.gain(runs, "flat")
     assert up.larger_than_noise and math.isclose(up.difference, 0.04) and math.isclose(up.noise, 0.01 / math.sqrt(3))
     assert up.bug == pytest.approx(0.44) and up.fix == pytest.approx(0.40)
-    assert "end 0.44, start 0.4" in up.sentence() and up.sentence().endswith("(over 3 seeds): larger than seed noise")
+    assert "end 0.44, start 0.4" in up.sentence() and up.sentence().endswith("= 0.025): larger than seed noise")
+    assert "s.e. over 3 seeds; 95 % needs |effect| > 4.30 s.e." in up.sentence()
     assert not flat.larger_than_noise and "not larger than" in flat.sentence()
     one = comparison.gain({"a": _runs([0.4], [0.5])}, "a")
     assert one.seeds == 1 and not one.larger_than_noise  # one seed: no noise estimate, never "larger"
@@ -151,3 +152,37 @@ def test_train_variants_with_dropout_on_is_reproducible():
     a = comparison.train_variants("ppo", "tiny-arith-gpt2", variants, **kwargs)
     b = comparison.train_variants("ppo", "tiny-arith-gpt2", variants, **kwargs)
     assert a["dropout on"][0][0]["train_ratio_deviation"] == b["dropout on"][0][0]["train_ratio_deviation"] > 1e-3
+
+
+def test_three_seeds_need_the_t_value_not_two_standard_errors():
+    # paired differences 0.02, 0.03, 0.04: mean 0.03, s.e. 0.00577 → 5.2 s.e.: larger; 0.01, 0.03, 0.05: 2.6 s.e.: not
+    # larger at t(2 dof) = 4.30, although it would pass the old "2 s.e." rule
+    def runs(diffs):
+        return {"bug": [[{"x": d}] for d in diffs], "fix": [[{"x": 0.0}] for _ in diffs]}
+
+    assert comparison.t_critical(3) == pytest.approx(4.303) and comparison.t_critical(50) == 1.96
+    assert math.isnan(comparison.t_critical(1)) and comparison.t_critical(14) == pytest.approx(2.160, abs=0.03)
+    clear = comparison.effect(runs([0.02, 0.03, 0.04]), "x", "bug", "fix")
+    borderline = comparison.effect(runs([0.01, 0.03, 0.05]), "x", "bug", "fix")
+    assert clear.larger_than_noise and clear.threshold == pytest.approx(4.303)
+    assert not borderline.larger_than_noise and "not larger than seed noise" in borderline.sentence()
+    assert comparison.effect(runs([0.01, 0.03, 0.05]), "x", "bug", "fix", factor=2.0).larger_than_noise
+
+
+def test_bands_on_a_log_axis_keep_exact_zeros_visible_and_say_so():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {"bug": [[{"x": v * (s + 1)} for v in (0.1, 0.01, 0.5, 0.0)] for s in range(3)],
+            "fix": [[{"x": 0.0} for _ in range(4)] for _ in range(3)]}
+    fig, (log_ax, linear_ax) = plt.subplots(1, 2)
+    comparison.plot_bands(log_ax, runs, "x", "ratio", log=True)
+    comparison.plot_bands(linear_ax, runs, "x", "ratio", window=2)
+    assert log_ax.get_yscale() == "log" and log_ax.get_ylabel() == "ratio (mean; band: min–max over seeds)"
+    assert [t.get_text() for t in log_ax.texts] == ["fix: exactly 0 at every step (drawn at 1e-03)"]
+    fix_line = log_ax.get_lines()[1]
+    assert (fix_line.get_ydata() > 0).all()  # drawn at the floor, not lost on the log axis
+    assert linear_ax.get_ylabel() == "ratio (mean ± std over seeds, 2-step moving average)" and not linear_ax.texts
+    plt.close(fig)

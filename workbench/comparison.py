@@ -42,6 +42,28 @@ LEARNING_SETTINGS = {
 HELD_OUT = 400  # held-out test prompts scored greedily before and after a run (docs/LEARNING.md)
 
 
+# Two-sided 95 % critical values of Student's t by degrees of freedom (n seeds → n − 1): with 3 seeds an
+# effect needs |mean difference| > 4.30 standard errors, not 2. Between listed values the smaller dof's
+# (larger, conservative) value is used; beyond 30, the normal 1.96.
+T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}
+
+
+def t_critical(seeds: int) -> float:
+    """The 95 % two-sided t critical value for the mean of ``seeds`` paired differences (n − 1 dof)."""
+    dof = seeds - 1
+    if dof < 1:
+        return float("nan")
+    if dof > 30:
+        return 1.96
+    return T_95[max(d for d in T_95 if d <= dof)]
+
+
+def _threshold(seeds: int, factor: float | None) -> float:
+    """How many standard errors an effect must exceed: ``factor`` when given, else the t critical value."""
+    return factor if factor is not None else t_critical(seeds)
+
+
 def learning_settings(kind: str, budget: str = "notebook", **overrides) -> dict:
     """Trainer settings under which ``kind`` ("grpo", "ppo") raises held-out accuracy; ``overrides``
     replace single entries (e.g. ``steps=3`` in smoke mode). Train with ``train_variants(...,
@@ -194,23 +216,49 @@ def _held_out_accuracy(policy, tokenizer, problems) -> float:
 
 
 def plot_bands(ax, runs: dict[str, list[list[dict]]], key: str, ylabel: str, colors: dict | None = None, *,
-               window: int = 1, styles: dict | None = None) -> None:
-    """Mean over seeds per variant (a line, aligned moving average when ``window`` > 1) with a ± std band;
-    one seed draws the line alone. ``styles[label]`` replaces the line style and marker chosen by order."""
+               window: int = 1, styles: dict | None = None, log: bool = False) -> None:
+    """Mean over seeds per variant (a line, aligned moving average when ``window`` > 1, said in the
+    y-label) with a ± std band; one seed draws the line alone. ``styles[label]`` replaces the line
+    style and marker chosen by order.
+
+    ``log``: a log y-axis, where a ± std band would dip below 0 and draw false stripes and exact zeros
+    would vanish: the band is then the min–max over seeds, values ≤ 0 are drawn at a floor a decade
+    below the smallest positive value, and a variant that is exactly 0 throughout says so on the axes."""
     from workbench import plots
 
-    for i, (label, histories) in enumerate(runs.items()):
-        values = np.array([[h[key] for h in run] for run in histories], dtype=float)
+    series = {label: np.array([[h[key] for h in run] for run in histories], dtype=float) for label, histories in runs.items()}
+    positive = np.concatenate([v[v > 0] for v in series.values()] + [np.array([])])
+    floor = float(positive.min()) / 10 if log and positive.size else 1e-12
+    zero_labels = []
+    for i, (label, values) in enumerate(series.items()):
         x, mean = plots.smooth(np.nanmean(values, axis=0), window)
+        mean = np.asarray(mean, dtype=float)
         color = (colors or {}).get(label)
         style = (styles or {}).get(label, {"ls": plots.LINE_STYLES[i % 4], "marker": plots.MARKERS[i % 6]})
-        line, = ax.plot(x, mean, markevery=max(1, len(x) // 8), markersize=4, color=color, zorder=10 - i,
-                        label=f"{label} (n={len(histories)})", **style)
-        if len(histories) > 1:
-            _, std = plots.smooth(np.nanstd(values, axis=0, ddof=1), window)
-            ax.fill_between(x, np.array(mean) - std, np.array(mean) + std, color=line.get_color(), alpha=0.15, lw=0)
+        if log and np.all(values[np.isfinite(values)] <= 0):
+            zero_labels.append(label)
+        line, = ax.plot(x, np.maximum(mean, floor) if log else mean, markevery=max(1, len(x) // 8), markersize=4, color=color,
+                        zorder=10 - i, label=f"{label} (n={len(values)})", **style)
+        if len(values) > 1:
+            if log:
+                low, high = (np.asarray(plots.smooth(f(values, axis=0), window)[1], dtype=float) for f in (np.nanmin, np.nanmax))
+                low, high = np.maximum(low, floor), np.maximum(high, floor)
+            else:
+                std = np.asarray(plots.smooth(np.nanstd(values, axis=0, ddof=1), window)[1], dtype=float)
+                low, high = mean - std, mean + std
+            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, lw=0)
     ax.set_xlabel("training step")
-    ax.set_ylabel(ylabel + (" (mean ± std over seeds)" if max(len(h) for h in runs.values()) > 1 else ""))
+    notes = []
+    if max(len(v) for v in series.values()) > 1:
+        notes.append("mean; band: min–max over seeds" if log else "mean ± std over seeds")
+    if window > 1:
+        notes.append(f"{window}-step moving average")
+    ax.set_ylabel(ylabel + (f" ({', '.join(notes)})" if notes else ""))
+    if log:
+        ax.set_yscale("log")
+        for k, label in enumerate(zero_labels):
+            ax.text(0.02, 0.04 + 0.08 * k, f"{label}: exactly 0 at every step (drawn at {floor:.0e})", transform=ax.transAxes,
+                    fontsize=7, color=(colors or {}).get(label, plots.NEUTRAL_COLOR))
     ax.legend(fontsize=8)
 
 
@@ -238,13 +286,15 @@ class Effect:
     seeds: int
     larger_than_noise: bool
     names: tuple[str, str] = ("bug", "fix")
+    threshold: float = float("nan")  # how many ``noise`` units the effect had to exceed
 
     def sentence(self, unit: str = "") -> str:
         unit = f" {unit}" if unit else ""
         if self.seeds > 1:
-            source = f"over {self.seeds} seeds"
+            source = f"s.e. over {self.seeds} seeds; 95 % needs |effect| > {self.threshold:.2f} s.e. = {self.threshold * self.noise:.2g}"
         else:
-            source = "one seed, step-to-step noise" if math.isfinite(self.noise) else "one seed: no noise estimate"
+            source = (f"one seed, step-to-step std; needs > {self.threshold:.0f} std" if math.isfinite(self.noise)
+                      else "one seed: no noise estimate")
         verdict = "larger than" if self.larger_than_noise else "not larger than"
         verdict += " seed noise" if self.seeds > 1 else " the noise"
         a, b = self.names
@@ -253,14 +303,16 @@ class Effect:
 
 
 def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, fraction: float = 0.25,
-           factor: float = 2.0, at: str = "end") -> Effect:
+           factor: float | None = None, at: str = "end") -> Effect:
     """Compare ``runs[bug]`` with ``runs[fix]`` on the tail mean of ``key`` (``at="start"``: on the
     first step's value, e.g. a gap that exists before any update and is therefore not learnt).
 
-    The effect counts as real when |difference| > ``factor`` × noise (≈ a 95 % interval): the
-    standard error of the paired per-seed differences with ≥ 2 seeds; with one seed the spread
-    (standard deviation, not its standard error: steps are correlated and seeds are not sampled)
-    of the per-step differences over the tail, and the sentence names it.
+    The effect counts as real when |difference| > threshold × noise: with ≥ 2 seeds the noise is the
+    standard error of the paired per-seed differences and the threshold the 95 % Student-t value for
+    n − 1 degrees of freedom (4.30 for 3 seeds; ``factor`` overrides it); with one seed the noise is the
+    spread (standard deviation, not its standard error: steps are correlated and seeds are not
+    sampled) of the per-step differences over the tail, the threshold 2 (or ``factor``), and the
+    sentence names it.
     """
     if at not in ("end", "start"):
         raise ValueError(f"at={at!r}: choose 'end' (tail mean) or 'start' (first step)")
@@ -286,12 +338,13 @@ def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, f
         step_differences = a[-m:] - b[-m:]
         noise = float(np.nanstd(step_differences, ddof=1)) if m > 1 else float("nan")
     difference = float(np.mean(differences))
-    larger = bool(np.isfinite(noise) and abs(difference) > factor * noise)
+    threshold = _threshold(n, factor) if n > 1 else (factor if factor is not None else 2.0)
+    larger = bool(np.isfinite(noise) and abs(difference) > threshold * noise)
     return Effect(key=key + (" at step 0" if at == "start" else ""), bug=float(np.mean(bug_tails)), fix=float(np.mean(fix_tails)),
-                  difference=difference, noise=noise, seeds=n, larger_than_noise=larger)
+                  difference=difference, noise=noise, seeds=n, larger_than_noise=larger, threshold=threshold)
 
 
-def gain(runs: dict[str, list[list[dict]]], label: str, key: str = "heldout_accuracy", *, factor: float = 2.0) -> Effect:
+def gain(runs: dict[str, list[list[dict]]], label: str, key: str = "heldout_accuracy", *, factor: float | None = None) -> Effect:
     """Did ``label``'s runs learn? Held-out greedy accuracy after − before (``train_variants(...,
     held_out=N)``; another held-out ``key`` recorded with ``{key}_start``, e.g. DPO's
     ``heldout_logp_chosen``), against the standard error over seeds (one seed: no noise estimate,
@@ -307,12 +360,13 @@ def gain(runs: dict[str, list[list[dict]]], label: str, key: str = "heldout_accu
     name = "held-out greedy accuracy" if key == "heldout_accuracy" else key
     return Effect(key=f"{name}, {label}", bug=float(np.mean([r[key] for r in records])),
                   fix=float(np.mean([r[f"{key}_start"] for r in records])), difference=difference, noise=noise,
-                  seeds=n, larger_than_noise=bool(np.isfinite(noise) and abs(difference) > factor * noise),
+                  seeds=n, larger_than_noise=bool(np.isfinite(noise) and abs(difference) > _threshold(n, factor) * noise),
+                  threshold=_threshold(n, factor),
                   names=("end", "start"))
 
 
 def learnt_gap(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, fraction: float = 0.25,
-               factor: float = 2.0) -> Effect:
+               factor: float | None = None) -> Effect:
     """The part of the bug − fix gap in ``key`` that training added: per seed, the gap over the final
     steps minus the gap at step 0 (e.g. P7: sampling with dropout on lowers the reward before any
     update), against the standard error over seeds. Reads final gap vs step-0 gap."""
@@ -324,11 +378,12 @@ def learnt_gap(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, 
     difference = float(np.mean(end - start))
     return Effect(key=f"{key} gap learnt (final gap − step-0 gap)", bug=float(np.mean(end)), fix=float(np.mean(start)),
                   difference=difference, noise=noise, seeds=n,
-                  larger_than_noise=bool(np.isfinite(noise) and abs(difference) > factor * noise),
+                  larger_than_noise=bool(np.isfinite(noise) and abs(difference) > _threshold(n, factor) * noise),
+                  threshold=_threshold(n, factor),
                   names=("final gap", "step-0 gap"))
 
 
-def drift(runs: dict[str, list[list[dict]]], label: str, key: str, *, fraction: float = 0.25, factor: float = 2.0) -> Effect:
+def drift(runs: dict[str, list[list[dict]]], label: str, key: str, *, fraction: float = 0.25, factor: float | None = None) -> Effect:
     """How far ``key`` moved during ``label``'s runs: tail mean − first step per seed, against the
     standard error over seeds (one seed: no noise estimate, never "larger"). Reads end vs start."""
     histories = runs[label]
@@ -338,7 +393,8 @@ def drift(runs: dict[str, list[list[dict]]], label: str, key: str, *, fraction: 
     noise = float(np.std(ends - starts, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
     difference = float(np.mean(ends - starts))
     return Effect(key=f"{key}, {label}", bug=float(np.mean(ends)), fix=float(np.mean(starts)), difference=difference, noise=noise,
-                  seeds=n, larger_than_noise=bool(np.isfinite(noise) and abs(difference) > factor * noise),
+                  seeds=n, larger_than_noise=bool(np.isfinite(noise) and abs(difference) > _threshold(n, factor) * noise),
+                  threshold=_threshold(n, factor),
                   names=("end", "start"))
 
 
