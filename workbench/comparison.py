@@ -341,7 +341,7 @@ def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, f
     threshold = _threshold(n, factor) if n > 1 else (factor if factor is not None else 2.0)
     larger = bool(np.isfinite(noise) and abs(difference) > threshold * noise)
     return Effect(key=key + (" at step 0" if at == "start" else ""), bug=float(np.mean(bug_tails)), fix=float(np.mean(fix_tails)),
-                  difference=difference, noise=noise, seeds=n, larger_than_noise=larger, threshold=threshold)
+                  difference=difference, noise=noise, seeds=n, larger_than_noise=larger, threshold=threshold, names=(bug, fix))
 
 
 def gain(runs: dict[str, list[list[dict]]], label: str, key: str = "heldout_accuracy", *, factor: float | None = None) -> Effect:
