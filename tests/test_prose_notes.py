@@ -1,0 +1,20 @@
+"""Sentences chosen by the numbers in the notebooks' prose (review fixes): each branch is fed numbers
+that must select it, and numbers that must not."""
+
+from workbench.diagnostics import batch_shape as p19
+
+
+def _entry(fraction, deviation, clip=0.0, size=8):
+    return {"fraction_ratio_not_one": fraction, "max_ratio_deviation": deviation, "clip_fraction": clip, "micro_batch_size": size}
+
+
+def test_precision_note_explains_only_when_fp32_counts_more():
+    more = p19.precision_note(_entry(0.08, 5e-3), _entry(0.19, 1e-6))
+    assert "fp32 counts more" in more and "8.0%" in more and "19.0%" in more
+    assert "fp32 counts more" not in p19.precision_note(_entry(0.30, 5e-3), _entry(0.10, 1e-6))
+
+
+def test_clip_note_follows_the_clip_fraction():
+    assert "clips nothing" in p19.clip_note(_entry(0.1, 5e-3, clip=0.0))
+    inside = p19.clip_note(_entry(0.1, 0.5, clip=0.046))
+    assert "4.6%" in inside and "clips nothing" not in inside
