@@ -18,3 +18,16 @@ def test_clip_note_follows_the_clip_fraction():
     assert "clips nothing" in p19.clip_note(_entry(0.1, 5e-3, clip=0.0))
     inside = p19.clip_note(_entry(0.1, 0.5, clip=0.046))
     assert "4.6%" in inside and "clips nothing" not in inside
+
+
+def test_missing_eos_note_follows_the_counts():
+    import torch
+
+    from workbench.diagnostics import eos
+
+    finished = torch.tensor([True, True, False, False])
+    note = eos.missing_eos_note(torch.tensor([1.0, 0.0, 0.0, 0.0]), finished, 1.0)
+    assert "2/4 responses truncated" in note and "1 of them wrong" in note and "below the finished-but-wrong" in note
+    assert "not below" in eos.missing_eos_note(torch.tensor([1.0, 0.0, 0.0, 0.0]), finished, 0.0)
+    assert "no finished-but-wrong" in eos.missing_eos_note(torch.tensor([1.0, 1.0, 0.0, 0.0]), finished, 1.0)
+    assert "changes nothing" in eos.missing_eos_note(torch.tensor([1.0, 0.0]), torch.tensor([True, True]), 1.0)
