@@ -31,3 +31,16 @@ def test_missing_eos_note_follows_the_counts():
     assert "not below" in eos.missing_eos_note(torch.tensor([1.0, 0.0, 0.0, 0.0]), finished, 0.0)
     assert "no finished-but-wrong" in eos.missing_eos_note(torch.tensor([1.0, 1.0, 0.0, 0.0]), finished, 1.0)
     assert "changes nothing" in eos.missing_eos_note(torch.tensor([1.0, 0.0]), torch.tensor([True, True]), 1.0)
+
+
+def test_tis_reading_calls_tis_a_repair_only_after_a_measured_harm():
+    from workbench.comparison import Effect
+    from workbench.diagnostics import rollout_mismatch as rm
+
+    def e(diff, larger, bug=0.4, fix=0.4):
+        return Effect("heldout_accuracy", bug, fix, diff, 0.003, 3, larger)
+
+    assert "not a repair" in rm.tis_reading(e(-0.004, False), e(-0.015, True, 0.435, 0.45), e(-0.011, True))
+    assert "does not change" in rm.tis_reading(e(-0.05, True), e(0.001, False), e(0.05, True))
+    assert "brings it to the fp32" in rm.tis_reading(e(-0.05, True), e(-0.05, True), e(0.0, False))
+    assert "not to the fp32" in rm.tis_reading(e(-0.05, True), e(-0.02, True), e(0.03, True))
