@@ -44,3 +44,13 @@ def test_tis_reading_calls_tis_a_repair_only_after_a_measured_harm():
     assert "does not change" in rm.tis_reading(e(-0.05, True), e(0.001, False), e(0.05, True))
     assert "brings it to the fp32" in rm.tis_reading(e(-0.05, True), e(-0.05, True), e(0.0, False))
     assert "not to the fp32" in rm.tis_reading(e(-0.05, True), e(-0.02, True), e(0.03, True))
+
+
+def test_throughput_note_counts_tokens_and_entries():
+    from workbench.diagnostics import padding
+
+    note = padding.throughput_note([10, 2, 2, 2], 2.5)  # padded: 40 tokens, 400 entries; packed: 16 tokens, 256 entries
+    assert "2.50× the tokens" in note and "0.64× the attention" in note and "dominates" not in note
+    note = padding.throughput_note([40] + [2] * 30, 2.0)  # padded 1240 tokens / 100 packed; entries 49600 vs 10000 → 0.2×
+    assert "12.40× the tokens" in note
+    assert "dominates" in padding.throughput_note([100] + [90] * 31, 1.2)  # dense packed mask has more entries
