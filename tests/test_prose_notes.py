@@ -54,3 +54,17 @@ def test_throughput_note_counts_tokens_and_entries():
     note = padding.throughput_note([40] + [2] * 30, 2.0)  # padded 1240 tokens / 100 packed; entries 49600 vs 10000 → 0.2×
     assert "12.40× the tokens" in note
     assert "dominates" in padding.throughput_note([100] + [90] * 31, 1.2)  # dense packed mask has more entries
+
+
+def test_dropout_step0_note_reads_median_and_max():
+    from workbench.diagnostics import dropout
+
+    def r(mx, med):
+        return {"max_ratio_deviation": mx, "median_abs_log_ratio": med, "tokens": 200}
+
+    jumpy = {(0.0, False): r(1e-6, 1e-7), (0.05, False): r(203.0, 0.08), (0.1, False): r(7.9, 0.9), (0.1, True): r(1e-6, 1e-7)}
+    note = dropout.step0_note(jumpy)
+    assert "(rises with" in note and "heavy-tail extreme" in note
+    steady = {(0.0, False): r(1e-6, 1e-7), (0.1, False): r(7.9, 0.9)}
+    assert "heavy-tail" not in dropout.step0_note(steady)
+    assert "does not rise" in dropout.step0_note({(0.0, False): r(1.0, 0.5), (0.1, False): r(2.0, 0.1)})
