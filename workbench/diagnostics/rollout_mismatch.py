@@ -100,6 +100,11 @@ def plot_mismatch(axes, results: dict, cap: float, caps=None) -> None:
     for i, (name, r) in enumerate(results.items()):
         axes[0].hist(r["log_ratio"].numpy(), bins=60, histtype="step", color=colors.get(name), label=name, log=True,
                      ls=plots.LINE_STYLES[i], lw=1.5)
+    spread = max(float(r["log_ratio"].abs().max()) for r in results.values())
+    hidden = [f"{name}: all {r['log_ratio'].numel()} tokens within ±{float(r['log_ratio'].abs().max()):.0e}, "
+              "inside the central bin" for name, r in results.items() if float(r["log_ratio"].abs().max()) < spread / 60]
+    if hidden:  # a distribution narrower than one bin is one spike at 0, drawn under the others'
+        axes[0].text(0.02, 0.98, "\n".join(hidden), transform=axes[0].transAxes, ha="left", va="top", fontsize=8)
     axes[0].set_xlabel("log π_trainer(fp32) − log π_rollout per token (nats)")
     axes[0].set_ylabel("tokens")
     axes[0].legend()
