@@ -121,3 +121,24 @@ def verdict(bug: dict, fix: dict, *, tolerance: float = 1e-6, signature: float =
     """``(reproduced, fixed)``: with mismatched layouts some ratio moves past ``signature`` at lr 0;
     with the fix every ratio is 1 within ``tolerance``."""
     return bug["max_ratio_deviation"] > signature, fix["max_ratio_deviation"] <= tolerance
+
+
+def precision_note(bf16: dict, fp32: dict) -> str:
+    """One sentence comparing a bf16 and an fp32 sweep entry; explains why fp32 can count more ρ ≠ 1
+    tokens (it keeps tiny differences that bf16's 8-significant-bit log-probs round away)."""
+    line = (f"micro-batch {bf16['micro_batch_size']}: tokens with ρ ≠ 1: bf16 {bf16['fraction_ratio_not_one']:.1%}, "
+            f"fp32 {fp32['fraction_ratio_not_one']:.1%}; max |ρ − 1|: bf16 {bf16['max_ratio_deviation']:.2e}, "
+            f"fp32 {fp32['max_ratio_deviation']:.2e}")
+    if fp32["fraction_ratio_not_one"] > bf16["fraction_ratio_not_one"]:
+        line += (f"\nfp32 counts more tokens with ρ ≠ 1 but its deviations stay ≤ {fp32['max_ratio_deviation']:.0e}: it keeps "
+                 "differences that bf16, whose log-probs sit on a grid of 8 significant bits, rounds to the same value")
+    return line
+
+
+def clip_note(bug: dict, clip_eps: float = 0.2) -> str:
+    """Whether the layout noise moved any ratio out of PPO's clip range (chosen by the measured clip fraction)."""
+    if bug["clip_fraction"] > 0:
+        return (f"{bug['clip_fraction']:.1%} of the ratios leave the clip range ε = {clip_eps}: "
+                "the noise changes PPO's clipped update")
+    return (f"every ratio stays inside the clip range (max |ρ − 1| {bug['max_ratio_deviation']:.1e} < ε = {clip_eps}): "
+            "here the layout noise biases the ratio and the KL estimate but clips nothing")

@@ -78,7 +78,7 @@ def adam_steps(model, batch, *, precision: str, lr: float, steps: int) -> dict:
     start = {name: p.detach().clone() for name, p in model.named_parameters()}
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     ids, attention_mask, loss_mask = batch
-    losses, trained = [], {}
+    losses, trained, moved = [], {}, {}
     for step in range(steps):
         loss = _loss(model, ids, attention_mask, loss_mask, precision)
         optimizer.zero_grad()
@@ -86,9 +86,11 @@ def adam_steps(model, batch, *, precision: str, lr: float, steps: int) -> dict:
         if step == 0:
             trained = {name: p.grad != 0 for name, p in model.named_parameters() if p.grad is not None}
         optimizer.step()
+        with torch.no_grad():  # which entries ever left their start value (a ±1 ulp round trip ends unchanged)
+            moved = {name: moved.get(name, False) | (p != start[name]) for name, p in model.named_parameters() if name in trained}
         losses.append(float(loss.detach()))
     model.eval()
-    frozen = total = 0
+    frozen = total = returned = 0
     frozen_by_kind = {"matrices": [0, 0], "gains and biases": [0, 0]}
     for name, p in model.named_parameters():
         if name not in trained:
@@ -98,20 +100,25 @@ def adam_steps(model, batch, *, precision: str, lr: float, steps: int) -> dict:
         frozen_by_kind[kind][0] += int(unchanged.sum())
         frozen_by_kind[kind][1] += int(trained[name].sum())
         frozen += int(unchanged.sum())
+        returned += int((unchanged & moved[name]).sum()) if name in moved else 0
         total += int(trained[name].sum())
     return {"precision": precision, "lr": lr, "steps": steps, "losses": losses, "frozen_fraction": frozen / max(total, 1),
+            "returned_fraction": returned / max(total, 1),
             "frozen_fraction_by_kind": {k: f / max(t, 1) for k, (f, t) in frozen_by_kind.items()}}
 
 
 def lr_sweep(make_model, batch, learning_rates: list[float], *, steps: int, precisions=("bf16", "bf16-mixed")) -> dict:
     """``{precision: [frozen_fraction per lr]}`` with a fresh ``make_model()`` per run, plus the
     bf16 prediction |lr| < ulp(w)/2 over the initial weights (Adam's first step moves each by ≈ lr)."""
-    result = {p: [] for p in precisions}
+    result = {p: [] for p in precisions} | {"bf16 moved and came back": []}
     weights = torch.cat([p.detach().float().flatten() for p in make_model().parameters()])
     result["predicted (lr < ulp/2)"] = [predicted_lost_fraction(weights, lr) for lr in learning_rates]
     for precision in precisions:
         for lr in learning_rates:
-            result[precision].append(adam_steps(make_model(), batch, precision=precision, lr=lr, steps=steps)["frozen_fraction"])
+            run = adam_steps(make_model(), batch, precision=precision, lr=lr, steps=steps)
+            result[precision].append(run["frozen_fraction"])
+            if precision == "bf16":
+                result["bf16 moved and came back"].append(run["returned_fraction"])
     return result
 
 

@@ -104,6 +104,24 @@ def pad_equals_eos_masks(rollout: Rollout, eos_token_id: int) -> dict:
             "finished": int(rollout.finished.sum())}
 
 
+def missing_eos_note(scores: torch.Tensor, finished: torch.Tensor, penalty: float) -> str:
+    """What ``missing_eos_penalty`` does to one batch, in words chosen by the counts: how many responses
+    were cut (no EOS), how many finished and were wrong, and where the penalty puts the cut ones."""
+    scores, finished = scores.float(), finished.bool()
+    cut, n = int((~finished).sum()), len(finished)
+    wrong = int((finished & (scores <= 0)).sum())
+    line = f"{cut}/{n} responses truncated (no EOS), {n - cut} finished, {wrong} of them wrong"
+    if cut == 0:
+        return line + "; nothing is truncated at this budget, so the penalty changes nothing"
+    before = float(scores[~finished].mean())
+    line += f"; truncated mean score {before:.3f} → {before - penalty:.3f} with missing_eos_penalty={penalty}"
+    if wrong == 0:
+        return line + "; no finished-but-wrong answer here to compare the truncated ones with"
+    floor = float(scores[finished & (scores <= 0)].max())
+    side = "below" if before - penalty < floor else "not below"
+    return line + f", {side} the finished-but-wrong answers (score {floor:.3f})"
+
+
 def verdict(costs: dict, loss_gap: float, tolerance: float = 1e-6) -> tuple[bool, bool]:
     """(reproduced, fixed): at the largest batch the bug decodes more steps and tokens than needed;
     with the fix every batch stops at its longest response and one PPO step is unchanged (≤ ``tolerance``)."""

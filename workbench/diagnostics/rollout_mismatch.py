@@ -74,6 +74,24 @@ def not_shown(results: dict, *, threshold: float = 1e-2) -> str | None:
             "logits are near zero, so bf16 rounding barely changes its log-probs; use a trained one")
 
 
+def tis_reading(harm, tis_change, tis_vs_fp32) -> str:
+    """What the PPO runs say about TIS, chosen by three ``comparison.Effect``s of one metric: bf16 vs fp32
+    rollout (is there a harm?), bf16 vs bf16 + TIS (does TIS change the update?), fp32 vs bf16 + TIS (does TIS
+    land where the fp32 rollout does?). TIS is called a repair only when a harm was measured and TIS removes it."""
+    key = harm.key
+    if not tis_change.larger_than_noise:
+        return (f"{key}: TIS does not change the result measurably here "
+                f"(effect {tis_change.difference:+.3g} ± {tis_change.noise:.2g})")
+    if not harm.larger_than_noise:
+        return (f"{key}: TIS changes the update (bf16 {tis_change.bug:.3g} → with TIS {tis_change.fix:.3g}), "
+                f"but the bf16 rollout itself did no measurable harm against fp32 ({harm.difference:+.3g} ± {harm.noise:.2g}): "
+                "a change, not a repair")
+    same = not tis_vs_fp32.larger_than_noise
+    return (f"{key}: the bf16 rollout differs from fp32 ({harm.difference:+.3g} ± {harm.noise:.2g}) and TIS "
+            + ("brings it to the fp32 result" if same else
+               f"changes it but not to the fp32 result (fp32 {tis_vs_fp32.bug:.3g} vs TIS {tis_vs_fp32.fix:.3g})"))
+
+
 def plot_mismatch(axes, results: dict, cap: float, caps=None) -> None:
     """Left: histogram of the per-token log-ratio per rollout dtype. Right: share of tokens TIS clips vs the cap."""
     from workbench import plots
@@ -82,6 +100,11 @@ def plot_mismatch(axes, results: dict, cap: float, caps=None) -> None:
     for i, (name, r) in enumerate(results.items()):
         axes[0].hist(r["log_ratio"].numpy(), bins=60, histtype="step", color=colors.get(name), label=name, log=True,
                      ls=plots.LINE_STYLES[i], lw=1.5)
+    spread = max(float(r["log_ratio"].abs().max()) for r in results.values())
+    hidden = [f"{name}: all {r['log_ratio'].numel()} tokens within ±{float(r['log_ratio'].abs().max()):.0e}, "
+              "inside the central bin" for name, r in results.items() if float(r["log_ratio"].abs().max()) < spread / 60]
+    if hidden:  # a distribution narrower than one bin is one spike at 0, drawn under the others'
+        axes[0].text(0.02, 0.98, "\n".join(hidden), transform=axes[0].transAxes, ha="left", va="top", fontsize=8)
     axes[0].set_xlabel("log π_trainer(fp32) − log π_rollout per token (nats)")
     axes[0].set_ylabel("tokens")
     axes[0].legend()
