@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from workbench.diagnostics.figure_notes import note_coinciding
+
 VARIANTS = ("k1 in loss", "k2 in loss", "k3 in loss", "k1 in reward", "w·k1 in reward", "w·k3 in loss")
 UNBIASED_ON_POLICY = ("k2 in loss", "k1 in reward", "w·k1 in reward", "w·k3 in loss")
 UNBIASED_OFF_POLICY = ("w·k1 in reward", "w·k3 in loss")
@@ -195,6 +197,7 @@ def plot_off_policy(ax, rows: list[dict]) -> None:
     ax.set_xlabel("distance from π_old: θ = θ_old + s·δ")
     ax.set_ylabel("relative error of the expected gradient")
     ax.legend(fontsize=8)
+    note_coinciding(ax, legend_kw={"fontsize": 8})
 
 
 def plot_monte_carlo(ax, sample_sizes: list[int], errors: dict) -> None:
