@@ -99,12 +99,12 @@ def draw_floor(ax, floor: float, what: str = "exactly 0") -> None:
                 textcoords="offset points", fontsize=7, color="#555555", va="bottom")
 
 
-def label_zero_bars(ax, bars, text: str = "0") -> int:
-    """Write ``text`` above every bar of height exactly 0 in ``bars`` (a BarContainer); returns how many."""
+def label_zero_bars(ax, bars, text: str = "0", tol: float = 0.0) -> int:
+    """Write ``text`` above every bar of height 0 (|height| ≤ ``tol``) in ``bars`` (a BarContainer); returns how many."""
     log = ax.get_yscale() == "log"  # a zero has no place on a log axis: write it at the bottom of the axes
     count = 0
     for bar in bars:
-        if bar.get_height() == 0:
+        if abs(bar.get_height()) <= tol:
             x = bar.get_x() + bar.get_width() / 2
             ax.annotate(text, (x, 0 if log else bar.get_y()), xycoords=("data", "axes fraction") if log else "data",
                         ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points",
