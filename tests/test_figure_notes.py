@@ -58,3 +58,8 @@ def test_audit_plot_labels_zero_bars_floor_and_keeps_the_whole_title():
     line.plot(ax2)
     assert any("exactly 0, drawn at 1e-09" in t.get_text() for t in ax2.texts)
     plt.close(fig)
+
+
+def test_short_name_drops_seed_count_and_names_bug_or_fix():
+    assert figure_notes.short_name("scored as finished (bug) (n=3)") == "the bug"
+    assert figure_notes.short_name("zero reward without EOS (n=3)") == "zero reward without EOS"

@@ -17,6 +17,8 @@ so that the plotting functions of the diagnostics modules can share them.)
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 RING_SIZE_GAIN = 5  # points added to the hidden line's marker size for its ring
@@ -46,7 +48,7 @@ def coinciding_points(ax, below, above, pixels: float = 2.0) -> np.ndarray:
 
 def short_name(label: str) -> str:
     """How a legend note names another series: "the fix" / "the bug" when its label says so, else its label."""
-    label = label.split(" (under ")[0]
+    label = re.sub(r" \(n=\d+\)$", "", label.split(" (under ")[0])  # plot_bands appends the seed count
     for tag in ("fix", "bug"):
         if label.endswith(f"({tag})") or label.endswith(f"{tag})"):
             return f"the {tag}"

@@ -180,6 +180,13 @@ def _nonzero(values):
     return [v if v > 0 else float("nan") for v in values]
 
 
+def tint_positions(ax, bug: bool) -> None:
+    """Recolour a ``plots.plot_positions`` grid by convention: bug in oranges (vermilion family), fix in blues,
+    so the panel with the bug's positions never reads as the fix."""
+    for image in ax.get_images():
+        image.set_cmap("Oranges" if bug else "Blues")
+
+
 def plot_drift_per_text(ax, texts: list[str], drift: dict[str, list[float]]) -> None:
     """Bars per text, bug (``model``) beside fix (``mask``); an exact 0 is written, not drawn."""
     width = 0.4
