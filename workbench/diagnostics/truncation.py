@@ -60,7 +60,7 @@ def pressure(model, tokenizer, problems, switches: dict[str, dict], *, max_new_t
         weighted = (advantages * in_loss).view(-1, num_generations)
         gaps = [float(w[g].mean() - w[~g].mean()) for w, g in zip(weighted[mixed], groups[mixed], strict=True)]
         out[label] = {"truncated": int(truncated.sum()), "truncated_rewarded": int((truncated & (rewards > 0)).sum()),
-                      "mixed_groups": int(mixed.sum()), "pressure": sum(gaps) / len(gaps) if gaps else 0.0}
+                      "mixed_groups": int(mixed.sum()), "pressure": sum(gaps) / len(gaps) if gaps else 0.0, "group_gaps": gaps}
     return out
 
 
@@ -72,11 +72,24 @@ def shift(measured: dict[str, dict]) -> float:
     return measured[BUG]["pressure"] - measured[REFERENCE]["pressure"]
 
 
+def shift_noise(measured: dict[str, dict]) -> tuple[float, float, int]:
+    """(shift, standard error, mixed groups): the shift's s.e. over the mixed groups of the batch, paired
+    (bug and reference see the same groups: s.e. = std(gap_bug − gap_ref) / √n); NaN when the
+    per-group gaps are absent or fewer than 2 groups are mixed."""
+    bug, ref = measured[BUG].get("group_gaps"), measured[REFERENCE].get("group_gaps")
+    if not bug or not ref or len(bug) != len(ref) or len(bug) < 2:
+        return shift(measured), float("nan"), len(bug or [])
+    d = torch.tensor(bug, dtype=torch.float64) - torch.tensor(ref, dtype=torch.float64)
+    return shift(measured), float(d.std() / len(d) ** 0.5), len(d)
+
+
 def verdict(measured: dict[str, dict], *, threshold: float = 0.05) -> tuple[bool, bool]:
     """(reproduced, fixed): the bug shifts the in-loss advantage towards truncated responses by more
-    than ``threshold`` compared with scoring them 0 (``shift``); no fix favours truncated responses
-    over their finished siblings (pressure ≤ 0)."""
-    reproduced = shift(measured) > threshold
+    than ``threshold`` compared with scoring them 0 (``shift``) and, when the per-group gaps are
+    measured, by more than 2 standard errors over the mixed groups (``shift_noise``: one batch is
+    one sample of groups); no fix favours truncated responses over their finished siblings (pressure ≤ 0)."""
+    value, se, _ = shift_noise(measured)
+    reproduced = value > threshold and not value <= 2 * se  # NaN s.e. (no per-group gaps): the threshold alone
     fixed = all(m["pressure"] <= 0 for label, m in measured.items() if label != BUG)
     return bool(reproduced), bool(fixed)
 
@@ -97,8 +110,12 @@ def conclusion(measured: dict[str, dict]) -> str:
     direction = "towards" if bug > ref else "away from"
     absolute = ("and truncated responses end up favoured over their finished siblings" if bug > 0 else
                 "yet truncated responses are still disfavoured against their finished siblings (they are mostly wrong)")
+    value, se, n = shift_noise(measured)
+    noise = (f" ± {se:.3f} (s.e. over the {n} mixed groups of this one batch; "
+             + ("larger than 2 s.e." if abs(value) > 2 * se else "not larger than 2 s.e.: within the batch's noise") + ")"
+             if se == se else " (no noise estimate: fewer than 2 mixed groups measured)")
     return (f"{measured[BUG]['mixed_groups']} mixed groups: the bug moves the in-loss advantage {direction} truncated responses "
-            f"by {bug - ref:+.3f} ({ref:+.3f} → {bug:+.3f}), {absolute}.")
+            f"by {bug - ref:+.3f}{noise} ({ref:+.3f} → {bug:+.3f}), {absolute}.")
 
 
 def colors(labels) -> dict[str, str]:
@@ -107,10 +124,18 @@ def colors(labels) -> dict[str, str]:
 
 
 def plot_pressure(ax, measured: dict[str, dict]) -> None:
-    """The mean in-loss advantage of truncated responses per variant (bars, value written)."""
+    """The mean in-loss advantage of truncated responses per variant (bars, value written), with each mixed
+    group's own gap as a black dot: the spread the verdict's standard error comes from."""
     labels = list(measured)
     values = [measured[label]["pressure"] for label in labels]
-    ax.bar(range(len(labels)), values, color=[colors(labels)[label] for label in labels])
+    ax.bar(range(len(labels)), values, color=[colors(labels)[label] for label in labels], alpha=0.8)
+    for i, label in enumerate(labels):
+        gaps = measured[label].get("group_gaps") or []
+        offsets = [0.25 * (k / max(len(gaps) - 1, 1) - 0.5) for k in range(len(gaps))]
+        ax.plot([i + o for o in offsets], gaps, "o", color="black", ms=3, zorder=5,
+                label=f"one mixed group ({len(gaps)} per variant)" if i == 0 and gaps else "_")
+    if any(measured[label].get("group_gaps") for label in labels):
+        ax.legend(fontsize=8)
     for i, v in enumerate(values):
         ax.text(i, v, f"{v:+.3f}", ha="center", va="bottom" if v >= 0 else "top", fontsize=8)
     ax.axhline(0, color=plots.NEUTRAL_COLOR, lw=0.8)
