@@ -20,7 +20,7 @@ def test_consistent_shift_is_reproduced_with_its_standard_error():
 def test_shift_within_noise_is_not_reproduced():
     data = measured([1.0, -0.8, 0.9, -0.7, 0.1], [0.0] * 5)  # mean shift 0.1 > 0.05, s.e. ≈ 0.37
     assert truncation.verdict(data)[0] is False
-    assert "within the batch's noise" in truncation.conclusion(data)
+    assert "within the sampling noise" in truncation.conclusion(data)
 
 
 def test_without_group_gaps_the_threshold_alone_decides():
