@@ -18,7 +18,6 @@ import json
 import textwrap
 from dataclasses import dataclass, field
 
-from workbench.diagnostics.figure_notes import draw_floor, label_zero_bars
 from workbench.jsonsafe import jsonable
 
 LOG_FLOOR = 1e-9  # where a log-axis figure draws an exact zero (on a labelled dotted line)
@@ -86,6 +85,7 @@ class AuditResult:
     def plot(self, ax):
         """Draw this check's figure (from ``details["plot"]``) on ``ax``; bug colour when it failed."""
         from workbench import plots
+        from workbench.diagnostics.figure_notes import draw_floor, label_zero_bars  # plotting only: peer envs need no numpy
 
         spec = self.details.get("plot")
         if not spec:
