@@ -111,9 +111,9 @@ class AuditResult:
             for k, (label, values) in enumerate(series.items()):
                 ys = [max(float(v), floor) if floor else float(v) for v in values]
                 ax.plot(x[: len(values)], ys, "o-", color=color if k == 0 else plots.NEUTRAL_COLOR, label=label, markersize=3)
-            if floor and any(float(v) <= floor for values in series.values() for v in values):
-                draw_floor(ax, floor, "exactly 0" if not any(float(v) for values in series.values() for v in values if float(v) <= floor)
-                           else f"≤ {floor:g}")
+            low = [float(v) for values in series.values() for v in values if float(v) <= (floor or 0)]
+            if floor and low:
+                draw_floor(ax, floor, f"≤ {floor:g}" if any(low) else "exactly 0")
         if spec.get("threshold") is not None:
             ax.axhline(float(spec["threshold"]), color=plots.NEUTRAL_COLOR, linestyle="--", linewidth=1, label="tolerance")
         if spec.get("log"):
