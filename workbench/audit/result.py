@@ -15,9 +15,14 @@ from __future__ import annotations
 
 import html
 import json
+import textwrap
 from dataclasses import dataclass, field
 
 from workbench.jsonsafe import jsonable
+
+LOG_FLOOR = 1e-9  # where a log-axis figure draws an exact zero (on a labelled dotted line)
+REFERENCE_SHADES = ("#999999", "#CCCCCC")  # reference bars beside the measured one: two greys, the second hatched
+REFERENCE_HATCHES = ("", "//")
 
 
 def by_position_plot(values: list[float], label: str, xlabel: str, ylabel: str, threshold: float, title: str) -> dict:
@@ -80,6 +85,7 @@ class AuditResult:
     def plot(self, ax):
         """Draw this check's figure (from ``details["plot"]``) on ``ax``; bug colour when it failed."""
         from workbench import plots
+        from workbench.diagnostics.figure_notes import draw_floor, label_zero_bars  # plotting only: peer envs need no numpy
 
         spec = self.details.get("plot")
         if not spec:
@@ -94,15 +100,20 @@ class AuditResult:
             width = 0.8 / count
             for k, (label, values) in enumerate(series.items()):
                 positions = [i + (k - (count - 1) / 2) * width for i in range(len(values))]
-                shade = color if k == 0 else plots.NEUTRAL_COLOR
-                ax.bar(positions, [float(v) for v in values], width=width, color=shade, label=label, alpha=1.0 if k == 0 else 0.5)
+                shade = color if k == 0 else REFERENCE_SHADES[(k - 1) % len(REFERENCE_SHADES)]  # references: distinct greys
+                bars = ax.bar(positions, [float(v) for v in values], width=width, color=shade, label=label,
+                              hatch=REFERENCE_HATCHES[(k - 1) % len(REFERENCE_HATCHES)] if k else None, edgecolor="white", lw=0)
+                label_zero_bars(ax, bars)
             ax.set_xticks(range(len(x)))
             ax.set_xticklabels([str(v) for v in x], fontsize=8)
         else:
-            floor = 1e-9 if spec.get("log") else None  # exact zeros sit on the floor of a log axis
+            floor = LOG_FLOOR if spec.get("log") else None  # exact zeros sit on the floor of a log axis
             for k, (label, values) in enumerate(series.items()):
                 ys = [max(float(v), floor) if floor else float(v) for v in values]
                 ax.plot(x[: len(values)], ys, "o-", color=color if k == 0 else plots.NEUTRAL_COLOR, label=label, markersize=3)
+            low = [float(v) for values in series.values() for v in values if float(v) <= (floor or 0)]
+            if floor and low:
+                draw_floor(ax, floor, f"≤ {floor:g}" if any(low) else "exactly 0")
         if spec.get("threshold") is not None:
             ax.axhline(float(spec["threshold"]), color=plots.NEUTRAL_COLOR, linestyle="--", linewidth=1, label="tolerance")
         if spec.get("log"):
@@ -112,9 +123,11 @@ class AuditResult:
         ax.set_xlabel(spec.get("xlabel", ""))
         ax.set_ylabel(spec.get("ylabel", ""))
         title = spec.get("title") or self.convention
-        title = title if len(title) <= 52 else title[:51] + "…"
+        title = "\n".join(textwrap.wrap(title, 48, max_lines=2, placeholder=" …"))  # wrapped, not cut
         ax.set_title(f"{self.name} · {'pass' if self.passed else 'FAIL'}\n{title}", fontsize=9)
-        if series:
+        if series and spec.get("kind") == "bar":  # under the axes: a legend inside would sit on the bars
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
+        elif series:
             ax.legend(fontsize=7)
         return ax
 

@@ -12,6 +12,7 @@ import copy
 
 import torch
 
+from workbench.diagnostics.figure_notes import note_coinciding
 from workbench.models import disable_dropout
 from workbench.rollout import sample
 from workbench.scoring import response_logprobs
@@ -110,3 +111,5 @@ def plot_step0(axes, results: dict) -> None:
         ax.set_ylabel(label)
         ax.set_title(f"{zeros} point(s) exactly 0, not drawn" if zeros else "", fontsize=8)
     axes[0].legend()
+    for ax in axes:
+        note_coinciding(ax)

@@ -90,11 +90,14 @@ def plot_gradient_error(ax, micro_batch_counts, errors: dict[str, list[float]]) 
                 label="mean of micro-batch token means (bug)" if bug else "micro-batch sums / global token count (fix)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    bottom = ax.get_ylim()[0]
-    for normalization, bug in (("per_micro_batch", True), ("global", False)):
-        for k, v in zip(micro_batch_counts, errors[normalization], strict=True):
-            if v == 0:
-                ax.annotate("0", (k, bottom), ha="center", va="bottom", color=plots.bug_fix_color(bug), fontsize=8)
+    ax.set_xlim(min(micro_batch_counts) / 1.3, max(micro_batch_counts) * 1.3)  # a count whose errors are all 0 stays on the axis
+    ax.set_xticks(list(micro_batch_counts), [str(k) for k in micro_batch_counts])
+    for i, k in enumerate(micro_batch_counts):  # exact zeros: one "0" per count, coloured by who has it
+        zero = [bug for normalization, bug in (("per_micro_batch", True), ("global", False)) if errors[normalization][i] == 0]
+        if zero:
+            text = "0 (bug and fix)" if len(zero) == 2 else f"0 ({'bug' if zero[0] else 'fix'})"
+            ax.annotate(text, (k, 0), xycoords=("data", "axes fraction"), xytext=(0, 3), textcoords="offset points", ha="center",
+                        va="bottom", color=plots.NEUTRAL_COLOR if len(zero) == 2 else plots.bug_fix_color(zero[0]), fontsize=8)
     ax.set_xlabel("micro-batches accumulated")
     ax.set_ylabel("‖g_accumulated − g_full‖ / ‖g_full‖ (0 written, not drawn)")
     ax.legend()

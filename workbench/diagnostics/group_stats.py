@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from workbench.diagnostics.figure_notes import draw_floor, label_zero_bars, note_coinciding
 from workbench.rollout import sample
 from workbench.tasks import decode_responses, encode_prompts, reward
 
@@ -190,48 +191,71 @@ def partial_group_sweep(rewards: torch.Tensor, drop_probs: list[float], group_si
 
 
 # ---- plots (take an ax) ------------------------------------------------------------------------
+def _legend_below(ax, ncol: int = 1) -> None:
+    """Legend under the axes, where it covers no data."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, fontsize=8, frameon=False)
+
+
 def plot_singleton(ax, rows: list[dict]) -> None:
+    """|advantage| of the reward-0 sample: the headline bug is the one-pass fp32 std (vermilion, as in
+    ``plot_precision``); a series hidden under another is ringed and named in the legend."""
     from workbench import plots
 
     values = [r["value"] for r in rows]
     ax.plot(values, values, ":", color=plots.NEUTRAL_COLOR, label="exact |R − baseline|")
-    styles = {"one-pass": (plots.BUG_COLOR, "one-pass std, skip std = 0 (bug)"),
-              "two-pass": (plots.SERIES_COLORS[2], "two-pass std, skip std = 0"),
-              "two-pass + floor": (plots.FIX_COLOR, "two-pass std, skip std < 1e-3 (fix)")}
-    for key, (color, label) in styles.items():
-        ax.plot(values, [abs(r[key]) for r in rows], "o-", color=color, label=label, ms=4)
+    styles = {"one-pass": (plots.BUG_COLOR, "o-", "one-pass std fp32, skip std = 0 (bug)"),
+              "two-pass": (plots.SERIES_COLORS[2], "^--", "two-pass std fp32, skip std = 0"),
+              "two-pass + floor": (plots.FIX_COLOR, "s-", "two-pass std fp32, skip std < 1e-3 (fix)")}
+    for key, (color, style, label) in styles.items():
+        ax.plot(values, [abs(r[key]) for r in rows], style, color=color, label=label, ms=4)
     ax.set_yscale("log")
     ax.set_xlabel("reward v of the seven others (group [0, v × 7], fp32)")
     ax.set_ylabel("|advantage| of the reward-0 sample")
-    ax.legend()
+    note_coinciding(ax)
+    _legend_below(ax)
 
 
-def plot_precision(ax, spreads: list[float], errors: dict) -> None:
+PRECISION_STYLES = {  # the headline bug (one-pass fp32, as in plot_singleton) and fix in their colours; bf16 dashed
+    "one-pass float32": ("BUG_COLOR", "o-", " (bug)"), "one-pass bfloat16": (5, "o--", ""),
+    "two-pass bfloat16": (2, "s--", ""), "two-pass float32": ("FIX_COLOR", "s-", " (fix)")}
+
+
+def plot_precision(ax, spreads: list[float], errors: dict, floor: float = 1e-10) -> None:
+    """Relative error of the std vs the group spread; an exact zero is drawn at ``floor``, on a labelled line."""
     from workbench import plots
 
-    colors = {"one-pass bfloat16": plots.BUG_COLOR, "one-pass float32": plots.SERIES_COLORS[4],
-              "two-pass bfloat16": plots.SERIES_COLORS[2], "two-pass float32": plots.FIX_COLOR}
     for key, values in errors.items():
-        ax.plot(spreads, [max(v, 1e-10) for v in values], "o-", color=colors.get(key), label=key, ms=4)
+        color, style, tag = PRECISION_STYLES.get(key, (0, "o-", ""))
+        color = getattr(plots, color) if isinstance(color, str) else plots.SERIES_COLORS[color]
+        ax.plot(spreads, [max(v, floor) for v in values], style, color=color, label=key + tag, ms=4)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    if any(v == 0 for values in errors.values() for v in values):
+        draw_floor(ax, floor)
     ax.set_xlabel("group spread σ / mean")
     ax.set_ylabel("relative error of the std")
-    ax.legend()
+    note_coinciding(ax)
+    _legend_below(ax, ncol=2)
 
 
 def plot_partial(ax, rows: list[dict]) -> None:
+    """Share of samples normalised with the wrong group: stride grouping (bug) vs explicit group ids (fix,
+    none by construction, labelled 0), and the share whose advantage sign differs between the two."""
     from workbench import plots
 
     x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [r["misgrouped_fraction"] for r in rows], 0.4, color=plots.BUG_COLOR,
-           label="samples normalised with another group (stride)")
-    ax.bar([i + 0.2 for i in x], [r["sign_disagreement"] for r in rows], 0.4, color=plots.SERIES_COLORS[4],
-           label="advantage sign flipped vs explicit ids")
+    ax.bar([i - 0.27 for i in x], [r["misgrouped_fraction"] for r in rows], 0.27, color=plots.BUG_COLOR,
+           label="normalised with another group: stride (bug)")
+    fix = ax.bar(list(x), [0.0 for _ in rows], 0.27, color=plots.FIX_COLOR,
+                 label="normalised with another group: explicit ids (fix)")
+    label_zero_bars(ax, fix)
+    ax.bar([i + 0.27 for i in x], [r["sign_disagreement"] for r in rows], 0.27, color=plots.SERIES_COLORS[0],
+           label="advantage sign differs, stride vs ids")
     for i, r in enumerate(rows):
-        ax.annotate(f"max|A| {r['max_abs_advantage_bug']:.0e}", (i, r["misgrouped_fraction"]), ha="center", fontsize=7,
+        ax.annotate(f"max|A| {r['max_abs_advantage_bug']:.0e}", (i - 0.27, r["misgrouped_fraction"]), ha="center", fontsize=7,
                     xytext=(0, 3), textcoords="offset points")
     ax.set_xticks(list(x), [f"{r['drop_prob']:.0%}" for r in rows])
     ax.set_xlabel("rollouts dropped (partial groups kept)")
     ax.set_ylabel("share of samples")
-    ax.legend()
+    ax.set_ylim(0, 1.1 * max([r["misgrouped_fraction"] for r in rows] + [0.1]))
+    _legend_below(ax)

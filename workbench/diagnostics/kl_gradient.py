@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from workbench.diagnostics.figure_notes import label_zero_bars, note_coinciding
+
 VARIANTS = ("k1 in loss", "k2 in loss", "k3 in loss", "k1 in reward", "w·k1 in reward", "w·k3 in loss")
 UNBIASED_ON_POLICY = ("k2 in loss", "k1 in reward", "w·k1 in reward", "w·k3 in loss")
 UNBIASED_OFF_POLICY = ("w·k1 in reward", "w·k3 in loss")
@@ -159,8 +161,9 @@ def plot_per_logit(ax, theta: torch.Tensor, ref_logits: torch.Tensor,
     x = torch.arange(theta.shape[-1]).double()
     ax.bar((x - 0.4 + width / 2).tolist(), exact.tolist(), width, color="black", label="exact ∇KL")
     for i, v in enumerate(variants, start=1):
-        ax.bar((x - 0.4 + width / 2 + i * width).tolist(), expected_gradient(theta, ref_logits, v).tolist(), width,
-               color=variant_color(v), label=v)
+        bars = ax.bar((x - 0.4 + width / 2 + i * width).tolist(), expected_gradient(theta, ref_logits, v).tolist(), width,
+                      color=variant_color(v), label=v)
+        label_zero_bars(ax, bars, tol=1e-12 * float(exact.abs().max()))  # 0 to float precision: written, a bar cannot show it
     ax.axhline(0, color=plots.NEUTRAL_COLOR, lw=0.8)
     ax.set_xlabel("token j of a small softmax policy")
     ax.set_ylabel("∂ / ∂θ_j")
@@ -195,6 +198,7 @@ def plot_off_policy(ax, rows: list[dict]) -> None:
     ax.set_xlabel("distance from π_old: θ = θ_old + s·δ")
     ax.set_ylabel("relative error of the expected gradient")
     ax.legend(fontsize=8)
+    note_coinciding(ax, legend_kw={"fontsize": 8})
 
 
 def plot_monte_carlo(ax, sample_sizes: list[int], errors: dict) -> None:

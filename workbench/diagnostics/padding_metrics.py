@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from workbench.diagnostics.figure_notes import note_coinciding
 from workbench.losses import masked_mean
 from workbench.rollout import Rollout, sample
 from workbench.scoring import response_logprobs
@@ -105,3 +106,4 @@ def plot_metric(ax, rows: list[dict], key: str, ylabel: str) -> None:
     ax.set_xlabel("extra pad columns in the batch")
     ax.set_ylabel(ylabel)
     ax.legend()
+    note_coinciding(ax)

@@ -283,26 +283,60 @@ def plot_s3(ax, payloads: dict):
     return _bars(ax, labels, values, bug, "tokens per row", "S3 · decoding steps vs tokens needed", "{:.0f}")
 
 
-def plot_s5(ax, payloads: dict):
-    """The seed's zero-loss probe: TRL 0.15.2 (per-sequence) vs 0.16.1 (global), and TRL 1.16's loss types (grey)."""
-    labels, values, bug = [], [], []
-    for name in ("trl-0.15.2", "trl-0.16.1"):
+CONVENTION_COLORS = {"seq-mean-token-mean": 2, "token-mean": 1, "seq-mean-token-sum-norm": 5}  # SERIES_COLORS index
+
+
+def s5_bars(payloads: dict) -> list[dict]:
+    """One row per TRL release (and TRL 1.16 loss type) from the SAME probe, ``aggregation`` (one ragged
+    batch, lengths ``PROBE_LENGTHS["main"]``): ``label``, ``mode`` (the measured convention), ``value`` (the loss
+    of a zero-mean advantage group at ρ = 1) and ``rows_x_T`` (the normaliser C of seq-mean-token-sum-norm, or None).
+
+    The ``s5_zero_loss`` probe (the seed's batch, lengths [2, 3, 5, 8]) gives other numbers for the same
+    conventions, so it is never drawn beside these."""
+    bars = []
+    for name in ("trl-0.15.2", "trl-0.16.1", "trl-1.16"):
         for row in payloads.get(name, {}).get("rows", []):
-            if row["probe"] == "s5_zero_loss":
-                labels.append(name.replace("trl-", "TRL "))
-                values.append(row["measured"]["loss"])
-                bug.append(abs(row["measured"]["loss"]) > ZERO_TOL)
-    for row in payloads.get("trl-1.16", {}).get("rows", []):
-        if row["probe"] == "aggregation" and row.get("audit"):
-            value = float(row["audit"]["details"]["value"])
-            labels.append(f"1.16\n{row['measured'].get('loss_type')}")
-            values.append(value)
-            bug.append(None)  # a documented choice of TRL 1.16, neither bug nor fix
-    if not values:
+            if row["probe"] != "aggregation" or not row.get("audit"):
+                continue
+            details = row["audit"]["details"]
+            loss_type = row["measured"].get("loss_type")
+            label = f"TRL {name[4:]}" + (f"\n{loss_type}" if loss_type else "")
+            mode = details.get("mode", "unknown")
+            bars.append({"label": label, "mode": mode, "value": float(details["value"]),
+                         "norm_constant": details.get("norm_constant") if mode == "seq-mean-token-sum-norm" else None})
+    return bars
+
+
+def plot_s5(ax, payloads: dict):
+    """S5 across TRL releases on one probe (``aggregation``), each bar coloured by its measured convention (the
+    same convention has the same colour in every release); 0.15.2 → 0.16.1 is the S5 change, named in the title.
+    A seq-mean-token-sum-norm bar names its constant C = B × T: its loss scales with 1/T, so a probe with another
+    max_completion_length (91 uses 16, the lab 8) reads another value."""
+    from workbench.audit.aggregation import PROBE_LENGTHS
+
+    bars = s5_bars(payloads)
+    if not bars:
         ax.text(0.5, 0.5, "S5: no measured release (skipped)", ha="center", transform=ax.transAxes)
         return ax
+    rows = len(PROBE_LENGTHS["main"])
+    seen = set()
+    for i, b in enumerate(bars):
+        color = plots.SERIES_COLORS[CONVENTION_COLORS.get(b["mode"], 6)]
+        label = None if b["mode"] in seen else b["mode"]
+        seen.add(b["mode"])
+        ax.bar(i, b["value"], color=color, label=label)
+        text = f"{b['value']:.3g}" + (f"\nC = B × {b['norm_constant'] / rows:g}" if b["norm_constant"] else "")
+        ax.annotate(text, (i, b["value"]), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
     ax.axhline(0, color=plots.NEUTRAL_COLOR, linewidth=0.8)
-    return _bars(ax, labels, values, bug, "loss of a zero-mean group (β = 0, ρ = 1)", "S5 · zero-loss probe per release")
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels([b["label"] for b in bars], fontsize=7)
+    ax.set_ylabel("loss of a zero-mean group (β = 0, ρ = 1)")
+    old, new = ({b["label"]: b for b in bars}.get(k) for k in ("TRL 0.15.2", "TRL 0.16.1"))
+    change = f"\n0.15.2 → 0.16.1 (the S5 change): {old['mode']} → {new['mode']}" if old and new else ""
+    ax.set_title(f"S5 · aggregation probe, lengths {PROBE_LENGTHS['main']}{change}", fontsize=9)
+    ax.set_ylim(top=1.25 * max([b["value"] for b in bars] + [1e-3]))
+    ax.legend(fontsize=7, title="measured convention", title_fontsize=7, loc="upper left")
+    return ax
 
 
 def plot_s2(ax, payloads: dict):

@@ -12,10 +12,13 @@ a different position vector and the logits change.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from workbench import plots
 from workbench.batching import pad_sequences
+from workbench.diagnostics.figure_notes import draw_floor
 from workbench.scoring import token_logprobs
 
 
@@ -177,6 +180,13 @@ def _nonzero(values):
     return [v if v > 0 else float("nan") for v in values]
 
 
+def tint_positions(ax, bug: bool) -> None:
+    """Recolour a ``plots.plot_positions`` grid by convention: bug in oranges (vermilion family), fix in blues,
+    so the panel with the bug's positions never reads as the fix."""
+    for image in ax.get_images():
+        image.set_cmap("Oranges" if bug else "Blues")
+
+
 def plot_drift_per_text(ax, texts: list[str], drift: dict[str, list[float]]) -> None:
     """Bars per text, bug (``model``) beside fix (``mask``); an exact 0 is written, not drawn."""
     width = 0.4
@@ -220,19 +230,25 @@ def plot_drift_heatmap(ax, sweep: dict, fig=None):
 
 
 def plot_drift_vs_pad(axes, sweep: dict, pad_lengths) -> None:
-    """One panel per dtype: left-padding drift vs pad length, per architecture, bug and fix."""
+    """One panel per dtype: left-padding drift vs pad length, per architecture, bug and fix. Exact zeros
+    are drawn on a labelled dotted floor a decade under the panel's smallest non-zero value, so a fix
+    series that is 0 at most pad lengths stays a visible line."""
     archs = sorted({k[0] for k in sweep}, key=["llama", "qwen2", "gpt2"].index)
     for ax, dtype in zip(axes, DTYPES, strict=False):
+        positive = [v for arch in archs for mode in ("model", "mask") for v in sweep[arch, dtype, "left", mode] if v > 0]
+        floor = 10.0 ** (math.floor(math.log10(min(positive))) - 1) if positive else 1e-9
         for i, arch in enumerate(archs):
             for mode, bug in (("model", True), ("mask", False)):
                 # fix: large hollow markers underneath, bug: small filled ones on top (they coincide for RoPE in fp32)
-                ax.plot(list(pad_lengths), _nonzero(sweep[arch, dtype, "left", mode]), plots.LINE_STYLES[i],
+                ax.plot(list(pad_lengths), [max(v, floor) for v in sweep[arch, dtype, "left", mode]], plots.LINE_STYLES[i],
                         marker=plots.MARKERS[i], color=plots.bug_fix_color(bug), zorder=(6 if bug else 3) - i / 10,
                         markersize=4 if bug else 9, markerfacecolor=None if bug else "none",
                         label=f"{arch}, position_ids={'model (bug)' if bug else 'mask (fix)'}")
         ax.set_yscale("log")
+        if any(v == 0 for arch in archs for mode in ("model", "mask") for v in sweep[arch, dtype, "left", mode]):
+            draw_floor(ax, floor)
         ax.set_xlabel("extra left-pad tokens per row")
-        ax.set_ylabel("max |Δ log p| vs unpadded (nats; 0 not drawn)")
+        ax.set_ylabel("max |Δ log p| vs unpadded (nats)")
         ax.set_title(f"left padding, {dtype}")
     axes[0].legend(fontsize=7)
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.devices import model_device
+from workbench.diagnostics.figure_notes import draw_floor, note_coinciding
 from workbench.rollout import sample
 from workbench.scoring import entropy_from_logits, forward
 from workbench.tasks import encode_prompts
@@ -106,9 +107,13 @@ def plot_step0_kl(ax, rows: list[dict], floor: float = 1e-9) -> None:
     ax.plot(temperatures, [max(abs(r["fix"]["kl_exact"]), floor) for r in rows], "o-", color=plots.FIX_COLOR,
             label="reference at τ (fix)")
     ax.set_yscale("log")
+    low = [v for r in rows for v in (r["bug"]["kl_exact"], abs(r["fix"]["kl_exact"])) if v <= floor]
+    if low:  # values a log axis cannot draw sit on a labelled floor
+        draw_floor(ax, floor, "exactly 0" if not any(low) else f"≤ {floor:g}")
     ax.set_xlabel("sampling temperature τ")
     ax.set_ylabel("exact KL per token at step 0 (nats)")
     ax.legend()
+    note_coinciding(ax)
 
 
 def explorer(logits: torch.Tensor):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from workbench.devices import model_device
+from workbench.diagnostics.figure_notes import label_zero_bars
 from workbench.rollout import Rollout, sample
 from workbench.sampling_filters import kept_mass, processed_logprobs
 from workbench.scoring import forward, logprobs_from_logits
@@ -114,8 +115,9 @@ def plot_clip_fraction(ax, rows: list[dict], clip_eps: float = 0.2) -> None:
 
     x = range(len(rows))
     for shift, name, label in ((-0.2, "bug", "full softmax (bug)"), (0.2, "fix", "same filters (fix)")):
-        ax.bar([i + shift for i in x], [r[name]["clip_fraction"] for r in rows], 0.4,
-               color=plots.bug_fix_color(name == "bug"), label=label)
+        bars = ax.bar([i + shift for i in x], [r[name]["clip_fraction"] for r in rows], 0.4,
+                      color=plots.bug_fix_color(name == "bug"), label=label)
+        label_zero_bars(ax, bars)
     ax.set_xticks(list(x), [setting_label(r) for r in rows], rotation=45, fontsize=8)
     ax.set_ylabel(f"share of tokens with |ρ − 1| > {clip_eps} at lr 0")
     ax.legend()
