@@ -91,6 +91,9 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k1") -> 
     * ``k2`` = r²/2 (biased, low variance, ≥ 0);
     * ``k3`` = exp(−r) − 1 + r (unbiased, ≥ 0; TRL GRPO);
     * ``low_var_kl`` = k3 of the log-ratio clamped to [−20, 20], clamped to [−10, 10] (verl 0.9.1).
+
+    k3 grows like exp(−r): below r ≈ −88.7 it exceeds float32 and is inf, in TRL's formula as here (the
+    reason verl clamps); log-probabilities of real tokens rarely differ by that much.
     """
     log_ratio = logp - ref_logp
     if kind == "low_var_kl":
