@@ -242,8 +242,10 @@ def run_catalogue(
         # inherit a held lock and hang forever (seen in a CI rehearsal).
         threads = max(1, (os.cpu_count() or 1) // workers)
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(_execute_safely, info, parameters, out, render_html, threads): i
-                       for i, (info, parameters) in enumerate(jobs)}
+            # Longest first, so the last notebooks to finish are short ones: the notebooks that train (a
+            # ``seeds`` parameter) are the long ones, in smoke and full mode alike. Results keep catalogue order.
+            order = sorted(range(len(jobs)), key=lambda i: "seeds" not in jobs[i][0].parameters)
+            futures = {pool.submit(_execute_safely, *jobs[i], out, render_html, threads): i for i in order}
             for future in as_completed(futures):
                 results[futures[future]] = future.result()
                 bar.set_postfix_str(results[futures[future]].stem)
