@@ -302,6 +302,18 @@ class Effect:
                 f"({source}): {verdict}")
 
 
+def _paired(key: str, a, b, names: tuple[str, str], threshold: float, noise: float | None = None) -> Effect:
+    """a − b per seed (paired: same seed, same prompts), its mean against ``noise`` — by default the
+    standard error over seeds (one seed: none) — and counted as real beyond ``threshold`` × noise."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n = len(a)
+    if noise is None:
+        noise = float(np.std(a - b, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+    difference = float(np.mean(a - b))
+    return Effect(key=key, bug=float(np.mean(a)), fix=float(np.mean(b)), difference=difference, noise=noise, seeds=n,
+                  larger_than_noise=bool(np.isfinite(noise) and abs(difference) > threshold * noise), threshold=threshold, names=names)
+
+
 def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, fraction: float = 0.25,
            factor: float | None = None, at: str = "end") -> Effect:
     """Compare ``runs[bug]`` with ``runs[fix]`` on the tail mean of ``key`` (``at="start"``: on the
@@ -322,26 +334,19 @@ def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, f
     def value(history):
         return float(history[0][key]) if at == "start" else tail_mean(history, key, fraction)
 
-    bug_tails = np.array([value(h) for h in bug_runs[:n]])
-    fix_tails = np.array([value(h) for h in fix_runs[:n]])
-    differences = bug_tails - fix_tails
-    if n > 1:
-        noise = float(np.std(differences, ddof=1) / math.sqrt(n))
-    elif at == "start":
+    noise = None  # several seeds: the standard error of the paired differences
+    if n == 1 and at == "start":
         noise = float("nan")  # one value per run: no noise estimate
-    else:
+    elif n == 1:
         def tail(history):
             values = np.array([h[key] for h in history if key in h], dtype=float)
             return values[-max(2, math.ceil(len(values) * fraction)):]
         a, b = tail(bug_runs[0]), tail(fix_runs[0])
         m = min(len(a), len(b))
-        step_differences = a[-m:] - b[-m:]
-        noise = float(np.nanstd(step_differences, ddof=1)) if m > 1 else float("nan")
-    difference = float(np.mean(differences))
+        noise = float(np.nanstd(a[-m:] - b[-m:], ddof=1)) if m > 1 else float("nan")
     threshold = _threshold(n, factor) if n > 1 else (factor if factor is not None else 2.0)
-    larger = bool(np.isfinite(noise) and abs(difference) > threshold * noise)
-    return Effect(key=key + (" at step 0" if at == "start" else ""), bug=float(np.mean(bug_tails)), fix=float(np.mean(fix_tails)),
-                  difference=difference, noise=noise, seeds=n, larger_than_noise=larger, threshold=threshold, names=(bug, fix))
+    return _paired(key + (" at step 0" if at == "start" else ""), [value(h) for h in bug_runs[:n]],
+                   [value(h) for h in fix_runs[:n]], (bug, fix), threshold, noise)
 
 
 def gain(runs: dict[str, list[list[dict]]], label: str, key: str = "heldout_accuracy", *, factor: float | None = None) -> Effect:
@@ -353,16 +358,9 @@ def gain(runs: dict[str, list[list[dict]]], label: str, key: str = "heldout_accu
     if not records or any(key not in r or f"{key}_start" not in r for r in records):
         raise ValueError(f"gain({label!r}, {key!r}): the runs carry no held-out {key}; "
                          "train with train_variants(..., held_out=N)")
-    gains = np.array([r[key] - r[f"{key}_start"] for r in records], dtype=float)
-    n = len(gains)
-    noise = float(np.std(gains, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
-    difference = float(np.mean(gains))
     name = "held-out greedy accuracy" if key == "heldout_accuracy" else key
-    return Effect(key=f"{name}, {label}", bug=float(np.mean([r[key] for r in records])),
-                  fix=float(np.mean([r[f"{key}_start"] for r in records])), difference=difference, noise=noise,
-                  seeds=n, larger_than_noise=bool(np.isfinite(noise) and abs(difference) > _threshold(n, factor) * noise),
-                  threshold=_threshold(n, factor),
-                  names=("end", "start"))
+    return _paired(f"{name}, {label}", [r[key] for r in records], [r[f"{key}_start"] for r in records], ("end", "start"),
+                   _threshold(len(records), factor))
 
 
 def learnt_gap(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, fraction: float = 0.25,
@@ -370,32 +368,19 @@ def learnt_gap(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, 
     """The part of the bug − fix gap in ``key`` that training added: per seed, the gap over the final
     steps minus the gap at step 0 (e.g. P7: sampling with dropout on lowers the reward before any
     update), against the standard error over seeds. Reads final gap vs step-0 gap."""
-    n = min(len(runs[bug]), len(runs[fix]))
-    start = np.array([float(b[0][key]) - float(f[0][key]) for b, f in zip(runs[bug][:n], runs[fix][:n], strict=True)])
-    end = np.array([tail_mean(b, key, fraction) - tail_mean(f, key, fraction)
-                    for b, f in zip(runs[bug][:n], runs[fix][:n], strict=True)])
-    noise = float(np.std(end - start, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
-    difference = float(np.mean(end - start))
-    return Effect(key=f"{key} gap learnt (final gap − step-0 gap)", bug=float(np.mean(end)), fix=float(np.mean(start)),
-                  difference=difference, noise=noise, seeds=n,
-                  larger_than_noise=bool(np.isfinite(noise) and abs(difference) > _threshold(n, factor) * noise),
-                  threshold=_threshold(n, factor),
-                  names=("final gap", "step-0 gap"))
+    pairs = list(zip(runs[bug], runs[fix], strict=False))
+    start = [float(b[0][key]) - float(f[0][key]) for b, f in pairs]
+    end = [tail_mean(b, key, fraction) - tail_mean(f, key, fraction) for b, f in pairs]
+    return _paired(f"{key} gap learnt (final gap − step-0 gap)", end, start, ("final gap", "step-0 gap"),
+                   _threshold(len(pairs), factor))
 
 
 def drift(runs: dict[str, list[list[dict]]], label: str, key: str, *, fraction: float = 0.25, factor: float | None = None) -> Effect:
     """How far ``key`` moved during ``label``'s runs: tail mean − first step per seed, against the
     standard error over seeds (one seed: no noise estimate, never "larger"). Reads end vs start."""
     histories = runs[label]
-    starts = np.array([float(h[0][key]) for h in histories])
-    ends = np.array([tail_mean(h, key, fraction) for h in histories])
-    n = len(histories)
-    noise = float(np.std(ends - starts, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
-    difference = float(np.mean(ends - starts))
-    return Effect(key=f"{key}, {label}", bug=float(np.mean(ends)), fix=float(np.mean(starts)), difference=difference, noise=noise,
-                  seeds=n, larger_than_noise=bool(np.isfinite(noise) and abs(difference) > _threshold(n, factor) * noise),
-                  threshold=_threshold(n, factor),
-                  names=("end", "start"))
+    return _paired(f"{key}, {label}", [tail_mean(h, key, fraction) for h in histories], [float(h[0][key]) for h in histories],
+                   ("end", "start"), _threshold(len(histories), factor))
 
 
 def learning_sentence(runs: dict[str, list[list[dict]]]) -> str:
