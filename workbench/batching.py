@@ -72,6 +72,19 @@ def repad(ids: torch.Tensor, attention_mask: torch.Tensor, pad_token_id: int, si
     return pad_sequences(unpad(ids, attention_mask), pad_token_id, side=side, length=ids.shape[1])
 
 
+def repeated_rows(rows: torch.Tensor) -> tuple[torch.Tensor, list[list[int]]] | None:
+    """Identical rows of ``rows`` (B, …), grouped: ``(inverse, groups)`` with ``inverse[i]`` the group
+    of row i and ``groups[g]`` that group's rows in order (``groups[g][0]`` the first); None when no
+    row repeats. GRPO's groups repeat each prompt: the sampler prefills it once, scoring runs it once."""
+    distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    if distinct.shape[0] == rows.shape[0]:
+        return None
+    groups: list[list[int]] = [[] for _ in range(distinct.shape[0])]
+    for row, group in enumerate(inverse.tolist()):
+        groups[group].append(row)
+    return inverse, groups
+
+
 def padding_side_of(attention_mask: torch.Tensor) -> str:
     """``"left"``, ``"right"``, ``"none"`` (no padding) or ``"mixed"`` for a 0/1 mask."""
     mask = attention_mask.bool()

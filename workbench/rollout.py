@@ -39,7 +39,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 import torch.nn.functional as F
 
-from workbench.batching import padding_side_of, position_ids_from_mask
+from workbench.batching import padding_side_of, position_ids_from_mask, repeated_rows
 from workbench.devices import generator_on, model_device
 from workbench.errors import NonFiniteError
 from workbench.losses import zero_masked
@@ -194,16 +194,14 @@ def sample(
 
 def _prefill(model, prompt_ids, attention_mask, position_ids, share: bool):
     """The prompt forward with a cache; with ``share``, once per distinct row, then expanded."""
-    if share:
-        rows = torch.cat([prompt_ids, attention_mask], dim=1)
-        distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
-        if distinct.shape[0] < rows.shape[0]:
-            first = torch.full((distinct.shape[0],), rows.shape[0], dtype=torch.long, device=rows.device)
-            first = first.scatter_reduce(0, inverse, torch.arange(rows.shape[0], device=rows.device), "amin")
-            output = model(input_ids=prompt_ids[first], attention_mask=attention_mask[first],
-                           position_ids=position_ids[first], use_cache=True)
-            output.past_key_values.reorder_cache(inverse)
-            return output.logits[inverse, -1], output.past_key_values
+    repeated = repeated_rows(torch.cat([prompt_ids, attention_mask], dim=1)) if share else None
+    if repeated is not None:
+        inverse, groups = repeated
+        first = torch.tensor([members[0] for members in groups], dtype=torch.long, device=prompt_ids.device)
+        output = model(input_ids=prompt_ids[first], attention_mask=attention_mask[first],
+                       position_ids=position_ids[first], use_cache=True)
+        output.past_key_values.reorder_cache(inverse)
+        return output.logits[inverse, -1], output.past_key_values
     output = model(input_ids=prompt_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
     return output.logits[:, -1], output.past_key_values
 

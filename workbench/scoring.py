@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from workbench.batching import pack_rows, padding_side_of, position_ids_from_mask
+from workbench.batching import pack_rows, padding_side_of, position_ids_from_mask, repeated_rows
 from workbench.chunked import entropy_chunked, head_logprobs_and_entropy, lm_head_of, logprobs_and_entropy
 from workbench.devices import model_device
 
@@ -209,13 +209,10 @@ def _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, respons
     shapes). None when no prompt repeats or ``tree_capable(model)`` is False (e.g. a DDP wrapper)."""
     if not tree_capable(model):
         return None
-    rows = torch.cat([prompt_ids, prompt_mask], dim=1)
-    distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
-    if distinct.shape[0] == rows.shape[0]:
+    repeated = repeated_rows(torch.cat([prompt_ids, prompt_mask], dim=1))
+    if repeated is None:
         return None
-    groups = [[] for _ in range(distinct.shape[0])]
-    for row, d in enumerate(inverse.tolist()):
-        groups[d].append(row)
+    groups = repeated[1]
     prompts = [prompt_ids[g[0]][prompt_mask[g[0]].bool()].tolist() for g in groups]
     responses = response_ids.tolist()
     sequences, prefix_lengths = [None] * len(responses), []
