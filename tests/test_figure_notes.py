@@ -5,7 +5,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from workbench.diagnostics import figure_notes  # noqa: E402
+from workbench import plots as figure_notes  # noqa: E402  (the helpers live in workbench.plots)
 
 
 def test_hidden_line_is_named_and_ringed():

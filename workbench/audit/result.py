@@ -85,7 +85,7 @@ class AuditResult:
     def plot(self, ax):
         """Draw this check's figure (from ``details["plot"]``) on ``ax``; bug colour when it failed."""
         from workbench import plots
-        from workbench.diagnostics.figure_notes import draw_floor, label_zero_bars  # plotting only: peer envs need no numpy
+        from workbench.plots import draw_floor, label_zero_bars  # plotting only: peer envs need no numpy
 
         spec = self.details.get("plot")
         if not spec:

@@ -12,8 +12,8 @@ import copy
 
 import torch
 
-from workbench.diagnostics.figure_notes import note_coinciding
 from workbench.models import disable_dropout
+from workbench.plots import note_coinciding
 from workbench.rollout import sample
 from workbench.scoring import response_logprobs
 from workbench.tasks import encode_prompts

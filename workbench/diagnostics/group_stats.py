@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.diagnostics.figure_notes import draw_floor, label_zero_bars, note_coinciding
+from workbench.plots import draw_floor, label_zero_bars, note_coinciding
 from workbench.rollout import sample
 from workbench.tasks import decode_responses, encode_prompts, reward
 

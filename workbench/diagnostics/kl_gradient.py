@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from workbench.diagnostics.figure_notes import label_zero_bars, note_coinciding
+from workbench.plots import label_zero_bars, note_coinciding
 
 VARIANTS = ("k1 in loss", "k2 in loss", "k3 in loss", "k1 in reward", "w·k1 in reward", "w·k3 in loss")
 UNBIASED_ON_POLICY = ("k2 in loss", "k1 in reward", "w·k1 in reward", "w·k3 in loss")

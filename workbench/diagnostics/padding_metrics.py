@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from workbench.diagnostics.figure_notes import note_coinciding
 from workbench.losses import masked_mean
+from workbench.plots import note_coinciding
 from workbench.rollout import Rollout, sample
 from workbench.scoring import response_logprobs
 from workbench.tasks import encode_prompts

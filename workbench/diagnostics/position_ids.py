@@ -18,7 +18,7 @@ import torch
 
 from workbench import plots
 from workbench.batching import pad_sequences
-from workbench.diagnostics.figure_notes import draw_floor
+from workbench.plots import draw_floor
 from workbench.scoring import token_logprobs
 
 

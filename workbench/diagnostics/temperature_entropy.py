@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.devices import model_device
-from workbench.diagnostics.figure_notes import draw_floor, note_coinciding
+from workbench.plots import draw_floor, note_coinciding
 from workbench.rollout import sample
 from workbench.scoring import entropy_from_logits, forward
 from workbench.tasks import encode_prompts

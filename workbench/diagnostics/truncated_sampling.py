@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from workbench.devices import model_device
-from workbench.diagnostics.figure_notes import label_zero_bars
+from workbench.plots import label_zero_bars
 from workbench.rollout import Rollout, sample
 from workbench.sampling_filters import kept_mass, processed_logprobs
 from workbench.scoring import forward, logprobs_from_logits
