@@ -100,7 +100,7 @@ def _train_with_clock(trainer) -> dict:
 
 
 def _grpo_workbench(folder, settings, steps, seed, device):
-    from workbench.models import load
+    from workbench.modeling.models import load
     from workbench.tasks import rl_problems
     from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 
@@ -155,7 +155,7 @@ def _checkpointing(settings) -> dict:
 
 
 def _dpo_workbench(folder, settings, steps, seed, device):
-    from workbench.models import load
+    from workbench.modeling.models import load
     from workbench.tasks import TRAIN_PREFERENCES, load_preferences
     from workbench.trainers.dpo import DPOConfig, DPOTrainer
 
@@ -334,7 +334,7 @@ def _naive_scoring(model, input_ids, attention_mask):
     import torch
     import torch.nn.functional as F
 
-    from workbench.scoring import forward
+    from workbench.modeling.scoring import forward
 
     logits = forward(model, input_ids, attention_mask)[:, :-1].float()
     logprobs = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -371,8 +371,8 @@ def memory_worker(device: str) -> dict:
     (log-probs, backward) on a random Qwen2 with Qwen2.5's 151,936-token vocabulary: naive vs chunked."""
     import torch
 
-    from workbench.models import tiny_model
-    from workbench.scoring import token_logprobs
+    from workbench.modeling.models import tiny_model
+    from workbench.modeling.scoring import token_logprobs
 
     model, _ = tiny_model("qwen2", vocab_size=MEMORY["vocab_size"], seed=0)
     model.to(device)
@@ -415,8 +415,8 @@ def scoring_throughput(model, sequences, *, packed: bool, device: str, repeats: 
     """Real tokens scored per second (median of ``repeats``; CPU seconds on a CPU), right-padded or bin-packed."""
     import torch
 
-    from workbench.batching import pad_sequences
-    from workbench.scoring import token_logprobs
+    from workbench.core.batching import pad_sequences
+    from workbench.modeling.scoring import token_logprobs
 
     ids, mask = (t.to(device) for t in pad_sequences(sequences, 0, side="right"))
     times = []
@@ -435,8 +435,8 @@ def one_row_throughput(model, sequences, *, device: str, repeats: int) -> float:
     """The same, all sequences in one packed row (the previous packed path: a total × total mask)."""
     import torch
 
-    from workbench.batching import pack_sequences
-    from workbench.scoring import logprobs_from_logits
+    from workbench.core.batching import pack_sequences
+    from workbench.modeling.scoring import logprobs_from_logits
 
     batch = pack_sequences(sequences)
     inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.model_inputs().items()}
@@ -456,9 +456,9 @@ def one_row_throughput(model, sequences, *, device: str, repeats: int) -> float:
 def extras(args) -> dict:
     import torch
 
-    from workbench.batching import first_fit_decreasing
-    from workbench.diagnostics.eos import generation_cost, rollout_pair
-    from workbench.models import load, tiny_model
+    from workbench.core.batching import first_fit_decreasing
+    from workbench.modeling.models import load, tiny_model
+    from workbench.pitfalls.nb03_eos_termination import generation_cost, rollout_pair
     from workbench.tasks import TEST_PROMPTS, load_problems
 
     if args.device == "cpu":
@@ -518,7 +518,7 @@ def main() -> int:
             print("--device cuda: no CUDA device here; run it on a GPU machine", file=sys.stderr)
             return 2
 
-    from workbench.models import load, tiny_model
+    from workbench.modeling.models import load, tiny_model
 
     start, load_before = time.perf_counter(), _load()
     lines, results = [], {}

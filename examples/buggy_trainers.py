@@ -78,8 +78,8 @@ def step_with_rollout_logprobs(policy, reference, prompt_ids: torch.Tensor, prom
 
     Bug: at step 0 the ratio π_θ/π_old is not 1 and the clip fires on numerical noise.
     """
-    from workbench.rollout import sample
-    from workbench.scoring import response_logprobs
+    from workbench.modeling.rollout import sample
+    from workbench.modeling.scoring import response_logprobs
 
     engine = copy.deepcopy(policy).to(torch.bfloat16)
     rollout = sample(engine, prompt_ids, prompt_mask, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=policy.config.eos_token_id,

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from workbench import losses
-from workbench.rollout import sample
-from workbench.scoring import response_logprobs, token_logprobs
+from workbench.core import losses
+from workbench.modeling.rollout import sample
+from workbench.modeling.scoring import response_logprobs, token_logprobs
 from workbench.trainers.dpo import build_loss_mask
 
 SAMPLING_TEMPERATURE = 0.7

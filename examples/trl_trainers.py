@@ -34,7 +34,7 @@ def grpo_trainer(model, tokenizer, **config):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from workbench.models import save
+    from workbench.modeling.models import save
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     folder = str(save(model, tokenizer, Path(tempfile.mkdtemp(prefix="audit-trl-model-"))))

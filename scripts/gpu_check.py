@@ -4,7 +4,7 @@
 
 Why: the CPU test suite cannot run the CUDA paths (bf16 autocast on CUDA, PyTorch's fused attention
 kernels, device generators for sampling, stop ids on the GPU). This script runs them on the realistic
-checkpoints (``workbench.realistic``: GPT-2-, Qwen2- and Llama-like, built locally in seconds) and
+checkpoints (``workbench.modeling.realistic``: GPT-2-, Qwen2- and Llama-like, built locally in seconds) and
 prints, then writes as JSON:
 
 1. **the machine**: GPU, driver, CUDA, torch, transformers, whether flash-attn is importable;
@@ -38,9 +38,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench import models, realistic  # noqa: E402
-from workbench.batching import pad_sequences  # noqa: E402
-from workbench.scoring import response_logprobs  # noqa: E402
+from workbench.core.batching import pad_sequences  # noqa: E402
+from workbench.modeling import models, realistic  # noqa: E402
+from workbench.modeling.scoring import response_logprobs  # noqa: E402
 from workbench.tasks import rl_problems  # noqa: E402
 
 CHECKPOINTS = ("realistic-gpt2", "realistic-qwen2", "realistic-llama")

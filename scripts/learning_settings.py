@@ -9,7 +9,7 @@ Trains from ``tiny-arith-qwen2`` on the whole training prompt set and measures g
 whether it is larger than twice its standard error. The notebooks' defaults (learning rates 1e-4 /
 2e-4 on 64 prompts) raise the *sampled* reward on their prompts but lower held-out accuracy; these
 settings are the ones measured to raise it (docs/LEARNING.md); they live in one place,
-``workbench.comparison.LEARNING_SETTINGS``.
+``workbench.experiments.comparison.LEARNING_SETTINGS``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from workbench.comparison import HELD_OUT, learning_settings
-from workbench.models import load
+from workbench.experiments.comparison import HELD_OUT, learning_settings
+from workbench.modeling.models import load
 from workbench.tasks import TEST_PROMPTS, TRAIN_PROMPTS, greedy_accuracy, load_problems
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 from workbench.trainers.ppo import PPOConfig, PPOTrainer

@@ -4,7 +4,7 @@
     python scripts/make_realistic_checkpoints.py --out /tmp/real gpt2 # one flavour, into /tmp/real/gpt2
     python scripts/make_realistic_checkpoints.py --chat qwen2         # plus a few seconds of chat SFT
 
-See ``workbench/realistic.py`` for what each flavour reproduces of its real counterpart.
+See ``workbench/modeling/realistic.py`` for what each flavour reproduces of its real counterpart.
 """
 
 import argparse
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from workbench import realistic
+from workbench.modeling import realistic
 
 
 def main(argv=None) -> int:

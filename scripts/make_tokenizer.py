@@ -1,6 +1,6 @@
 """Write the shipped character tokenizer to data/tokenizer/ (run once; the result is committed)."""
 
-from workbench.tokenizer import TOKENIZER_DIR, build_char_tokenizer
+from workbench.modeling.tokenizer import TOKENIZER_DIR, build_char_tokenizer
 
 if __name__ == "__main__":
     tokenizer = build_char_tokenizer()

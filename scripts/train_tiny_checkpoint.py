@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.models import TRAINED_CHECKPOINTS, count_parameters, save, tiny_model
+from workbench.modeling.models import TRAINED_CHECKPOINTS, count_parameters, save, tiny_model
 from workbench.tasks import TEST_PROMPTS, TRAIN_PROMPTS, greedy_accuracy, load_problems
 from workbench.trainers.sft import SFTConfig, SFTTrainer
 

@@ -14,6 +14,6 @@ def _seed():
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from workbench.tokenizer import load_char_tokenizer
+    from workbench.modeling.tokenizer import load_char_tokenizer
 
     return load_char_tokenizer()

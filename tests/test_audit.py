@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench import losses
 from workbench.audit import (
     AuditResult,
     AuditSignatureError,
@@ -26,8 +25,9 @@ from workbench.audit import (
 )
 from workbench.audit import suite as audit_suite
 from workbench.audit.loading import AuditInputError, load_callable, load_module
-from workbench.diagnostics.dropout import set_dropout
-from workbench.models import load
+from workbench.core import losses
+from workbench.modeling.models import load
+from workbench.pitfalls.nb07_dropout import set_dropout
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 buggy = load_module(str(EXAMPLES / "buggy_trainers.py"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from workbench.audit import AuditResult
-from workbench.cli import main
+from workbench.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 BUGGY = "examples/buggy_trainers.py"

@@ -1,8 +1,8 @@
 import torch
 
-from workbench.batching import pad_sequences, padding_side_of, position_ids_from_mask, repad, unpad
-from workbench.models import tiny_model
-from workbench.rollout import sample, truncate_after_eos
+from workbench.core.batching import pad_sequences, padding_side_of, position_ids_from_mask, repad, unpad
+from workbench.modeling.models import tiny_model
+from workbench.modeling.rollout import sample, truncate_after_eos
 from workbench.tasks import encode_prompts
 
 
@@ -34,7 +34,7 @@ def test_truncate_after_eos_keeps_eos_masks_the_rest_and_keeps_truncated_rows():
 
 
 def _trained():
-    from workbench.models import load
+    from workbench.modeling.models import load
 
     return load("tiny-arith-qwen2")
 
@@ -65,7 +65,7 @@ def test_hf_generate_engine_samples_the_same_tokens():
 
 
 def test_rollout_logprobs_match_a_training_forward_with_mask_positions():
-    from workbench.scoring import response_logprobs
+    from workbench.modeling.scoring import response_logprobs
 
     model, tokenizer = tiny_model("gpt2")
     ids, mask = encode_prompts(tokenizer, ["12+7=", "3*4=", "88-19=", "5+5="])

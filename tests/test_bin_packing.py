@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.batching import first_fit_decreasing, pack_rows, pad_sequences
-from workbench.models import tiny_model
-from workbench.scoring import forward, token_logprobs
+from workbench.core.batching import first_fit_decreasing, pack_rows, pad_sequences
+from workbench.modeling.models import tiny_model
+from workbench.modeling.scoring import forward, token_logprobs
 
 SETTINGS = settings(max_examples=80, deadline=None)
 

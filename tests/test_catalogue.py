@@ -3,11 +3,17 @@
 import pytest
 import torch
 
-from workbench import losses
-from workbench.batching import pad_sequences
-from workbench.diagnostics import dropout, grad_accumulation, kl_estimators, pad_eos, rollout_mismatch, temperature, whitening
-from workbench.models import disable_dropout, load, perturbed_copy
-from workbench.rollout import sample
+from workbench.core import losses
+from workbench.core.batching import pad_sequences
+from workbench.modeling.models import disable_dropout, load, perturbed_copy
+from workbench.modeling.rollout import sample
+from workbench.pitfalls import nb06_temperature as temperature
+from workbench.pitfalls import nb07_dropout as dropout
+from workbench.pitfalls import nb08_pad_equals_eos as pad_eos
+from workbench.pitfalls import nb09_kl_estimators as kl_estimators
+from workbench.pitfalls import nb10_grad_accumulation as grad_accumulation
+from workbench.pitfalls import nb12_logprob_mismatch as rollout_mismatch
+from workbench.pitfalls import nb13_whitening as whitening
 from workbench.tasks import TEST_PROMPTS, TRAIN_PROMPTS, encode_prompts, load_problems, rl_problems
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 from workbench.trainers.ppo import PPOConfig, PPOTrainer

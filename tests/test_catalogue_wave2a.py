@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from workbench.models import load
-from workbench.rollout import sample
+from workbench.modeling.models import load
+from workbench.modeling.rollout import sample
 from workbench.tasks import encode_prompts, rl_problems
 
 PROMPTS = [p.prompt for p in rl_problems(32)]
@@ -20,7 +20,7 @@ def qwen():
 
 # ---- P14 truncated sampling, full-vocabulary scoring -------------------------------------------
 def test_p14_filters_on_a_four_token_distribution():
-    from workbench.sampling_filters import kept_mass, kept_set, processed_logprobs
+    from workbench.core.sampling_filters import kept_mass, kept_set, processed_logprobs
 
     logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
     assert kept_set(logits, top_p=0.7).tolist() == [True, True, False, False]  # mass before token 2 is 0.8 ≥ 0.7
@@ -37,7 +37,7 @@ def test_p14_filters_on_a_four_token_distribution():
 
 
 def test_p14_bad_filters_are_clear_errors(qwen):
-    from workbench.sampling_filters import kept_set
+    from workbench.core.sampling_filters import kept_set
 
     with pytest.raises(ValueError, match="top_p must be in"):
         kept_set(torch.zeros(4), top_p=0.0)
@@ -50,8 +50,8 @@ def test_p14_bad_filters_are_clear_errors(qwen):
 
 
 def test_p14_sampler_draws_only_kept_tokens_and_records_processed_logprobs(qwen):
-    from workbench.diagnostics.truncated_sampling import response_logits, rollout_with_filters
-    from workbench.sampling_filters import kept_set, processed_logprobs
+    from workbench.core.sampling_filters import kept_set, processed_logprobs
+    from workbench.pitfalls.nb14_truncated_sampling import response_logits, rollout_with_filters
 
     model, tokenizer = qwen
     rollout = rollout_with_filters(model, tokenizer, PROMPTS, top_k=2, top_p=0.9, temperature=1.3)
@@ -68,7 +68,7 @@ def test_p14_sampler_draws_only_kept_tokens_and_records_processed_logprobs(qwen)
 
 
 def test_p14_ratio_is_the_kept_mass_and_the_fix_gives_one(qwen):
-    from workbench.diagnostics import truncated_sampling as ts
+    from workbench.pitfalls import nb14_truncated_sampling as ts
 
     model, tokenizer = qwen
     row = ts.first_step_ratio(model, tokenizer, PROMPTS, top_p=0.8)
@@ -83,7 +83,7 @@ def test_p14_ratio_is_the_kept_mass_and_the_fix_gives_one(qwen):
 
 
 def test_p14_verdict_says_false_on_bug_absent_numbers():
-    from workbench.diagnostics.truncated_sampling import verdict
+    from workbench.pitfalls.nb14_truncated_sampling import verdict
 
     clean = {"kept_mass": 0.9, "bug": {"mean_ratio": 1.0}, "fix": {"max_ratio_deviation": 0.0}}
     assert verdict(clean) == (False, True)
@@ -93,7 +93,7 @@ def test_p14_verdict_says_false_on_bug_absent_numbers():
 
 # ---- P15 entropy and KL at the wrong temperature -----------------------------------------------
 def test_p15_entropy_and_kl_at_temperature_by_hand():
-    from workbench.diagnostics.temperature_entropy import entropy_at_temperature, kl_between_temperatures
+    from workbench.pitfalls.nb15_temperature_entropy import entropy_at_temperature, kl_between_temperatures
 
     logits = torch.tensor([0.0, math.log(3.0)])  # τ = 1: [1/4, 3/4]; τ = 0.5: [1/10, 9/10]
     h1 = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
@@ -106,7 +106,7 @@ def test_p15_entropy_and_kl_at_temperature_by_hand():
 
 
 def test_p15_entropy_gap_and_step0_kl_vanish_with_the_fix(qwen):
-    from workbench.diagnostics import temperature_entropy as te
+    from workbench.pitfalls import nb15_temperature_entropy as te
 
     model, tokenizer = qwen
     rows = te.sweep(model, tokenizer, PROMPTS, [0.7, 1.0])
@@ -119,7 +119,7 @@ def test_p15_entropy_gap_and_step0_kl_vanish_with_the_fix(qwen):
 
 
 def test_p15_verdict_says_false_on_bug_absent_numbers():
-    from workbench.diagnostics.temperature_entropy import verdict
+    from workbench.pitfalls.nb15_temperature_entropy import verdict
 
     clean = {"temperature": 0.7, "entropy_gap": 0.0, "bug": {"kl_exact": 0.0}, "fix": {"kl_exact": 0.0, "kl_k1": 0.0}}
     assert verdict([clean]) == (False, True)
@@ -129,7 +129,7 @@ def test_p15_verdict_says_false_on_bug_absent_numbers():
 
 # ---- P16 group statistics -----------------------------------------------------------------------
 def test_p16_one_pass_vs_two_pass_std_by_hand():
-    from workbench.diagnostics.group_stats import one_pass_std, two_pass_std
+    from workbench.pitfalls.nb16_group_statistics import one_pass_std, two_pass_std
 
     constant = torch.full((7,), 0.95)
     assert float(one_pass_std(constant)) == pytest.approx(4.567e-4, rel=1e-3)  # the fp32 rounding residue
@@ -143,7 +143,7 @@ def test_p16_one_pass_vs_two_pass_std_by_hand():
 
 
 def test_p16_leave_one_out_singleton_explodes_without_the_floor():
-    from workbench.diagnostics.group_stats import loo_advantages
+    from workbench.pitfalls.nb16_group_statistics import loo_advantages
 
     rewards = torch.tensor([0.0] + [0.95] * 7)
     assert float(loo_advantages(rewards, std="one-pass")[0]) == pytest.approx(-2075.39, abs=0.5)  # NeMo-RL #4158's number
@@ -153,8 +153,8 @@ def test_p16_leave_one_out_singleton_explodes_without_the_floor():
 
 
 def test_p16_stride_vs_group_ids_by_hand():
-    from workbench import losses
-    from workbench.diagnostics.group_stats import grouped_advantages, misgrouping, stride_advantages
+    from workbench.core import losses
+    from workbench.pitfalls.nb16_group_statistics import grouped_advantages, misgrouping, stride_advantages
 
     # groups of 2: [1, 0], [1] (one rollout failed), [0, 1]
     rewards, ids = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0]), torch.tensor([0, 0, 1, 2, 2])
@@ -173,7 +173,7 @@ def test_p16_stride_vs_group_ids_by_hand():
 
 
 def test_p16_partial_groups_on_the_tiny_model(qwen):
-    from workbench.diagnostics import group_stats as gs
+    from workbench.pitfalls import nb16_group_statistics as gs
 
     model, tokenizer = qwen
     rewards = gs.sample_group_rewards(model, tokenizer, rl_problems(16), 8)
@@ -186,7 +186,7 @@ def test_p16_partial_groups_on_the_tiny_model(qwen):
 
 
 def test_p16_verdict_says_false_on_bug_absent_numbers():
-    from workbench.diagnostics.group_stats import verdict
+    from workbench.pitfalls.nb16_group_statistics import verdict
 
     singleton = {"value": 0.5, "one-pass": -0.5, "two-pass + floor": -0.5}
     assert verdict(singleton, {"misgrouped_fraction": 0.0, "max_abs_group_mean_fix": 0.0}) == (False, True)
@@ -196,7 +196,7 @@ def test_p16_verdict_says_false_on_bug_absent_numbers():
 
 # ---- P18 padding pollutes metrics ---------------------------------------------------------------
 def test_p18_logged_metrics_by_hand():
-    from workbench.diagnostics.padding_metrics import logged_metrics
+    from workbench.pitfalls.nb18_padding_metrics import logged_metrics
 
     logp = torch.tensor([[-1.0, -2.0, -30.0], [-0.5, -30.0, -30.0]])  # −30: the log-prob of a pad token
     ref = torch.tensor([[-1.5, -2.0, -29.0], [-0.5, -28.0, -28.0]])
@@ -211,7 +211,7 @@ def test_p18_logged_metrics_by_hand():
 
 
 def test_p18_unmasked_and_sentinel_statistics_move_with_the_pad_count(qwen):
-    from workbench.diagnostics import padding_metrics as pm
+    from workbench.pitfalls import nb18_padding_metrics as pm
 
     policy, tokenizer = qwen
     reference, _ = load("tiny-arith-gpt2")
@@ -223,7 +223,7 @@ def test_p18_unmasked_and_sentinel_statistics_move_with_the_pad_count(qwen):
 
 
 def test_p18_verdict_says_false_on_bug_absent_numbers():
-    from workbench.diagnostics.padding_metrics import verdict
+    from workbench.pitfalls.nb18_padding_metrics import verdict
 
     values = {"entropy": 0.6, "kl": 0.5, "ratio": 1.0, "sequence_entropy": 2.0}
     same = [{"extra_pads": w, **{mode: dict(values) for mode in ("unmasked", "sentinel", "masked")}} for w in (0, 8)]
@@ -234,7 +234,7 @@ def test_p18_verdict_says_false_on_bug_absent_numbers():
 
 # ---- P20 the gradient of a KL estimate ----------------------------------------------------------
 def test_p20_exact_kl_gradient_of_a_three_token_softmax_by_hand():
-    from workbench.diagnostics import kl_gradient as kg
+    from workbench.pitfalls import nb20_kl_gradient as kg
 
     theta = torch.zeros(3, dtype=torch.float64)  # π = [1/3, 1/3, 1/3]
     ref = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64).log()  # π_ref = [1/6, 2/6, 3/6]
@@ -255,7 +255,7 @@ def test_p20_exact_kl_gradient_of_a_three_token_softmax_by_hand():
 
 
 def test_p20_off_policy_needs_the_importance_weight():
-    from workbench.diagnostics import kl_gradient as kg
+    from workbench.pitfalls import nb20_kl_gradient as kg
 
     theta, ref = kg.small_softmax(8, seed=1)
     old = theta + 0.3 * torch.randn(8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
@@ -265,7 +265,7 @@ def test_p20_off_policy_needs_the_importance_weight():
 
 
 def test_p20_monte_carlo_bias_floor_vs_unbiased_decay():
-    from workbench.diagnostics import kl_gradient as kg
+    from workbench.pitfalls import nb20_kl_gradient as kg
 
     theta, ref = kg.small_softmax(6)
     k1_reward = kg.monte_carlo_error(theta, ref, "k1 in reward", [4, 4096], trials=10)
@@ -274,7 +274,7 @@ def test_p20_monte_carlo_bias_floor_vs_unbiased_decay():
 
 
 def test_p20_tiny_model_next_token_distributions(qwen):
-    from workbench.diagnostics import kl_gradient as kg
+    from workbench.pitfalls import nb20_kl_gradient as kg
 
     policy, tokenizer = qwen
     reference, _ = load("tiny-arith-gpt2")
@@ -288,7 +288,7 @@ def test_p20_tiny_model_next_token_distributions(qwen):
 
 
 def test_p20_verdict_says_false_on_bug_absent_numbers():
-    from workbench.diagnostics.kl_gradient import VARIANTS, verdict
+    from workbench.pitfalls.nb20_kl_gradient import VARIANTS, verdict
 
     exact = {v: {"relative_error": 0.0, "norm_ratio": 1.0, "cosine": 1.0} for v in VARIANTS}
     assert verdict(exact, exact) == (False, True)
@@ -301,7 +301,8 @@ def test_p14_p15_explorers_redraw_on_a_control_change(qwen):
     import matplotlib
 
     matplotlib.use("Agg")
-    from workbench.diagnostics import temperature_entropy, truncated_sampling
+    from workbench.pitfalls import nb14_truncated_sampling as truncated_sampling
+    from workbench.pitfalls import nb15_temperature_entropy as temperature_entropy
 
     model, tokenizer = qwen
     explorer = truncated_sampling.explorer(model, tokenizer, PROMPTS[:8])

@@ -6,8 +6,8 @@ import copy
 import pytest
 import torch
 
-from workbench.diagnostics import bf16_updates
-from workbench.models import load
+from workbench.modeling.models import load
+from workbench.pitfalls import nb23_bf16_updates as bf16_updates
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +55,8 @@ def test_p23_bad_precision_is_a_clear_error(qwen):
 # ---- P19 batch-shape-dependent log-probs ------------------------------------------------------
 @pytest.fixture(scope="module")
 def qwen_chat_bf16():
-    from workbench import realistic
-    from workbench.diagnostics import batch_shape
+    from workbench.modeling import realistic
+    from workbench.pitfalls import nb19_batch_shape_logprobs as batch_shape
     from workbench.tasks import rl_problems
 
     model, tokenizer = load(realistic.resolve("realistic-qwen2-chat"), dtype=torch.bfloat16)
@@ -65,7 +65,7 @@ def qwen_chat_bf16():
 
 
 def test_p19_bf16_ratio_moves_at_lr0_with_another_layout_and_not_with_the_fix(qwen_chat_bf16):
-    from workbench.diagnostics import batch_shape as p19
+    from workbench.pitfalls import nb19_batch_shape_logprobs as p19
 
     model, tokenizer, episodes = qwen_chat_bf16
     pad = tokenizer.pad_token_id
@@ -84,7 +84,7 @@ def test_p19_bf16_ratio_moves_at_lr0_with_another_layout_and_not_with_the_fix(qw
 
 
 def test_p19_width_drift_is_zero_at_the_own_width_and_not_elsewhere_in_bf16(qwen_chat_bf16):
-    from workbench.diagnostics import batch_shape as p19
+    from workbench.pitfalls import nb19_batch_shape_logprobs as p19
 
     model, tokenizer, episodes = qwen_chat_bf16
     row = max(episodes, key=lambda e: len(e[0]))[0]
@@ -97,7 +97,7 @@ def test_p19_width_drift_is_zero_at_the_own_width_and_not_elsewhere_in_bf16(qwen
 
 
 def test_p19_verdict_false_on_bug_absent_numbers():
-    from workbench.diagnostics import batch_shape as p19
+    from workbench.pitfalls import nb19_batch_shape_logprobs as p19
 
     assert p19.verdict({"max_ratio_deviation": 2e-6}, {"max_ratio_deviation": 0.0}) == (False, True)
     assert p19.verdict({"max_ratio_deviation": 5e-3}, {"max_ratio_deviation": 5e-3}) == (True, False)
@@ -105,15 +105,15 @@ def test_p19_verdict_false_on_bug_absent_numbers():
 
 # ---- P21 duplicate BOS -------------------------------------------------------------------------
 def test_p21_bos_counting_and_guard_by_hand():
-    from workbench.diagnostics import duplicate_bos as p21
+    from workbench.pitfalls import nb21_duplicate_bos as p21
 
     assert p21.leading_bos([7, 7, 3, 7], 7) == 2 and p21.leading_bos([3, 7], 7) == 0 and p21.leading_bos([5], None) == 0
     assert p21.strip_duplicate_bos([7, 7, 7, 3], 7) == [7, 3] and p21.strip_duplicate_bos([7, 3], 7) == [7, 3]
 
 
 def test_p21_audit_finds_the_two_bos_path_only_on_the_llama_like_tokenizer():
-    from workbench import realistic
-    from workbench.diagnostics import duplicate_bos as p21
+    from workbench.modeling import realistic
+    from workbench.pitfalls import nb21_duplicate_bos as p21
 
     llama = p21.bos_audit(realistic.load_tokenizer(realistic.checkpoint("llama")))
     assert llama["tokenizer_adds_bos"] and llama["template_writes_bos"]
@@ -123,8 +123,8 @@ def test_p21_audit_finds_the_two_bos_path_only_on_the_llama_like_tokenizer():
 
 
 def test_p21_two_bos_shift_the_log_probs_and_one_bos_does_not():
-    from workbench import realistic
-    from workbench.diagnostics import duplicate_bos as p21
+    from workbench.modeling import realistic
+    from workbench.pitfalls import nb21_duplicate_bos as p21
     from workbench.tasks import rl_problems
 
     model, tokenizer = realistic.load_hf(realistic.resolve("realistic-llama-chat"))
@@ -136,7 +136,7 @@ def test_p21_two_bos_shift_the_log_probs_and_one_bos_does_not():
 
 
 def test_p21_verdict_false_on_bug_absent_numbers():
-    from workbench.diagnostics import duplicate_bos as p21
+    from workbench.pitfalls import nb21_duplicate_bos as p21
 
     one_bos = {"leading_bos": 1, "mean_abs_log_ratio": 0.0, "max_ratio_deviation": 0.0}
     assert p21.verdict(one_bos, one_bos) == (False, True)
@@ -146,7 +146,7 @@ def test_p21_verdict_false_on_bug_absent_numbers():
 
 # ---- P17 stop-token identity -------------------------------------------------------------------
 def test_p17_union_of_sources_by_hand():
-    from workbench.diagnostics import stop_tokens as p17
+    from workbench.pitfalls import nb17_stop_tokens as p17
 
     sources = {"tokenizer": [0], "generation_config": [0], "template_turn_end": [2]}
     assert p17.union_stop_ids(sources) == [0, 2]
@@ -158,8 +158,8 @@ def test_p17_union_of_sources_by_hand():
 
 
 def test_p17_audit_flags_only_the_base_style_checkpoint():
-    from workbench import realistic
-    from workbench.diagnostics import stop_tokens as p17
+    from workbench.modeling import realistic
+    from workbench.pitfalls import nb17_stop_tokens as p17
 
     base = p17.audit(realistic.checkpoint("qwen2-base"))
     assert base["turn_end_covered_by"] == {"tokenizer": False, "generation_config": False}
@@ -169,8 +169,8 @@ def test_p17_audit_flags_only_the_base_style_checkpoint():
 
 
 def test_p17_partial_stop_sets_truncate_everything_and_the_union_does_not():
-    from workbench import realistic
-    from workbench.diagnostics import stop_tokens as p17
+    from workbench.modeling import realistic
+    from workbench.pitfalls import nb17_stop_tokens as p17
     from workbench.tasks import rl_problems
 
     model, tokenizer = realistic.load_hf(realistic.resolve("realistic-qwen2-base-chat"))
@@ -185,7 +185,7 @@ def test_p17_partial_stop_sets_truncate_everything_and_the_union_does_not():
 
 
 def test_p17_verdict_false_on_bug_absent_numbers():
-    from workbench.diagnostics import stop_tokens as p17
+    from workbench.pitfalls import nb17_stop_tokens as p17
 
     assert p17.verdict(0.0, 0.0) == (False, True)
     assert p17.verdict(1.0, 1.0) == (True, False)
@@ -193,8 +193,8 @@ def test_p17_verdict_false_on_bug_absent_numbers():
 
 # ---- P22 multi-turn retokenisation -------------------------------------------------------------
 def test_p22_roundtrip_is_not_the_identity_for_bpe_by_hand():
-    from workbench import realistic
-    from workbench.diagnostics import retokenization as p22
+    from workbench.modeling import realistic
+    from workbench.pitfalls import nb22_multiturn_retokenization as p22
 
     tokenizer = realistic.load_tokenizer(realistic.checkpoint("qwen2"))
     canonical = tokenizer("river", add_special_tokens=False)["input_ids"]
@@ -206,8 +206,8 @@ def test_p22_roundtrip_is_not_the_identity_for_bpe_by_hand():
 
 
 def test_p22_retokenised_turns_spike_and_carried_ids_do_not():
-    from workbench import realistic
-    from workbench.diagnostics import retokenization as p22
+    from workbench.modeling import realistic
+    from workbench.pitfalls import nb22_multiturn_retokenization as p22
 
     model, tokenizer = load(realistic.resolve("realistic-qwen2-chat"))
     turn_end = p22.template_turn_end_id(tokenizer)
@@ -223,7 +223,7 @@ def test_p22_retokenised_turns_spike_and_carried_ids_do_not():
 
 
 def test_p22_verdict_false_on_bug_absent_numbers():
-    from workbench.diagnostics import retokenization as p22
+    from workbench.pitfalls import nb22_multiturn_retokenization as p22
 
     clean = {"changed_fraction": 0.0, "max_abs_log_ratio_bug": 0.0, "max_abs_log_ratio_fix": 0.0}
     assert p22.verdict(clean) == (False, True)

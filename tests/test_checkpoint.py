@@ -1,7 +1,7 @@
 import torch
 from safetensors.torch import save_file
 
-from workbench.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from workbench.trainers.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
 
 
 def _module_and_optimizer():

@@ -1,4 +1,4 @@
-"""Bounded-memory log-probs and entropy (workbench.chunked) give the naive path's values and gradients.
+"""Bounded-memory log-probs and entropy (workbench.core.chunked) give the naive path's values and gradients.
 
 The naive path: full logits → ``.float()`` → ``/ τ`` → ``log_softmax`` over the whole vocabulary,
 with autograd keeping fp32 copies. The chunked paths (over logits, and the LM head applied chunk by
@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbench.batching import pad_sequences
-from workbench.chunked import head_logprobs_and_entropy, lm_head_of, logprobs_and_entropy
-from workbench.models import tiny_model
-from workbench.scoring import entropy_from_logits, forward, logprobs_from_logits, response_logprobs, token_logprobs
+from workbench.core.batching import pad_sequences
+from workbench.core.chunked import head_logprobs_and_entropy, lm_head_of, logprobs_and_entropy
+from workbench.modeling.models import tiny_model
+from workbench.modeling.scoring import entropy_from_logits, forward, logprobs_from_logits, response_logprobs, token_logprobs
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -2,14 +2,14 @@
 
 import pytest
 
-from workbench.config_cli import field_docs
+from workbench.core.config_options import field_docs
 from workbench.trainers.grpo import GRPOConfig
 from workbench.trainers.ppo import PPOConfig
 
 
 def cli(capsys, *args):
     """Run the command line in-process: ``(exit code, stdout, stderr)``."""
-    from workbench.cli import main
+    from workbench.cli.main import main
 
     try:
         code = main(list(args))
@@ -58,7 +58,7 @@ def test_bad_values_exit_2_naming_the_field(args, message, capsys):
 def test_typed_options_reach_the_config(tmp_path):
     import argparse
 
-    from workbench.train import add_arguments, build_config, config_values, trainer_classes
+    from workbench.cli.train import add_arguments, build_config, config_values, trainer_classes
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -5,7 +5,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from workbench import plots as figure_notes  # noqa: E402  (the helpers live in workbench.plots)
+from workbench.viz import plots as figure_notes  # noqa: E402  (the helpers live in workbench.viz.plots)
 
 
 def test_hidden_line_is_named_and_ringed():
@@ -66,8 +66,8 @@ def test_short_name_drops_seed_count_and_names_bug_or_fix():
 
 
 def test_peer_lab_s5_panel_draws_one_probe_coloured_by_convention():
-    from workbench import plots
-    from workbench.diagnostics import peer_lab
+    from workbench.peers import expectations as peer_lab
+    from workbench.viz import plots
 
     def row(probe, mode, value, loss_type=None, norm=None):
         details = {"mode": mode, "value": value, **({"norm_constant": norm} if norm else {})}

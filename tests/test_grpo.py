@@ -2,14 +2,14 @@ import pytest
 import torch
 from helpers import assert_reward_rises
 
-from workbench import losses
-from workbench.diagnostics.loss_normalization import (
+from workbench.core import losses
+from workbench.modeling.models import load
+from workbench.pitfalls.nb05_grpo_loss_normalization import (
     analytic_token_weights,
     effective_kl_coefficient,
     measured_token_weights,
     zero_loss_probe,
 )
-from workbench.models import load
 from workbench.tasks import rl_problems
 from workbench.trainers.base import ConfigError
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer, grpo_loss

@@ -16,12 +16,12 @@ import itertools
 import pytest
 import torch
 
-from workbench import losses
-from workbench.batching import pad_sequences
-from workbench.critic import ValueModel
-from workbench.models import load, tiny_model
-from workbench.scoring import response_logprobs, token_logprobs
+from workbench.core import losses
+from workbench.core.batching import pad_sequences
+from workbench.modeling.models import load, tiny_model
+from workbench.modeling.scoring import response_logprobs, token_logprobs
 from workbench.tasks import Problem, encode_prompts
+from workbench.trainers.critic import ValueModel
 from workbench.trainers.dpo import DPOConfig, DPOTrainer, build_loss_mask, collate_preferences
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer, grpo_loss
 from workbench.trainers.ppo import PPOConfig, PPOTrainer

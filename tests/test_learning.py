@@ -1,11 +1,11 @@
-"""Learning settings, held-out evaluation and the learning / step-0 verdicts of ``workbench.comparison`` (issue 16)."""
+"""Learning settings, held-out evaluation and the learning / step-0 verdicts of ``workbench.experiments.comparison`` (issue 16)."""
 
 import math
 
 import matplotlib
 import pytest
 
-from workbench import comparison
+from workbench.experiments import comparison
 
 matplotlib.use("Agg")
 
@@ -105,7 +105,7 @@ def test_train_variants_dpo_returns_the_first_seeds_models():
 
 
 def test_dpo_heldout_explanation_is_chosen_by_the_numbers():
-    from workbench.diagnostics import dpo_mask
+    from workbench.pitfalls import nb04_dpo_loss_mask as dpo_mask
 
     def e(difference, larger):
         return comparison.Effect("k", 0.4 + difference, 0.4, difference, 0.005, 3, larger, ("end", "start"))
@@ -119,7 +119,7 @@ def test_dpo_heldout_explanation_is_chosen_by_the_numbers():
 def test_grad_accumulation_widget_redraws_the_notebooks_figure():
     import torch
 
-    from workbench import widgets as wb
+    from workbench.viz import explorer as wb
 
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])
     errors = {"per_micro_batch": [0.0, 0.2, 0.4], "global": [0.0, 1e-7, 2e-7]}
@@ -144,7 +144,7 @@ def test_learnt_gap_separates_a_step0_gap_from_learning():
 def test_train_variants_with_dropout_on_is_reproducible():
     from functools import partial
 
-    from workbench.diagnostics.dropout import set_dropout
+    from workbench.pitfalls.nb07_dropout import set_dropout
 
     kwargs = dict(steps=1, seeds=(0,), problems=8, prompts_per_step=4, mini_batches=1, max_new_tokens=4,
                   before=partial(set_dropout, p=0.1))

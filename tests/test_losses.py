@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from workbench import losses
+from workbench.core import losses
 
 T = torch.tensor
 

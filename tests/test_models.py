@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
-from workbench import models
-from workbench.models import ModelLoadError, load, tiny_model
+from workbench.modeling import models
+from workbench.modeling.models import ModelLoadError, load, tiny_model
 
 
 @pytest.mark.parametrize("arch", models.ARCHITECTURES)

@@ -5,8 +5,8 @@ import json
 import nbformat
 import pytest
 
-from workbench.notebooks import NOTEBOOKS_DIR, REQUIRED_PARAMETERS, catalogue, parse_parameters
-from workbench.runner import run_catalogue
+from workbench.catalogue.batch import run_catalogue
+from workbench.catalogue.listing import NOTEBOOKS_DIR, REQUIRED_PARAMETERS, catalogue, parse_parameters
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 STEMS = [p.stem for p in NOTEBOOKS]

@@ -1,5 +1,5 @@
 """The catalogue on realistic local checkpoints (issue 15): GPT-2-, Qwen2- and Llama-style folders built
-by ``workbench.realistic`` (byte-level BPE, no pad token, no BOS, several stop ids, bf16 on disk).
+by ``workbench.modeling.realistic`` (byte-level BPE, no pad token, no BOS, several stop ids, bf16 on disk).
 
 The notebooks whose mechanism needs no trained policy (01, 02, 04, 05) reproduce the bug and show the
 fix on each checkpoint; the default suite runs each of them on one checkpoint (rotating, so all three
@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from workbench.notebooks import NOTEBOOKS_DIR
-from workbench.runner import run_catalogue
+from workbench.catalogue.batch import run_catalogue
+from workbench.catalogue.listing import NOTEBOOKS_DIR
 
 CHECKPOINTS = ("realistic-gpt2", "realistic-qwen2", "realistic-llama")
 MECHANISM_ONLY = ("01_position_ids", "02_right_padding_flash_attention", "04_dpo_loss_mask", "05_grpo_loss_normalization")
@@ -22,8 +22,8 @@ ALL = sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb") if not p.s
 
 def overrides_for(stem: str, checkpoint: str) -> dict:
     """The checkpoint in every model parameter the notebook has, set sensibly."""
-    from workbench.notebooks import find_notebook
-    from workbench.realistic import spec_of
+    from workbench.catalogue.listing import find_notebook
+    from workbench.modeling.realistic import spec_of
 
     parameters = find_notebook(stem).parameters
     has_template = spec_of(checkpoint.removeprefix("realistic-")).chat_template is not None
@@ -67,18 +67,20 @@ def test_every_notebook_runs_on_realistic_checkpoints(tmp_path, stem, checkpoint
 
 
 def test_write_metrics_records_what_a_checkpoint_cannot_show(tmp_path, capsys):
-    from workbench import nbtools
+    from workbench.catalogue import notebook_api
 
-    nbtools.write_metrics(tmp_path, notebook="x", reproduced=False, fixed=True, metrics={"a": 1.0}, not_shown="no EOS ever")
+    notebook_api.write_metrics(tmp_path, notebook="x", reproduced=False, fixed=True, metrics={"a": 1.0}, not_shown="no EOS ever")
     assert json.loads((tmp_path / "metrics.json").read_text())["metrics"] == {"a": 1.0, "not_shown": ["no EOS ever"]}
     assert "cannot show with this checkpoint: no EOS ever" in capsys.readouterr().out
-    nbtools.write_metrics(tmp_path, notebook="x", reproduced=True, fixed=True, metrics={"a": 1.0}, not_shown=[None])
+    notebook_api.write_metrics(tmp_path, notebook="x", reproduced=True, fixed=True, metrics={"a": 1.0}, not_shown=[None])
     assert "not_shown" not in json.loads((tmp_path / "metrics.json").read_text())["metrics"]
 
 
 def test_cannot_show_reasons_are_chosen_by_the_numbers():
-    from workbench.diagnostics import eos, position_ids, truncation
-    from workbench.models import tiny_model
+    from workbench.modeling.models import tiny_model
+    from workbench.pitfalls import nb01_position_ids as position_ids
+    from workbench.pitfalls import nb03_eos_termination as eos
+    from workbench.pitfalls import nb11_truncated_responses as truncation
 
     def costs(fix_steps):
         return {64: {"fix": {"finished_fraction": 0.1, "decode_steps": fix_steps}, "bug": {"decode_steps": 32}}}

@@ -5,11 +5,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.batching import pack_sequences, pad_sequences, unpack_token_values
-from workbench.diagnostics.padding import RightPaddingError, assert_not_right_padded, generation_divergence, padding_guard
-from workbench.models import ARCHITECTURES, load, tiny_model
-from workbench.rollout import sample
-from workbench.scoring import logprobs_from_logits, token_logprobs
+from workbench.core.batching import pack_sequences, pad_sequences, unpack_token_values
+from workbench.modeling.models import ARCHITECTURES, load, tiny_model
+from workbench.modeling.rollout import sample
+from workbench.modeling.scoring import logprobs_from_logits, token_logprobs
+from workbench.pitfalls.nb02_right_padding_flash_attention import (
+    RightPaddingError,
+    assert_not_right_padded,
+    generation_divergence,
+    padding_guard,
+)
 from workbench.tasks import encode_prompts, rl_problems
 
 

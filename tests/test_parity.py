@@ -10,7 +10,7 @@ Sources: verl ``trainer/ppo/core_algos.py`` (``agg_loss``, ``compute_gae_advanta
 import pytest
 import torch
 
-from workbench import losses
+from workbench.core import losses
 
 torch.manual_seed(0)
 B, T = 5, 7

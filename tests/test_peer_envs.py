@@ -6,7 +6,8 @@ import sys
 import pytest
 import torch
 
-from workbench.peers import envs, protocol, runner
+from workbench.peers import envs, protocol
+from workbench.peers import invoke as runner
 
 
 def test_every_spec_pins_torch_in_every_pip_call_and_as_a_constraint():

@@ -7,8 +7,8 @@ and the arguments are unchanged (``lab.run_lab(reuse=True)``), so they are fast 
 
 import pytest
 
-from workbench.diagnostics import peer_lab
 from workbench.peers import envs, lab
+from workbench.peers import expectations as peer_lab
 
 
 def eos(generated, needed, budget=32):

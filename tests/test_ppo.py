@@ -2,7 +2,7 @@ import pytest
 import torch
 from helpers import assert_reward_rises
 
-from workbench.models import load
+from workbench.modeling.models import load
 from workbench.tasks import Problem, rl_problems
 from workbench.trainers.base import ConfigError
 from workbench.trainers.ppo import PPOConfig, PPOTrainer, last_token_rewards

@@ -12,10 +12,10 @@ padded forward's numbers.
 import pytest
 import torch
 
-from workbench.errors import NonFiniteError
-from workbench.models import load, tiny_model
-from workbench.rollout import sample
-from workbench.scoring import prefix_tree, shared_prefix_token_logprobs, token_logprobs
+from workbench.core.errors import NonFiniteError
+from workbench.modeling.models import load, tiny_model
+from workbench.modeling.rollout import sample
+from workbench.modeling.scoring import prefix_tree, shared_prefix_token_logprobs, token_logprobs
 from workbench.trainers.dpo import DPOConfig, DPOTrainer, collate_preferences
 
 PAIRS = [{"prompt": "1+2=", "chosen": "3", "rejected": "41"}, {"prompt": "12+34=", "chosen": "46", "rejected": "4"},
@@ -93,7 +93,7 @@ def test_sampler_stops_on_nan_logits():
 def test_grpo_groups_score_the_same_shared_or_padded_on_realistic_checkpoints(name):
     # byte-level BPE prompts of several lengths, 4 samples per prompt as in a GRPO group; absolute
     # positions (GPT-2) and rotary ones (Qwen2, Llama) alike
-    from workbench.scoring import response_logprobs
+    from workbench.modeling.scoring import response_logprobs
     from workbench.tasks import encode_prompts, rl_problems
 
     model, tokenizer = load(name, device="cpu")

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from workbench import probes
-from workbench.models import load, tiny_model
+from workbench.modeling.models import load, tiny_model
+from workbench.peers import trl_host as probes
 from workbench.tasks import TEST_PREFERENCES, load_preferences
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

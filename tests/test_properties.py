@@ -4,8 +4,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench import losses
-from workbench.rollout import truncate_after_eos
+from workbench.core import losses
+from workbench.modeling.rollout import truncate_after_eos
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

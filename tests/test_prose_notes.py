@@ -1,7 +1,7 @@
 """Sentences chosen by the numbers in the notebooks' prose (review fixes): each branch is fed numbers
 that must select it, and numbers that must not."""
 
-from workbench.diagnostics import batch_shape as p19
+from workbench.pitfalls import nb19_batch_shape_logprobs as p19
 
 
 def _entry(fraction, deviation, clip=0.0, size=8):
@@ -23,7 +23,7 @@ def test_clip_note_follows_the_clip_fraction():
 def test_missing_eos_note_follows_the_counts():
     import torch
 
-    from workbench.diagnostics import eos
+    from workbench.pitfalls import nb03_eos_termination as eos
 
     finished = torch.tensor([True, True, False, False])
     note = eos.missing_eos_note(torch.tensor([1.0, 0.0, 0.0, 0.0]), finished, 1.0)
@@ -34,8 +34,8 @@ def test_missing_eos_note_follows_the_counts():
 
 
 def test_tis_reading_calls_tis_a_repair_only_after_a_measured_harm():
-    from workbench.comparison import Effect
-    from workbench.diagnostics import rollout_mismatch as rm
+    from workbench.experiments.comparison import Effect
+    from workbench.pitfalls import nb12_logprob_mismatch as rm
 
     def e(diff, larger, bug=0.4, fix=0.4):
         return Effect("heldout_accuracy", bug, fix, diff, 0.003, 3, larger)
@@ -47,7 +47,7 @@ def test_tis_reading_calls_tis_a_repair_only_after_a_measured_harm():
 
 
 def test_throughput_note_counts_tokens_and_entries():
-    from workbench.diagnostics import padding
+    from workbench.pitfalls import nb02_right_padding_flash_attention as padding
 
     note = padding.throughput_note([10, 2, 2, 2], 2.5)  # padded: 40 tokens, 400 entries; packed: 16 tokens, 256 entries
     assert "2.50× the tokens" in note and "0.64× the attention" in note and "dominates" not in note
@@ -57,7 +57,7 @@ def test_throughput_note_counts_tokens_and_entries():
 
 
 def test_dropout_step0_note_reads_median_and_max():
-    from workbench.diagnostics import dropout
+    from workbench.pitfalls import nb07_dropout as dropout
 
     def r(mx, med):
         return {"max_ratio_deviation": mx, "median_abs_log_ratio": med, "tokens": 200}

@@ -1,6 +1,6 @@
 """Real checkpoints: what GPT-2-, Qwen2- and Llama-style Hugging Face folders bring, each handled.
 
-The folders are built at test time by ``workbench.realistic`` (byte-level BPE tokenizers, real
+The folders are built at test time by ``workbench.modeling.realistic`` (byte-level BPE tokenizers, real
 configs): a GPT-2-like one (no pad token, BOS = EOS, dropout 0.1), a Qwen2-like one (no BOS, a ChatML
 template, two stop ids, bf16 weights on disk), a Llama-like one (BOS added by the tokenizer and
 written by its template).
@@ -12,8 +12,8 @@ import shutil
 import pytest
 import torch
 
-from workbench import models, realistic
-from workbench.cli import main
+from workbench.cli.main import main
+from workbench.modeling import models, realistic
 from workbench.tasks import encode_prompts, prompt_ids
 
 
@@ -172,7 +172,7 @@ def test_resume_under_another_config_is_refused_naming_the_fields(tmp_path, caps
 
 
 def test_a_truncated_latest_checkpoint_falls_back_to_the_last_valid_one(tmp_path, capsys):
-    from workbench.checkpoint import latest_checkpoint, latest_valid_checkpoint
+    from workbench.trainers.checkpointing import latest_checkpoint, latest_valid_checkpoint
 
     out = tmp_path / "run"
     assert main(GRPO_ARGS + ["--output-dir", str(out), "--steps", "2", "--checkpoint_every", "1"]) == 0
@@ -188,7 +188,7 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_last_valid_one(tmp_path
 
 
 def test_no_valid_checkpoint_is_an_error_not_a_silent_restart(tmp_path, capsys):
-    from workbench.checkpoint import CHECKPOINT_DIR
+    from workbench.trainers.checkpointing import CHECKPOINT_DIR
 
     out = tmp_path / "run"
     assert main(GRPO_ARGS + ["--output-dir", str(out), "--steps", "1"]) == 0

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from workbench import realistic
-from workbench.models import load
+from workbench.modeling import realistic
+from workbench.modeling.models import load
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +88,8 @@ def test_unknown_flavour_is_a_clear_error():
 
 
 def test_chat_sft_checkpoint_ends_its_turns():
-    from workbench.batching import pad_sequences
-    from workbench.rollout import sample
+    from workbench.core.batching import pad_sequences
+    from workbench.modeling.rollout import sample
 
     model, tokenizer = realistic.load_hf(realistic.chat_checkpoint("qwen2"))
     turn_end = realistic.template_turn_end(tokenizer)

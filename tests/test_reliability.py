@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workbench.checkpoint import latest_checkpoint
-from workbench.cli import main
-from workbench.models import load
+from workbench.cli.main import main
+from workbench.modeling.models import load
 from workbench.tasks import rl_problems
 from workbench.trainers.base import NonFiniteError
+from workbench.trainers.checkpointing import latest_checkpoint
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 
 
@@ -39,7 +39,7 @@ def test_bad_training_input_exits_2_naming_the_problem(argv, message, capsys):
 
 
 def test_unsafe_checkpoints_and_empty_data_exit_2(tmp_path, capsys):
-    from workbench import models
+    from workbench.modeling import models
 
     model, tokenizer = models.tiny_model("gpt2")
     models.save(model, tokenizer, tmp_path / "pickle")

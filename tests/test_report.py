@@ -7,8 +7,8 @@ import pytest
 
 matplotlib.use("Agg")
 
-from workbench import report  # noqa: E402
-from workbench.runner import NotebookResult, notebook_title, render_notebook_html  # noqa: E402
+from workbench.catalogue import report  # noqa: E402
+from workbench.catalogue.batch import NotebookResult, notebook_title, render_notebook_html  # noqa: E402
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import sys
 import nbformat
 import pytest
 
-from workbench.cli import main
-from workbench.notebooks import NOTEBOOKS_DIR, ParameterError, convert_value, find_notebook, parse_parameters, resolve_parameters
+from workbench.catalogue.listing import NOTEBOOKS_DIR, ParameterError, convert_value, find_notebook, parse_parameters, resolve_parameters
+from workbench.cli.main import main
 
 
 def test_list_shows_every_notebook_with_parameters(capsys):
@@ -76,7 +76,7 @@ def test_a_failing_notebook_does_not_stop_the_others(tmp_path):
 
 
 def test_rendered_notebook_html_has_no_external_scripts(tmp_path):
-    from workbench.runner import render_notebook_html
+    from workbench.catalogue.batch import render_notebook_html
 
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# hi"), nbformat.v4.new_code_cell("1")])
     path = tmp_path / "x.ipynb"
@@ -86,7 +86,7 @@ def test_rendered_notebook_html_has_no_external_scripts(tmp_path):
 
 
 def test_a_run_whose_measurements_were_skipped_has_no_negative_verdict():
-    from workbench.runner import NotebookResult
+    from workbench.catalogue.batch import NotebookResult
 
     def result(metrics):
         return NotebookResult(stem="90_peer_lab", purpose="", out_dir="", parameters={}, seconds=1.0, ok=True, metrics=metrics)

@@ -1,7 +1,7 @@
 import json
 
 from workbench import tasks
-from workbench.tokenizer import build_char_tokenizer
+from workbench.modeling.tokenizer import build_char_tokenizer
 
 
 def test_shipped_tokenizer_has_distinct_specials_and_is_reproducible(tokenizer):
@@ -36,7 +36,7 @@ def test_data_files_are_disjoint_and_have_a_spread_of_lengths():
 
 
 def test_shipped_checkpoint_is_right_only_part_of_the_time(tokenizer):
-    from workbench.models import TRAINED_CHECKPOINTS, load
+    from workbench.modeling.models import TRAINED_CHECKPOINTS, load
 
     for name, folder in TRAINED_CHECKPOINTS.items():
         card = json.loads((folder / "training.json").read_text())

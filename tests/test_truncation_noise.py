@@ -1,6 +1,6 @@
 """11: the truncation verdict weighs the shift against its noise over the mixed groups of the batch."""
 
-from workbench.diagnostics import truncation
+from workbench.pitfalls import nb11_truncated_responses as truncation
 
 
 def measured(bug_gaps, ref_gaps):

@@ -6,23 +6,22 @@ import math
 import pytest
 import torch
 
-from workbench import comparison, plots
-from workbench.diagnostics import (
-    dpo_mask,
-    dropout,
-    eos,
-    grad_accumulation,
-    kl_estimators,
-    loss_normalization,
-    pad_eos,
-    padding,
-    position_ids,
-    rollout_mismatch,
-    temperature,
-    truncation,
-    whitening,
-)
-from workbench.models import perturbed_copy, tiny_model
+from workbench.experiments import comparison
+from workbench.modeling.models import perturbed_copy, tiny_model
+from workbench.pitfalls import nb01_position_ids as position_ids
+from workbench.pitfalls import nb02_right_padding_flash_attention as padding
+from workbench.pitfalls import nb03_eos_termination as eos
+from workbench.pitfalls import nb04_dpo_loss_mask as dpo_mask
+from workbench.pitfalls import nb05_grpo_loss_normalization as loss_normalization
+from workbench.pitfalls import nb06_temperature as temperature
+from workbench.pitfalls import nb07_dropout as dropout
+from workbench.pitfalls import nb08_pad_equals_eos as pad_eos
+from workbench.pitfalls import nb09_kl_estimators as kl_estimators
+from workbench.pitfalls import nb10_grad_accumulation as grad_accumulation
+from workbench.pitfalls import nb11_truncated_responses as truncation
+from workbench.pitfalls import nb12_logprob_mismatch as rollout_mismatch
+from workbench.pitfalls import nb13_whitening as whitening
+from workbench.viz import plots
 
 
 def test_position_ids_verdict_needs_a_drift():
@@ -130,7 +129,7 @@ def test_truncation_verdict_measures_the_push_towards_truncation():
 
 
 def test_truncation_pressure_on_a_model():
-    from workbench.models import load
+    from workbench.modeling.models import load
     from workbench.tasks import rl_problems
 
     model, tokenizer = load("tiny-arith-qwen2")

@@ -4,7 +4,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from workbench import widgets as wb  # noqa: E402
+from workbench.viz import explorer as wb  # noqa: E402
 
 
 def test_drift_explorer_redraws_when_the_fix_is_toggled():
@@ -38,7 +38,7 @@ def test_dpo_mask_explorer_counts_prompt_rows(tokenizer):
 
 
 def test_eos_explorer_reports_cost_for_the_chosen_budget():
-    from workbench.models import load
+    from workbench.modeling.models import load
 
     model, tokenizer = load("tiny-arith-qwen2")
     explorer = wb.eos_explorer(model, tokenizer, ["1+2=", "12+34=", "5*5=", "9-3="])
@@ -48,7 +48,7 @@ def test_eos_explorer_reports_cost_for_the_chosen_budget():
 
 
 def test_padding_side_explorer_counts_divergent_rows():
-    from workbench.models import load
+    from workbench.modeling.models import load
 
     models = {"tiny-arith-qwen2": load("tiny-arith-qwen2")}
     explorer = wb.padding_side_explorer(models, ["1+2=", "12+34=", "5*5=", "99-3="])
@@ -58,7 +58,7 @@ def test_padding_side_explorer_counts_divergent_rows():
 
 
 def test_temperature_and_dropout_explorers_toggle_the_fix():
-    from workbench.models import load
+    from workbench.modeling.models import load
 
     model, tokenizer = load("tiny-arith-qwen2")
     prompts = ["1+2=", "12+34=", "5*5=", "99-3="]

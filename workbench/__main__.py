@@ -1,7 +1,7 @@
-"""``python -m workbench``: the command line (see ``workbench.cli``)."""
+"""``python -m workbench``: the command line (see ``workbench.cli.main``)."""
 
 import sys
 
-from workbench.cli import main
+from workbench.cli.main import main
 
 sys.exit(main())

@@ -15,7 +15,7 @@ B rows:
 
 Three batches (different token counts, different B) separate the constant-weight cases; a fourth
 holds a fully masked row and records whether it is counted in the mean over sequences (as TRL's
-``grpo`` does), dropped (as ``workbench.losses.aggregate_loss`` does), or turns the loss into NaN.
+``grpo`` does), dropped (as ``workbench.core.losses.aggregate_loss`` does), or turns the loss into NaN.
 The S5 number: the loss of a zero-mean advantage group at ratio 1, exactly 0 for
 ``seq-mean-token-mean`` and not 0 otherwise.
 """

@@ -18,7 +18,7 @@ import json
 import textwrap
 from dataclasses import dataclass, field
 
-from workbench.jsonsafe import jsonable
+from workbench.core.jsonsafe import jsonable
 
 LOG_FLOOR = 1e-9  # where a log-axis figure draws an exact zero (on a labelled dotted line)
 REFERENCE_SHADES = ("#999999", "#CCCCCC")  # reference bars beside the measured one: two greys, the second hatched
@@ -84,8 +84,8 @@ class AuditResult:
 
     def plot(self, ax):
         """Draw this check's figure (from ``details["plot"]``) on ``ax``; bug colour when it failed."""
-        from workbench import plots
-        from workbench.plots import draw_floor, label_zero_bars  # plotting only: peer envs need no numpy
+        from workbench.viz import plots
+        from workbench.viz.plots import draw_floor, label_zero_bars  # plotting only: peer envs need no numpy
 
         spec = self.details.get("plot")
         if not spec:

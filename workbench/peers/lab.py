@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.diagnostics import peer_lab
-from workbench.peers import envs, runner
+from workbench.peers import envs
+from workbench.peers import expectations as peer_lab
+from workbench.peers import invoke as runner
 
 
 @dataclass(frozen=True)

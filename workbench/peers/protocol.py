@@ -8,7 +8,7 @@ under transformers 4.41 as well as 5.23. It prints one JSON object on its last s
 ``{"status": "ok" | "skipped" | "error", "reason": str, "environment": {...}, "rows": [...]}``
 
 A row is ``{"probe": id, "measured": {...numbers...}, "audit": AuditResult.to_dict() | None}``; the
-host turns rows into verdicts (``workbench.diagnostics.peer_lab``). A peer that cannot be imported is
+host turns rows into verdicts (``workbench.peers.expectations``). A peer that cannot be imported is
 ``skipped`` with the import error, never a verdict.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.jsonsafe import jsonable
+from workbench.core.jsonsafe import jsonable
 
 MARKER = "@@peer-json@@ "
 CHECKPOINTS = Path(__file__).resolve().parents[2] / "data" / "checkpoints"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.batching import pad_sequences
+from workbench.core.batching import pad_sequences
 from workbench.tasks.arithmetic import Problem, reward
 
 CHAT_TEMPLATE_MODES = ("auto", "none")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.rollout import sample
+from workbench.modeling.rollout import sample
 from workbench.tasks.arithmetic import Problem
 from workbench.tasks.encoding import encode_prompts, score_responses
 

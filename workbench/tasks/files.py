@@ -10,8 +10,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from workbench.modeling.tokenizer import DATA_DIR
 from workbench.tasks.arithmetic import Problem, make_preferences, split_problems
-from workbench.tokenizer import DATA_DIR
 
 TRAIN_PROMPTS = DATA_DIR / "arith_train.jsonl"
 TEST_PROMPTS = DATA_DIR / "arith_test.jsonl"

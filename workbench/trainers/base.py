@@ -26,9 +26,9 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from workbench.checkpoint import latest_valid_checkpoint, load_checkpoint, save_checkpoint
-from workbench.errors import ConfigError, NonFiniteError, ResumeError  # noqa: F401  (re-exported)
-from workbench.models import count_parameters
+from workbench.core.errors import ConfigError, NonFiniteError, ResumeError  # noqa: F401  (re-exported)
+from workbench.modeling.models import count_parameters
+from workbench.trainers.checkpointing import latest_valid_checkpoint, load_checkpoint, save_checkpoint
 
 
 @dataclass
@@ -134,7 +134,7 @@ def apply_dropout_switch(models, disable: bool) -> bool:
     is set to 0; otherwise dropout stays on and the models stay in train mode, as in a loop that
     never calls ``eval()``. One mode for the whole run: switching it every step would walk all
     modules for nothing. Returns whether dropout is on. ``None`` entries are skipped."""
-    from workbench.models import disable_dropout
+    from workbench.modeling.models import disable_dropout
 
     for model in models:
         if model is None:
@@ -228,7 +228,7 @@ class Trainer:
 
     config: TrainerConfig
 
-    dist = None  # a workbench.distributed.Distributed where the trainer supports data parallelism
+    dist = None  # a workbench.trainers.distributed.Distributed where the trainer supports data parallelism
 
     @property
     def is_main_process(self) -> bool:

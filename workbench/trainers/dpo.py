@@ -26,10 +26,9 @@ from typing import ClassVar
 
 import torch
 
-from workbench import losses
-from workbench.batching import pad_sequences
-from workbench.distributed import Distributed
-from workbench.scoring import POSITION_IDS_MODES, shared_prefix_token_logprobs, token_logprobs, tree_capable
+from workbench.core import losses
+from workbench.core.batching import pad_sequences
+from workbench.modeling.scoring import POSITION_IDS_MODES, shared_prefix_token_logprobs, token_logprobs, tree_capable
 from workbench.trainers import base
 from workbench.trainers.base import (
     Trainer,
@@ -38,6 +37,7 @@ from workbench.trainers.base import (
     require_choice,
     step_generator,
 )
+from workbench.trainers.distributed import Distributed
 
 PROMPT_MASK_MODES = ("both", "chosen_only", "none")
 
@@ -55,7 +55,7 @@ class DPOConfig(TrainerConfig):
     loss_type: str = "sigmoid"
     """``sigmoid`` (DPO; cDPO with label_smoothing), ``robust`` (TRL 1.16), ``ipo`` (TRL 1.16:
     length-averaged log-ratios), ``ipo_sum`` (OpenRLHF: summed) or ``hinge``; formulas and sources
-    in ``workbench.losses.dpo_loss``."""
+    in ``workbench.core.losses.dpo_loss``."""
     label_smoothing: float = 0.0
     """ε, the assumed probability that a preference label is flipped: cDPO inside ``sigmoid``
     (OpenRLHF's convention; TRL 1.16's ``sigmoid`` ignores it), the 1/(1−2ε) form in ``robust``;

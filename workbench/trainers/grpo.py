@@ -47,11 +47,11 @@ from typing import ClassVar
 
 import torch
 
-from workbench import losses
-from workbench.distributed import Distributed
+from workbench.core import losses
 from workbench.tasks import Problem, score_responses
 from workbench.trainers import base
 from workbench.trainers.base import require, require_choice
+from workbench.trainers.distributed import Distributed
 from workbench.trainers.rollout_trainer import RolloutConfig, RolloutTrainer
 
 
@@ -126,7 +126,7 @@ def grpo_loss(
     """The GRPO objective for one batch of completions; ``advantages`` is per completion (B,).
 
     ``normalizer(mask, mode) -> float`` overrides each aggregation's denominator (data-parallel
-    processes pass the global one, see ``workbench.distributed``)."""
+    processes pass the global one, see ``workbench.trainers.distributed``)."""
     per_token, was_clipped = losses.clipped_surrogate(logp, old_logp, advantages[:, None].expand_as(logp), clip_low, clip_high)
     kl = losses.kl_penalty(logp, ref_logp, kl_estimator) if (beta > 0 and ref_logp is not None) else torch.zeros_like(logp)
 

@@ -3,7 +3,7 @@
 One step, as in OpenRLHF / verl / "The N implementation details of RLHF with PPO":
 
 1. **Rollout** — sample ``prompts_per_step`` prompts, sample a response for each from the policy
-   at ``temperature`` (``workbench.rollout.sample``), truncate after the first EOS.
+   at ``temperature`` (``workbench.modeling.rollout.sample``), truncate after the first EOS.
 2. **Score** — the task reward on each response, minus ``missing_eos_penalty`` for responses
    that never produced EOS.
 3. **Reward shaping** — per-token reward = −kl_coef · KL(π_old ‖ π_ref) (estimator ``kl_kind``),
@@ -44,13 +44,13 @@ from typing import ClassVar
 
 import torch
 
-from workbench import losses
-from workbench.critic import ValueModel
-from workbench.models import count_parameters
-from workbench.rollout import Rollout
+from workbench.core import losses
+from workbench.modeling.models import count_parameters
+from workbench.modeling.rollout import Rollout
 from workbench.tasks import Problem, score_responses
 from workbench.trainers import base
 from workbench.trainers.base import require, require_choice, step_generator
+from workbench.trainers.critic import ValueModel
 from workbench.trainers.rollout_trainer import RolloutConfig, RolloutTrainer
 
 

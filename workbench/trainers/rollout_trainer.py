@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench import losses
-from workbench.batching import pad_sequences
-from workbench.models import stop_token_ids
-from workbench.rollout import Rollout, sample
-from workbench.scoring import POSITION_IDS_MODES, response_logprobs, tree_capable
+from workbench.core import losses
+from workbench.core.batching import pad_sequences
+from workbench.modeling.models import stop_token_ids
+from workbench.modeling.rollout import Rollout, sample
+from workbench.modeling.scoring import POSITION_IDS_MODES, response_logprobs, tree_capable
 from workbench.tasks import CHAT_TEMPLATE_MODES, Problem, prompt_ids, uses_chat_template
 from workbench.trainers.base import Trainer, TrainerConfig, require, require_choice, sampling_generator, step_generator
 

@@ -14,9 +14,9 @@ from typing import ClassVar
 
 import torch
 
-from workbench import losses
-from workbench.batching import pad_sequences
-from workbench.scoring import forward, logprobs_from_logits
+from workbench.core import losses
+from workbench.core.batching import pad_sequences
+from workbench.modeling.scoring import forward, logprobs_from_logits
 from workbench.tasks import Problem, encode_response
 from workbench.trainers.base import Trainer, TrainerConfig, optimizer_step, prepare_policy, require
 

@@ -1,0 +1,104 @@
+"""What a catalogue notebook calls to set itself up and to record its results.
+
+* ``prepare(stem, out_dir)``: resolves the output folder (``runs/interactive/<stem>`` when the
+  notebook is opened by hand, the runner's folder in batch), applies the plot style;
+* ``save_figure(fig, out_dir, name)``: PNG next to the executed notebook;
+* ``write_metrics(...)``: the ``metrics.json`` contract, written atomically;
+* ``cannot_show(reason, metrics)``: a pitfall this checkpoint cannot show, said and recorded.
+
+``metrics.json``: ``{"notebook", "parameters", "reproduced", "fixed", "metrics"}`` where
+``reproduced`` is true when the bug's signature was measured with the bug switched on and
+``fixed`` true when it vanished with the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from workbench.catalogue.listing import REPO_ROOT
+from workbench.core.jsonsafe import jsonable
+from workbench.trainers.checkpointing import atomic_write_json
+
+
+def prepare(stem: str, out_dir: str = "") -> Path:
+    """The folder this notebook writes into (created), with the workbench plot style applied."""
+    from workbench.viz import plots
+
+    plots.apply_style()
+    folder = Path(out_dir) if out_dir else REPO_ROOT / "runs" / "interactive" / stem
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def save_figure(fig, out_dir: str | Path, name: str) -> Path:
+    path = Path(out_dir) / f"{name}.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def write_metrics(
+    out_dir: str | Path,
+    *,
+    notebook: str,
+    reproduced: bool,
+    fixed: bool,
+    metrics: dict,
+    headline: dict | None = None,
+    parameters: dict | None = None,
+    not_shown: str | list[str] | None = None,
+) -> None:
+    """Write ``metrics.json`` atomically and print a one-line verdict.
+
+    ``parameters`` is filled in by the runner, which knows what it injected (the notebook's
+    defaults overridden by smoke values and the user's ``-p``); a notebook need not pass it.
+
+    ``headline`` is the one number a reader should remember, measured with the bug and with the
+    fix: ``{"what": str, "unit": str, "bug": float, "fix": float}`` (the report leads with it).
+
+    ``not_shown``: why this checkpoint cannot show (part of) the pitfall (``cannot_show``), recorded
+    as ``metrics["not_shown"]``; ``None`` or empty when everything was measured.
+    """
+    reasons = [not_shown] if isinstance(not_shown, str) else [r for r in (not_shown or []) if r]
+    if reasons:
+        metrics = {**metrics, "not_shown": [*metrics.get("not_shown", []), *(cannot_show(r) for r in reasons)]}
+    if headline is not None:
+        missing = {"what", "unit", "bug", "fix"} - set(headline)
+        if missing:
+            raise ValueError(f"headline needs the keys what, unit, bug, fix; missing {sorted(missing)}")
+        headline = {"what": str(headline["what"]), "unit": str(headline["unit"]),
+                    "bug": float(headline["bug"]), "fix": float(headline["fix"])}
+    payload = jsonable(
+        {"notebook": notebook, "parameters": parameters, "reproduced": bool(reproduced), "fixed": bool(fixed),
+         "metrics": metrics, **({"headline": headline} if headline is not None else {})}
+    )
+    path = Path(out_dir) / "metrics.json"
+    atomic_write_json(path, payload)
+    print(f"{notebook}: bug reproduced = {payload['reproduced']}, fix shown = {payload['fixed']} → {path}")
+
+
+def cannot_show(reason: str, metrics: dict | None = None) -> str:
+    """Say that this checkpoint cannot show (part of) the pitfall, and why: printed for the reader and
+    recorded as ``metrics["not_shown"]`` (a list, one reason per part) for ``metrics.json``, so that a
+    verdict is never claimed for something that was not measured. Returns the reason."""
+    print(f"cannot show with this checkpoint: {reason}")
+    if metrics is not None:
+        metrics.setdefault("not_shown", []).append(reason)
+    return reason
+
+
+def stop_here(out_dir: str | Path, *, notebook: str, reason: str, metrics: dict | None = None) -> None:
+    """End the notebook early because this checkpoint cannot show the pitfall at all: print the
+    reason, write ``metrics.json`` with ``reproduced``/``fixed`` false, ``metrics["not_shown"]`` and
+    ``metrics["stopped"]``, then raise ``NotebookStopped`` (the runner reports "cannot show", not a
+    failure; opened by hand, the remaining cells are not meant to run)."""
+    from workbench.core.errors import NotebookStopped
+
+    write_metrics(out_dir, notebook=notebook, reproduced=False, fixed=False,
+                  metrics={**(metrics or {}), "stopped": reason}, not_shown=reason)
+    raise NotebookStopped(f"{notebook}: {reason}")
+
+
+def read_metrics(out_dir: str | Path) -> dict | None:
+    path = Path(out_dir) / "metrics.json"
+    return json.loads(path.read_text()) if path.is_file() else None

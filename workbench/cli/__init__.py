@@ -1,0 +1,2 @@
+"""The command line: ``python -m workbench {list,run,train,audit}`` (``main``).
+"""

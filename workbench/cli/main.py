@@ -1,0 +1,80 @@
+"""Command line: ``python -m workbench list`` and ``python -m workbench run``.
+
+Exit codes: 0 success, 1 a notebook failed, 2 bad input (unknown notebook or parameter, wrong
+type) — the message names the problem and the valid choices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from workbench.catalogue.listing import ParameterError, catalogue
+
+
+def _list(args) -> int:
+    for info in catalogue():
+        print(f"{info.stem}\n    {info.purpose}")
+        print("    parameters: " + ", ".join(f"{k}={v!r}" for k, v in info.parameters.items()))
+        if info.smoke_parameters:
+            print("    --smoke:    " + ", ".join(f"{k}={v!r}" for k, v in info.smoke_parameters.items()))
+    return 0
+
+
+def _run(args) -> int:
+    from workbench.catalogue.batch import run_catalogue
+
+    overrides = {}
+    for name, value in args.parameter or []:
+        overrides[name] = value
+    try:
+        out, results = run_catalogue(args.notebooks or None, smoke=args.smoke, overrides=overrides, out_dir=args.out,
+                                     progress=not args.quiet, render_html=not args.no_html, jobs_in_parallel=args.jobs)
+    except ParameterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    width = max(len(r.stem) for r in results)
+    for r in results:
+        line = f"{r.stem:<{width}}  {r.verdict:<26} {r.seconds:6.1f} s"
+        print(line + (f"  {r.error.splitlines()[0]}" if r.error else ""))
+    print(f"report: {out / 'index.html'}")
+    failed = [r.stem for r in results if not r.ok]
+    if failed:
+        print(f"{len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workbench", description="RLHF pitfalls workbench")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list the notebooks with their parameters and purpose").set_defaults(func=_list)
+    run = sub.add_parser("run", help="execute notebooks with papermill and write an HTML report")
+    run.add_argument("notebooks", nargs="*", help="notebook stems (e.g. 01_position_ids), prefixes or paths; default: all")
+    run.add_argument("--smoke", action="store_true", help="each notebook's own small/fast parameters")
+    run.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"), help="set a parameter")
+    run.add_argument("--out", default=None, help="output folder (default: runs/<timestamp>)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("-j", "--jobs", type=int, default=2, help="notebooks executed at once (default 2; threads are shared)")
+    run.add_argument("--no-html", action="store_true", help="skip rendering executed notebooks to HTML")
+    run.set_defaults(func=_run)
+    from workbench.cli.main import train
+
+    trainer = sub.add_parser("train", help="train with PPO, GRPO, DPO or SFT (resumes from --output-dir)")
+    train.add_arguments(trainer)
+    trainer.set_defaults(func=train.main)
+    from workbench.cli.main import audit as audit_command
+
+    audit = sub.add_parser("audit", help="run a workbench.audit check on your own loss / log-prob / generate / step function")
+    audit_command.add_arguments(audit)
+    audit.set_defaults(func=audit_command.main)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ParameterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

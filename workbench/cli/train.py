@@ -1,0 +1,148 @@
+"""Command-line training entry point: ``python -m workbench train {ppo,grpo,dpo,sft} ...``.
+
+The same entry point runs in one process or under ``accelerate launch`` (see ``distributed.py``).
+Every bad input is an error that names the problem and the fix, with exit code 2: an unknown or
+mistyped ``--set`` field, an invalid config value, a missing/unsafe checkpoint, a tokenizer with
+pad == EOS, an empty or missing dataset, a prompt that does not fit the model's context.
+
+A run writes checkpoints atomically into ``--output-dir``; running the same command again resumes
+from the latest one (weights, optimiser, RNG and history), so a killed run finishes with exactly the
+numbers an uninterrupted run would have given. The final history goes to ``history.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from workbench.core.config_options import add_config_arguments, config_values, convert_field
+from workbench.core.errors import InputError, ModelLoadError, ParameterError
+from workbench.trainers.checkpointing import atomic_write_json
+
+TRAINERS = ("ppo", "grpo", "dpo", "sft")
+
+
+def trainer_classes(kind: str):
+    if kind == "ppo":
+        from workbench.trainers.ppo import PPOConfig, PPOTrainer
+        return PPOConfig, PPOTrainer
+    if kind == "grpo":
+        from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
+        return GRPOConfig, GRPOTrainer
+    if kind == "dpo":
+        from workbench.trainers.dpo import DPOConfig, DPOTrainer
+        return DPOConfig, DPOTrainer
+    from workbench.trainers.sft import SFTConfig, SFTTrainer
+    return SFTConfig, SFTTrainer
+
+
+def build_config(config_cls, assignments: list[str], output_dir: str | None, options: dict | None = None):
+    """A config from ``--field VALUE`` options (already converted) and ``--set key=value`` strings,
+    converted to each field's type; ``--set`` wins where both name a field."""
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    values = dict(options or {})
+    for assignment in assignments:
+        if "=" not in assignment:
+            raise InputError(f"--set expects key=value, got {assignment!r}")
+        key, text = assignment.split("=", 1)
+        if key not in fields:
+            raise InputError(f"{config_cls.__name__} has no field {key!r}; valid fields: {', '.join(fields)}")
+        values[key] = convert_field(fields[key], text)
+    if output_dir is not None:
+        values["output_dir"] = output_dir
+    return config_cls(**values)
+
+
+def check_context_fits(model, tokenizer, prompts: list[str], max_new_tokens: int, chat_template: str = "auto") -> None:
+    """Raise when a prompt plus the response budget exceeds the model's context window."""
+    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    if limit is None:
+        return
+    from workbench.tasks import prompt_ids
+
+    longest = max(len(prompt_ids(tokenizer, p, chat_template)) for p in prompts)
+    if longest + max_new_tokens > limit:
+        raise InputError(
+            f"the longest prompt has {longest} tokens and max_new_tokens={max_new_tokens}: {longest + max_new_tokens} > "
+            f"the model's context of {limit} positions. Shorten or filter the prompts, or lower max_new_tokens."
+        )
+
+
+def load_data(kind: str, path: str | None, limit: int | None):
+    from workbench import tasks
+
+    if kind == "dpo":
+        rows = tasks.load_preferences(path or tasks.TRAIN_PREFERENCES)
+    else:
+        rows = tasks.load_problems(path or tasks.TRAIN_PROMPTS)
+    return rows[:limit] if limit else rows
+
+
+def run(args) -> dict:
+    from workbench.modeling.models import load
+
+    config_cls, trainer_cls = trainer_classes(args.trainer)
+    config = build_config(config_cls, args.set or [], args.output_dir, config_values(args))
+    config.progress = config.progress and not args.quiet
+    data = load_data(args.trainer, args.data, args.limit)
+    policy, tokenizer = load(args.model, device=args.device, pad_token=args.pad_token, verbose=not args.quiet)
+    if args.trainer in ("ppo", "grpo"):
+        check_context_fits(policy, tokenizer, [p.prompt for p in data], config.max_new_tokens, config.chat_template)
+    trainer = trainer_cls(policy, tokenizer, data, config)
+    if not args.quiet and hasattr(trainer, "learning_rate") and isinstance(trainer.learning_rate, float):
+        print(f"learning rate {trainer.learning_rate:.3g} (config: {config.learning_rate!r}); precision {config.precision}")
+    history = trainer.train()
+    summary = {"trainer": args.trainer, "model": args.model, "config": config.to_dict(), "history": history}
+    if config.output_dir and trainer.is_main_process:
+        atomic_write_json(Path(config.output_dir) / "history.json", summary)
+    return summary
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny-arith-qwen2", help="built-in name or local checkpoint folder")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, …")
+    parser.add_argument("--pad-token", default="auto",
+                        help="auto: the tokenizer's, else a safe choice (printed; never EOS); or a token, added if new")
+    parser.add_argument("--output-dir", default=None, help="checkpoints and history; rerun to resume")
+    parser.add_argument("--data", default=None, help="JSONL prompts (ppo/grpo/sft) or preference pairs (dpo)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N rows of the data")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config field (repeatable; same as --KEY VALUE)")
+    parser.add_argument("--quiet", action="store_true")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``train {ppo,grpo,dpo,sft}``: one sub-command per trainer, each with its config's fields as
+    documented options (``python -m workbench train grpo --help``)."""
+    sub = parser.add_subparsers(dest="trainer", required=True, metavar="{" + ",".join(TRAINERS) + "}")
+    for kind in TRAINERS:
+        config_cls, trainer_cls = trainer_classes(kind)
+        summary = (sys.modules[trainer_cls.__module__].__doc__ or "").strip().splitlines()[0]
+        trainer = sub.add_parser(kind, help=summary, description=f"{summary} Every config field below is an option; "
+                                 "the pitfall switches default to the fix.")
+        add_common_arguments(trainer)
+        add_config_arguments(trainer, config_cls, skip=("output_dir", "progress"))
+
+
+def main(args) -> int:
+    from workbench.trainers.base import ConfigError, NonFiniteError
+    from workbench.trainers.distributed import Distributed
+
+    try:
+        summary = run(args)
+        Distributed.current().close()
+    except (InputError, ConfigError, ModelLoadError, ParameterError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # e.g. an empty dataset
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except NonFiniteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    last = summary["history"][-1] if summary["history"] else {}
+    if int(os.environ.get("RANK", "0")) == 0:
+            print("done: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items() if isinstance(v, float)))
+    return 0

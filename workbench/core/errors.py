@@ -1,0 +1,58 @@
+"""Every exception the workbench raises on purpose, in one place.
+
+Each one means "bad input or an unsafe state, and the message says the fix"; the command line turns
+the input errors into exit code 2. The modules that raise them re-export them under their old
+import paths (``workbench.modeling.models.ModelLoadError`` …), so either import works. Nothing here imports
+anything: ``workbench.audit`` (torch and the standard library only) uses these classes too.
+"""
+
+
+class NonFiniteError(FloatingPointError):
+    """A loss, gradient or logit became NaN or infinite; the run stopped before corrupting the weights."""
+
+
+class ConfigError(ValueError):
+    """An invalid trainer configuration value; the message names the field and the fix."""
+
+
+class InputError(ValueError):
+    """Bad command-line input detected before training starts."""
+
+
+class ParameterError(ValueError):
+    """A notebook parameter (or a typed command-line value) that does not exist or has the wrong type."""
+
+
+class ModelLoadError(ValueError):
+    """A checkpoint or tokenizer that the workbench refuses to load, with the fix in the message."""
+
+
+class AttentionBackendUnavailable(RuntimeError):
+    """An attention implementation was requested that cannot run on this machine."""
+
+
+class PromptMaskError(ValueError):
+    """Prompt lengths and loss-mask rows disagree in number (the S4 zip truncation)."""
+
+
+class RightPaddingError(ValueError):
+    """A right-padded batch where right padding is unsafe (cached generation / old Qwen2 flash path)."""
+
+
+class AuditSignatureError(TypeError):
+    """A user callable whose signature (or return value) is not what the audit check expects."""
+
+
+class AuditInputError(ValueError):
+    """A MODULE:FUNCTION spec that does not name an importable callable."""
+
+
+class ResumeError(InputError):
+    """An output folder whose checkpoints cannot be resumed as asked: saved under another config, or
+    with no checkpoint that verifies. Nothing was trained; the message gives the ways forward."""
+
+
+class NotebookStopped(Exception):
+    """Raised by ``nbtools.stop_here`` after a notebook recorded why this checkpoint cannot show its
+    pitfall at all (e.g. a chat-template pitfall on a checkpoint without a template). The runner counts
+    such a run as completed, with the reason in ``metrics.json``, not as a failure."""

@@ -1,0 +1,267 @@
+"""Pitfall S1: left padding without explicit position ids.
+
+A Hugging Face causal LM given only ``input_ids`` and ``attention_mask`` numbers positions
+0..T−1 whatever the padding, so a left-padded row's real tokens sit at positions shifted by its
+pad count. With rotary embeddings (Llama, Qwen2) attention only sees position *differences*, so
+the shift cancels up to float rounding; with learned absolute positions (GPT-2) every token gets
+a different position vector and the logits change.
+
+``logprob_drift`` measures it: the largest |Δ log p(token)| between each text scored alone
+(no padding, the reference) and the same text in a padded batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from workbench.core.batching import pad_sequences
+from workbench.modeling.scoring import token_logprobs
+from workbench.viz import plots
+from workbench.viz.plots import draw_floor
+
+
+@torch.no_grad()
+def logprobs_alone(model, rows: list[list[int]]) -> list[torch.Tensor]:
+    """Per-token log-probs of each row scored on its own (batch of one, no padding)."""
+    out = []
+    for row in rows:
+        ids = torch.tensor([row], device=model.device)
+        out.append(token_logprobs(model, ids, torch.ones_like(ids), position_ids="mask")[0].float())
+    return out
+
+
+@torch.no_grad()
+def logprobs_padded(model, rows: list[list[int]], *, pad_token_id: int, side: str, extra_pad: int, position_ids: str) -> list[torch.Tensor]:
+    """Per-token log-probs of each row's real tokens when scored in one padded batch.
+
+    ``extra_pad`` pads every row by that many more tokens than the longest row needs.
+    """
+    width = max(len(r) for r in rows) + extra_pad
+    ids, mask = pad_sequences(rows, pad_token_id, side=side, length=width)
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    logprobs = token_logprobs(model, ids, mask, position_ids=position_ids).float()
+    out = []
+    for i, row in enumerate(rows):
+        n = len(row)
+        start = width - n if side == "left" else 0
+        # target t (t ≥ 1) of the row sits at column start + t, i.e. logprob index start + t − 1
+        out.append(logprobs[i, start : start + n - 1])
+    return out
+
+
+def logprob_drift(
+    model, rows: list[list[int]], *, pad_token_id: int, side: str = "left", extra_pad: int = 0, position_ids: str = "model"
+) -> float:
+    """max |log p_padded − log p_alone| over every real token of every row."""
+    alone = logprobs_alone(model, rows)
+    padded = logprobs_padded(model, rows, pad_token_id=pad_token_id, side=side, extra_pad=extra_pad, position_ids=position_ids)
+    return max(float((a - p).abs().max()) for a, p in zip(alone, padded, strict=True) if len(a))
+
+
+def drift_table(model, rows, *, pad_token_id: int, extra_pads=(0, 4, 16), sides=("left", "right")) -> list[dict]:
+    """Drift for every side × pad length × position-ids mode: rows of a tidy table."""
+    table = []
+    for side in sides:
+        for extra_pad in extra_pads:
+            for mode in ("model", "mask"):
+                drift = logprob_drift(model, rows, pad_token_id=pad_token_id, side=side, extra_pad=extra_pad, position_ids=mode)
+                table.append({"side": side, "extra_pad": extra_pad, "position_ids": mode, "max_abs_dlogp": drift})
+    return table
+
+
+@torch.no_grad()
+def first_step_mismatch(model, tokenizer, prompts: list[str], *, position_ids: str, max_new_tokens: int = 8, seed: int = 0) -> dict:
+    """What S1 does to PPO before any update.
+
+    Responses are sampled with mask-derived positions (as ``generate`` does) and their log-probs
+    recorded; the training forward then rescores them with ``position_ids``. With a reference
+    model identical to the policy, the importance ratio ρ = exp(logp_train − logp_rollout) should
+    be exactly 1 and the per-token KL estimate (k1 = logp_rollout − logp_ref) exactly 0.
+    """
+    from workbench.modeling.rollout import sample
+    from workbench.modeling.scoring import response_logprobs
+    from workbench.tasks import encode_prompts
+
+    ids, mask = encode_prompts(tokenizer, prompts)
+    rollout = sample(
+        model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed),
+    )
+    train_logp = response_logprobs(model, ids, mask, rollout.response_ids, rollout.response_mask, position_ids=position_ids)
+    response_mask = rollout.response_mask.bool()
+    gap = (train_logp - rollout.rollout_logprobs)[response_mask]
+    kl_k1 = (rollout.rollout_logprobs - train_logp)[response_mask]  # reference = the same weights
+    return {
+        "max_ratio_deviation": float((gap.exp() - 1).abs().max()),
+        "mean_abs_kl_k1": float(kl_k1.abs().mean()),
+        "sequence_kl_k1": float(((rollout.rollout_logprobs - train_logp) * rollout.response_mask).sum(-1).mean()),
+        "max_abs_logp_gap": float(gap.abs().max()),
+    }
+
+
+# ---- sweeps, verdict and figures (notebooks 00 and 01) ----------------------------------------
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def per_text_drift(model, rows, *, pad_token_id: int, extra_pad: int, position_ids: str, side: str = "left") -> list[float]:
+    """max |Δ log p| of each row, padded (``side``, ``extra_pad``) vs alone."""
+    alone = logprobs_alone(model, rows)
+    padded = logprobs_padded(model, rows, pad_token_id=pad_token_id, side=side, extra_pad=extra_pad, position_ids=position_ids)
+    return [float((a - p).abs().max()) if len(a) else 0.0 for a, p in zip(alone, padded, strict=True)]
+
+
+def drift_sweep(texts: list[str], pad_lengths, *, seed: int = 0, architectures=None, dtypes=("fp32", "bf16")) -> dict:
+    """``drift_table`` for every tiny architecture × dtype: ``{(arch, dtype, side, mode): [drift per pad length]}``."""
+    from workbench.modeling.models import ARCHITECTURES, tiny_model
+
+    sweep = {}
+    for arch in architectures or ARCHITECTURES:
+        for dtype in dtypes:
+            model, tokenizer = tiny_model(arch, seed=seed, dtype=DTYPES[dtype])
+            rows = [tokenizer(t)["input_ids"] for t in texts]
+            for r in drift_table(model, rows, pad_token_id=tokenizer.pad_token_id, extra_pads=tuple(pad_lengths)):
+                sweep.setdefault((arch, dtype, r["side"], r["position_ids"]), []).append(r["max_abs_dlogp"])
+    return sweep
+
+
+def worst(sweep: dict, arch: str, dtype: str = "fp32", mode: str = "model", sides=("left", "right")) -> float:
+    """The largest drift over pad lengths and ``sides`` of one architecture, dtype and mode."""
+    return max(max(sweep[arch, dtype, side, mode]) for side in sides)
+
+
+def bf16_rope_conclusion(sweep: dict, rope=("llama", "qwen2"), factor: float = 2.0) -> tuple[float, float, str]:
+    """Left-padding drift of rotary models in bf16 without (bug) and with (fix) position ids, and
+    the conclusion chosen by the numbers: does the position shift add anything to bf16 rounding?"""
+    bug = max(worst(sweep, a, "bf16", "model", ("left",)) for a in rope)
+    fix = max(worst(sweep, a, "bf16", "mask", ("left",)) for a in rope)
+    if bug > factor * max(fix, 1e-12):
+        text = (f"rotary models in bf16: {bug:.1e} without position ids vs {fix:.1e} with: "
+                "the shift is visible above bf16 rounding")
+    else:
+        text = (f"rotary models in bf16: {bug:.1e} without position ids vs {fix:.1e} with: both are bf16 rounding, "
+                "the fix changes nothing measurable")
+    return bug, fix, text
+
+
+def verdict(drift_bug: float, drift_fix: float, *, threshold: float = 1e-2, tolerance: float = 1e-4) -> tuple[bool, bool]:
+    """(reproduced, fixed): the drift without position ids exceeds ``threshold`` nats, and with
+    mask-derived position ids it is float noise (≤ ``tolerance``)."""
+    return bool(drift_bug > threshold), bool(drift_fix <= tolerance)
+
+
+def not_shown(model, drift_bug: float, *, threshold: float = 1e-2) -> str | None:
+    """Why ``model`` cannot show S1 in this precision, or None: with rotary positions the shift
+    cancels up to rounding, so the drift (or first-step |ρ − 1|) without position ids stays below ``threshold``."""
+    from workbench.modeling.models import uses_rope
+
+    if drift_bug > threshold or not uses_rope(model):
+        return None
+    return (f"{model.config.model_type} has rotary positions: the left-padding shift cancels up to rounding (largest effect "
+            f"without position ids {drift_bug:.1e} ≤ {threshold:g} in {next(model.parameters()).dtype}); a checkpoint with "
+            "learned absolute positions (realistic-gpt2) shows it")
+
+
+def first_step_table(names, prompts: list[str], *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto") -> dict:
+    """``first_step_mismatch`` for each model name × position-ids mode: ``{(name, mode): result}``
+    (``device``, ``pad_token``: as for ``workbench.modeling.models.load``)."""
+    from workbench.modeling.models import load
+
+    table = {}
+    for name in names:
+        model, tokenizer = load(name, device=device, pad_token=pad_token)
+        for mode in ("model", "mask"):
+            table[name, mode] = first_step_mismatch(model, tokenizer, prompts, position_ids=mode, seed=seed)
+    return table
+
+
+def _nonzero(values):
+    return [v if v > 0 else float("nan") for v in values]
+
+
+def tint_positions(ax, bug: bool) -> None:
+    """Recolour a ``plots.plot_positions`` grid by convention: bug in oranges (vermilion family), fix in blues,
+    so the panel with the bug's positions never reads as the fix."""
+    for image in ax.get_images():
+        image.set_cmap("Oranges" if bug else "Blues")
+
+
+def plot_drift_per_text(ax, texts: list[str], drift: dict[str, list[float]]) -> None:
+    """Bars per text, bug (``model``) beside fix (``mask``); an exact 0 is written, not drawn."""
+    width = 0.4
+    for offset, mode in ((-width / 2, "model"), (width / 2, "mask")):
+        x = [i + offset for i in range(len(texts))]
+        values = drift.get(mode)
+        if values is None:
+            continue
+        ax.bar(x, _nonzero(values), width, color=plots.bug_fix_color(mode == "model"),
+               label="position ids left to the model (bug)" if mode == "model" else "position ids from the mask (fix)")
+        for xi, v in zip(x, values, strict=True):
+            if v == 0:
+                ax.text(xi, 1e-8, "0", ha="center", va="bottom", fontsize=7, color=plots.bug_fix_color(mode == "model"))
+    ax.set_yscale("log")
+    ax.set_ylim(1e-8, 10)
+    ax.set_xticks(range(len(texts)), texts, rotation=30, fontsize=8)
+    ax.set_ylabel("max |Δ log p| vs unpadded (nats)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def plot_drift_heatmap(ax, sweep: dict, fig=None):
+    """Median over pad lengths of the drift, per architecture × dtype (rows) and side × mode (columns)."""
+    import numpy as np
+
+    archs = sorted({k[0] for k in sweep}, key=["llama", "qwen2", "gpt2"].index)
+    dtypes = [d for d in DTYPES if any(k[1] == d for k in sweep)]
+    columns = [(side, mode) for side in ("left", "right") for mode in ("model", "mask")]
+    rows = [(a, d) for a in archs for d in dtypes]
+    table = np.array([[float(np.median(sweep[a, d, s, m])) for s, m in columns] for a, d in rows])
+    shown = np.where(table > 0, np.log10(np.where(table > 0, table, 1)), -9)
+    image = ax.imshow(shown, cmap="magma_r", aspect="auto", vmin=-9, vmax=0)
+    ax.set_xticks(range(len(columns)), [f"{s} pad\n{m}" for s, m in columns])
+    ax.set_xlabel("padding side, position_ids mode (model = bug, mask = fix)")
+    ax.set_yticks(range(len(rows)), [f"{a} {d}" for a, d in rows])
+    plots.annotate_grid(ax, [["0" if v == 0 else f"{v:.0e}" for v in row] for row in table], color="white")
+    ax.grid(False)
+    if fig is not None:
+        fig.colorbar(image, ax=ax, label="log10 median max |Δ log p| (nats); 0 drawn at −9")
+    ax.set_title("Median over pad lengths of the worst log-prob drift")
+    return table
+
+
+def plot_drift_vs_pad(axes, sweep: dict, pad_lengths) -> None:
+    """One panel per dtype: left-padding drift vs pad length, per architecture, bug and fix. Exact zeros
+    are drawn on a labelled dotted floor a decade under the panel's smallest non-zero value, so a fix
+    series that is 0 at most pad lengths stays a visible line."""
+    archs = sorted({k[0] for k in sweep}, key=["llama", "qwen2", "gpt2"].index)
+    for ax, dtype in zip(axes, DTYPES, strict=False):
+        positive = [v for arch in archs for mode in ("model", "mask") for v in sweep[arch, dtype, "left", mode] if v > 0]
+        floor = 10.0 ** (math.floor(math.log10(min(positive))) - 1) if positive else 1e-9
+        for i, arch in enumerate(archs):
+            for mode, bug in (("model", True), ("mask", False)):
+                # fix: large hollow markers underneath, bug: small filled ones on top (they coincide for RoPE in fp32)
+                ax.plot(list(pad_lengths), [max(v, floor) for v in sweep[arch, dtype, "left", mode]], plots.LINE_STYLES[i],
+                        marker=plots.MARKERS[i], color=plots.bug_fix_color(bug), zorder=(6 if bug else 3) - i / 10,
+                        markersize=4 if bug else 9, markerfacecolor=None if bug else "none",
+                        label=f"{arch}, position_ids={'model (bug)' if bug else 'mask (fix)'}")
+        ax.set_yscale("log")
+        if any(v == 0 for arch in archs for mode in ("model", "mask") for v in sweep[arch, dtype, "left", mode]):
+            draw_floor(ax, floor)
+        ax.set_xlabel("extra left-pad tokens per row")
+        ax.set_ylabel("max |Δ log p| vs unpadded (nats)")
+        ax.set_title(f"left padding, {dtype}")
+    axes[0].legend(fontsize=7)
+
+
+def plot_first_step(ax, table: dict) -> None:
+    """max |ρ − 1| before any update per model, bug vs fix; an exact 0 is written on its bar."""
+    labels = [f"{name}\n{mode}" for name, mode in table]
+    values = [r["max_ratio_deviation"] for r in table.values()]
+    colors = [plots.bug_fix_color(mode == "model") for _, mode in table]
+    ax.bar(labels, _nonzero(values), color=colors)
+    for i, v in enumerate(values):
+        ax.text(i, v if v > 0 else 1e-8, f"{v:.1e}" if v > 0 else "0", ha="center", va="bottom", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylim(1e-8, 10)
+    ax.set_ylabel("max |ρ − 1| before any update")
+    ax.set_title("First-step importance ratio (bug: position_ids=model)")

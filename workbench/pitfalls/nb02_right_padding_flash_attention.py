@@ -1,0 +1,325 @@
+"""Pitfall S2: right padding, Qwen2 + flash-attention, and padding-free batches.
+
+After sampling, a PPO actor marks everything after EOS as padding: rows that stopped early end
+in zeros, so the batch is *right*-padded. transformers 4.37.0–4.41.2 ``Qwen2Model.forward``
+refused such batches with flash_attention_2 whenever ``use_cache`` was true (the config default,
+so training forwards hit it too)::
+
+    is_padding_right = attention_mask[:, -1].sum().item() != batch_size
+    → ValueError("You are attempting to perform batched generation with padding_side='right' ...")
+
+The check guarded a real hazard that is silent today: in batched *cached generation* a
+right-padded row's new tokens are appended after its pads, so its continuation is predicted from
+a pad position and differs from generating that row alone. Left padding (with mask-derived
+position ids) is exact; for training forwards, padding-free packing avoids padding altogether.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from workbench.core.batching import pad_sequences, padding_side_of
+from workbench.core.errors import RightPaddingError  # noqa: F401  (re-exported)
+from workbench.modeling.rollout import truncate_after_eos
+from workbench.viz import plots
+
+TRANSFORMERS_MESSAGE = (
+    "You are attempting to perform batched generation with padding_side='right' this may lead to unexpected "
+    "behaviour for Flash Attention version of Qwen2. Make sure to  call `tokenizer.padding_side  = 'left'` "
+    "before tokenizing the input."
+)
+
+
+@dataclass
+class PaddingReport:
+    padding_side: str
+    """``left``, ``right``, ``none`` or ``mixed`` (see ``batching.padding_side_of``)."""
+    right_padded: bool
+    """transformers' own test: some row's last column is padding (``mask[:, -1].sum() != B``)."""
+    rows_ending_in_padding: list[int]
+    would_raise_in_transformers_4_37_to_4_41: bool
+    """Qwen2 + flash_attention_2 + use_cache + right padding: the old ValueError."""
+
+    def __str__(self) -> str:
+        verdict = "would raise" if self.would_raise_in_transformers_4_37_to_4_41 else "passes"
+        return (f"padding={self.padding_side}, right-padded={self.right_padded} "
+                f"(rows {self.rows_ending_in_padding[:8]}{'…' if len(self.rows_ending_in_padding) > 8 else ''}); "
+                f"transformers 4.37–4.41 Qwen2 flash-attention check: {verdict}")
+
+
+def padding_guard(
+    attention_mask: torch.Tensor, *, use_cache: bool = True, attn_implementation: str = "flash_attention_2", model_type: str = "qwen2"
+) -> PaddingReport:
+    """Classify a batch's padding and say whether the old Qwen2 flash-attention check would fire."""
+    last_column = attention_mask[:, -1]
+    right_padded = bool(last_column.sum().item() != attention_mask.shape[0])
+    return PaddingReport(
+        padding_side=padding_side_of(attention_mask),
+        right_padded=right_padded,
+        rows_ending_in_padding=torch.nonzero(last_column == 0).flatten().tolist(),
+        would_raise_in_transformers_4_37_to_4_41=(
+            right_padded and use_cache and attn_implementation == "flash_attention_2" and model_type == "qwen2"
+        ),
+    )
+
+
+def assert_not_right_padded(attention_mask: torch.Tensor, *, use_cache: bool = True) -> None:
+    """Raise ``RightPaddingError`` on a right-padded batch when a cache is in use (drop-in assertion)."""
+    report = padding_guard(attention_mask, use_cache=use_cache)
+    if report.right_padded and use_cache:
+        raise RightPaddingError(
+            f"{TRANSFORMERS_MESSAGE} ({report}). Left-pad prompts for generation, or score with use_cache=False "
+            "(or padding-free packed batches) for training forwards."
+        )
+
+
+@torch.no_grad()
+def greedy_continuations(model, tokenizer, prompts: list[str], *, side: str, max_new_tokens: int) -> list[list[int]]:
+    """Greedy, cached, batched ``generate`` with prompts padded on ``side``; continuations cut after EOS."""
+    rows = [tokenizer(p)["input_ids"] for p in prompts]
+    ids, mask = pad_sequences(rows, tokenizer.pad_token_id, side=side)
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_cache=True,
+    )
+    continuation, keep = truncate_after_eos(out[:, ids.shape[1]:], tokenizer.eos_token_id, tokenizer.pad_token_id)
+    return [row[k.bool()].tolist() for row, k in zip(continuation, keep, strict=True)]
+
+
+def generation_divergence(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 6) -> dict:
+    """How many rows' greedy continuations differ from generating each row alone, per padding side."""
+    alone = [greedy_continuations(model, tokenizer, [p], side="left", max_new_tokens=max_new_tokens)[0] for p in prompts]
+    result = {"rows": len(prompts), "alone": alone}
+    for side in ("left", "right"):
+        batched = greedy_continuations(model, tokenizer, prompts, side=side, max_new_tokens=max_new_tokens)
+        result[f"{side}_divergent_rows"] = sum(a != b for a, b in zip(alone, batched, strict=True))
+        result[side] = batched
+    return result
+
+
+def scoring_throughput(model, sequences: list[list[int]], *, packed: bool, pad_token_id: int, repeats: int = 5) -> float:
+    """Real tokens scored per second (median of ``repeats``), padded (right) or packed."""
+    from workbench.modeling.scoring import token_logprobs
+
+    ids, mask = pad_sequences(sequences, pad_token_id, side="right")
+    real_tokens = int(mask.sum())
+    times = []
+    with torch.no_grad():
+        token_logprobs(model, ids, mask, packed=packed)  # warm-up
+        for _ in range(repeats):
+            start = time.perf_counter()
+            token_logprobs(model, ids, mask, packed=packed)
+            times.append(time.perf_counter() - start)
+    return real_tokens / sorted(times)[len(times) // 2]
+
+
+# ---- sweeps, verdict and figures (notebook 02) ------------------------------------------------
+class _Capture(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def captured_transformers_warnings():
+    """Collect transformers' logged warnings (e.g. generate's right-padding warning) instead of
+    printing each one; yields the list they are appended to."""
+    handler = _Capture()
+    logger = logging.getLogger("transformers")
+    default = logger.handlers[:]
+    for h in default:
+        logger.removeHandler(h)
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+        for h in default:
+            logger.addHandler(h)
+        logger.propagate = propagate
+
+
+def divergence_sweep(models: dict[str, tuple], prompts: list[str], *, max_new_tokens: int = 6) -> tuple[dict, list[str]]:
+    """``generation_divergence`` per model; returns it and the distinct transformers warnings raised."""
+    results = {}
+    with captured_transformers_warnings() as messages:
+        for name, (model, tokenizer) in models.items():
+            results[name] = generation_divergence(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
+    return results, list(dict.fromkeys(messages))
+
+
+@torch.no_grad()
+def packed_vs_alone(model, sequences: list[list[int]]) -> dict[str, float]:
+    """max |Δ log p| of packed scoring vs each sequence alone: correct packing, packing with the
+    cache left on, and (a term that should not exist) labels rolled across the packed row."""
+    from workbench.core.batching import pack_sequences, unpack_token_values
+    from workbench.modeling.scoring import logprobs_from_logits
+
+    device = model.device
+    alone = [logprobs_from_logits(model(input_ids=torch.tensor([s], device=device)).logits[0, :-1],
+                                  torch.tensor(s[1:], device=device)) for s in sequences]
+    batch = pack_sequences(sequences)
+    inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.model_inputs().items()}
+    out = {}
+    for label, use_cache in (("packed", False), ("packed, cache on", True)):
+        logits = model(**{**inputs, "use_cache": use_cache}).logits[0]
+        parts = unpack_token_values(logprobs_from_logits(logits, batch.targets[0].to(device)), batch.lengths)
+        out[label] = max(float((a - p[:-1]).abs().max()) for a, p in zip(alone, parts, strict=True))
+    rolled = unpack_token_values(logprobs_from_logits(model(**inputs).logits[0], torch.roll(batch.input_ids[0], -1).to(device)),
+                                 batch.lengths)
+    # each sequence's last position now "predicts" the next sequence's first token
+    out["labels rolled on the packed row"] = max(float(r[-1].abs()) for r in rolled[:-1])
+    return out
+
+
+def ragged_sequences(tokenizer, n: int, *, seed: int = 0, lengths=(8, 16, 32, 64, 128, 200),
+                     max_length: int | None = None) -> list[list[int]]:
+    """``n`` random token sequences of mixed lengths (a ragged batch for the throughput comparison),
+    none longer than ``max_length`` (the model's context: learned positions end there)."""
+    import random
+
+    if max_length:
+        lengths = [length for length in lengths if length <= max_length] or [max_length]
+    rng = random.Random(seed)
+    def first():  # BOS where the tokenizer has one (Qwen2-style tokenizers have none: a random token then)
+        return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else rng.randrange(4, len(tokenizer))
+
+    return [[first()] + [rng.randrange(4, len(tokenizer)) for _ in range(rng.choice(lengths) - 1)] for _ in range(n)]
+
+
+def attention_entries(lengths: list[int]) -> dict[str, int]:
+    """Attention score entries per layer and head: padded, packed with one dense block-diagonal
+    mask (CPU sdpa), packed with variable-length kernels (flash-attention)."""
+    return {"padded": len(lengths) * max(lengths) ** 2, "packed, dense mask": sum(lengths) ** 2,
+            "packed, varlen kernels": sum(n * n for n in lengths)}
+
+
+def throughput_note(lengths: list[int], speedup: float) -> str:
+    """Why packed scoring can be faster although its dense mask has more attention entries: per-token work
+    (embeddings, projections, MLP) scales with the tokens fed, rows × longest padded against Σ lengths packed."""
+    entries = attention_entries(lengths)
+    tokens = len(lengths) * max(lengths) / sum(lengths)
+    attention = entries["packed, dense mask"] / entries["padded"]
+    line = (f"packed/padded throughput {speedup:.2f}×; padded rows feed {tokens:.2f}× the tokens packing feeds, and the packed "
+            f"dense mask has {attention:.2f}× the attention entries of the padded batch")
+    if speedup > 1 and attention > 1:
+        line += ": the per-token work (projections, MLP) dominates at this size, so the token count decides, not the attention"
+    return line
+
+
+def flash_vs_sdpa(model_name: str, tokenizer, prompts: list[str]) -> float | None:
+    """max |Δ log p| between flash_attention_2 and sdpa (bf16, CUDA) on a left-padded batch; None without flash-attn."""
+    from workbench.modeling.models import flash_attention_status, load
+    from workbench.modeling.scoring import token_logprobs
+    from workbench.tasks import encode_prompts
+
+    if not flash_attention_status()[0]:
+        return None
+    flash, _ = load(model_name, device="cuda", dtype=torch.bfloat16, attn_implementation="flash_attention_2")
+    sdpa, _ = load(model_name, device="cuda", dtype=torch.bfloat16, attn_implementation="sdpa")
+    ids, mask = (t.cuda() for t in encode_prompts(tokenizer, prompts))
+    with torch.no_grad():
+        gap = (token_logprobs(flash, ids, mask) - token_logprobs(sdpa, ids, mask)) * mask[:, 1:]
+    return float(gap.abs().max())
+
+
+def verdict(divergence: dict, packed: dict, *, tolerance: float = 1e-5) -> tuple[bool, bool]:
+    """(reproduced, fixed): some right-padded row's cached greedy continuation differs from generating
+    it alone; no left-padded row does, and correct packing matches per-sequence scoring (≤ ``tolerance``)."""
+    reproduced = any(d["right_divergent_rows"] > 0 for d in divergence.values())
+    fixed = all(d["left_divergent_rows"] == 0 for d in divergence.values()) and all(
+        p["packed"] <= tolerance for p in packed.values())
+    return bool(reproduced), bool(fixed)
+
+
+def plot_divergence(ax, divergence: dict) -> None:
+    """Share of rows whose cached greedy continuation differs from generating alone, per model and
+    padding side, as % of the batch's rows with the count written on each bar (0 % bars included)."""
+    names = list(divergence)
+    for offset, side, bug in ((-0.2, "right", True), (0.2, "left", False)):
+        counts = [divergence[n][f"{side}_divergent_rows"] for n in names]
+        rows = [divergence[n]["rows"] for n in names]
+        x = [i + offset for i in range(len(names))]
+        ax.bar(x, [100 * c / r for c, r in zip(counts, rows, strict=True)], 0.4, color=plots.bug_fix_color(bug),
+               label=f"{side} padding ({'bug' if bug else 'fix'})")
+        for xi, c, r in zip(x, counts, rows, strict=True):
+            ax.text(xi, 100 * c / r + 1, f"{c}/{r}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylim(0, 115)
+    ax.set_ylabel("rows whose greedy continuation differs (%)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def plot_packed(axes, packed: dict, tolerance: float = 1e-5) -> None:
+    """Left: |Δ log p| of packed scoring (correct, cache on) per model; right: the cross-boundary
+    term rolled labels add. Exact zeros are written, not drawn."""
+    names = list(packed)
+    width = 0.8 / len(names)
+    for ax, labels in ((axes[0], ["packed", "packed, cache on"]), (axes[1], ["labels rolled on the packed row"])):
+        for i, name in enumerate(names):
+            x = [j + (i - (len(names) - 1) / 2) * width for j in range(len(labels))]
+            values = [packed[name][label] for label in labels]
+            ax.bar(x, [v if v > 0 else float("nan") for v in values], width, color=plots.SERIES_COLORS[i], label=name)
+            for xi, v in zip(x, values, strict=True):
+                if v == 0:
+                    ax.text(xi, tolerance / 100, "0", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_yscale("log")
+        ax.set_ylim(tolerance / 100, 100)
+    axes[0].axhline(tolerance, color=plots.NEUTRAL_COLOR, ls="--", lw=1, label=f"tolerance {tolerance:g}")
+    axes[0].text(0.01, tolerance, f"tolerance {tolerance:g}", transform=axes[0].get_yaxis_transform(), ha="left", va="bottom",
+                 fontsize=8, color=plots.NEUTRAL_COLOR)
+    axes[0].set_ylabel("max |Δ log p| vs scoring alone (nats)")
+    axes[1].set_ylabel("|log p| of the cross-boundary target (nats)")
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def plot_throughput(ax, throughput: dict[str, float], entries: dict[str, int]) -> None:
+    """Real tokens per second, padded vs packed, each bar labelled with its attention entry count."""
+    names = list(throughput)
+    ax.bar(names, [throughput[n] for n in names], color=[plots.NEUTRAL_COLOR, plots.SERIES_COLORS[2]])
+    for i, n in enumerate(names):
+        key = "padded" if n == "padded" else "packed, dense mask"
+        ax.text(i, throughput[n], f"{entries[key]:,} attention\nentries / head", ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, max(throughput.values()) * 1.35)
+    ax.set_ylabel("real tokens scored per second")
+
+
+def ppo_masks(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 8, seed: int = 0):
+    """Sample responses to left-padded prompts and mask after EOS, as a PPO actor does: returns
+    ``(ids, mask, prompt_width, report)`` with ``report = padding_guard(mask)`` (old Qwen2 flash check)."""
+    from workbench.modeling.rollout import sample
+    from workbench.tasks import encode_prompts
+
+    device = model.device
+    prompt_ids, prompt_mask = (t.to(device) for t in encode_prompts(tokenizer, prompts))
+    rollout = sample(model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id, generator=torch.Generator(device=device).manual_seed(seed))
+    ids, mask = (t.cpu() for t in rollout.sequences())
+    return ids, mask, prompt_ids.shape[1], padding_guard(mask, use_cache=True, attn_implementation="flash_attention_2",
+                                                         model_type="qwen2")
+
+
+def plot_ppo_masks(ax, ids, mask, prompt_width: int, report: PaddingReport, eos_token_id: int) -> None:
+    """The sequence mask with EOS cells marked, the prompt/response boundary, ◀ on right-padded rows."""
+    plots.plot_mask(ax, mask, "prompt (left-padded) + response (masked after EOS)", eos=(ids == eos_token_id) & (mask > 0))
+    ax.axvline(prompt_width - 0.5, color=plots.NEUTRAL_COLOR, lw=1)
+    for row in report.rows_ending_in_padding:
+        ax.text(mask.shape[1] - 0.5, row, "◀", color=plots.BUG_COLOR, va="center", fontsize=8)
+
+
+def divergent_example(divergence: dict, tokenizer, prompts: list[str]) -> str:
+    """One prompt whose right-padded continuation differs from generating it alone, as text."""
+    for prompt, alone, right in zip(prompts, divergence["alone"], divergence["right"], strict=True):
+        if alone != right:
+            return f"e.g. {prompt!r}: alone → {tokenizer.decode(alone)!r}, right-padded batch → {tokenizer.decode(right)!r}"
+    return "no row diverged"

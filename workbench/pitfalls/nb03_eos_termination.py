@@ -1,0 +1,180 @@
+"""Pitfall S3: rollouts that do not stop at EOS (and P8: pad token = EOS token).
+
+TRL's old PPOTrainer built its generation config without ``eos_token_id``: every rollout decoded
+``max_new_tokens`` steps and the text after the stop token was cut afterwards. In a batch, decoding
+can stop only when every row has finished, so the saving of the fix is
+``max_new_tokens − longest response`` steps per batch, and every token after a row's EOS is waste.
+
+``generation_cost`` measures both modes on the same prompts with the same random stream (the
+responses are identical, only the compute differs). ``eos_in_loss_mask`` shows the P8 variant: a
+loss mask inferred as ``ids != pad`` drops the EOS action when pad == EOS.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.modeling.rollout import Rollout, sample
+from workbench.tasks import encode_prompts
+
+
+def rollout_pair(model, tokenizer, prompts: list[str], *, max_new_tokens: int, seed: int = 0,
+                 temperature: float = 1.0) -> dict[str, Rollout]:
+    """The same prompts sampled with ``stop_at_eos`` True (fix) and False (bug), same random stream."""
+    ids, mask = encode_prompts(tokenizer, prompts)
+    out = {}
+    for name, stop in (("fix", True), ("bug", False)):
+        out[name] = sample(
+            model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, temperature=temperature, stop_at_eos=stop,
+            generator=torch.Generator().manual_seed(seed),
+        )
+    return out
+
+
+def generation_cost(rollout: Rollout) -> dict:
+    """Decode steps, tokens generated/needed, waste, wall time of one rollout."""
+    return {
+        "decode_steps": rollout.decode_steps,
+        "tokens_generated": rollout.tokens_generated,
+        "tokens_needed": rollout.tokens_needed,
+        "waste_fraction": rollout.waste_fraction,
+        "seconds": rollout.seconds,
+        "longest_response": int(rollout.response_lengths.max()),
+        "finished_fraction": float(rollout.finished.float().mean()),
+    }
+
+
+def same_responses(a: Rollout, b: Rollout) -> bool:
+    """Identical kept tokens and masks (the wider rollout's extra columns must be fully masked)."""
+    width = min(a.response_ids.shape[1], b.response_ids.shape[1])
+    wider = a if a.response_ids.shape[1] > width else b
+    return (
+        torch.equal(a.response_ids[:, :width], b.response_ids[:, :width])
+        and torch.equal(a.response_mask[:, :width], b.response_mask[:, :width])
+        and int(wider.response_mask[:, width:].sum()) == 0
+    )
+
+
+def mask_from_pad(response_ids: torch.Tensor, pad_token_id: int) -> torch.Tensor:
+    """The naive loss mask ``ids != pad`` some trainers infer after the fact."""
+    return (response_ids != pad_token_id).long()
+
+
+def eos_in_loss_mask(response_ids: torch.Tensor, loss_mask: torch.Tensor, eos_token_id: int) -> int:
+    """How many EOS actions the loss mask keeps (each finished response should keep one)."""
+    return int(((response_ids == eos_token_id) & loss_mask.bool()).sum())
+
+
+# ---- sweeps, verdict and figures (notebook 03) ------------------------------------------------
+def cost_sweep(model, tokenizer, prompts: list[str], batch_sizes, *, max_new_tokens: int, seed: int = 0) -> dict:
+    """``{batch_size: {"bug": cost, "fix": cost}}``; raises if stopping at EOS changed a kept token."""
+    costs = {}
+    for batch_size in batch_sizes:
+        pair = rollout_pair(model, tokenizer, prompts[:batch_size], max_new_tokens=max_new_tokens, seed=seed)
+        if not same_responses(pair["fix"], pair["bug"]):
+            raise AssertionError("stopping at EOS changed the kept tokens: the two rollouts must be identical")
+        costs[batch_size] = {name: generation_cost(r) for name, r in pair.items()}
+    return costs
+
+
+def one_step_gap(model_name: str, *, max_new_tokens: int, seed: int = 0, prompts_per_step: int = 16,
+                 **loading) -> tuple[dict, dict, float]:
+    """One PPO step from the same weights with ``stop_at_eos`` True and False: both step records and
+    the largest |difference| in reward, KL and losses (0 when masking after EOS is exact). ``loading``
+    (``device``, ``pad_token``, ``precision``) goes to ``comparison.train_variants``."""
+    from workbench.experiments.comparison import train_variants
+
+    runs = train_variants("ppo", model_name, {"fix": {"stop_at_eos": True}, "bug": {"stop_at_eos": False}}, steps=1,
+                          seeds=(seed,), max_new_tokens=max_new_tokens, prompts_per_step=prompts_per_step, mini_batches=2,
+                          **loading)
+    fix, bug = runs["fix"][0][0], runs["bug"][0][0]
+    return fix, bug, max(abs(fix[k] - bug[k]) for k in ("policy_loss", "value_loss", "reward", "kl"))
+
+
+def pad_equals_eos_masks(rollout: Rollout, eos_token_id: int) -> dict:
+    """The loss masks of one rollout with pad ≠ EOS (explicit mask) and with pad = EOS (``ids != pad``)."""
+    from workbench.modeling.rollout import truncate_after_eos
+
+    ids_pad_is_eos, _ = truncate_after_eos(rollout.response_ids, eos_token_id, eos_token_id)
+    naive = mask_from_pad(ids_pad_is_eos, eos_token_id)
+    return {"distinct": (rollout.response_ids, rollout.response_mask), "pad_is_eos": (ids_pad_is_eos, naive),
+            "eos_kept_distinct": eos_in_loss_mask(rollout.response_ids, rollout.response_mask, eos_token_id),
+            "eos_kept_pad_is_eos": eos_in_loss_mask(ids_pad_is_eos, naive, eos_token_id),
+            "finished": int(rollout.finished.sum())}
+
+
+def missing_eos_note(scores: torch.Tensor, finished: torch.Tensor, penalty: float) -> str:
+    """What ``missing_eos_penalty`` does to one batch, in words chosen by the counts: how many responses
+    were cut (no EOS), how many finished and were wrong, and where the penalty puts the cut ones."""
+    scores, finished = scores.float(), finished.bool()
+    cut, n = int((~finished).sum()), len(finished)
+    wrong = int((finished & (scores <= 0)).sum())
+    line = f"{cut}/{n} responses truncated (no EOS), {n - cut} finished, {wrong} of them wrong"
+    if cut == 0:
+        return line + "; nothing is truncated at this budget, so the penalty changes nothing"
+    before = float(scores[~finished].mean())
+    line += f"; truncated mean score {before:.3f} → {before - penalty:.3f} with missing_eos_penalty={penalty}"
+    if wrong == 0:
+        return line + "; no finished-but-wrong answer here to compare the truncated ones with"
+    floor = float(scores[finished & (scores <= 0)].max())
+    side = "below" if before - penalty < floor else "not below"
+    return line + f", {side} the finished-but-wrong answers (score {floor:.3f})"
+
+
+def verdict(costs: dict, loss_gap: float, tolerance: float = 1e-6) -> tuple[bool, bool]:
+    """(reproduced, fixed): at the largest batch the bug decodes more steps and tokens than needed;
+    with the fix every batch stops at its longest response and one PPO step is unchanged (≤ ``tolerance``)."""
+    largest = costs[max(costs)]
+    reproduced = largest["bug"]["tokens_generated"] > largest["bug"]["tokens_needed"] and \
+        largest["bug"]["decode_steps"] > largest["fix"]["decode_steps"]
+    fixed = all(c["fix"]["decode_steps"] == c["fix"]["longest_response"] for c in costs.values()) and loss_gap <= tolerance
+    return bool(reproduced), bool(fixed)
+
+
+def not_shown(costs: dict) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: when some response at the largest batch
+    runs to the length limit (an untrained checkpoint rarely emits a stop id), stopping at EOS decodes
+    as many steps as not stopping, so there is no saving to measure."""
+    largest = costs[max(costs)]
+    if largest["fix"]["decode_steps"] < largest["bug"]["decode_steps"]:
+        return None
+    return (f"at batch {max(costs)} some response runs to the limit of {largest['bug']['decode_steps']} tokens (only "
+            f"{largest['fix']['finished_fraction']:.0%} emit a stop id): stopping at EOS saves no decode step with this "
+            "checkpoint (an untrained one rarely stops); use a trained one")
+
+
+def plot_generation_cost(axes, costs: dict) -> None:
+    """Decoding steps, wasted share and wall time vs batch size, bug and fix."""
+    from workbench.viz import plots
+
+    sizes = sorted(costs)
+    for name, bug in (("bug", True), ("fix", False)):
+        kw = {"color": plots.bug_fix_color(bug), "marker": "o" if bug else "s", "ls": "-" if bug else "--",
+              "label": "always max_new_tokens (bug)" if bug else "stop at EOS (fix)"}
+        axes[0].plot(sizes, [costs[b][name]["decode_steps"] for b in sizes], **kw)
+        axes[1].plot(sizes, [costs[b][name]["waste_fraction"] * 100 for b in sizes], **kw)
+        axes[2].plot(sizes, [costs[b][name]["seconds"] * 1000 for b in sizes], **kw)
+    labels = ("decoding steps per batch", "generated tokens thrown away (%)", "rollout wall time (ms)")
+    for ax, label in zip(axes, labels, strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("rollout batch size (responses)")
+        ax.set_ylabel(label)
+    axes[0].legend()
+
+
+def plot_pad_eos_masks(axes, masks: dict, eos_token_id: int, rows: int = 16) -> None:
+    """The two loss masks side by side, EOS cells in the EOS colour (hatched where the mask drops them)."""
+    from workbench.viz import plots
+
+    for ax, key, title in ((axes[0], "distinct", "loss mask, pad ≠ EOS (EOS kept)"),
+                           (axes[1], "pad_is_eos", "loss mask = ids != pad, pad = EOS")):
+        ids, mask = masks[key]
+        plots.plot_mask(ax, mask[:rows], title, xlabel="response token", eos=(ids[:rows] == eos_token_id) & (mask[:rows] > 0)
+                        if key == "distinct" else _first_eos(ids[:rows], eos_token_id))
+
+
+def _first_eos(ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """True at each row's first EOS (with pad = EOS, later EOS cells are padding)."""
+    is_eos = ids == eos_token_id
+    return is_eos & (is_eos.long().cumsum(-1) == 1)

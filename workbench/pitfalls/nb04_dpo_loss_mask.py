@@ -1,0 +1,208 @@
+"""Pitfall S4: the DPO loss mask that covered only the chosen prompts.
+
+OpenRLHF's ``concatenated_forward`` stacks B chosen rows on B rejected rows and masked prompts
+with ``for mask, source_len in zip(loss_masks, prompt_id_lens): mask[:source_len] = False``.
+``loss_masks`` had 2B rows but ``prompt_id_lens`` B entries: ``zip`` stopped after B rows, so the
+rejected log-probs still summed their prompt tokens. The margin then gains
+−β[log π(prompt) − log π_ref(prompt)] from the rejected side only: 0 at step 0 (π = π_ref),
+then a gradient that lowers the prompt's likelihood and inflates margins and accuracies with
+something that is not preference.
+
+``check_prompt_lengths`` raises on the count mismatch that caused it; ``audit_loss_mask`` lists
+every row whose prompt tokens are counted; ``margin_decomposition`` splits the margin.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.core.errors import PromptMaskError  # noqa: F401  (re-exported)
+from workbench.experiments.comparison import Effect
+from workbench.trainers.dpo import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
+
+
+def check_prompt_lengths(num_rows: int, prompt_lengths: list[int]) -> None:
+    """Raise unless there is one prompt length per row (pass the per-row list, e.g. ``lengths * 2``)."""
+    if len(prompt_lengths) != num_rows:
+        raise PromptMaskError(
+            f"{len(prompt_lengths)} prompt lengths for {num_rows} loss-mask rows: zip() would silently stop after "
+            f"{min(len(prompt_lengths), num_rows)} rows and leave the rest of the prompts in the loss. For a "
+            "concatenated chosen+rejected batch pass `prompt_lengths * 2`."
+        )
+
+
+def audit_loss_mask(input_ids: torch.Tensor, loss_mask: torch.Tensor, prompt_lengths: list[int]) -> list[dict]:
+    """Every row whose loss mask (over targets, (2B, T−1)) counts prompt tokens.
+
+    ``prompt_lengths`` has one entry per *pair*; rows 0..B−1 are chosen, B..2B−1 rejected.
+    """
+    rows = input_ids.shape[0]
+    if rows != 2 * len(prompt_lengths):
+        raise PromptMaskError(f"{rows} rows but {len(prompt_lengths)} pairs: expected 2 rows per pair")
+    attention_mask = torch.ones_like(input_ids)
+    prompt_targets = prompt_target_mask(attention_mask, prompt_lengths)
+    counted = (loss_mask.bool() & prompt_targets).sum(-1)
+    b = len(prompt_lengths)
+    return [
+        {"row": i, "side": "chosen" if i < b else "rejected", "pair": i % b, "prompt_tokens_in_loss": int(n)}
+        for i, n in enumerate(counted.tolist())
+        if n > 0
+    ]
+
+
+@torch.no_grad()
+def margin_decomposition(policy, reference, batch: PreferenceBatch, beta: float) -> dict:
+    """Margins h·β under each mask mode, and the rejected-side prompt term that separates them.
+
+    Returns per-pair tensors: ``margin_both`` (response tokens only), ``margin_chosen_only``,
+    and ``rejected_prompt_term`` = −β[log π(prompt) − log π_ref(prompt)] of the rejected rows,
+    with ``margin_chosen_only = margin_both + rejected_prompt_term`` exactly.
+    """
+    b = batch.num_pairs
+    out = {}
+    for mode in ("both", "chosen_only"):
+        mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, mode)
+        pol, _ = summed_logprobs(policy, batch, mask)
+        ref, _ = summed_logprobs(reference, batch, mask)
+        out[f"margin_{mode}"] = beta * ((pol[:b] - ref[:b]) - (pol[b:] - ref[b:]))
+    prompt = prompt_target_mask(batch.attention_mask, batch.prompt_lengths)
+    pol_prompt, _ = summed_logprobs(policy, batch, prompt)
+    ref_prompt, _ = summed_logprobs(reference, batch, prompt)
+    out["rejected_prompt_term"] = -beta * (pol_prompt[b:] - ref_prompt[b:])
+    return out
+
+
+# ---- training, verdict and figures (notebook 04) ----------------------------------------------
+MODE_LABELS = {"both": "both (fix)", "chosen_only": "chosen_only (bug)", "none": "none"}
+
+
+def train_by_mask_mode(model_name: str, pairs, modes=("both", "chosen_only", "none"), *, steps: int, seed: int = 0,
+                       beta: float = 0.1, batch_size: int = 16, device: str = "auto", pad_token: str | None = "auto",
+                       precision: str = "fp32") -> tuple[dict, dict]:
+    """One DPO run per ``prompt_mask`` mode from the same checkpoint, same pairs in the same order:
+    ``(histories, trained_policies)`` keyed by mode (``device``, ``pad_token``: as for ``models.load``)."""
+    from workbench.modeling.models import load
+    from workbench.trainers.dpo import DPOConfig, DPOTrainer
+
+    histories, trained = {}, {}
+    for mode in modes:
+        policy, tokenizer = load(model_name, device=device, pad_token=pad_token)
+        config = DPOConfig(steps=steps, seed=seed, beta=beta, batch_size=batch_size, prompt_mask=mode, progress=False,
+                           precision=precision)
+        histories[mode] = DPOTrainer(policy, tokenizer, pairs, config).train()
+        trained[mode] = policy
+    return histories, trained
+
+
+@torch.no_grad()
+def hand_margin_gap(policy, reference, batch: PreferenceBatch, beta: float) -> float:
+    """max |margin(both) − the margin computed by hand over response tokens only| (independent of
+    ``build_loss_mask``: the response targets are the real targets that are not prompt targets)."""
+    from workbench.modeling.scoring import token_logprobs
+
+    b = batch.num_pairs
+    response_only = batch.attention_mask[:, 1:].bool() & ~prompt_target_mask(batch.attention_mask, batch.prompt_lengths)
+
+    def summed(model):
+        return (token_logprobs(model, batch.input_ids, batch.attention_mask) * response_only).sum(-1)
+
+    pol, ref = summed(policy), summed(reference)
+    hand = beta * ((pol[:b] - ref[:b]) - (pol[b:] - ref[b:]))
+    return float((hand - margin_decomposition(policy, reference, batch, beta)["margin_both"]).abs().max())
+
+
+def accuracy_conclusion(before: float, after: dict[str, float], n: int) -> str:
+    """Held-out greedy accuracy before/after DPO per mode, against the binomial noise √(p(1−p)/n)."""
+    noise = 2 * (max(before * (1 - before), 1 / n) / n) ** 0.5
+    changes = {m: a - before for m, a in after.items()}
+    spread = max(after.values()) - min(after.values())
+    parts = ", ".join(f"{m}: {a:.3f} ({changes[m]:+.3f})" for m, a in after.items())
+    if all(c < -noise for c in changes.values()):
+        verdict = ("every mode, the fix included, lowers it by more than the noise: DPO on these preference pairs moves "
+                   "greedy answers away from the task's exact answers, whatever the mask")
+    elif all(abs(c) <= noise for c in changes.values()):
+        verdict = "no mode changes it by more than the noise"
+    else:
+        verdict = "the modes differ"
+    mask_effect = "larger" if spread > noise else "not larger"
+    return (f"greedy accuracy on {n} held-out prompts: before {before:.3f}; after {parts}; noise ±{noise:.3f}: {verdict}. "
+            f"Spread between masks {spread:.3f}: {mask_effect} than the noise.")
+
+
+def verdict(audits: dict, margin_gap_after: float, hand_gap: float, *, tolerance: float = 1e-5) -> tuple[bool, bool]:
+    """(reproduced, fixed): the bug's mask counts rejected prompt tokens and, after training, its
+    margin differs from the response-only one; the fixed mask counts no prompt token and its margin
+    equals a hand computation over response tokens (≤ ``tolerance``)."""
+    reproduced = any(a["side"] == "rejected" for a in audits["chosen_only"]) and margin_gap_after > 1e-4
+    fixed = not audits["both"] and hand_gap <= tolerance
+    return bool(reproduced), bool(fixed)
+
+
+def plot_loss_mask(ax, batch: PreferenceBatch, mode: str) -> int:
+    """The loss mask of one ``prompt_mask`` mode (chosen rows on top); returns how many rows count prompt tokens."""
+    from workbench.viz import plots
+
+    mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, mode)
+    audit = audit_loss_mask(batch.input_ids, mask, batch.prompt_lengths)
+    b = batch.num_pairs
+    plots.plot_mask(ax, mask, f"prompt_mask={MODE_LABELS[mode]}: {len(audit)} rows count prompt tokens",
+                    xlabel="target token position", ylabel=f"row (chosen 0–{b - 1}, rejected {b}–{2 * b - 1})",
+                    key=mode == "none", labels=("not summed", "summed by the loss"))
+    ax.axhline(b - 0.5, color=plots.BUG_COLOR if mode == "chosen_only" else plots.NEUTRAL_COLOR, lw=1)
+    return len(audit)
+
+
+TRAINING_PANELS = [("loss", "DPO loss"), ("rewards/margins", "reward margin (nats × β)"),
+                   ("rewards/accuracies", "reward accuracy (share of pairs)"), ("logps/prompt", "policy log p(prompt) (nats)")]
+
+
+def plot_training_bands(axes, runs: dict) -> None:
+    """``plot_training`` over seeds (``comparison.train_variants`` runs keyed by mode): mean ± std bands,
+    'none' (coinciding with 'both') drawn on top, dotted, 'both' thick underneath; a fifth axis gets
+    held-out greedy accuracy before/after (``comparison.plot_heldout``) in the same colours."""
+    from workbench.experiments import comparison
+    from workbench.viz import plots
+
+    colors = {MODE_LABELS["both"]: plots.FIX_COLOR, MODE_LABELS["chosen_only"]: plots.BUG_COLOR,
+              MODE_LABELS["none"]: plots.NEUTRAL_COLOR}
+    styles = {MODE_LABELS["both"]: {"ls": "-", "lw": 3, "alpha": 0.6}, MODE_LABELS["chosen_only"]: {"ls": "-"},
+              MODE_LABELS["none"]: {"ls": ":", "marker": "o"}}
+    ordered = {MODE_LABELS[m]: runs[m] for m in ("none", "chosen_only", "both") if m in runs}
+    for ax, (key, label) in zip(axes[:4], TRAINING_PANELS, strict=True):
+        comparison.plot_bands(ax, ordered, key, label, colors, styles=styles)
+    if len(axes) > 4:
+        comparison.plot_heldout(axes[4], {MODE_LABELS[m]: r for m, r in runs.items()}, colors)
+
+
+def heldout_explanation(heldout: Effect, chosen: Effect, rejected: Effect) -> str:
+    """Why the *fixed* DPO run's held-out greedy accuracy moves, from its numbers: ``comparison.gain(runs,
+    "both")`` and ``gain(runs, "both", key)`` for ``heldout_logp_chosen`` / ``heldout_logp_rejected``
+    (summed response log-probs of held-out preference pairs, before → after)."""
+    numbers = (f"fixed mask: held-out greedy accuracy {heldout.fix:.3f} → {heldout.bug:.3f} ({heldout.difference:+.3f} ± "
+               f"{heldout.noise:.3f}); on held-out pairs log p(chosen) {chosen.fix:.2f} → {chosen.bug:.2f} nats "
+               f"({chosen.difference:+.2f} ± {chosen.noise:.2f}), log p(rejected) {rejected.fix:.2f} → {rejected.bug:.2f} "
+               f"({rejected.difference:+.2f} ± {rejected.noise:.2f}), {chosen.seeds} seed(s)")
+    if not heldout.larger_than_noise:
+        return numbers + ": no change in held-out accuracy beyond the seed noise."
+    if heldout.difference < 0 and chosen.larger_than_noise and chosen.difference < 0:
+        faster = " the rejected faster," if rejected.difference < chosen.difference else ""
+        return (numbers + ": accuracy falls with the mask fixed, and the chosen (correct) answers themselves became less "
+                f"likely. DPO only widens the margin log π(chosen) − log π(rejected); here it pushes both down,{faster} so "
+                "probability leaves the correct answer for answers the pairs never name; the mask is fixed in this run, so "
+                "this is DPO on these pairs, not the bug.")
+    return numbers + ": held-out accuracy moves beyond the seed noise without the chosen answers losing probability."
+
+
+def plot_training(axes, histories: dict) -> None:
+    """Loss, margin, accuracy and log p(prompt) per mode; 'none' (coinciding with 'both') drawn on top, dotted."""
+    from workbench.viz import plots
+
+    colors = {MODE_LABELS["both"]: plots.FIX_COLOR, MODE_LABELS["chosen_only"]: plots.BUG_COLOR,
+              MODE_LABELS["none"]: plots.NEUTRAL_COLOR}
+    styles = {MODE_LABELS["both"]: {"ls": "-", "lw": 3, "alpha": 0.6}, MODE_LABELS["chosen_only"]: {"ls": "-"},
+              MODE_LABELS["none"]: {"ls": ":", "marker": "o"}}
+    ordered = {MODE_LABELS[m]: histories[m] for m in ("none", "chosen_only", "both") if m in histories}
+    for ax, (key, label) in zip(axes, [("loss", "DPO loss"), ("rewards/margins", "reward margin (nats × β)"),
+                                       ("rewards/accuracies", "reward accuracy (share of pairs)"),
+                                       ("logps/prompt", "policy log p(prompt) (nats)")], strict=True):
+        plots.plot_curves(ax, ordered, key, label, colors, styles=styles)

@@ -1,0 +1,209 @@
+"""Pitfall S5: how a GRPO loss is normalised over tokens and sequences.
+
+The GRPO paper averages token losses within each sequence, then over sequences
+(``seq-mean-token-mean``); TRL first implemented Σ(loss·mask)/Σmask over the whole batch
+(``token-mean``). They weight tokens differently:
+
+=========================== ===================================================
+mode                        gradient weight of one token of a length-L_i sequence
+=========================== ===================================================
+token-mean                  1 / Σ_j L_j
+seq-mean-token-mean         1 / (B · L_i)            (short sequences weigh more per token)
+seq-mean-token-sum          1 / B
+seq-mean-token-sum-norm     1 / (B · max_len)
+=========================== ===================================================
+
+The zero-loss probe makes the difference visible in the loss *value*: with β = 0 and one
+iteration the per-token loss is −A_i (ρ ≡ 1) and group advantages have zero mean, so
+``seq-mean-token-mean`` gives exactly 0 while ``token-mean`` gives −Σ A_i L_i / Σ L_i ≠ 0 when
+lengths differ. Gradients are non-zero in every mode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.core import losses
+from workbench.core.batching import pad_sequences
+from workbench.modeling.scoring import response_logprobs
+from workbench.tasks import encode_prompts
+
+
+def analytic_token_weights(lengths: list[int], mode: str, max_len: int | None = None) -> list[float]:
+    """∂loss/∂(per-token loss) for one token of each sequence, from the table above."""
+    canonical = losses.canonical_loss_agg(mode)
+    total = sum(lengths)
+    max_len = max(lengths) if max_len is None else max_len
+    # verl names leave fully masked rows out of the count of sequences, TRL's grpo/dr_grpo count them
+    sequences = len(lengths) if losses.counts_empty_rows(mode) else sum(1 for m in lengths if m > 0)
+    weights = {
+        "token-mean": lambda n: 1 / total,
+        "seq-mean-token-mean": lambda n: 1 / (sequences * n),
+        "seq-mean-token-sum": lambda n: 1 / sequences,
+        "seq-mean-token-sum-norm": lambda n: 1 / (sequences * max_len),
+    }[canonical]
+    return [weights(n) if n > 0 else 0.0 for n in lengths]
+
+
+def measured_token_weights(lengths: list[int], mode: str, max_len: int | None = None) -> list[float]:
+    """The same weights measured by autograd through ``losses.aggregate_loss``."""
+    width = max(lengths) if max_len is None else max_len
+    per_token = torch.zeros(len(lengths), width, requires_grad=True)
+    mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
+    losses.aggregate_loss(per_token, mask, mode, max_len=max_len).backward()
+    return [float(per_token.grad[i, 0]) if n > 0 else 0.0 for i, n in enumerate(lengths)]
+
+
+def effective_kl_coefficient(lengths: list[int], beta: float, loss_agg: str) -> list[float]:
+    """β as felt by each sequence's tokens when the KL is normalised per sequence but the policy
+    term by ``loss_agg`` (the seed's mix): β · w_KL / w_policy, with w_KL = 1/(B·L_i)."""
+    policy = analytic_token_weights(lengths, loss_agg)
+    kl = analytic_token_weights(lengths, "seq-mean-token-mean")
+    return [beta * k / p if p > 0 else 0.0 for k, p in zip(kl, policy, strict=True)]
+
+
+def zero_loss_probe(model, tokenizer, prompt: str, completions: list[str], rewards: list[float], modes=losses.LOSS_AGG_MODES,
+                    scale_rewards: str = "group", max_len: int | None = None) -> dict[str, dict]:
+    """The S5 probe on a real model: one group of completions of different lengths, β = 0,
+    ρ ≡ 1. Returns ``{mode: {"loss": float, "grad_norm": float}}``."""
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, [prompt] * len(completions))
+    rows = [tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for c in completions]
+    response_ids, response_mask = pad_sequences(rows, tokenizer.pad_token_id, side="right")
+    advantages = losses.group_advantages(torch.tensor(rewards, dtype=torch.float32), len(completions), scale_rewards)
+    results = {}
+    for mode in modes:
+        model.zero_grad(set_to_none=True)
+        logp = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask)
+        per_token, _ = losses.clipped_surrogate(logp, logp.detach(), advantages[:, None].expand_as(logp))
+        loss = losses.aggregate_loss(per_token, response_mask, mode, max_len=max_len)
+        loss.backward()
+        grad_norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None))
+        results[mode] = {"loss": float(loss.detach()), "grad_norm": float(grad_norm)}
+    model.zero_grad(set_to_none=True)
+    return results
+
+
+# ---- the trainer's KL mix, training, verdict and figures (notebook 05) ------------------------
+def measured_effective_beta(lengths: list[int], beta: float, loss_agg: str, kl_aggregation: str) -> list[float]:
+    """β as the GRPO trainer's own loss (``trainers.grpo.grpo_loss``) applies it to each sequence's
+    tokens, measured by autograd: ∂loss/∂log π from the KL term (k1, advantages 0) divided by the
+    policy term's (advantages 1, β = 0). Equal to β everywhere when both terms share one normalisation."""
+    from workbench.trainers.grpo import grpo_loss
+
+    width = max(lengths)
+    mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
+
+    def first_token_grad(advantage: float, kl_beta: float) -> torch.Tensor:
+        logp = torch.zeros(len(lengths), width, requires_grad=True)
+        loss, _ = grpo_loss(logp, logp.detach(), torch.full((len(lengths),), advantage), mask, ref_logp=torch.zeros_like(logp),
+                            beta=kl_beta, loss_agg=loss_agg, kl_aggregation=kl_aggregation, kl_estimator="k1", max_len=width)
+        loss.backward()
+        return logp.grad[:, 0]
+
+    kl = first_token_grad(0.0, beta)
+    policy = -first_token_grad(1.0, 0.0)
+    return [float(k / p) for k, p in zip(kl, policy, strict=True)]
+
+
+def effective_beta_sweep(spreads, beta: float, loss_agg: str = "token-mean", short: int = 2) -> dict[str, list[list[float]]]:
+    """``measured_effective_beta`` for a short and a long sequence (length ratio ``spread``) under both
+    KL aggregations: ``{kl_aggregation: [[β_short, β_long] per spread]}``."""
+    return {agg: [measured_effective_beta([short, short * s], beta, loss_agg, agg) for s in spreads]
+            for agg in ("per_sequence", "with_loss")}
+
+
+def verdict(probe: dict, effective: dict, beta: float, *, tolerance: float = 1e-6) -> tuple[bool, bool]:
+    """(reproduced, fixed): the token-mean probe loss is not 0 and the trainer's per-sequence KL gives
+    sequences different β; the per-sequence-mean probe is 0 and the trainer's ``with_loss`` KL gives
+    every token the same β (relative error ≤ ``tolerance``)."""
+    spread = [b for pair in effective["per_sequence"] for b in pair]
+    same = [b for pair in effective["with_loss"] for b in pair]
+    reproduced = abs(probe["token-mean"]["loss"]) > 1e-4 and max(spread) / min(spread) > 1.5
+    fixed = abs(probe["seq-mean-token-mean"]["loss"]) <= 1e-7 and all(abs(b / beta - 1) <= tolerance for b in same)
+    return bool(reproduced), bool(fixed)
+
+
+def plot_token_weights(ax_token, ax_total, lengths: list[int], modes=losses.LOSS_AGG_MODES) -> float:
+    """Per-token (analytic lines, autograd markers) and whole-response weight by length, per mode;
+    returns the largest |analytic − autograd| difference."""
+    from workbench.viz import plots
+
+    error = 0.0
+    for i, mode in enumerate(modes):
+        color, style = plots.SERIES_COLORS[i], plots.LINE_STYLES[i % len(plots.LINE_STYLES)]
+        analytic, measured = analytic_token_weights(lengths, mode), measured_token_weights(lengths, mode)
+        error = max([error] + [abs(a - m) for a, m in zip(analytic, measured, strict=True)])
+        ax_token.plot(lengths, analytic, style, color=color, label=mode, zorder=5 - i)
+        ax_token.plot(lengths, measured, plots.MARKERS[i], color=color, markerfacecolor="none", markersize=8)
+        ax_total.plot(lengths, [w * n for w, n in zip(analytic, lengths, strict=True)], style, marker=plots.MARKERS[i],
+                      color=color, label=mode, zorder=5 - i)
+    ax_token.set_ylabel("gradient weight per token")
+    ax_total.set_ylabel("total weight of the response (L × per-token)")
+    for ax in (ax_token, ax_total):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("response length L (tokens)")
+    ax_token.legend(fontsize=8)
+    return error
+
+
+def plot_effective_beta(ax, spreads, effective: dict, beta: float) -> None:
+    """The β each sequence's tokens feel in the trainer's loss, per KL aggregation, vs the length ratio."""
+    from workbench.viz import plots
+
+    bug, fix = effective["per_sequence"], effective["with_loss"]
+    ax.plot(spreads, [b[0] for b in bug], "o-", color=plots.BUG_COLOR, label="short response, KL per sequence (bug)")
+    ax.plot(spreads, [b[1] for b in bug], "s--", color=plots.BUG_COLOR, label="long response, KL per sequence (bug)")
+    ax.plot(spreads, [b[0] for b in fix], "D-", color=plots.FIX_COLOR, markersize=9, markerfacecolor="none",
+            label="short response, KL added per token (fix)")
+    ax.plot(spreads, [b[1] for b in fix], "x:", color=plots.FIX_COLOR, markersize=9,
+            label="long response, KL added per token (fix)")
+    ax.axhline(beta, color=plots.NEUTRAL_COLOR, lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("length ratio long / short in the batch")
+    ax.set_ylabel("effective β per token (measured)")
+    ax.legend(fontsize=8)
+
+
+def plot_training(axes, runs: dict, window: int) -> None:
+    """Reward and the lengths of correct/incorrect responses, mean over seeds, per mode (aligned moving averages)."""
+    import numpy as np
+
+    from workbench.viz import plots
+
+    for i, (mode, histories) in enumerate(runs.items()):
+        for ax, key in zip(axes, ("reward", "length_correct", "length_incorrect"), strict=True):
+            mean = np.nanmean(np.array([[h[key] for h in run] for run in histories], dtype=float), axis=0)
+            x, y = plots.smooth(mean, window)
+            ax.plot(x, y, plots.LINE_STYLES[i % 4], color=plots.SERIES_COLORS[i], label=mode, zorder=5 - i)
+    seeds = len(next(iter(runs.values())))
+    for ax, label in zip(axes, ("reward", "length of correct responses (tokens)", "length of incorrect responses (tokens)"),
+                         strict=True):
+        ax.set_ylabel(f"{label}\n(mean of {seeds} seed(s), {window}-step average)")
+        ax.set_xlabel("training step")
+    axes[0].legend(fontsize=8)
+
+
+def training_conclusion(runs: dict, fraction: float = 0.25) -> tuple[dict, str]:
+    """Final reward per mode (mean ± std over seeds) and whether the spread between modes exceeds the seed noise."""
+    import numpy as np
+
+    from workbench.experiments.comparison import tail_mean
+
+    summary = {}
+    for mode, histories in runs.items():
+        finals = [tail_mean(h, "reward", fraction) for h in histories]
+        starts = [float(np.mean([s["reward"] for s in h[: max(1, int(len(h) * fraction))]])) for h in histories]
+        summary[mode] = {"reward_start": float(np.mean(starts)), "reward_end": float(np.mean(finals)),
+                         "reward_end_std_over_seeds": float(np.std(finals, ddof=1)) if len(finals) > 1 else float("nan")}
+    ends = [s["reward_end"] for s in summary.values()]
+    noise = max(s["reward_end_std_over_seeds"] for s in summary.values())
+    seeds = len(next(iter(runs.values())))
+    if not np.isfinite(noise):
+        text = f"spread of final rewards across modes {max(ends) - min(ends):.3f}; one seed: no noise estimate, no conclusion."
+    else:
+        larger = max(ends) - min(ends) > 2 * noise
+        text = (f"spread of final rewards across modes {max(ends) - min(ends):.3f} vs seed-to-seed std up to {noise:.3f} "
+                f"({seeds} seeds): {'larger than' if larger else 'not larger than'} seed noise.")
+    return summary, text

@@ -1,0 +1,64 @@
+"""Pitfall P6: sampling at temperature τ, recomputing log-probs at τ = 1.
+
+The sampler draws from softmax(logits / τ). If the trainer recomputes log-probs from the raw
+logits, π_train ≠ π_rollout before any update: the first-step importance ratio is not 1 (and the
+gap grows as τ moves away from 1). TRL's GRPOTrainer divides by τ; top-p/top-k are not re-applied.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.modeling.rollout import sample
+from workbench.modeling.scoring import response_logprobs
+from workbench.tasks import encode_prompts
+
+
+@torch.no_grad()
+def first_step_ratio(model, tokenizer, prompts: list[str], *, temperature: float, rescale: bool, seed: int = 0,
+                     max_new_tokens: int = 8) -> dict:
+    """max |ρ − 1| and mean |log ρ| when responses sampled at ``temperature`` are rescored
+    at ``temperature`` (``rescale=True``, fix) or at 1 (bug)."""
+    ids, mask = encode_prompts(tokenizer, prompts)
+    rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
+                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                     generator=torch.Generator().manual_seed(seed))
+    logp = response_logprobs(model, ids, mask, rollout.response_ids, rollout.response_mask,
+                             temperature=temperature if rescale else 1.0)
+    log_ratio = (logp - rollout.rollout_logprobs)[rollout.response_mask.bool()]
+    return {"max_ratio_deviation": float((log_ratio.exp() - 1).abs().max()), "mean_abs_log_ratio": float(log_ratio.abs().mean())}
+
+
+# ---- sweep, verdict and figure (notebook 06_temperature) --------------------------------------
+def sweep(model, tokenizer, prompts: list[str], temperatures, *, seed: int = 0) -> dict:
+    """``first_step_ratio`` for every temperature, bug and fix: ``{(τ, rescale): result}``."""
+    return {(t, rescale): first_step_ratio(model, tokenizer, prompts, temperature=t, rescale=rescale, seed=seed)
+            for t in temperatures for rescale in (False, True)}
+
+
+def verdict(results: dict, *, threshold: float = 1e-2, tolerance: float = 1e-4) -> tuple[bool, bool]:
+    """(reproduced, fixed): at some τ ≠ 1 the unscaled recomputation gives max |ρ − 1| > ``threshold``;
+    dividing by τ gives ≤ ``tolerance`` at every τ."""
+    temperatures = {t for t, _ in results}
+    reproduced = any(results[t, False]["max_ratio_deviation"] > threshold for t in temperatures if t != 1.0)
+    fixed = all(results[t, True]["max_ratio_deviation"] <= tolerance for t in temperatures)
+    return bool(reproduced), bool(fixed)
+
+
+def plot_ratio_vs_temperature(ax, results: dict) -> None:
+    """max |ρ − 1| before any update vs τ, bug and fix; exact zeros are listed in the title, not drawn."""
+    from workbench.viz import plots
+
+    temperatures = sorted({t for t, _ in results})
+    zeros = []
+    for rescale in (False, True):
+        values = [results[t, rescale]["max_ratio_deviation"] for t in temperatures]
+        zeros += [f"τ={t}{' (fix)' if rescale else ' (bug)'}" for t, v in zip(temperatures, values, strict=True) if v == 0]
+        ax.plot(temperatures, [v if v > 0 else float("nan") for v in values], "s--" if rescale else "o-",
+                color=plots.bug_fix_color(not rescale),
+                label="logits / τ in the recomputation (fix)" if rescale else "raw logits (bug)")
+    ax.set_yscale("log")
+    ax.set_xlabel("sampling temperature τ")
+    ax.set_ylabel("max |ρ − 1| before any update")
+    ax.set_title("exactly 0 (not drawn): " + ", ".join(zeros) if zeros else "", fontsize=8)
+    ax.legend()

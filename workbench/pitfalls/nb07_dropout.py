@@ -1,0 +1,115 @@
+"""Pitfall P7: dropout left on in the policy and the reference during RL.
+
+With dropout active, two forwards of the same weights draw different masks: the log-probs the
+sampler recorded, the trainer's recomputation and the reference's all disagree, so at step 0
+the importance ratio is not 1 and the KL to an identical reference is not 0. The fix
+(``workbench.modeling.models.disable_dropout``, TRL's ``disable_dropout``) sets every probability to 0.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from workbench.modeling.models import disable_dropout
+from workbench.modeling.rollout import sample
+from workbench.modeling.scoring import response_logprobs
+from workbench.tasks import encode_prompts
+from workbench.viz.plots import note_coinciding
+
+
+def set_dropout(model, p: float) -> None:
+    """Switch dropout on at probability ``p`` everywhere it exists (modules and attention)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = p
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = p
+
+
+@torch.no_grad()
+def step0_mismatch(model, tokenizer, prompts: list[str], *, dropout: float, disable: bool, seed: int = 0) -> dict:
+    """Ratio and KL at step 0 for a model with dropout ``dropout``; ``disable`` applies the fix."""
+    policy = copy.deepcopy(model)
+    set_dropout(policy, dropout)
+    if disable:
+        disable_dropout(policy)
+    reference = copy.deepcopy(policy)
+    policy.train()
+    reference.train()  # the bug: nobody called eval()
+    torch.manual_seed(seed)
+    ids, mask = encode_prompts(tokenizer, prompts)
+    rollout = sample(policy, ids, mask, max_new_tokens=8, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
+    logp = response_logprobs(policy, ids, mask, rollout.response_ids, rollout.response_mask)
+    ref = response_logprobs(reference, ids, mask, rollout.response_ids, rollout.response_mask)
+    m = rollout.response_mask.bool()
+    log_ratio = (logp - rollout.rollout_logprobs)[m]
+    return {
+        "max_ratio_deviation": float((log_ratio.exp() - 1).abs().max()),
+        "median_abs_log_ratio": float(log_ratio.abs().median()),  # a stable summary: the max is one token's extreme
+        "tokens": int(m.sum()),
+        "sequence_kl_k1": float(((rollout.rollout_logprobs - ref) * rollout.response_mask).sum(-1).mean()),
+        "max_abs_token_kl": float((rollout.rollout_logprobs - ref)[m].abs().max()),
+    }
+
+
+# ---- sweep, verdict and figure (notebook 07) --------------------------------------------------
+def sweep(model, tokenizer, prompts: list[str], dropouts, *, seed: int = 0) -> dict:
+    """``step0_mismatch`` for every dropout probability, bug and fix: ``{(p, disable): result}``."""
+    return {(d, disable): step0_mismatch(model, tokenizer, prompts, dropout=d, disable=disable, seed=seed)
+            for d in dropouts for disable in (False, True)}
+
+
+def verdict(results: dict, *, threshold: float = 1e-2, tolerance: float = 1e-4) -> tuple[bool, bool]:
+    """(reproduced, fixed): with some dropout > 0 left on, max |ρ − 1| at step 0 exceeds ``threshold``;
+    with dropout disabled ρ − 1 and the KL to an identical reference are ≤ ``tolerance`` everywhere."""
+    dropouts = {d for d, _ in results}
+    reproduced = any(results[d, False]["max_ratio_deviation"] > threshold for d in dropouts if d > 0)
+    fixed = all(results[d, True]["max_ratio_deviation"] <= tolerance and abs(results[d, True]["sequence_kl_k1"]) <= tolerance
+                for d in dropouts)
+    return bool(reproduced), bool(fixed)
+
+
+def step0_note(results: dict) -> str:
+    """Max vs median of |log ρ| over the dropout sweep with dropout left on: whether each rises with the
+    probability. The max is the one most extreme token of a heavy tail, so it need not follow the trend."""
+    dropouts = sorted(d for d, disable in results if not disable)
+    maxima = [results[d, False]["max_ratio_deviation"] for d in dropouts]
+    medians = [results[d, False]["median_abs_log_ratio"] for d in dropouts]
+
+    def rising(v):
+        return all(b >= a for a, b in zip(v, v[1:], strict=False))
+
+    line = "median |log ρ| per token, dropout on: " + ", ".join(f"{d}: {m:.2g}" for d, m in zip(dropouts, medians, strict=True))
+    line += f" ({'rises' if rising(medians) else 'does not rise'} with the probability)"
+    if not rising(maxima):
+        line += ("; max |ρ − 1| does not: it is exp of the single largest log-ratio among "
+                 f"~{results[dropouts[-1], False]['tokens']} tokens, a heavy-tail extreme that jumps between runs and grows with "
+                 "the number of tokens it is taken over — read the median for the trend")
+    return line
+
+
+def plot_step0(axes, results: dict) -> None:
+    """max |ρ − 1| and |KL| to an identical reference at step 0 vs the dropout probability; exact
+    zeros are counted in the titles, not drawn."""
+    from workbench.viz import plots
+
+    dropouts = sorted({d for d, _ in results})
+    for ax, key, label in ((axes[0], "max_ratio_deviation", "max |ρ − 1| at step 0"),
+                           (axes[1], "sequence_kl_k1", "|KL(k1)| to an identical reference (nats / response)")):
+        zeros = 0
+        for disable in (False, True):
+            values = [abs(results[d, disable][key]) for d in dropouts]
+            zeros += sum(v == 0 for v in values)
+            ax.plot(dropouts, [v if v > 0 else float("nan") for v in values], "s--" if disable else "o-",
+                    color=plots.bug_fix_color(not disable),
+                    label="dropout disabled (fix)" if disable else "dropout on, train mode (bug)")
+        ax.set_yscale("log")
+        ax.set_xlabel("dropout probability")
+        ax.set_ylabel(label)
+        ax.set_title(f"{zeros} point(s) exactly 0, not drawn" if zeros else "", fontsize=8)
+    axes[0].legend()
+    for ax in axes:
+        note_coinciding(ax)

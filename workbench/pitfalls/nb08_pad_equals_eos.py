@@ -1,0 +1,112 @@
+"""Pitfall P8: pad token = EOS token.
+
+Trainers that infer the loss mask as ``ids != pad`` (TRL's old PPOTrainer built its masks from
+``ids != pad``) drop every EOS when the pad token *is* EOS: the policy is never trained to stop,
+and its responses run to the length limit. ``compare`` trains a fresh tiny model (or any
+checkpoint: a built-in name or a folder) by SFT both ways and measures how often its greedy answers stop.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.modeling.models import tiny_model
+from workbench.modeling.rollout import sample
+from workbench.tasks import Problem, encode_prompts, score_responses
+from workbench.trainers.sft import SFTConfig, SFTTrainer
+
+
+def starting_model(name: str, *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto"):
+    """``(model, tokenizer)`` to fine-tune: ``tiny-<arch>`` (``tiny-qwen2``, ``tiny-llama``, ``tiny-gpt2``)
+    or a bare architecture name is a tiny model built from scratch with ``seed``; any other name or
+    folder goes to ``workbench.modeling.models.load``."""
+    from workbench.modeling.models import ARCHITECTURES, load
+
+    arch = name.removeprefix("tiny-")
+    if arch in ARCHITECTURES:
+        return tiny_model(arch, seed=seed)
+    return load(name, device=device, pad_token=pad_token)
+
+
+def sft_run(problems: list[Problem], *, pad_equals_eos: bool, steps: int, seed: int = 0, arch: str = "qwen2", **loading):
+    """A model (``starting_model(arch)``: a tiny one from scratch by default) trained by SFT; returns
+    ``(model, tokenizer, history)``. ``loading``: ``device``, ``pad_token`` for a checkpoint."""
+    model, tokenizer = starting_model(arch, seed=seed, **loading)
+    config = SFTConfig(steps=steps, seed=seed, learning_rate=3e-3, warmup_steps=min(50, steps // 5 + 1),
+                       pad_equals_eos=pad_equals_eos, progress=False)
+    history = SFTTrainer(model, tokenizer, problems, config).train()
+    return model, tokenizer, history
+
+
+@torch.no_grad()
+def stopping_stats(model, tokenizer, problems: list[Problem], *, max_new_tokens: int = 16) -> dict:
+    """Greedy generation: share of responses that produced EOS, mean length, accuracy."""
+    ids, mask = encode_prompts(tokenizer, [p.prompt for p in problems])
+    model.eval()
+    rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id, greedy=True)
+    rewards = score_responses(tokenizer, problems, rollout.response_ids, rollout.response_mask, rollout.finished)
+    return {"finished_fraction": float(rollout.finished.float().mean()),
+            "mean_length": float(rollout.response_lengths.float().mean()), "accuracy": float(rewards.mean())}
+
+
+# ---- comparison, verdict and figures (notebook 08) --------------------------------------------
+def eos_targets_kept(tokenizer, problems: list[Problem], *, pad_equals_eos: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The SFT batch's ids and loss mask, and how many EOS targets the mask keeps."""
+    from workbench.trainers.sft import sft_batch
+
+    ids, _, loss_mask = sft_batch(tokenizer, problems, pad_equals_eos=pad_equals_eos)
+    return ids, loss_mask, int(((ids == tokenizer.eos_token_id) & loss_mask.bool()).sum())
+
+
+def compare(train: list[Problem], test: list[Problem], *, steps: int, seed: int = 0, arch: str = "qwen2",
+            max_new_tokens: int = 16, **loading) -> dict[bool, dict]:
+    """Train ``arch`` (a tiny architecture, or any name or folder: ``starting_model``) with pad ≠ EOS
+    (False) and pad = EOS (True); greedy stopping stats of each."""
+    stats = {}
+    for bug in (False, True):
+        model, tokenizer, _ = sft_run(train, pad_equals_eos=bug, steps=steps, seed=seed, arch=arch, **loading)
+        stats[bug] = stopping_stats(model, tokenizer, test, max_new_tokens=max_new_tokens)
+    return stats
+
+
+def verdict(stats: dict[bool, dict], *, low: float = 0.1, high: float = 0.9) -> tuple[bool, bool]:
+    """(reproduced, fixed): with pad = EOS fewer than ``low`` of greedy answers stop; with a distinct pad more than ``high``."""
+    return bool(stats[True]["finished_fraction"] < low), bool(stats[False]["finished_fraction"] > high)
+
+
+def not_shown(stats: dict[bool, dict], *, high: float = 0.9) -> str | None:
+    """Why this run cannot show the fix, or None: when the distinct-pad model, after this run's SFT
+    budget, stops on no more than ``high`` of its greedy answers (a checkpoint whose answers take
+    several BPE tokens learns to stop more slowly than the character-level tiny model)."""
+    fix, bug = stats[False]["finished_fraction"], stats[True]["finished_fraction"]
+    if fix > high:
+        return None
+    return (f"with a distinct pad, only {fix:.0%} of greedy answers stop after this run's SFT steps (the verdict asks for more "
+            f"than {high:.0%}; with pad = EOS {bug:.0%} stop): train longer (sft_steps) to see the fix in full")
+
+
+def plot_sft_mask(ax, tokenizer, problems: list[Problem], *, pad_equals_eos: bool) -> int:
+    """The SFT loss mask with EOS cells marked (hatched where the mask drops them); returns the EOS targets kept."""
+    from workbench.viz import plots
+
+    ids, loss_mask, kept = eos_targets_kept(tokenizer, problems, pad_equals_eos=pad_equals_eos)
+    is_eos = ids == tokenizer.eos_token_id
+    first_eos = is_eos & (is_eos.long().cumsum(-1) == 1)
+    title = "pad = EOS, mask = ids != pad (bug)" if pad_equals_eos else "distinct pad, explicit mask (fix)"
+    plots.plot_mask(ax, loss_mask, f"{title}: {kept} EOS targets kept", eos=first_eos)
+    return kept
+
+
+def plot_stopping(axes, stats: dict[bool, dict], max_new_tokens: int = 16) -> None:
+    """Share of greedy answers that stop, and their mean length, bug vs fix (values written on the bars)."""
+    from workbench.viz import plots
+
+    labels, colors = ["distinct pad (fix)", "pad = EOS (bug)"], [plots.FIX_COLOR, plots.BUG_COLOR]
+    for ax, key, scale, ylabel in ((axes[0], "finished_fraction", 100, "greedy responses that stop (%)"),
+                                   (axes[1], "mean_length", 1, f"mean response length (tokens, limit {max_new_tokens})")):
+        values = [stats[False][key] * scale, stats[True][key] * scale]
+        ax.bar(labels, values, color=colors)
+        for i, v in enumerate(values):
+            ax.text(i, v, f"{v:.1f}", ha="center", va="bottom")
+        ax.set_ylabel(ylabel)

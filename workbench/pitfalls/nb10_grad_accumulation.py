@@ -1,0 +1,103 @@
+"""Pitfall P10: gradient accumulation with a token-mean loss.
+
+With micro-batches of different token counts, averaging each micro-batch's token mean is not the
+token mean of the accumulated batch: tokens in short micro-batches weigh more (the 2024
+gradient-accumulation loss bug in transformers). The fix divides each micro-batch's token *sum*
+by the token count of the whole accumulated batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.modeling.scoring import token_logprobs
+
+NORMALIZATIONS = ("global", "per_micro_batch")
+
+
+def policy_gradient_loss_sum(model, ids, mask, advantages) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ over real targets of −A·log p, and the number of those targets."""
+    logp = token_logprobs(model, ids, mask)
+    targets = (mask[:, 1:] * mask[:, :-1]).float()
+    return -(advantages[:, None] * logp * targets).sum(), targets.sum()
+
+
+def accumulated_gradient(model, ids, mask, advantages, *, micro_batches: int, normalization: str) -> torch.Tensor:
+    """The gradient after accumulating ``micro_batches`` micro-batches (rows in order)."""
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization={normalization!r}; choose one of {NORMALIZATIONS}")
+    model.zero_grad(set_to_none=True)
+    chunks = torch.arange(ids.shape[0]).chunk(micro_batches)
+    total_tokens = float((mask[:, 1:] * mask[:, :-1]).sum())
+    for rows in chunks:
+        loss_sum, tokens = policy_gradient_loss_sum(model, ids[rows], mask[rows], advantages[rows])
+        if normalization == "global":
+            loss = loss_sum / total_tokens
+        else:  # the bug: each micro-batch's own token mean, averaged over micro-batches
+            loss = loss_sum / tokens.clamp_min(1) / len(chunks)
+        loss.backward()
+    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+    model.zero_grad(set_to_none=True)
+    return grad
+
+
+def full_batch_gradient(model, ids, mask, advantages) -> torch.Tensor:
+    return accumulated_gradient(model, ids, mask, advantages, micro_batches=1, normalization="global")
+
+
+def relative_error(gradient: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((gradient - reference).norm() / reference.norm())
+
+
+# ---- batch, sweep, verdict and figure (notebook 10) -------------------------------------------
+def length_sorted_batch(tokenizer, batch_size: int, *, seed: int = 0, lengths=(2, 3, 4, 8, 16, 32)):
+    """A right-padded batch of random sequences sorted by length (as length-grouped samplers give),
+    so micro-batches differ in token count, with advantages ±1: ``(ids, mask, advantages)``."""
+    import random
+
+    from workbench.core.batching import pad_sequences
+
+    rng = random.Random(seed)
+    sizes = sorted(rng.choice(lengths) for _ in range(batch_size))
+    bos = tokenizer.bos_token_id  # None for Qwen2-style tokenizers: the row then starts with a random token
+    rows = [[bos if bos is not None else rng.randrange(4, len(tokenizer))] + [rng.randrange(4, len(tokenizer)) for _ in range(n)]
+            for n in sizes]
+    ids, mask = pad_sequences(rows, tokenizer.pad_token_id, side="right")
+    return ids, mask, torch.tensor([rng.choice([-1.0, 1.0]) for _ in rows])
+
+
+def sweep(model, ids, mask, advantages, micro_batch_counts) -> dict[str, list[float]]:
+    """Relative gradient error against the full batch, per normalisation and micro-batch count."""
+    reference = full_batch_gradient(model, ids, mask, advantages)
+    return {n: [relative_error(accumulated_gradient(model, ids, mask, advantages, micro_batches=k, normalization=n), reference)
+                for k in micro_batch_counts] for n in ("per_micro_batch", "global")}
+
+
+def verdict(errors: dict[str, list[float]], *, threshold: float = 1e-2, tolerance: float = 1e-5) -> tuple[bool, bool]:
+    """(reproduced, fixed): the mean of micro-batch means misses the full-batch gradient by more than
+    ``threshold`` (relative) somewhere; global normalisation matches it within ``tolerance`` everywhere."""
+    return bool(max(errors["per_micro_batch"]) > threshold), bool(max(errors["global"]) <= tolerance)
+
+
+def plot_gradient_error(ax, micro_batch_counts, errors: dict[str, list[float]]) -> None:
+    """Relative gradient error vs the number of micro-batches; exact zeros are written at the bottom, not drawn."""
+    from workbench.viz import plots
+
+    for normalization, bug in (("per_micro_batch", True), ("global", False)):
+        values = errors[normalization]
+        ax.plot(micro_batch_counts, [v if v > 0 else float("nan") for v in values], "o-" if bug else "s--",
+                color=plots.bug_fix_color(bug),
+                label="mean of micro-batch token means (bug)" if bug else "micro-batch sums / global token count (fix)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlim(min(micro_batch_counts) / 1.3, max(micro_batch_counts) * 1.3)  # a count whose errors are all 0 stays on the axis
+    ax.set_xticks(list(micro_batch_counts), [str(k) for k in micro_batch_counts])
+    for i, k in enumerate(micro_batch_counts):  # exact zeros: one "0" per count, coloured by who has it
+        zero = [bug for normalization, bug in (("per_micro_batch", True), ("global", False)) if errors[normalization][i] == 0]
+        if zero:
+            text = "0 (bug and fix)" if len(zero) == 2 else f"0 ({'bug' if zero[0] else 'fix'})"
+            ax.annotate(text, (k, 0), xycoords=("data", "axes fraction"), xytext=(0, 3), textcoords="offset points", ha="center",
+                        va="bottom", color=plots.NEUTRAL_COLOR if len(zero) == 2 else plots.bug_fix_color(zero[0]), fontsize=8)
+    ax.set_xlabel("micro-batches accumulated")
+    ax.set_ylabel("‖g_accumulated − g_full‖ / ‖g_full‖ (0 written, not drawn)")
+    ax.legend()

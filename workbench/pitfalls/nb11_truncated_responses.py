@@ -1,0 +1,171 @@
+"""Pitfall P11: truncated responses (no EOS) scored as if finished.
+
+A response cut at ``max_new_tokens`` never produced EOS. A reward function that only reads the text
+rewards a truncated response whose prefix looks right as if it had finished. In GRPO the reward
+becomes an advantage A_i = (R_i − mean_group R) / std_group R, so a rewarded truncated response gets
+A_i > 0: the update raises the probability of *not* stopping. The switches live in the GRPO trainer
+(``score_truncated_as_finished`` = the bug; the fixes: zero reward without EOS — the default —,
+``mask_truncated_completions`` (TRL), ``missing_eos_penalty`` (TRL; DAPO's overlong shaping)).
+
+``pressure`` measures the mechanism on sampled batches before any update: in groups that mix truncated and
+finished responses, how much more in-loss advantage the truncated ones get than their finished
+siblings. Positive: the loss pushes towards truncation; ≤ 0: it does not. ``train`` runs the variants and ``plot_training``
+draws them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.core import losses
+from workbench.modeling.rollout import sample
+from workbench.tasks import encode_prompts, score_responses
+from workbench.viz import plots
+
+BUG = "scored as finished (bug)"
+
+
+def variants(missing_eos_penalty: float = 0.5) -> dict[str, dict]:
+    """The bug and the three fixes as GRPO config switches, keyed by label."""
+    return {
+        BUG: {"score_truncated_as_finished": True},
+        "zero reward without EOS": {},
+        "masked out of the loss": {"mask_truncated_completions": True},
+        f"penalised ({missing_eos_penalty})": {"missing_eos_penalty": missing_eos_penalty},
+    }
+
+
+@torch.no_grad()
+def pressure(model, tokenizer, problems, switches: dict[str, dict], *, max_new_tokens: int, num_generations: int = 8,
+             scale_rewards: str = "group", seed: int = 0, batches: int = 1) -> dict[str, dict]:
+    """Per variant, over ``batches`` sampled batches of groups (sampling seeds ``seed`` … ``seed + batches − 1``):
+    truncated responses, how many are rewarded, and the *pressure*: in groups holding both truncated and
+    finished responses, the mean in-loss advantage of the truncated ones minus that of their finished
+    siblings (> 0: the update favours not stopping); ``group_gaps`` holds that gap per mixed group.
+
+    Group advantages sum to 0, so a group whose responses are all truncated (or all finished) exerts no
+    pressure either way; only mixed groups can, and their count is reported. More batches, more mixed
+    groups: the verdict's standard error is taken over them."""
+    prompts = [p for p in problems for _ in range(num_generations)]
+    ids, mask = encode_prompts(tokenizer, [p.prompt for p in prompts])
+    out = {label: {"truncated": 0, "truncated_rewarded": 0, "mixed_groups": 0, "group_gaps": []} for label in switches}
+    for b in range(batches):
+        r = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed + b))
+        truncated = ~r.finished
+        groups = truncated.view(-1, num_generations)
+        mixed = groups.any(1) & (~groups).any(1)
+        for label, s in switches.items():
+            finished_for_scoring = torch.ones_like(r.finished) if s.get("score_truncated_as_finished") else r.finished
+            rewards = score_responses(tokenizer, prompts, r.response_ids, r.response_mask, finished_for_scoring)
+            rewards = rewards - s.get("missing_eos_penalty", 0.0) * truncated.float()
+            advantages = losses.group_advantages(rewards, num_generations, scale_rewards)
+            in_loss = (~truncated).float() if s.get("mask_truncated_completions") else torch.ones_like(advantages)
+            weighted = (advantages * in_loss).view(-1, num_generations)
+            o = out[label]
+            o["group_gaps"] += [float(w[g].mean() - w[~g].mean()) for w, g in zip(weighted[mixed], groups[mixed], strict=True)]
+            o["truncated"] += int(truncated.sum())
+            o["truncated_rewarded"] += int((truncated & (rewards > 0)).sum())
+            o["mixed_groups"] += int(mixed.sum())
+    for o in out.values():
+        o["pressure"] = sum(o["group_gaps"]) / len(o["group_gaps"]) if o["group_gaps"] else 0.0
+    return out
+
+
+REFERENCE = "zero reward without EOS"
+
+
+def shift(measured: dict[str, dict]) -> float:
+    """How much the bug moves the pressure towards truncated responses, against scoring them 0."""
+    return measured[BUG]["pressure"] - measured[REFERENCE]["pressure"]
+
+
+def shift_noise(measured: dict[str, dict]) -> tuple[float, float, int]:
+    """(shift, standard error, mixed groups): the shift's s.e. over the mixed groups of the batch, paired
+    (bug and reference see the same groups: s.e. = std(gap_bug − gap_ref) / √n); NaN when the
+    per-group gaps are absent or fewer than 2 groups are mixed."""
+    bug, ref = measured[BUG].get("group_gaps"), measured[REFERENCE].get("group_gaps")
+    if not bug or not ref or len(bug) != len(ref) or len(bug) < 2:
+        return shift(measured), float("nan"), len(bug or [])
+    d = torch.tensor(bug, dtype=torch.float64) - torch.tensor(ref, dtype=torch.float64)
+    return shift(measured), float(d.std() / len(d) ** 0.5), len(d)
+
+
+def verdict(measured: dict[str, dict], *, threshold: float = 0.05) -> tuple[bool, bool]:
+    """(reproduced, fixed): the bug shifts the in-loss advantage towards truncated responses by more
+    than ``threshold`` compared with scoring them 0 (``shift``) and, when the per-group gaps are
+    measured, by more than 2 standard errors over the mixed groups (``shift_noise``: the batches
+    are one sample of groups); no fix favours truncated responses over their finished siblings (pressure ≤ 0)."""
+    value, se, _ = shift_noise(measured)
+    reproduced = value > threshold and not value <= 2 * se  # NaN s.e. (no per-group gaps): the threshold alone
+    fixed = all(m["pressure"] <= 0 for label, m in measured.items() if label != BUG)
+    return bool(reproduced), bool(fixed)
+
+
+def not_shown(measured: dict[str, dict]) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: when no truncated response earns a reward
+    even under the bug (an untrained checkpoint answers nothing right), scoring truncated responses as
+    finished changes no advantage."""
+    if measured[BUG]["truncated_rewarded"] > 0:
+        return None
+    return (f"none of the {measured[BUG]['truncated']} truncated responses earns a reward even when scored as finished "
+            "(an untrained checkpoint answers nothing right), so the bug changes no advantage here; use a trained one")
+
+
+def conclusion(measured: dict[str, dict]) -> str:
+    """The step-0 finding in words chosen by the numbers."""
+    bug, ref = measured[BUG]["pressure"], measured[REFERENCE]["pressure"]
+    direction = "towards" if bug > ref else "away from"
+    absolute = ("and truncated responses end up favoured over their finished siblings" if bug > 0 else
+                "yet truncated responses are still disfavoured against their finished siblings (they are mostly wrong)")
+    value, se, n = shift_noise(measured)
+    noise = (f" ± {se:.3f} (s.e. over {n} mixed groups; "
+             + ("larger than 2 s.e." if abs(value) > 2 * se else "not larger than 2 s.e.: within the sampling noise") + ")"
+             if se == se else " (no noise estimate: fewer than 2 mixed groups measured)")
+    return (f"{measured[BUG]['mixed_groups']} mixed groups: the bug moves the in-loss advantage {direction} truncated responses "
+            f"by {bug - ref:+.3f}{noise} ({ref:+.3f} → {bug:+.3f}), {absolute}.")
+
+
+def colors(labels) -> dict[str, str]:
+    palette = [plots.BUG_COLOR, plots.FIX_COLOR, plots.SERIES_COLORS[2], plots.SERIES_COLORS[3]]
+    return dict(zip(labels, palette, strict=False))
+
+
+def plot_pressure(ax, measured: dict[str, dict]) -> None:
+    """The mean in-loss advantage of truncated responses per variant (bars, value written), with each mixed
+    group's own gap as a black dot: the spread the verdict's standard error comes from."""
+    labels = list(measured)
+    values = [measured[label]["pressure"] for label in labels]
+    ax.bar(range(len(labels)), values, color=[colors(labels)[label] for label in labels], alpha=0.8)
+    for i, label in enumerate(labels):
+        gaps = measured[label].get("group_gaps") or []
+        offsets = [0.25 * (k / max(len(gaps) - 1, 1) - 0.5) for k in range(len(gaps))]
+        ax.plot([i + o for o in offsets], gaps, "o", color="black", ms=2.5, alpha=0.5, zorder=5,
+                label=f"one mixed group ({len(gaps)} per variant)" if i == 0 and gaps else "_")
+    if any(measured[label].get("group_gaps") for label in labels):
+        ax.legend(fontsize=8)
+    for i, v in enumerate(values):
+        ax.text(i + 0.3, v, f"{v:+.3f}", ha="left", va="bottom" if v >= 0 else "top", fontsize=8, zorder=6,
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 1, "alpha": 0.8})
+    ax.axhline(0, color=plots.NEUTRAL_COLOR, lw=0.8)
+    ax.set_xticks(range(len(labels)), labels, rotation=15, fontsize=8)
+    ax.set_ylabel("in-loss advantage: truncated − finished\n(mixed groups)")
+
+
+def plot_training(axes, histories: dict[str, list[dict]], window: int) -> None:
+    """EOS rate and reward (aligned moving averages) and the cumulative count of rewarded truncated responses."""
+    palette = colors(histories)
+    plots.plot_curves(axes[0], {k: [{**h, "eos_pct": 100 * h["finished_fraction"]} for h in v] for k, v in histories.items()},
+                      "eos_pct", "responses ending with EOS (%)", palette, window=window)
+    cumulative = {}
+    for label, history in histories.items():
+        total, rows = 0, []
+        for h in history:
+            total += h["truncated_rewarded"]
+            rows.append({"step": h["step"], "cumulative": total})
+        cumulative[label] = rows
+    plots.plot_curves(axes[1], cumulative, "cumulative", "truncated responses rewarded (cumulative)", palette)
+    plots.plot_curves(axes[2], histories, "reward", "mean reward as the trainer saw it", palette, window=window)
+    for ax in axes[1:]:
+        ax.get_legend().remove()
+    axes[0].legend(fontsize=8)

@@ -1,0 +1,119 @@
+"""Pitfall P12: the rollout engine and the trainer disagree on log-probs.
+
+A bf16 inference engine samples, an fp32 trainer recomputes: π_old (trainer) ≠ π_rollout even
+before any update, so the "on-policy" ratio is not 1 and the policy gradient is estimated from
+samples of a slightly different policy. Truncated importance sampling (verl PR #2953) reweights
+each token by min(π_old / π_rollout, C).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from workbench.core.losses import tis_weights
+from workbench.modeling.rollout import sample
+from workbench.modeling.scoring import response_logprobs
+from workbench.tasks import encode_prompts
+
+
+@torch.no_grad()
+def rollout_vs_trainer(model, tokenizer, prompts: list[str], *, rollout_dtype: torch.dtype, cap: float = 2.0, seed: int = 0) -> dict:
+    """Per-token log-ratio trainer/rollout for samples of a ``rollout_dtype`` copy of ``model``."""
+    engine = copy.deepcopy(model).to(rollout_dtype)
+    ids, mask = encode_prompts(tokenizer, prompts)
+    rollout = sample(engine, ids, mask, max_new_tokens=8, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
+    trainer_logp = response_logprobs(model, ids, mask, rollout.response_ids, rollout.response_mask)
+    m = rollout.response_mask.bool()
+    log_ratio = (trainer_logp - rollout.rollout_logprobs)[m]
+    weights = tis_weights(trainer_logp, rollout.rollout_logprobs, cap)[m]
+    return {
+        "log_ratio": log_ratio,
+        "max_ratio_deviation": float((log_ratio.exp() - 1).abs().max()),
+        "mean_abs_log_ratio": float(log_ratio.abs().mean()),
+        "tis_weights": weights,
+        "tis_max_weight": float(weights.max()),
+        "tis_clipped_fraction": float((log_ratio.exp() > cap).float().mean()),
+    }
+
+
+# ---- sweep, verdict and figures (notebook 12) -------------------------------------------------
+ROLLOUT_DTYPES = {"bf16 rollout": torch.bfloat16, "fp16 rollout": torch.float16, "fp32 rollout": torch.float32}
+
+
+def sweep(model, tokenizer, prompts: list[str], *, cap: float, seed: int = 0) -> dict:
+    """``rollout_vs_trainer`` for a bf16, fp16 and fp32 rollout copy of ``model``."""
+    return {name: rollout_vs_trainer(model, tokenizer, prompts, rollout_dtype=dtype, cap=cap, seed=seed)
+            for name, dtype in ROLLOUT_DTYPES.items()}
+
+
+def clipped_fraction_by_cap(log_ratio: torch.Tensor, caps) -> list[float]:
+    """Share of tokens whose importance ratio exceeds each cap C (the tokens TIS reweights)."""
+    ratio = log_ratio.exp()
+    return [float((ratio > c).float().mean()) for c in caps]
+
+
+def verdict(results: dict, *, threshold: float = 1e-2, tolerance: float = 1e-4) -> tuple[bool, bool]:
+    """(reproduced, fixed): a bf16 rollout gives max |ρ − 1| > ``threshold`` before any update; an fp32
+    rollout (the trainer's own precision) gives ≤ ``tolerance``, and TIS at the chosen cap acts on some
+    tokens (clipped fraction > 0) — a cap above every ratio corrects nothing."""
+    bf16, fp32 = results["bf16 rollout"], results["fp32 rollout"]
+    return bool(bf16["max_ratio_deviation"] > threshold), \
+        bool(fp32["max_ratio_deviation"] <= tolerance and bf16["tis_clipped_fraction"] > 0)
+
+
+def not_shown(results: dict, *, threshold: float = 1e-2) -> str | None:
+    """Why this checkpoint cannot show the mismatch, or None: an untrained checkpoint's logits are
+    near zero (a near-uniform distribution), so bf16 rounding barely moves its log-probs."""
+    deviation = results["bf16 rollout"]["max_ratio_deviation"]
+    if deviation > threshold:
+        return None
+    return (f"a bf16 rollout moves this checkpoint's ratios by only {deviation:.1e} ≤ {threshold:g}: an untrained checkpoint's "
+            "logits are near zero, so bf16 rounding barely changes its log-probs; use a trained one")
+
+
+def tis_reading(harm, tis_change, tis_vs_fp32) -> str:
+    """What the PPO runs say about TIS, chosen by three ``comparison.Effect``s of one metric: bf16 vs fp32
+    rollout (is there a harm?), bf16 vs bf16 + TIS (does TIS change the update?), fp32 vs bf16 + TIS (does TIS
+    land where the fp32 rollout does?). TIS is called a repair only when a harm was measured and TIS removes it."""
+    key = harm.key
+    if not tis_change.larger_than_noise:
+        return (f"{key}: TIS does not change the result measurably here "
+                f"(effect {tis_change.difference:+.3g} ± {tis_change.noise:.2g})")
+    if not harm.larger_than_noise:
+        return (f"{key}: TIS changes the update (bf16 {tis_change.bug:.3g} → with TIS {tis_change.fix:.3g}), "
+                f"but the bf16 rollout itself did no measurable harm against fp32 ({harm.difference:+.3g} ± {harm.noise:.2g}): "
+                "a change, not a repair")
+    same = not tis_vs_fp32.larger_than_noise
+    return (f"{key}: the bf16 rollout differs from fp32 ({harm.difference:+.3g} ± {harm.noise:.2g}) and TIS "
+            + ("brings it to the fp32 result" if same else
+               f"changes it but not to the fp32 result (fp32 {tis_vs_fp32.bug:.3g} vs TIS {tis_vs_fp32.fix:.3g})"))
+
+
+def plot_mismatch(axes, results: dict, cap: float, caps=None) -> None:
+    """Left: histogram of the per-token log-ratio per rollout dtype. Right: share of tokens TIS clips vs the cap."""
+    from workbench.viz import plots
+
+    colors = {"bf16 rollout": plots.BUG_COLOR, "fp16 rollout": plots.SERIES_COLORS[4], "fp32 rollout": plots.FIX_COLOR}
+    for i, (name, r) in enumerate(results.items()):
+        axes[0].hist(r["log_ratio"].numpy(), bins=60, histtype="step", color=colors.get(name), label=name, log=True,
+                     ls=plots.LINE_STYLES[i], lw=1.5)
+    spread = max(float(r["log_ratio"].abs().max()) for r in results.values())
+    hidden = [f"{name}: all {r['log_ratio'].numel()} tokens within ±{float(r['log_ratio'].abs().max()):.0e}, "
+              "inside the central bin" for name, r in results.items() if float(r["log_ratio"].abs().max()) < spread / 60]
+    if hidden:  # a distribution narrower than one bin is one spike at 0, drawn under the others'
+        axes[0].text(0.02, 0.98, "\n".join(hidden), transform=axes[0].transAxes, ha="left", va="top", fontsize=8)
+    axes[0].set_xlabel("log π_trainer(fp32) − log π_rollout per token (nats)")
+    axes[0].set_ylabel("tokens")
+    axes[0].legend()
+    caps = caps or sorted({1.001, 1.002, 1.005, 1.01, 1.02, 1.05, 1.1, 1.2, 1.5, 2.0, cap})
+    for name, r in results.items():
+        if name != "fp32 rollout":
+            shares = [100 * f for f in clipped_fraction_by_cap(r["log_ratio"], caps)]
+            axes[1].plot(caps, shares, "o-", color=colors.get(name), label=name)
+    axes[1].axvline(cap, color=plots.NEUTRAL_COLOR, ls="--", label=f"chosen cap C = {cap}")
+    axes[1].set_xlabel("TIS cap C (importance ratio)")
+    axes[1].set_ylabel("tokens with ratio > C: reweighted by TIS (%)")
+    axes[1].legend()

@@ -1,0 +1,81 @@
+"""Pitfall P13: whitening advantages or rewards over padded positions.
+
+``(x − x.mean()) / x.std()`` over a padded (B, T) tensor counts every pad as a real value: the
+mean and std move with the amount of padding, so the real tokens' whitened values are neither
+centred nor unit-scaled, and shorter batches are whitened differently from longer ones.
+``workbench.core.losses.masked_whiten`` uses real tokens only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.core.losses import masked_mean, masked_var, masked_whiten, naive_whiten
+
+
+def real_token_stats(whitened: torch.Tensor, mask: torch.Tensor) -> dict:
+    """Mean and std of the whitened values over real tokens (should be 0 and 1)."""
+    return {"mean": float(masked_mean(whitened, mask)), "std": float(masked_var(whitened, mask).sqrt())}
+
+
+def whitening_vs_padding(values: torch.Tensor, mask: torch.Tensor, extra_pads: list[int]) -> list[dict]:
+    """Real-token statistics after naive and masked whitening as padding columns are added."""
+    rows = []
+    for extra in extra_pads:
+        padded_values = torch.cat([values, values.new_zeros(values.shape[0], extra)], 1)
+        padded_mask = torch.cat([mask, mask.new_zeros(mask.shape[0], extra)], 1)
+        naive = real_token_stats(naive_whiten(padded_values) * padded_mask, padded_mask)
+        masked = real_token_stats(masked_whiten(padded_values, padded_mask), padded_mask)
+        rows.append({"extra_pads": extra, "padding_fraction": 1 - float(padded_mask.float().mean()),
+                     "naive_mean": naive["mean"], "naive_std": naive["std"], "masked_mean": masked["mean"], "masked_std": masked["std"]})
+    return rows
+
+
+# ---- advantages of a real rollout, verdict and figure (notebook 13) ---------------------------
+def rollout_advantages(model_name: str, *, seed: int = 0, gamma: float = 1.0, lam: float = 0.95, device: str = "auto",
+                       pad_token: str | None = "auto"):
+    """GAE advantages of one PPO rollout of ``model_name`` (sparse score on the last token, V = 0):
+    ``(advantages, mask)``, both (B, T) with real padding."""
+    from workbench.core import losses
+    from workbench.modeling.models import load
+    from workbench.tasks import rl_problems
+    from workbench.trainers.ppo import PPOConfig, PPOTrainer, last_token_rewards
+
+    policy, tokenizer = load(model_name, device=device, pad_token=pad_token)
+    trainer = PPOTrainer(policy, tokenizer, rl_problems(64), PPOConfig(steps=1, seed=seed, progress=False))
+    _, rollout, scores = trainer.rollout(0)
+    mask = rollout.response_mask.float()
+    advantages, _ = losses.gae(last_token_rewards(scores, mask), torch.zeros_like(mask), mask, gamma, lam)
+    return advantages, mask
+
+
+def verdict(rows: list[dict], *, threshold: float = 0.05, tolerance: float = 1e-5) -> tuple[bool, bool]:
+    """(reproduced, fixed): naive whitening leaves real-token advantages off-centre by more than
+    ``threshold`` at some padding; masked whitening gives mean 0 (≤ ``tolerance``) and std 1 (±1e-3) at every padding."""
+    reproduced = max(abs(r["naive_mean"]) for r in rows) > threshold
+    fixed = all(abs(r["masked_mean"]) <= tolerance and abs(r["masked_std"] - 1) < 1e-3 for r in rows)
+    return bool(reproduced), bool(fixed)
+
+
+def not_shown(rows: list[dict]) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: when every advantage of the rollout is 0
+    (all rewards equal: an untrained checkpoint answers nothing right), whitening has nothing to centre."""
+    if any(r["naive_std"] > 0 or r["masked_std"] > 0 for r in rows):
+        return None
+    return ("every advantage of this checkpoint's rollout is 0 (all rewards equal: an untrained checkpoint answers nothing "
+            "right), so whitening has nothing to centre or scale; use a trained one")
+
+
+def plot_whitening(axes, rows: list[dict]) -> None:
+    """Mean and std of whitened advantages on real tokens vs the padding share, naive (bug) and masked (fix)."""
+    from workbench.viz import plots
+
+    fractions = [r["padding_fraction"] * 100 for r in rows]
+    for ax, key, ylabel, target in ((axes[0], "mean", "mean of whitened advantages on real tokens", 0.0),
+                                    (axes[1], "std", "std of whitened advantages on real tokens", 1.0)):
+        ax.plot(fractions, [r[f"naive_{key}"] for r in rows], "o-", color=plots.BUG_COLOR, label="over every position (bug)")
+        ax.plot(fractions, [r[f"masked_{key}"] for r in rows], "s--", color=plots.FIX_COLOR, label="over real tokens (fix)")
+        ax.axhline(target, color=plots.NEUTRAL_COLOR, lw=0.8)
+        ax.set_xlabel("padding in the batch (%)")
+        ax.set_ylabel(ylabel)
+    axes[0].legend()

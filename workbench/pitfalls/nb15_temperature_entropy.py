@@ -1,0 +1,141 @@
+"""Pitfall P15: entropy and KL measured at a temperature other than the sampling one.
+
+The policy that samples is π_τ = softmax(z / τ). Every quantity that describes it must be computed
+from z / τ, yet trainers have computed some of them from the raw logits z:
+
+* the entropy H(softmax(z)) instead of H(softmax(z / τ)): OpenRLHF's actor computed the entropy
+  before dividing the logits by the temperature in place (fixed in PR #1319), so the logged entropy
+  and the entropy bonus describe a distribution nobody samples from. For τ < 1 the sampled
+  distribution is sharper (H(π_τ) < H(π_1)), for τ > 1 flatter;
+* the reference log-probs at τ = 1 while the policy's are at τ (or the other way round: TRL's trainer
+  did not divide by τ before #3029; vLLM returned raw-logit log-probs until TRL #4163). With the
+  policy equal to the reference (step 0) the KL penalty should be exactly 0, but
+  KL(π_τ ‖ π_ref,1) = Σ_v π_τ(v) (log π_τ(v) − log π_1(v)) > 0 for τ ≠ 1: a penalty that pushes the
+  policy towards the τ = 1 version of itself.
+
+The fix: divide the logits by the sampling temperature once, before every log-softmax and entropy.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from workbench.core.devices import model_device
+from workbench.modeling.rollout import sample
+from workbench.modeling.scoring import entropy_from_logits, forward
+from workbench.tasks import encode_prompts
+from workbench.viz.plots import draw_floor, note_coinciding
+
+
+def entropy_at_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """H(softmax(logits / τ)) in nats at every position."""
+    return entropy_from_logits(logits.float() / temperature)
+
+
+def kl_between_temperatures(logits: torch.Tensor, temperature: float, reference_temperature: float) -> torch.Tensor:
+    """Exact KL(softmax(z / τ) ‖ softmax(z / τ_ref)) at every position, for the same logits z."""
+    logp = F.log_softmax(logits.float() / temperature, -1)
+    ref = F.log_softmax(logits.float() / reference_temperature, -1)
+    return (logp.exp() * (logp - ref)).sum(-1)
+
+
+@torch.no_grad()
+def step0_measurements(model, tokenizer, prompts: list[str], *, temperature: float, seed: int = 0,
+                       max_new_tokens: int = 6) -> dict:
+    """At step 0 (policy = reference = ``model``), responses sampled at ``temperature``:
+
+    ``entropy``: mean H of the sampled distribution (fix: logits / τ) and of the raw logits (bug);
+    ``kl``: the per-token KL penalty k1 = log π_τ(a) − log π_ref(a) and k3, and the exact KL, with the
+    reference scored at τ (fix) or at 1 (bug). All are means over real response tokens.
+    """
+    ids, mask = (t.to(model_device(model)) for t in encode_prompts(tokenizer, prompts))  # everything on the model's device
+    rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
+                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                     generator=torch.Generator().manual_seed(seed))
+    seq, seq_mask = rollout.sequences()
+    logits = forward(model, seq, seq_mask)[:, ids.shape[1] - 1 : -1].float()
+    real = rollout.response_mask.bool()
+    actions = rollout.response_ids[..., None]
+    policy_logp = F.log_softmax(logits / temperature, -1).gather(-1, actions).squeeze(-1)
+    out = {"temperature": temperature, "tokens": int(real.sum())}
+    for name, entropy_temperature, reference_temperature in (("bug", 1.0, 1.0), ("fix", temperature, temperature)):
+        ref_logp = F.log_softmax(logits / reference_temperature, -1).gather(-1, actions).squeeze(-1)
+        r = (policy_logp - ref_logp)[real]
+        out[name] = {
+            "entropy": float(entropy_at_temperature(logits, entropy_temperature)[real].mean()),
+            "kl_k1": float(r.mean()),
+            "kl_k3": float((torch.exp(-r) - 1 + r).mean()),
+            "kl_exact": float(kl_between_temperatures(logits, temperature, reference_temperature)[real].mean()),
+        }
+    out["entropy_gap"] = out["bug"]["entropy"] - out["fix"]["entropy"]
+    return out
+
+
+def sweep(model, tokenizer, prompts: list[str], temperatures: list[float], **kwargs) -> list[dict]:
+    return [step0_measurements(model, tokenizer, prompts, temperature=t, **kwargs) for t in temperatures]
+
+
+def verdict(rows: list[dict], tolerance: float = 1e-5) -> tuple[bool, bool]:
+    """(reproduced, fixed): at some τ ≠ 1 the raw-logit entropy differs from the sampled one and the
+    step-0 KL against a τ = 1 reference is not 0; with the fix both vanish at every τ."""
+    off = [r for r in rows if abs(r["temperature"] - 1.0) > 1e-6]
+    reproduced = any(abs(r["entropy_gap"]) > 100 * tolerance and r["bug"]["kl_exact"] > 100 * tolerance for r in off)
+    fixed = all(abs(r["fix"]["kl_exact"]) < tolerance and abs(r["fix"]["kl_k1"]) < tolerance for r in rows)
+    return reproduced, fixed
+
+
+# ---- plots (take an ax) ------------------------------------------------------------------------
+def plot_entropy(ax, rows: list[dict]) -> None:
+    from workbench.viz import plots
+
+    temperatures = [r["temperature"] for r in rows]
+    ax.plot(temperatures, [r["bug"]["entropy"] for r in rows], "o-", color=plots.BUG_COLOR, label="H(softmax(z)) (bug)")
+    ax.plot(temperatures, [r["fix"]["entropy"] for r in rows], "o-", color=plots.FIX_COLOR, label="H(softmax(z / τ)) (fix)")
+    ax.axvline(1.0, color=plots.NEUTRAL_COLOR, lw=0.8, ls=":")
+    ax.set_xlabel("sampling temperature τ")
+    ax.set_ylabel("mean entropy at sampled positions (nats)")
+    ax.legend()
+
+
+def plot_step0_kl(ax, rows: list[dict], floor: float = 1e-9) -> None:
+    from workbench.viz import plots
+
+    temperatures = [r["temperature"] for r in rows]
+    ax.plot(temperatures, [max(r["bug"]["kl_exact"], floor) for r in rows], "o-", color=plots.BUG_COLOR,
+            label="reference at τ = 1 (bug)")
+    ax.plot(temperatures, [max(abs(r["fix"]["kl_exact"]), floor) for r in rows], "o-", color=plots.FIX_COLOR,
+            label="reference at τ (fix)")
+    ax.set_yscale("log")
+    low = [v for r in rows for v in (r["bug"]["kl_exact"], abs(r["fix"]["kl_exact"])) if v <= floor]
+    if low:  # values a log axis cannot draw sit on a labelled floor
+        draw_floor(ax, floor, "exactly 0" if not any(low) else f"≤ {floor:g}")
+    ax.set_xlabel("sampling temperature τ")
+    ax.set_ylabel("exact KL per token at step 0 (nats)")
+    ax.legend()
+    note_coinciding(ax)
+
+
+def explorer(logits: torch.Tensor):
+    """A τ slider redrawing one context's next-token distribution at τ and at 1, with both entropies."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    from workbench.viz import plots
+    from workbench.viz.explorer import Explorer
+
+    def draw(temperature):
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        order = logits.argsort(descending=True)[:12]
+        panels = ((-0.2, 1.0, plots.BUG_COLOR, "softmax(z)"), (0.2, temperature, plots.FIX_COLOR, "softmax(z/τ)"))
+        for shift, t, color, name in panels:
+            probs = F.softmax(logits.float() / t, -1)[order]
+            h = float(entropy_at_temperature(logits, t))
+            ax.bar([i + shift for i in range(len(order))], probs.tolist(), 0.4, color=color, label=f"{name}: H = {h:.3f} nats")
+        ax.set_xlabel("token rank")
+        ax.set_ylabel("probability")
+        ax.legend()
+        return {"entropy_gap": float(entropy_at_temperature(logits, 1.0) - entropy_at_temperature(logits, temperature))}
+
+    slider = widgets.FloatSlider(value=0.7, min=0.2, max=2.0, step=0.05, description="τ")
+    return Explorer({"temperature": slider}, draw, title="P15: the distribution you sample vs the one you measure")

@@ -1,0 +1,99 @@
+"""Pitfall P17: which token ends a response — three sources that can disagree.
+
+A checkpoint names its stop token in three places: ``tokenizer.eos_token``,
+``generation_config.eos_token_id`` (an id or a list), and, implicitly, its chat template, which
+ends every assistant turn with some token (``<|im_end|>`` in ChatML, ``<|eot_id|>`` in Llama 3).
+A base checkpoint fine-tuned on chat data (Qwen3 #927; the rlhf-book Qwen3 SFT write-up) learns
+to end turns with the template's token while its tokenizer and generation config still say
+``<|endoftext|>``. Then:
+
+* a rollout that stops on the generation config's EOS never stops: the policy emits its turn end
+  and keeps going to the length limit, and every response is "truncated";
+* a rollout that does stop on the turn end but a trainer that recognises only the tokenizer's
+  EOS counts every response as truncated (missing-EOS penalty, overlong filtering, zero reward).
+
+The fix: stop ids = tokenizer EOS ∪ generation-config EOS ∪ the template's turn end, used both
+to stop sampling and to decide that a response finished.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.core.batching import pad_sequences
+from workbench.modeling.rollout import sample
+from workbench.modeling.stop_ids import SOURCES, stop_id_sources, union_stop_ids
+
+# the sources and their union live with the library's own stop ids (one place): re-exported here
+__all__ = ["SOURCES", "stop_id_sources", "union_stop_ids", "audit", "chat_prompt_ids", "rollout_under", "scenarios", "not_shown",
+           "verdict"]
+
+
+def audit(folder) -> dict:
+    """For a checkpoint folder: the sources, their union, and whether the template's turn end is a
+    stop id of the tokenizer / the generation config (None without a template)."""
+    from transformers import GenerationConfig
+
+    from workbench.modeling.realistic import load_tokenizer
+
+    sources = stop_id_sources(GenerationConfig.from_pretrained(str(folder), local_files_only=True), load_tokenizer(folder))
+    turn_end = sources["template_turn_end"]
+    covered = {name: (set(turn_end) <= set(sources[name])) if turn_end else None for name in ("tokenizer", "generation_config")}
+    return {"sources": sources, "union": union_stop_ids(sources), "turn_end_covered_by": covered}
+
+
+def chat_prompt_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+    rendered = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+                for p in prompts]
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in rendered]
+
+
+@torch.no_grad()
+def rollout_under(model, tokenizer, prompts: list[str], *, stop_ids: list[int], finished_ids: list[int],
+                  max_new_tokens: int = 32, seed: int = 0) -> dict:
+    """Sample responses that stop on ``stop_ids``; count a response finished when it contains one
+    of ``finished_ids`` (what the trainer recognises as EOS). Returns the costs and the counts."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    device = model.device
+    ids, mask = (t.to(device) for t in pad_sequences(chat_prompt_ids(tokenizer, prompts), pad, side="left"))
+    rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=pad,
+                     generator=torch.Generator(device).manual_seed(seed))
+    counted = torch.isin(rollout.response_ids, torch.tensor(finished_ids, device=device)) & rollout.response_mask.bool()
+    finished = counted.any(-1)
+    return {
+        "stopped_fraction": float(rollout.finished.float().mean()),
+        "counted_finished_fraction": float(finished.float().mean()),
+        "truncated_fraction": 1.0 - float(finished.float().mean()),
+        "mean_length": float(rollout.response_lengths.float().mean()),
+        "tokens_generated_per_response": rollout.tokens_generated / len(prompts),
+        "example": tokenizer.decode(rollout.response_ids[0][rollout.response_mask[0].bool()]),
+    }
+
+
+def scenarios(sources: dict[str, list[int]]) -> dict[str, dict[str, list[int]]]:
+    """The configurations compared: ``{name: {"stop_ids", "finished_ids"}}``."""
+    union = union_stop_ids(sources)
+    return {
+        "stop on generation config": {"stop_ids": union_stop_ids(sources, ("generation_config",)),
+                                      "finished_ids": union_stop_ids(sources, ("generation_config",))},
+        "stop on turn end, count tokenizer EOS": {"stop_ids": union_stop_ids(sources, ("template_turn_end",)),
+                                                  "finished_ids": union_stop_ids(sources, ("tokenizer",))},
+        "union of all three (fix)": {"stop_ids": union, "finished_ids": union},
+    }
+
+
+def not_shown(sources: dict[str, list[int]]) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: when the tokenizer's EOS and the generation
+    config both already name the template's turn end, every partial stop set stops at it."""
+    turn_end = set(sources["template_turn_end"])
+    if not turn_end:
+        return "the tokenizer has no chat template, so there is no turn-end token to miss; use a -chat checkpoint"
+    if turn_end <= set(sources["tokenizer"]) and turn_end <= set(sources["generation_config"]):
+        return (f"the tokenizer's EOS and the generation config both already name the turn end {sorted(turn_end)}: no "
+                "partial stop set misses it (a base checkpoint fine-tuned on ChatML, realistic-qwen2-base-chat, shows it)")
+    return None
+
+
+def verdict(bug_truncated: float, fix_truncated: float, *, signature: float = 0.5, tolerance: float = 0.1) -> tuple[bool, bool]:
+    """``(reproduced, fixed)``: most responses counted truncated with a partial stop set, few with the union."""
+    return bug_truncated > signature, fix_truncated < tolerance

@@ -1,0 +1,144 @@
+"""Pitfall P19: in bf16 a sequence's log-probs depend on the batch it is scored in.
+
+A trainer computes π_old once over the whole rollout batch (or in the rollout engine's batches),
+then recomputes π_θ in training micro-batches of another size. Each micro-batch is padded to its
+own longest row and runs through kernels whose reduction order depends on the shapes (the number of
+rows for GPU matmul tiling; the padded width for the vectorised attention and softmax loops — on
+this CPU a row's bf16 log-probs change whenever the width crosses a multiple of 16). In fp32 the
+reordering costs ~1e-6; in bf16, with 8 significant bits, it costs ~1e-2 nats. So at learning
+rate 0, where ρ = π_θ/π_old must be exactly 1, it is not: verl #6280 measured a clip fraction of
+0.046 at lr 0 when rollout and actor micro-batch sizes differed.
+
+The fixes: recompute π_old with the training layout (the same micro-batches, so the same shapes),
+or make scoring batch-invariant (here: pad every batch to one fixed width; on GPUs also
+batch-invariant kernels).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from workbench.core.batching import pad_sequences
+from workbench.modeling.rollout import sample
+from workbench.modeling.scoring import token_logprobs
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """Prompt ids through the chat template when the tokenizer has one, else plain."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt)["input_ids"]
+
+
+@torch.no_grad()
+def sample_episodes(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 16,
+                    seed: int = 0) -> list[tuple[list[int], int]]:
+    """``[(prompt + response ids, prompt length)]`` sampled at temperature 1 (no padding kept)."""
+    pad = tokenizer.pad_token_id
+    stop = model.generation_config.eos_token_id or tokenizer.eos_token_id
+    rows = [encode_prompt(tokenizer, p) for p in prompts]
+    ids, mask = pad_sequences(rows, pad, side="left")
+    rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad,
+                     generator=torch.Generator().manual_seed(seed))
+    episodes = []
+    for row, response, response_mask in zip(rows, rollout.response_ids, rollout.response_mask, strict=True):
+        episodes.append((row + response[response_mask.bool()].tolist(), len(row)))
+    return episodes
+
+
+@torch.no_grad()
+def row_logprobs(model, rows: list[list[int]], *, micro_batch_size: int, pad_token_id: int, width: int | None = None,
+                 order: list[int] | None = None) -> list[torch.Tensor]:
+    """log p(token t | < t) of every row, scored in micro-batches of ``micro_batch_size`` rows
+    taken in ``order``, each left-padded to its longest row (or to ``width`` for every batch)."""
+    order = list(range(len(rows))) if order is None else order
+    if width is not None and width < max(len(r) for r in rows):
+        raise ValueError(f"width={width} is shorter than the longest row ({max(len(r) for r in rows)} tokens)")
+    result: list[torch.Tensor | None] = [None] * len(rows)
+    for start in range(0, len(order), micro_batch_size):
+        chunk = order[start : start + micro_batch_size]
+        ids, mask = pad_sequences([rows[i] for i in chunk], pad_token_id, side="left", length=width)
+        logprobs = token_logprobs(model, ids, mask).float()
+        for j, i in enumerate(chunk):
+            result[i] = logprobs[j, ids.shape[1] - len(rows[i]) :]
+    return result
+
+
+def layout(micro_batch_size: int, *, shuffle_seed: int | None = None, width: int | None = None) -> dict:
+    """A scoring layout: rows per forward, their order (shuffled like a training epoch), fixed width."""
+    return {"micro_batch_size": micro_batch_size, "shuffle_seed": shuffle_seed, "width": width}
+
+
+def _score(model, episodes, spec: dict, pad_token_id: int) -> list[torch.Tensor]:
+    order = list(range(len(episodes)))
+    if spec.get("shuffle_seed") is not None:
+        random.Random(spec["shuffle_seed"]).shuffle(order)
+    return row_logprobs(model, [e[0] for e in episodes], micro_batch_size=spec["micro_batch_size"],
+                        pad_token_id=pad_token_id, width=spec.get("width"), order=order)
+
+
+def ratio_at_lr0(model, episodes, *, old_layout: dict, train_layout: dict, pad_token_id: int, clip_eps: float = 0.2) -> dict:
+    """π_old scored with ``old_layout``, π_θ (same weights: lr 0) with ``train_layout``; the
+    per-token log-ratio over response tokens and what a PPO clip would make of it."""
+    old = _score(model, episodes, old_layout, pad_token_id)
+    new = _score(model, episodes, train_layout, pad_token_id)
+    log_ratio = torch.cat([(n - o)[prompt_len - 1 :] for n, o, (_, prompt_len) in zip(new, old, episodes, strict=True)])
+    ratio = log_ratio.exp()
+    return {
+        "log_ratio": log_ratio,
+        "tokens": int(log_ratio.numel()),
+        "max_ratio_deviation": float((ratio - 1).abs().max()),
+        "mean_abs_log_ratio": float(log_ratio.abs().mean()),
+        "fraction_ratio_not_one": float((log_ratio != 0).float().mean()),
+        "clip_fraction": float(((ratio - 1).abs() > clip_eps).float().mean()),
+    }
+
+
+@torch.no_grad()
+def width_drift(model, row: list[int], widths: list[int], pad_token_id: int) -> list[float]:
+    """max |Δ log p| of one row left-padded to each width vs scored alone (batch of one)."""
+    alone = row_logprobs(model, [row], micro_batch_size=1, pad_token_id=pad_token_id)[0]
+    return [float((row_logprobs(model, [row], micro_batch_size=1, pad_token_id=pad_token_id, width=w)[0] - alone).abs().max())
+            for w in widths]
+
+
+def micro_batch_sweep(model, episodes, sizes: list[int], *, pad_token_id: int, old_micro_batch_size: int | None = None,
+                      seed: int = 0) -> list[dict]:
+    """Ratio statistics at lr 0 for π_old scored over the whole batch and π_θ in shuffled
+    micro-batches of each size."""
+    old = layout(old_micro_batch_size or len(episodes))
+    stats = []
+    for size in sizes:
+        r = ratio_at_lr0(model, episodes, old_layout=old, train_layout=layout(size, shuffle_seed=seed), pad_token_id=pad_token_id)
+        stats.append({k: v for k, v in r.items() if k != "log_ratio"} | {"micro_batch_size": size})
+    return stats
+
+
+def verdict(bug: dict, fix: dict, *, tolerance: float = 1e-6, signature: float = 1e-3) -> tuple[bool, bool]:
+    """``(reproduced, fixed)``: with mismatched layouts some ratio moves past ``signature`` at lr 0;
+    with the fix every ratio is 1 within ``tolerance``."""
+    return bug["max_ratio_deviation"] > signature, fix["max_ratio_deviation"] <= tolerance
+
+
+def precision_note(bf16: dict, fp32: dict) -> str:
+    """One sentence comparing a bf16 and an fp32 sweep entry; explains why fp32 can count more ρ ≠ 1
+    tokens (it keeps tiny differences that bf16's 8-significant-bit log-probs round away)."""
+    line = (f"micro-batch {bf16['micro_batch_size']}: tokens with ρ ≠ 1: bf16 {bf16['fraction_ratio_not_one']:.1%}, "
+            f"fp32 {fp32['fraction_ratio_not_one']:.1%}; max |ρ − 1|: bf16 {bf16['max_ratio_deviation']:.2e}, "
+            f"fp32 {fp32['max_ratio_deviation']:.2e}")
+    if fp32["fraction_ratio_not_one"] > bf16["fraction_ratio_not_one"]:
+        line += (f"\nfp32 counts more tokens with ρ ≠ 1 but its deviations stay ≤ {fp32['max_ratio_deviation']:.0e}: it keeps "
+                 "differences that bf16, whose log-probs sit on a grid of 8 significant bits, rounds to the same value")
+    return line
+
+
+def clip_note(bug: dict, clip_eps: float = 0.2) -> str:
+    """Whether the layout noise moved any ratio out of PPO's clip range (chosen by the measured clip fraction)."""
+    if bug["clip_fraction"] > 0:
+        return (f"{bug['clip_fraction']:.1%} of the ratios leave the clip range ε = {clip_eps}: "
+                "the noise changes PPO's clipped update")
+    return (f"every ratio stays inside the clip range (max |ρ − 1| {bug['max_ratio_deviation']:.1e} < ε = {clip_eps}): "
+            "here the layout noise biases the ratio and the KL estimate but clips nothing")

@@ -1,0 +1,211 @@
+"""Pitfall P20: the gradient of a KL *estimate* is not the gradient of the KL.
+
+For one next-token distribution π = softmax(θ) over V tokens and a reference π_ref, the reverse KL
+and its exact gradient with respect to the logits are
+
+    KL = Σ_v π(v) r(v),   r = log π − log π_ref,   ∂KL/∂θ_j = π_j (r_j − KL).
+
+A trainer estimates KL from sampled tokens v ~ μ (μ = π_θold, which is π itself on-policy) and then
+either differentiates the estimate as a loss term, or uses k1 = r(v) as a reward with the score
+function. In expectation over v ~ μ the gradient each choice gives is
+
+* k1 in the loss: Σ μ ∇log π = 0 on-policy — no gradient at all;
+* k2 = r²/2 in the loss: Σ μ r ∇log π = ∇KL on-policy, biased once μ ≠ π;
+* k3 = π_ref/π − 1 + r in the loss (GRPO's default): Σ μ (1 − π_ref/π) ∇log π = −Σ π_ref ∇log π on-policy,
+  the gradient of the *forward* KL(π_ref ‖ π), not of the KL the config asks for;
+* k1 in the reward (REINFORCE): Σ μ r ∇log π = ∇KL on-policy (Tang & Munos, arXiv 2506.09477);
+* off-policy, the importance weight w = π/μ restores it: sg(w·r)·∇log π (OpenRLHF PR #1309), or w·k3 with
+  w differentiable (DeepSeek-V3.2, TRL ``use_bias_correction_kl``): Σ ∇(π k3) = ∇KL.
+
+Everything here is exact (sums over the vocabulary) except ``monte_carlo_error``, which draws samples
+to show the bias floor of the biased choices against the 1/√N decay of the unbiased ones.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from workbench.viz.plots import label_zero_bars, note_coinciding
+
+VARIANTS = ("k1 in loss", "k2 in loss", "k3 in loss", "k1 in reward", "w·k1 in reward", "w·k3 in loss")
+UNBIASED_ON_POLICY = ("k2 in loss", "k1 in reward", "w·k1 in reward", "w·k3 in loss")
+UNBIASED_OFF_POLICY = ("w·k1 in reward", "w·k3 in loss")
+
+
+def exact_kl(theta: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    logp, ref = F.log_softmax(theta, -1), F.log_softmax(ref_logits, -1)
+    return (logp.exp() * (logp - ref)).sum(-1)
+
+
+def exact_kl_gradient(theta: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    """∂KL(softmax θ ‖ softmax ref)/∂θ = π ⊙ (r − KL), closed form, for logits of shape (..., V)."""
+    logp, ref = F.log_softmax(theta.double(), -1), F.log_softmax(ref_logits.double(), -1)
+    probs, r = logp.exp(), logp - ref
+    return probs * (r - (probs * r).sum(-1, keepdim=True))
+
+
+def per_sample_surrogate(variant: str, logp: torch.Tensor, ref: torch.Tensor, logmu: torch.Tensor) -> torch.Tensor:
+    """The per-token term whose gradient a trainer backpropagates, at every token v (..., V).
+
+    ``logp`` = log π_θ (differentiable), ``ref`` = log π_ref, ``logmu`` = log of the sampling distribution
+    (both constants)."""
+    r = logp - ref
+    w = torch.exp(logp - logmu)  # importance weight π/μ (1 in value on-policy, but differentiable)
+    if variant == "k1 in loss":
+        return r
+    if variant == "k2 in loss":
+        return 0.5 * r**2
+    if variant == "k3 in loss":
+        return torch.exp(-r) - 1 + r
+    if variant == "k1 in reward":
+        return r.detach() * logp
+    if variant == "w·k1 in reward":
+        return (w * r).detach() * logp
+    if variant == "w·k3 in loss":
+        return w * (torch.exp(-r) - 1 + r)
+    raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}")
+
+
+def expected_gradient(theta: torch.Tensor, ref_logits: torch.Tensor, variant: str,
+                      sampling_logits: torch.Tensor | None = None, sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """E_{v~μ}[∇_θ f(v)] exactly: ∇ Σ_v μ(v) f(v) with μ = softmax(``sampling_logits``) held constant
+    (μ = π on-policy). ``sample_weights`` replaces μ in the average (not in the importance weight):
+    the empirical frequencies of N sampled tokens give the N-sample estimate."""
+    theta = theta.detach().double().requires_grad_(True)
+    logp = F.log_softmax(theta, -1)
+    ref = F.log_softmax(ref_logits.double(), -1)
+    logmu = (logp if sampling_logits is None else F.log_softmax(sampling_logits.double(), -1)).detach()
+    weights = logmu.exp() if sample_weights is None else sample_weights.double()
+    surrogate = (weights * per_sample_surrogate(variant, logp, ref, logmu)).sum()
+    return torch.autograd.grad(surrogate, theta)[0]
+
+
+def relative_error(gradient: torch.Tensor, exact: torch.Tensor) -> float:
+    return float((gradient - exact).norm() / exact.norm())
+
+
+def compare(theta: torch.Tensor, ref_logits: torch.Tensor, sampling_logits: torch.Tensor | None = None) -> dict:
+    """``{variant: {"relative_error", "cosine", "norm_ratio"}}`` of the expected gradient against ∇KL,
+    over all rows of ``theta`` (contexts) at once."""
+    exact = exact_kl_gradient(theta, ref_logits).flatten()
+    out = {}
+    for variant in VARIANTS:
+        g = expected_gradient(theta, ref_logits, variant, sampling_logits).flatten()
+        out[variant] = {"relative_error": relative_error(g, exact), "norm_ratio": float(g.norm() / exact.norm()),
+                        "cosine": float(F.cosine_similarity(g, exact, dim=0)) if g.norm() > 0 else 0.0}
+    return out
+
+
+def monte_carlo_error(theta: torch.Tensor, ref_logits: torch.Tensor, variant: str, sample_sizes: list[int], *,
+                      trials: int = 20, seed: int = 0) -> list[float]:
+    """Mean relative error of the N-sample gradient estimate (on-policy, one context) against ∇KL."""
+    generator = torch.Generator().manual_seed(seed)
+    exact = exact_kl_gradient(theta, ref_logits)
+    probs = F.softmax(theta.double(), -1)
+    errors = []
+    for n in sample_sizes:
+        total = 0.0
+        for _ in range(trials):
+            counts = torch.bincount(torch.multinomial(probs, n, replacement=True, generator=generator), minlength=theta.shape[-1])
+            g = expected_gradient(theta, ref_logits, variant, sample_weights=counts.double() / n)  # mean of f over the N draws
+            total += relative_error(g, exact)
+        errors.append(total / trials)
+    return errors
+
+
+def off_policy_sweep(theta_old: torch.Tensor, ref_logits: torch.Tensor, steps: list[float], seed: int = 0) -> list[dict]:
+    """Samples from π_old = softmax(θ_old); the current policy θ = θ_old + s·δ (δ fixed, standard normal) for
+    every s in ``steps``. ``compare`` at each s."""
+    delta = torch.randn(theta_old.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return [{"step": s, **compare(theta_old.double() + s * delta, ref_logits, sampling_logits=theta_old)} for s in steps]
+
+
+def small_softmax(vocab: int = 6, scale: float = 1.0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random policy and reference logits (standard normal × ``scale``) over a ``vocab``-token vocabulary."""
+    generator = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(vocab, generator=generator, dtype=torch.float64),
+            scale * torch.randn(vocab, generator=generator, dtype=torch.float64))
+
+
+@torch.no_grad()
+def next_token_logits(model, tokenizer, prompts: list[str]) -> torch.Tensor:
+    """(N, V) logits of the next token after each prompt (left-padded, position ids from the mask)."""
+    from workbench.modeling.scoring import forward
+    from workbench.tasks import encode_prompts
+
+    ids, mask = encode_prompts(tokenizer, prompts)
+    return forward(model, ids, mask)[:, -1].double().cpu()  # the sweeps below run on the CPU in float64
+
+
+def verdict(on_policy: dict, off_policy: dict, tolerance: float = 1e-6) -> tuple[bool, bool]:
+    """(reproduced, fixed) from ``compare`` on-policy and at one off-policy step.
+
+    Reproduced: k1 in the loss gives no gradient (norm ratio < ``tolerance``) and k3 in the loss is off
+    by more than 5 %; fixed: every unbiased choice matches ∇KL to ``tolerance`` where it should.
+    """
+    reproduced = on_policy["k1 in loss"]["norm_ratio"] < tolerance and on_policy["k3 in loss"]["relative_error"] > 0.05
+    fixed = (all(on_policy[v]["relative_error"] < tolerance for v in UNBIASED_ON_POLICY)
+             and all(off_policy[v]["relative_error"] < tolerance for v in UNBIASED_OFF_POLICY))
+    return reproduced, fixed
+
+
+# ---- plots (take an ax) ------------------------------------------------------------------------
+def plot_per_logit(ax, theta: torch.Tensor, ref_logits: torch.Tensor,
+                   variants: tuple = ("k1 in loss", "k3 in loss", "k1 in reward")) -> None:
+    """∂/∂θ_j of the exact KL and of each variant's expected gradient, token by token."""
+    from workbench.viz import plots
+
+    exact = exact_kl_gradient(theta, ref_logits)
+    width = 0.8 / (len(variants) + 1)
+    x = torch.arange(theta.shape[-1]).double()
+    ax.bar((x - 0.4 + width / 2).tolist(), exact.tolist(), width, color="black", label="exact ∇KL")
+    for i, v in enumerate(variants, start=1):
+        bars = ax.bar((x - 0.4 + width / 2 + i * width).tolist(), expected_gradient(theta, ref_logits, v).tolist(), width,
+                      color=variant_color(v), label=v)
+        label_zero_bars(ax, bars, tol=1e-12 * float(exact.abs().max()))  # 0 to float precision: written, a bar cannot show it
+    ax.axhline(0, color=plots.NEUTRAL_COLOR, lw=0.8)
+    ax.set_xlabel("token j of a small softmax policy")
+    ax.set_ylabel("∂ / ∂θ_j")
+    ax.legend(fontsize=8)
+
+
+def variant_color(variant: str) -> str:
+    from workbench.viz import plots
+
+    if variant in UNBIASED_OFF_POLICY:
+        return plots.FIX_COLOR if variant == "w·k1 in reward" else plots.SERIES_COLORS[5]
+    return {"k1 in loss": plots.NEUTRAL_COLOR, "k3 in loss": plots.BUG_COLOR, "k2 in loss": plots.SERIES_COLORS[4],
+            "k1 in reward": plots.SERIES_COLORS[2]}[variant]
+
+
+def plot_bars(ax, on_policy: dict, title: str) -> None:
+    values = [max(on_policy[v]["relative_error"], 1e-16) for v in VARIANTS]
+    ax.bar(range(len(VARIANTS)), values, color=[variant_color(v) for v in VARIANTS])
+    ax.set_xticks(range(len(VARIANTS)), VARIANTS, rotation=30, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("‖E[∇ estimate] − ∇KL‖ / ‖∇KL‖")
+    ax.set_title(title)
+
+
+def plot_off_policy(ax, rows: list[dict]) -> None:
+    steps = [r["step"] for r in rows]
+    for v in VARIANTS:
+        if v != "k1 in loss":
+            style = "o--" if v in ("k2 in loss", "w·k3 in loss") else "o-"  # on top of k1 in reward / w·k1 in reward
+            ax.plot(steps, [max(r[v]["relative_error"], 1e-16) for r in rows], style, color=variant_color(v), label=v, ms=4)
+    ax.set_yscale("log")
+    ax.set_xlabel("distance from π_old: θ = θ_old + s·δ")
+    ax.set_ylabel("relative error of the expected gradient")
+    ax.legend(fontsize=8)
+    note_coinciding(ax, legend_kw={"fontsize": 8})
+
+
+def plot_monte_carlo(ax, sample_sizes: list[int], errors: dict) -> None:
+    for v, values in errors.items():
+        ax.plot(sample_sizes, values, "o-", color=variant_color(v), label=v, ms=4)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("sampled tokens N per gradient estimate")
+    ax.set_ylabel("mean relative error vs ∇KL")
+    ax.legend(fontsize=8)

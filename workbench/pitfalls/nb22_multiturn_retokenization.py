@@ -1,0 +1,126 @@
+"""Pitfall P22: decode → re-encode between turns is not the identity for BPE.
+
+A multi-turn rollout (tool calls, a second user message) samples turn 1 as token ids, decodes them
+to text, appends the text to the conversation as an assistant message and re-renders the whole
+conversation through the chat template before sampling turn 2 (TRL's GRPO tool loop before #5242,
+TRL #5224). BPE is not a bijection: the sampler may have produced ``"he" "llo"`` where the
+tokenizer encodes ``"hello"``, and the template's boundaries can merge differently. So the tokens
+the trainer scores, y', are not the tokens that were sampled, y, although they spell the same text:
+
+    log ρ_turn = Σ log π_θ(y' | x) − Σ log π_rollout(y | x) ≠ 0 at learning rate 0,
+
+and the sequence KL estimate spikes on exactly those episodes. The fix: token-in / token-out —
+the next prompt is ``prompt_ids + sampled_ids + suffix_ids`` (only the new turn's text is
+encoded), never a re-encoding of text that was sampled.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.core.batching import pad_sequences
+from workbench.modeling.rollout import sample
+from workbench.modeling.scoring import response_logprobs
+
+SENTINEL = "Zq7"
+
+
+def render_ids(tokenizer, messages: list[dict], *, add_generation_prompt: bool) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def turn_suffix_ids(tokenizer, user_message: str, turn_end_id: int) -> list[int]:
+    """Ids the template writes after an assistant turn's end token up to the next generation prompt
+    (``"\\n<|im_start|>user\\n…<|im_end|>\\n<|im_start|>assistant\\n"`` in ChatML), encoded alone."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": SENTINEL},
+                {"role": "user", "content": user_message}]
+    tail = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True).split(SENTINEL, 1)[1]
+    turn_end = tokenizer.convert_ids_to_tokens(turn_end_id)
+    if not tail.startswith(turn_end):
+        raise ValueError(f"the template does not end an assistant turn with {turn_end!r}")
+    return tokenizer(tail[len(turn_end) :], add_special_tokens=False)["input_ids"]
+
+
+@torch.no_grad()
+def two_turn_episodes(model, tokenizer, first: list[str], second: str, *, turn_end_id: int, max_new_tokens: int = 24,
+                      seed: int = 0) -> list[dict]:
+    """Sample turn 1 for each ``first`` user message; build the turn-2 prompt both ways.
+
+    Each episode: ``prompt`` (turn-1 prompt ids), ``sampled`` (turn-1 content ids, turn end
+    excluded), ``text`` (their decoding), ``retokenized`` (the content ids inside the re-rendered
+    conversation), ``next_prompt_bug`` (re-rendered from text) and ``next_prompt_fix`` (ids
+    concatenated)."""
+    prompts = [render_ids(tokenizer, [{"role": "user", "content": m}], add_generation_prompt=True) for m in first]
+    pad = tokenizer.pad_token_id
+    ids, mask = pad_sequences(prompts, pad, side="left")
+    rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=turn_end_id, pad_token_id=pad,
+                     generator=torch.Generator().manual_seed(seed))
+    suffix = turn_suffix_ids(tokenizer, second, turn_end_id)
+    episodes = []
+    for message, prompt, row, keep, done in zip(first, prompts, rollout.response_ids, rollout.response_mask, rollout.finished,
+                                                strict=True):
+        if not bool(done):
+            continue  # a truncated turn has no turn end to continue after
+        content = row[keep.bool()].tolist()[:-1]
+        text = tokenizer.decode(content)
+        history = [{"role": "user", "content": message}, {"role": "assistant", "content": text}]
+        full = render_ids(tokenizer, history, add_generation_prompt=False)
+        end = full.index(turn_end_id, len(prompt)) if full[: len(prompt)] == prompt else len(prompt)
+        episodes.append({
+            "prompt": prompt, "sampled": content, "text": text,
+            "retokenized": full[len(prompt) : end] if full[: len(prompt)] == prompt else full,
+            "next_prompt_bug": render_ids(tokenizer, history + [{"role": "user", "content": second}], add_generation_prompt=True),
+            "next_prompt_fix": prompt + content + [turn_end_id] + suffix,
+        })
+    return episodes
+
+
+@torch.no_grad()
+def span_logprob(model, prompts: list[list[int]], spans: list[list[int]], pad_token_id: int) -> torch.Tensor:
+    """Σ log π(span | prompt) per episode (teacher-forced, fp32 scoring of the model as it is)."""
+    p_ids, p_mask = pad_sequences(prompts, pad_token_id, side="left")
+    s_ids, s_mask = pad_sequences([s if s else [pad_token_id] for s in spans], pad_token_id, side="right")
+    s_mask = s_mask * torch.tensor([[1] if s else [0] for s in spans])
+    logp = response_logprobs(model, p_ids, p_mask, s_ids, s_mask).float()
+    return (logp * s_mask).sum(-1)
+
+
+def turn_log_ratios(model, episodes: list[dict], pad_token_id: int) -> dict:
+    """Per episode: the log-ratio of turn 1 at lr 0 when the trainer scores the re-tokenized span
+    (bug) or the sampled ids (fix) against the sampler's log-probability of what it sampled."""
+    prompts = [e["prompt"] for e in episodes]
+    sampled = span_logprob(model, prompts, [e["sampled"] for e in episodes], pad_token_id)
+    retokenized = span_logprob(model, prompts, [e["retokenized"] for e in episodes], pad_token_id)
+    changed = torch.tensor([e["retokenized"] != e["sampled"] for e in episodes])
+    next_prompt_differs = torch.tensor([e["next_prompt_bug"] != e["next_prompt_fix"] for e in episodes])
+    bug, fix = retokenized - sampled, sampled - sampled
+    return {
+        "episodes": len(episodes),
+        "changed_fraction": float(changed.float().mean()),
+        "next_prompt_differs_fraction": float(next_prompt_differs.float().mean()),
+        "length_change": [len(e["retokenized"]) - len(e["sampled"]) for e in episodes],
+        "log_ratio_bug": bug, "log_ratio_fix": fix,
+        "max_abs_log_ratio_bug": float(bug.abs().max()), "max_abs_log_ratio_fix": float(fix.abs().max()),
+        "mean_abs_log_ratio_bug": float(bug.abs().mean()), "mean_abs_log_ratio_fix": float(fix.abs().mean()),
+        "examples": [(e["text"], e["sampled"], e["retokenized"]) for e, c in zip(episodes, changed, strict=True) if c][:3],
+    }
+
+
+def roundtrip_changes(tokenizer, ids: list[int]) -> bool:
+    """Whether decode → encode returns other ids than ``ids`` (BPE: often, for sampled ids)."""
+    return tokenizer(tokenizer.decode(ids), add_special_tokens=False)["input_ids"] != ids
+
+
+def verdict(stats: dict, *, signature: float = 0.1, tolerance: float = 1e-6) -> tuple[bool, bool]:
+    """``(reproduced, fixed)``: some episodes' trained tokens differ from the sampled ones with a
+    turn log-ratio beyond ``signature`` nats; with concatenated ids none moves."""
+    reproduced = stats["changed_fraction"] > 0 and stats["max_abs_log_ratio_bug"] > signature
+    return reproduced, stats["max_abs_log_ratio_fix"] <= tolerance
+
+
+def template_turn_end_id(tokenizer) -> int:
+    """The special token id the chat template writes after an assistant message."""
+    from workbench.modeling.stop_ids import template_turn_end
+
+    return template_turn_end(tokenizer)

@@ -1,0 +1,127 @@
+"""Pitfall P23: pure-bf16 updates are rounded away.
+
+bf16 keeps 8 significant bits (7 stored + 1 implicit): between 2^e and 2^(e+1) its numbers are
+2^(e−7) apart, so a weight w can only move by at least ulp(w) = 2^(floor(log2|w|) − 7), and
+round-to-nearest turns ``w + u`` back into ``w`` whenever |u| < ulp(w) / 2, i.e. when the update
+is smaller than about 2^-9 to 2^-8 of the weight. Adam's first steps move every weight by about
+the learning rate (m̂/√v̂ ≈ ±1), so with parameters *stored* in bf16 every weight with
+|w| ≳ 2^8 · lr does not move at all: the norm gains (w ≈ 1) freeze below lr ≈ 4e-3, a typical
+matrix entry (|w| ≈ 0.02) below lr ≈ 8e-5. The fix is the AMP convention ("bf16-mixed"): fp32 master weights and
+optimizer state, bf16 only for the forward/backward compute, so small updates accumulate.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+BF16_MANTISSA_BITS = 7  # stored; 8 significant bits with the implicit one
+
+
+def bf16_ulp(x: float | torch.Tensor) -> torch.Tensor:
+    """Spacing of bf16 numbers at |x| (normal range): 2^(floor(log2|x|) − 7)."""
+    x = torch.as_tensor(x, dtype=torch.float32).abs()
+    return torch.exp2(torch.floor(torch.log2(x)) - BF16_MANTISSA_BITS)
+
+
+def update_survives(weight: float, update: float, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether ``weight + update`` computed and stored in ``dtype`` differs from ``weight``."""
+    w = torch.tensor(weight, dtype=dtype)
+    return bool((w + torch.tensor(update, dtype=dtype)) != w)
+
+
+def predicted_lost_fraction(weights: torch.Tensor, step_size: float) -> float:
+    """Share of ``weights`` that a move of ``step_size`` cannot change in bf16: |u| < ulp(w) / 2.
+
+    (An update of exactly half an ulp rounds to even, so half of those ties are lost as well; the
+    prediction counts them as kept.)"""
+    w = weights.detach().float().flatten()
+    w = w[w != 0]
+    return float((step_size < bf16_ulp(w) / 2).float().mean())
+
+
+def sft_batch_for(tokenizer, n: int = 64, seed: int = 0):
+    """``(ids, attention_mask, loss_mask)`` of ``n`` arithmetic examples for a few SFT steps."""
+    from workbench.tasks import TRAIN_PROMPTS, load_problems
+    from workbench.trainers.sft import sft_batch
+
+    problems = load_problems(TRAIN_PROMPTS)
+    return sft_batch(tokenizer, random.Random(seed).sample(problems, n))
+
+
+def _loss(model, ids, attention_mask, loss_mask, precision: str) -> torch.Tensor:
+    from workbench.core.devices import model_device
+    from workbench.modeling.scoring import logprobs_from_logits
+
+    device = model_device(model)
+    ids, attention_mask, loss_mask = ids.to(device), attention_mask.to(device), loss_mask.to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+        logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1]
+    mask = loss_mask[:, 1:].float()
+    return -(logprobs_from_logits(logits, ids[:, 1:]) * mask).sum() / mask.sum()
+
+
+def adam_steps(model, batch, *, precision: str, lr: float, steps: int) -> dict:
+    """``steps`` Adam steps of ``model`` (modified in place) on one SFT batch at ``precision``.
+
+    ``bf16``: parameters and Adam state stored in bf16 (the hazard); ``bf16-mixed``: fp32 master
+    weights and state, bf16 autocast compute (the fix); ``fp32``: everything fp32. Returns the
+    losses and the share of trained entries (non-zero first gradient) that never moved."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}; use one of {PRECISIONS} ('bf16-mixed' keeps fp32 master weights)")
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr}")
+    model.to(torch.bfloat16 if precision == "bf16" else torch.float32).train()
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    ids, attention_mask, loss_mask = batch
+    losses, trained, moved = [], {}, {}
+    for step in range(steps):
+        loss = _loss(model, ids, attention_mask, loss_mask, precision)
+        optimizer.zero_grad()
+        loss.backward()
+        if step == 0:
+            trained = {name: p.grad != 0 for name, p in model.named_parameters() if p.grad is not None}
+        optimizer.step()
+        with torch.no_grad():  # which entries ever left their start value (a ±1 ulp round trip ends unchanged)
+            moved = {name: moved.get(name, False) | (p != start[name]) for name, p in model.named_parameters() if name in trained}
+        losses.append(float(loss.detach()))
+    model.eval()
+    frozen = total = returned = 0
+    frozen_by_kind = {"matrices": [0, 0], "gains and biases": [0, 0]}
+    for name, p in model.named_parameters():
+        if name not in trained:
+            continue
+        unchanged = (p.detach() == start[name]) & trained[name]
+        kind = "matrices" if p.dim() >= 2 else "gains and biases"
+        frozen_by_kind[kind][0] += int(unchanged.sum())
+        frozen_by_kind[kind][1] += int(trained[name].sum())
+        frozen += int(unchanged.sum())
+        returned += int((unchanged & moved[name]).sum()) if name in moved else 0
+        total += int(trained[name].sum())
+    return {"precision": precision, "lr": lr, "steps": steps, "losses": losses, "frozen_fraction": frozen / max(total, 1),
+            "returned_fraction": returned / max(total, 1),
+            "frozen_fraction_by_kind": {k: f / max(t, 1) for k, (f, t) in frozen_by_kind.items()}}
+
+
+def lr_sweep(make_model, batch, learning_rates: list[float], *, steps: int, precisions=("bf16", "bf16-mixed")) -> dict:
+    """``{precision: [frozen_fraction per lr]}`` with a fresh ``make_model()`` per run, plus the
+    bf16 prediction |lr| < ulp(w)/2 over the initial weights (Adam's first step moves each by ≈ lr)."""
+    result = {p: [] for p in precisions} | {"bf16 moved and came back": []}
+    weights = torch.cat([p.detach().float().flatten() for p in make_model().parameters()])
+    result["predicted (lr < ulp/2)"] = [predicted_lost_fraction(weights, lr) for lr in learning_rates]
+    for precision in precisions:
+        for lr in learning_rates:
+            run = adam_steps(make_model(), batch, precision=precision, lr=lr, steps=steps)
+            result[precision].append(run["frozen_fraction"])
+            if precision == "bf16":
+                result["bf16 moved and came back"].append(run["returned_fraction"])
+    return result
+
+
+def verdict(frozen_bf16: float, frozen_mixed: float, *, threshold: float = 0.5, tolerance: float = 0.01) -> tuple[bool, bool]:
+    """``(reproduced, fixed)``: pure bf16 leaves most trained weights unmoved; fp32 masters leave ~none."""
+    return frozen_bf16 > threshold, frozen_mixed < tolerance
