@@ -24,8 +24,9 @@ from workbench.audit import (
     report_html,
 )
 from workbench.audit import suite as audit_suite
-from workbench.audit.loading import AuditInputError, load_callable, load_module
+from workbench.audit.loading import load_callable, load_module
 from workbench.core import losses
+from workbench.core.errors import AuditInputError
 from workbench.modeling.models import load
 from workbench.pitfalls.nb07_dropout import set_dropout
 

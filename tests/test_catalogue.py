@@ -132,7 +132,7 @@ def test_p12_bf16_rollout_mismatch_and_tis(qwen):
 
 
 def test_p12_ppo_tis_needs_recomputed_old_logprobs():
-    from workbench.trainers.base import ConfigError
+    from workbench.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="recompute"):
         PPOConfig(tis_cap=2.0, old_logprobs="rollout")

@@ -3,6 +3,7 @@ import torch
 from helpers import assert_reward_rises
 
 from workbench.core import losses
+from workbench.core.errors import ConfigError
 from workbench.modeling.models import load
 from workbench.pitfalls.nb05_grpo_loss_normalization import (
     analytic_token_weights,
@@ -11,7 +12,6 @@ from workbench.pitfalls.nb05_grpo_loss_normalization import (
     zero_loss_probe,
 )
 from workbench.tasks import rl_problems
-from workbench.trainers.base import ConfigError
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer, grpo_loss
 
 

@@ -176,7 +176,7 @@ def test_dpo_losses_by_hand():
 
 
 def test_dpo_trainer_refuses_label_smoothing_where_no_loss_uses_it():
-    from workbench.trainers.base import ConfigError
+    from workbench.core.errors import ConfigError
     from workbench.trainers.dpo import DPOConfig
 
     with pytest.raises(ConfigError, match="label_smoothing"):

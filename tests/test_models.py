@@ -3,8 +3,9 @@ import json
 import pytest
 import torch
 
+from workbench.core.errors import AttentionBackendUnavailable, ModelLoadError
 from workbench.modeling import models
-from workbench.modeling.models import ModelLoadError, load, tiny_model
+from workbench.modeling.models import load, tiny_model
 
 
 @pytest.mark.parametrize("arch", models.ARCHITECTURES)
@@ -43,7 +44,7 @@ def test_attention_backend_auto_falls_back_to_sdpa_and_flash_request_is_a_clear_
     available, reason = models.flash_attention_status()
     if not available:
         assert models.resolve_attn_implementation("auto") == "sdpa"
-        with pytest.raises(models.AttentionBackendUnavailable, match="sdpa"):
+        with pytest.raises(AttentionBackendUnavailable, match="sdpa"):
             load("tiny-qwen2", attn_implementation="flash_attention_2")
     with pytest.raises(ValueError, match="not one of"):
         models.resolve_attn_implementation("flash3")

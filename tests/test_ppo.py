@@ -2,9 +2,9 @@ import pytest
 import torch
 from helpers import assert_reward_rises
 
+from workbench.core.errors import ConfigError
 from workbench.modeling.models import load
 from workbench.tasks import Problem, rl_problems
-from workbench.trainers.base import ConfigError
 from workbench.trainers.ppo import PPOConfig, PPOTrainer, last_token_rewards
 
 # Prompts of different lengths, so a left-padded batch really has pads.

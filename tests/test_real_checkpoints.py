@@ -13,7 +13,10 @@ import pytest
 import torch
 
 from workbench.cli.main import main
+from workbench.core.devices import resolve_device
+from workbench.core.errors import ModelLoadError
 from workbench.modeling import models, realistic
+from workbench.modeling.stop_ids import stop_token_ids
 from workbench.tasks import encode_prompts, prompt_ids
 
 
@@ -40,7 +43,7 @@ def test_an_existing_never_generated_special_token_is_preferred(folders, tmp_pat
 
 
 def test_pad_equal_to_eos_stays_an_error_naming_the_fix(folders):
-    with pytest.raises(models.ModelLoadError, match="pitfall P8"):
+    with pytest.raises(ModelLoadError, match="pitfall P8"):
         models.load(realistic.checkpoint("qwen2-base"))
     model, tokenizer = models.load(realistic.checkpoint("qwen2-base"), pad_token=models.ADDED_PAD_TOKEN)
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
@@ -49,10 +52,10 @@ def test_pad_equal_to_eos_stays_an_error_naming_the_fix(folders):
 def test_several_stop_ids_from_tokenizer_generation_config_and_template(folders):
     model, tokenizer = models.load(folders["qwen2"])
     ids = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
-    assert set(models.stop_token_ids(model, tokenizer)) == ids
+    assert set(stop_token_ids(model, tokenizer)) == ids
     model, tokenizer = models.load(folders["llama"])
     eot = tokenizer.convert_tokens_to_ids("<|eot_id|>")
-    assert eot in models.stop_token_ids(model, tokenizer, chat_template=True)
+    assert eot in stop_token_ids(model, tokenizer, chat_template=True)
 
 
 def test_bos_conventions(folders):
@@ -101,10 +104,10 @@ def test_every_trainer_runs_two_steps_on_every_checkpoint_without_extra_flags(fo
 
 
 def test_device_auto_and_a_missing_gpu():
-    assert models.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
-        with pytest.raises(models.ModelLoadError, match="no CUDA"):
-            models.resolve_device("cuda")
+        with pytest.raises(ModelLoadError, match="no CUDA"):
+            resolve_device("cuda")
 
 
 def test_learning_rate_auto_by_parameter_count():

@@ -11,6 +11,7 @@ import torch
 
 from workbench.modeling import realistic
 from workbench.modeling.models import load
+from workbench.modeling.stop_ids import template_turn_end
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_qwen2_like(loaded):
     assert next(model.parameters()).dtype == torch.bfloat16 and model.config.tie_word_embeddings
     text = tokenizer.apply_chat_template([{"role": "user", "content": "2+2="}], tokenize=False, add_generation_prompt=True)
     assert text == "<|im_start|>user\n2+2=<|im_end|>\n<|im_start|>assistant\n"
-    assert realistic.template_turn_end(tokenizer) == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert template_turn_end(tokenizer) == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert tokenizer.convert_ids_to_tokens(tokenizer("47")["input_ids"]) == ["4", "7"]  # Qwen2 splits digits
 
 
@@ -58,7 +59,7 @@ def test_qwen2_loads_through_workbench_models():
 
 def test_qwen2_base_turn_end_is_not_its_eos(loaded):
     model, tokenizer = loaded["qwen2-base"]
-    turn_end = realistic.template_turn_end(tokenizer)
+    turn_end = template_turn_end(tokenizer)
     assert tokenizer.eos_token_id == model.generation_config.eos_token_id != turn_end
 
 
@@ -92,7 +93,7 @@ def test_chat_sft_checkpoint_ends_its_turns():
     from workbench.modeling.rollout import sample
 
     model, tokenizer = realistic.load_hf(realistic.chat_checkpoint("qwen2"))
-    turn_end = realistic.template_turn_end(tokenizer)
+    turn_end = template_turn_end(tokenizer)
     rows = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
             for p in ("12+5=", "3*4=", "Say something.")]
     encoded = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in rows]

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from workbench.cli.main import main
+from workbench.core.errors import NonFiniteError
 from workbench.modeling.models import load
 from workbench.tasks import rl_problems
-from workbench.trainers.base import NonFiniteError
 from workbench.trainers.checkpointing import latest_checkpoint
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 

@@ -7,8 +7,10 @@ import sys
 import nbformat
 import pytest
 
-from workbench.catalogue.listing import NOTEBOOKS_DIR, ParameterError, convert_value, find_notebook, parse_parameters, resolve_parameters
+from workbench.catalogue.listing import NOTEBOOKS_DIR, find_notebook, parse_parameters, resolve_parameters
 from workbench.cli.main import main
+from workbench.core.config_options import convert_value
+from workbench.core.errors import ParameterError
 
 
 def test_list_shows_every_notebook_with_parameters(capsys):

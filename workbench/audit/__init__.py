@@ -17,9 +17,9 @@ from workbench.audit.dpo import check_dpo_mask
 from workbench.audit.generation import check_eos_stopping
 from workbench.audit.logprobs import check_position_ids, check_temperature
 from workbench.audit.result import AuditResult, report, report_html
-from workbench.audit.signatures import AuditSignatureError
 from workbench.audit.step0 import check_step0
 from workbench.audit.suite import CHECK_NAMES, run_checks, verdict
+from workbench.core.errors import AuditSignatureError
 
 __all__ = [
     "CHECK_NAMES",

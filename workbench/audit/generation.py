@@ -22,7 +22,8 @@ import torch
 
 from workbench.audit.logprobs import _device_of, encode, pad_id_of, pad_rows
 from workbench.audit.result import AuditResult
-from workbench.audit.signatures import AuditSignatureError, first_call, require_signature, require_tensor
+from workbench.audit.signatures import first_call, require_signature, require_tensor
+from workbench.core.errors import AuditSignatureError
 
 EXPECTED = ("generate_fn(model, input_ids: Tensor[B, P], attention_mask: Tensor[B, P], max_new_tokens: int) "
             "-> Tensor[B, P + R]")

@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from workbench.core.errors import AuditInputError  # noqa: F401  (re-exported)
+from workbench.core.errors import AuditInputError
 
 
 def load_module(module: str):

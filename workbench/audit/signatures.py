@@ -19,7 +19,7 @@ import inspect
 
 import torch
 
-from workbench.core.errors import AuditSignatureError  # noqa: F401  (re-exported)
+from workbench.core.errors import AuditSignatureError
 
 
 def describe(fn) -> str:

@@ -31,7 +31,8 @@ import torch
 
 from workbench.audit.logprobs import default_tolerance, encode, pad_id_of, pad_rows
 from workbench.audit.result import AuditResult, by_position_plot
-from workbench.audit.signatures import AuditSignatureError, first_call, require_signature
+from workbench.audit.signatures import first_call, require_signature
+from workbench.core.errors import AuditSignatureError
 
 EXPECTED = ("step_fn(policy, reference, prompt_ids: Tensor[B, P], prompt_mask: Tensor[B, P]) -> "
             "dict(old_logprobs=Tensor[B, R], logprobs=Tensor[B, R], mask=Tensor[B, R], ref_logprobs=..., rollout_logprobs=...)")

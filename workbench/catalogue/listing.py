@@ -20,8 +20,8 @@ from pathlib import Path
 
 import nbformat
 
-from workbench.core.config_options import convert_value  # noqa: F401  (re-exported)
-from workbench.core.errors import ParameterError  # noqa: F401  (re-exported)
+from workbench.core.config_options import convert_value
+from workbench.core.errors import ParameterError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"

@@ -41,7 +41,8 @@ def _error(message: str) -> int:
 
 def main(args) -> int:
     import workbench.audit as audit
-    from workbench.audit.loading import AuditInputError, load_callable
+    from workbench.audit.loading import load_callable
+    from workbench.core.errors import AuditInputError
 
     function_name, needs_model = CHECKS[args.check]
     if needs_model and not args.model:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from workbench.catalogue.listing import ParameterError, catalogue
+from workbench.catalogue.listing import catalogue
+from workbench.core.errors import ParameterError
 
 
 def _list(args) -> int:

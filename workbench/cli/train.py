@@ -127,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from workbench.trainers.base import ConfigError, NonFiniteError
+    from workbench.core.errors import ConfigError, NonFiniteError
     from workbench.trainers.distributed import Distributed
 
     try:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from workbench.core.errors import ModelLoadError
+
 
 def model_device(model) -> torch.device:
     """The device of ``model``'s parameters (the CPU for a model without any)."""
@@ -29,3 +31,14 @@ def generator_on(generator: torch.Generator | None, device: torch.device) -> tor
         return generator
     seed = int(torch.randint(0, 2**62, (1,), generator=generator))
     return torch.Generator(device=device).manual_seed(seed)
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"``: CUDA when available, else the CPU; anything else as given (a clear error for CUDA
+    asked on a machine without it)."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device='cuda' was asked for but this machine has no CUDA GPU; use device='auto' or 'cpu'.")
+    return device

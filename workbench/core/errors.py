@@ -1,8 +1,8 @@
 """Every exception the workbench raises on purpose, in one place.
 
 Each one means "bad input or an unsafe state, and the message says the fix"; the command line turns
-the input errors into exit code 2. The modules that raise them re-export them under their old
-import paths (``workbench.modeling.models.ModelLoadError`` …), so either import works. Nothing here imports
+the input errors into exit code 2. This is each class's one home: import it from here, never through
+the module that raises it. Nothing here imports
 anything: ``workbench.audit`` (torch and the standard library only) uses these classes too.
 """
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-from workbench.core.errors import AttentionBackendUnavailable, ModelLoadError  # noqa: F401  (re-exported)
-from workbench.modeling.stop_ids import stop_token_ids  # noqa: F401  (used here; models.stop_token_ids stays public)
+from workbench.core.devices import resolve_device
+from workbench.core.errors import AttentionBackendUnavailable, ModelLoadError
+from workbench.modeling.stop_ids import stop_token_ids
 from workbench.modeling.tokenizer import DATA_DIR, load_char_tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "gpt2")
@@ -263,17 +264,6 @@ def check_tokenizer(tokenizer, *, allow_pad_equal_eos: bool = False, stop_ids: l
             "(--pad-token on the command line, the pad_token notebook parameter), or allow_pad_equal_eos=True "
             "to reproduce the bug."
         )
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``"auto"``: CUDA when available, else the CPU; anything else as given (a clear error for CUDA
-    asked on a machine without it)."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("device='cuda' was asked for but this machine has no CUDA GPU; use device='auto' or 'cpu'.")
-    return device
 
 
 def describe(model, tokenizer, *, disk_dtype: str | None = None, pad: str | None = None) -> str:

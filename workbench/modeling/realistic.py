@@ -38,7 +38,8 @@ from pathlib import Path
 
 import torch
 
-from workbench.modeling.stop_ids import template_turn_end  # noqa: F401  (used below; public here too)
+from workbench.core.devices import resolve_device
+from workbench.modeling.stop_ids import template_turn_end
 
 VERSION = "1"
 FLAVOURS = ("gpt2", "qwen2", "qwen2-base", "llama")
@@ -260,7 +261,7 @@ def checkpoint(flavour: str, *, seed: int = 0) -> Path:
 
 def load_hf(folder: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
     """``(model, tokenizer)`` with transformers directly (safetensors, no remote code), in eval mode,
-    on ``device`` (``"auto"``: CUDA when present, as ``workbench.modeling.models.resolve_device``).
+    on ``device`` (``"auto"``: CUDA when present, as ``workbench.core.devices.resolve_device``).
 
     ``workbench.modeling.models.load`` refuses tokenizers without a pad token (GPT-2, Llama 3); the
     diagnostics that need those checkpoints load them here and never pad with EOS.
@@ -272,8 +273,6 @@ def load_hf(folder: str | Path, *, dtype: torch.dtype | None = None, device: str
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
                                                  use_safetensors=True, **({"dtype": dtype} if dtype else {}))
-    from workbench.modeling.models import resolve_device
-
     model.to(resolve_device(device)).eval()
     return model, tokenizer
 

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import math
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.batching import pad_sequences
 from workbench.modeling.scoring import token_logprobs
 from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 from workbench.viz.plots import draw_floor
 
 
@@ -265,3 +268,32 @@ def plot_first_step(ax, table: dict) -> None:
     ax.set_ylim(1e-8, 10)
     ax.set_ylabel("max |ρ − 1| before any update")
     ax.set_title("First-step importance ratio (bug: position_ids=model)")
+
+
+def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
+    """Per-token |Δ log p| between each text alone and in a left-padded batch."""
+    from workbench.modeling.models import ARCHITECTURES, tiny_model
+
+    cache: dict = {}
+
+    def model_for(arch, dtype):
+        if (arch, dtype) not in cache:
+            cache[arch, dtype] = tiny_model(arch, seed=seed, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16)
+        return cache[arch, dtype]
+
+    def draw(arch, dtype, pad, position_ids):
+        model, tokenizer = model_for(arch, dtype)
+        rows = [tokenizer(t)["input_ids"] for t in texts]
+        drift = per_text_drift(model, rows, pad_token_id=tokenizer.pad_token_id, extra_pad=pad, position_ids=position_ids)
+        fig, ax = plt.subplots(figsize=(7, 3))
+        plot_drift_per_text(ax, texts, {position_ids: drift})
+        ax.set_title(f"{arch} {dtype}, +{pad} left pads, position_ids={position_ids}")
+        return {"max_drift": max(drift)}
+
+    controls = {
+        "arch": widgets.Dropdown(options=list(ARCHITECTURES), value="gpt2", description="arch"),
+        "dtype": widgets.ToggleButtons(options=["fp32", "bf16"], value="fp32", description="dtype"),
+        "pad": widgets.IntSlider(value=4, min=0, max=32, description="extra pads"),
+        "position_ids": widgets.ToggleButtons(options=["model", "mask"], value="model", description="position_ids"),
+    }
+    return Explorer(controls, draw, "Logit drift: pick an architecture, dtype, pad length and the fix")

@@ -21,12 +21,15 @@ import logging
 import time
 from dataclasses import dataclass
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.batching import pad_sequences, padding_side_of
-from workbench.core.errors import RightPaddingError  # noqa: F401  (re-exported)
+from workbench.core.errors import RightPaddingError
 from workbench.modeling.rollout import truncate_after_eos
 from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 
 TRANSFORMERS_MESSAGE = (
     "You are attempting to perform batched generation with padding_side='right' this may lead to unexpected "
@@ -323,3 +326,24 @@ def divergent_example(divergence: dict, tokenizer, prompts: list[str]) -> str:
         if alone != right:
             return f"e.g. {prompt!r}: alone → {tokenizer.decode(alone)!r}, right-padded batch → {tokenizer.decode(right)!r}"
     return "no row diverged"
+
+
+def padding_side_explorer(models: dict[str, tuple], prompts: list[str]) -> Explorer:
+    """Rows whose greedy continuation differs from generating alone (the notebook's figure, one model);
+    ``last["divergent_rows"]`` is the count for the chosen padding side."""
+
+    cache: dict = {}
+
+    def draw(model_name, side):
+        if model_name not in cache:
+            cache[model_name] = divergence_sweep({model_name: models[model_name]}, prompts)[0]
+        fig, ax = plt.subplots(figsize=(6, 3))
+        plot_divergence(ax, cache[model_name])
+        ax.set_title(f"{model_name}: {side} padding selected")
+        return {"divergent_rows": cache[model_name][model_name][f"{side}_divergent_rows"]}
+
+    controls = {
+        "model_name": widgets.Dropdown(options=list(models), description="model"),
+        "side": widgets.ToggleButtons(options=["right", "left"], value="right", description="padding"),
+    }
+    return Explorer(controls, draw, "Batched cached generation: right vs left padding")

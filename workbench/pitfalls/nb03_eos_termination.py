@@ -12,10 +12,13 @@ loss mask inferred as ``ids != pad`` drops the EOS action when pad == EOS.
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.modeling.rollout import Rollout, sample
 from workbench.tasks import encode_prompts
+from workbench.viz.explorer import Explorer
 
 
 def rollout_pair(model, tokenizer, prompts: list[str], *, max_new_tokens: int, seed: int = 0,
@@ -178,3 +181,19 @@ def _first_eos(ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
     """True at each row's first EOS (with pad = EOS, later EOS cells are padding)."""
     is_eos = ids == eos_token_id
     return is_eos & (is_eos.long().cumsum(-1) == 1)
+
+
+def eos_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
+    """Decoding steps and wasted tokens with and without EOS stopping."""
+
+    def draw(batch_size, max_new_tokens):
+        costs = cost_sweep(model, tokenizer, prompts, [batch_size], max_new_tokens=max_new_tokens, seed=seed)
+        fig, axes = plt.subplots(1, 3, figsize=(12, 2.8))
+        plot_generation_cost(axes, costs)
+        return costs[batch_size]
+
+    controls = {
+        "batch_size": widgets.IntSlider(value=16, min=1, max=len(prompts), description="batch size"),
+        "max_new_tokens": widgets.IntSlider(value=16, min=2, max=64, description="max_new_tokens"),
+    }
+    return Explorer(controls, draw, "What decoding past EOS costs")

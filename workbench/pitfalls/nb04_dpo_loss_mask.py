@@ -14,11 +14,14 @@ every row whose prompt tokens are counted; ``margin_decomposition`` splits the m
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
-from workbench.core.errors import PromptMaskError  # noqa: F401  (re-exported)
+from workbench.core.errors import PromptMaskError
 from workbench.experiments.comparison import Effect
 from workbench.trainers.dpo import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
+from workbench.viz.explorer import Explorer
 
 
 def check_prompt_lengths(num_rows: int, prompt_lengths: list[int]) -> None:
@@ -206,3 +209,15 @@ def plot_training(axes, histories: dict) -> None:
                                        ("rewards/accuracies", "reward accuracy (share of pairs)"),
                                        ("logps/prompt", "policy log p(prompt) (nats)")], strict=True):
         plots.plot_curves(ax, ordered, key, label, colors, styles=styles)
+
+
+def dpo_mask_explorer(batch) -> Explorer:
+    """The loss mask of a concatenated chosen+rejected batch for each prompt_mask mode."""
+    from workbench.trainers.dpo import PROMPT_MASK_MODES
+
+    def draw(prompt_mask):
+        fig, ax = plt.subplots(figsize=(7, 3))
+        return {"rows_counting_prompt": plot_loss_mask(ax, batch, prompt_mask)}
+
+    controls = {"prompt_mask": widgets.ToggleButtons(options=list(PROMPT_MASK_MODES), value="chosen_only", description="mask")}
+    return Explorer(controls, draw, "DPO loss mask: toggle the bug")

@@ -21,12 +21,15 @@ lengths differ. Gradients are non-zero in every mode.
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.core import losses
 from workbench.core.batching import pad_sequences
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
+from workbench.viz.explorer import Explorer
 
 
 def analytic_token_weights(lengths: list[int], mode: str, max_len: int | None = None) -> list[float]:
@@ -207,3 +210,20 @@ def training_conclusion(runs: dict, fraction: float = 0.25) -> tuple[dict, str]:
         text = (f"spread of final rewards across modes {max(ends) - min(ends):.3f} vs seed-to-seed std up to {noise:.3f} "
                 f"({seeds} seeds): {'larger than' if larger else 'not larger than'} seed noise.")
     return summary, text
+
+
+def loss_mode_explorer() -> Explorer:
+    """Per-token and per-response gradient weight for a loss mode and a length spread."""
+
+    def draw(mode, longest):
+        lengths = sorted({1, max(1, longest // 4), max(1, longest // 2), longest})
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_token_weights(axes[0], axes[1], lengths, [mode])
+        axes[0].set_title(mode)
+        return {"lengths": lengths, "weights": analytic_token_weights(lengths, mode)}
+
+    controls = {
+        "mode": widgets.Dropdown(options=list(losses.LOSS_AGG_MODES), value="token-mean", description="loss_agg"),
+        "longest": widgets.IntSlider(value=16, min=2, max=256, description="longest L"),
+    }
+    return Explorer(controls, draw, "Gradient weight per token and per response")

@@ -7,11 +7,14 @@ gap grows as τ moves away from 1). TRL's GRPOTrainer divides by τ; top-p/top-k
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
+from workbench.viz.explorer import Explorer
 
 
 @torch.no_grad()
@@ -62,3 +65,18 @@ def plot_ratio_vs_temperature(ax, results: dict) -> None:
     ax.set_ylabel("max |ρ − 1| before any update")
     ax.set_title("exactly 0 (not drawn): " + ", ".join(zeros) if zeros else "", fontsize=8)
     ax.legend()
+
+
+def temperature_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
+    """P6: first-step max |ρ − 1| for a sampling temperature, with or without dividing by it."""
+
+    def draw(temperature, rescale):
+        result = first_step_ratio(model, tokenizer, prompts, temperature=temperature, rescale=rescale, seed=seed)
+        other = first_step_ratio(model, tokenizer, prompts, temperature=temperature, rescale=not rescale, seed=seed)
+        fig, ax = plt.subplots(figsize=(6, 3))
+        plot_ratio_vs_temperature(ax, {(temperature, rescale): result, (temperature, not rescale): other})
+        return result
+
+    controls = {"temperature": widgets.FloatSlider(value=0.7, min=0.2, max=2.0, step=0.1, description="τ"),
+                "rescale": widgets.Checkbox(value=False, description="divide by τ (fix)")}
+    return Explorer(controls, draw, "Sampling temperature vs the recomputed log-probs")

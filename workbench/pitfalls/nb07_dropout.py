@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import copy
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.modeling.models import disable_dropout
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
+from workbench.viz.explorer import Explorer
 from workbench.viz.plots import note_coinciding
 
 
@@ -113,3 +116,18 @@ def plot_step0(axes, results: dict) -> None:
     axes[0].legend()
     for ax in axes:
         note_coinciding(ax)
+
+
+def dropout_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
+    """P7: step-0 ratio and KL for a dropout probability, with or without disabling dropout."""
+
+    def draw(dropout, disable):
+        result = step0_mismatch(model, tokenizer, prompts, dropout=dropout, disable=disable, seed=seed)
+        other = step0_mismatch(model, tokenizer, prompts, dropout=dropout, disable=not disable, seed=seed)
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_step0(axes, {(dropout, disable): result, (dropout, not disable): other})
+        return result
+
+    controls = {"dropout": widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.01, description="dropout"),
+                "disable": widgets.Checkbox(value=False, description="disable dropout (fix)")}
+    return Explorer(controls, draw, "Dropout during RL: step-0 ratio and KL")

@@ -8,12 +8,15 @@ checkpoint: a built-in name or a folder) by SFT both ways and measures how often
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.modeling.models import tiny_model
 from workbench.modeling.rollout import sample
 from workbench.tasks import Problem, encode_prompts, score_responses
 from workbench.trainers.sft import SFTConfig, SFTTrainer
+from workbench.viz.explorer import Explorer
 
 
 def starting_model(name: str, *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto"):
@@ -110,3 +113,14 @@ def plot_stopping(axes, stats: dict[bool, dict], max_new_tokens: int = 16) -> No
         for i, v in enumerate(values):
             ax.text(i, v, f"{v:.1f}", ha="center", va="bottom")
         ax.set_ylabel(ylabel)
+
+
+def pad_eos_explorer(tokenizer, problems) -> Explorer:
+    """P8: the SFT loss mask with pad ≠ EOS or pad = EOS; counts the EOS targets it keeps."""
+
+    def draw(pad_equals_eos):
+        fig, ax = plt.subplots(figsize=(7, 2.5))
+        return {"eos_kept": plot_sft_mask(ax, tokenizer, problems, pad_equals_eos=pad_equals_eos)}
+
+    return Explorer({"pad_equals_eos": widgets.Checkbox(value=True, description="pad = EOS (bug)")}, draw,
+                    "Which targets the loss keeps")

@@ -15,11 +15,14 @@ k2 has k' = r → exactly ∇KL; k3 has k' = 1 − π_ref/π → −Σ π_ref �
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
 from workbench.core.losses import kl_penalty
 from workbench.modeling.scoring import forward
+from workbench.viz.explorer import Explorer
 
 ESTIMATORS = ("k1", "k2", "k3")
 GRADIENT_VARIANTS = ("k1 in reward", "k1 in loss", "k2 in loss", "k3 in loss")
@@ -174,3 +177,17 @@ def plot_gradients(axes, values: dict, gradients: dict, *, undefined_below: floa
         ax.set_xscale("log")
         ax.set_xlabel("exact KL per token (nats)")
     axes[0].legend(fontsize=8)
+
+
+def kl_gradient_explorer(noise_scales: list[float], values: dict, gradients: dict) -> Explorer:
+    """P9: cosine of each estimator's expected gradient with ∇KL, at a chosen policy distance."""
+
+    def draw(scale_index):
+        scale = noise_scales[scale_index]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_gradients(axes, {scale: values[scale]}, {scale: gradients[scale]})
+        axes[0].set_title(f"noise {scale}: exact KL {values[scale]['exact_kl']:.3f} nats/token")
+        return gradients[scale]
+
+    return Explorer({"scale_index": widgets.IntSlider(value=len(noise_scales) - 1, min=0, max=len(noise_scales) - 1,
+                                                      description="distance")}, draw, "Gradient of each KL choice")

@@ -8,9 +8,13 @@ by the token count of the whole accumulated batch.
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.modeling.scoring import token_logprobs
+from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 
 NORMALIZATIONS = ("global", "per_micro_batch")
 
@@ -101,3 +105,35 @@ def plot_gradient_error(ax, micro_batch_counts, errors: dict[str, list[float]]) 
     ax.set_xlabel("micro-batches accumulated")
     ax.set_ylabel("‖g_accumulated − g_full‖ / ‖g_full‖ (0 written, not drawn)")
     ax.legend()
+
+
+def grad_accumulation_explorer(mask: torch.Tensor, micro_batch_counts: list[int], errors: dict | None = None) -> Explorer:
+    """P10: the notebook's figure — relative gradient error vs micro-batches (``errors`` from
+    ``grad_accumulation.sweep``), the chosen count marked — above the per-token weights of that split,
+    bug (mean of means) vs fix (global token count). Without ``errors`` only the weights are drawn."""
+
+    def draw(micro_batches):
+        chunks = torch.arange(mask.shape[0]).chunk(micro_batches)
+        tokens = [int(mask[c].sum()) for c in chunks]
+        bug = [1 / t / len(tokens) for t in tokens]
+        result = {"tokens": tokens, "bug_weights": bug, "fix_weight": 1 / sum(tokens)}
+        if errors is not None:
+            fig, (ax, weights_ax) = plt.subplots(2, 1, figsize=(7, 6.5), height_ratios=(2, 1))
+            plot_gradient_error(ax, micro_batch_counts, errors)
+            i = list(micro_batch_counts).index(micro_batches)
+            ax.axvline(micro_batches, color=plots.NEUTRAL_COLOR, lw=0.8, ls=":")
+            result.update(error_bug=errors["per_micro_batch"][i], error_fix=errors["global"][i])
+            ax.set_title(f"{micro_batches} micro-batches: relative error {result['error_bug']:.2e} (bug) vs "
+                         f"{result['error_fix']:.1e} (fix)", fontsize=9)
+        else:
+            fig, weights_ax = plt.subplots(figsize=(6, 2.5))
+        weights_ax.bar(range(len(tokens)), bug, color=plots.BUG_COLOR, label="per-token weight, bug")
+        weights_ax.axhline(1 / sum(tokens), color=plots.FIX_COLOR, label="per-token weight, fix")
+        weights_ax.set_xlabel("micro-batch")
+        weights_ax.set_ylabel("weight")
+        weights_ax.legend(fontsize=8)
+        fig.tight_layout()
+        return result
+
+    control = widgets.Dropdown(options=list(micro_batch_counts), value=micro_batch_counts[-1], description="micro-batches")
+    return Explorer({"micro_batches": control}, draw, "Gradient error and token weights under accumulation")

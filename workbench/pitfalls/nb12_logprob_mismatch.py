@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import copy
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.losses import tis_weights
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
+from workbench.viz.explorer import Explorer
 
 
 @torch.no_grad()
@@ -117,3 +120,16 @@ def plot_mismatch(axes, results: dict, cap: float, caps=None) -> None:
     axes[1].set_xlabel("TIS cap C (importance ratio)")
     axes[1].set_ylabel("tokens with ratio > C: reweighted by TIS (%)")
     axes[1].legend()
+
+
+def log_ratio_explorer(results: dict, cap: float = 1.02) -> Explorer:
+    """P12: the trainer/rollout log-ratio histogram and TIS clipped share of a rollout engine (the notebook's figure)."""
+
+    def draw(rollout):
+        result = results[rollout]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_mismatch(axes, {rollout: result}, cap)
+        return {"max_ratio_deviation": result["max_ratio_deviation"]}
+
+    return Explorer({"rollout": widgets.ToggleButtons(options=list(results), description="sampler")}, draw,
+                    "Rollout engine vs trainer")

@@ -8,9 +8,12 @@ centred nor unit-scaled, and shorter batches are whitened differently from longe
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.losses import masked_mean, masked_var, masked_whiten, naive_whiten
+from workbench.viz.explorer import Explorer
 
 
 def real_token_stats(whitened: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -79,3 +82,17 @@ def plot_whitening(axes, rows: list[dict]) -> None:
         ax.set_xlabel("padding in the batch (%)")
         ax.set_ylabel(ylabel)
     axes[0].legend()
+
+
+def whitening_explorer(values: torch.Tensor, mask: torch.Tensor) -> Explorer:
+    """P13: real-token mean/std after naive and masked whitening, as padding columns are added."""
+
+    def draw(extra):
+        rows = whitening_vs_padding(values, mask, sorted({0, extra}))
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_whitening(axes, rows)
+        axes[0].set_title(f"0 and +{extra} pad columns")
+        return rows[-1]
+
+    return Explorer({"extra": widgets.IntSlider(value=8, min=0, max=64, description="extra pads")}, draw,
+                    "Whitening over padding vs real tokens")

@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from workbench.core.errors import ConfigError, NonFiniteError, ResumeError  # noqa: F401  (re-exported)
+from workbench.core.errors import ConfigError, NonFiniteError, ResumeError
 from workbench.modeling.models import count_parameters
 from workbench.trainers.checkpointing import latest_valid_checkpoint, load_checkpoint, save_checkpoint
 

@@ -25,9 +25,9 @@ import torch
 
 from workbench.core import losses
 from workbench.core.batching import pad_sequences
-from workbench.modeling.models import stop_token_ids
 from workbench.modeling.rollout import Rollout, sample
 from workbench.modeling.scoring import POSITION_IDS_MODES, response_logprobs, tree_capable
+from workbench.modeling.stop_ids import stop_token_ids
 from workbench.tasks import CHAT_TEMPLATE_MODES, Problem, prompt_ids, uses_chat_template
 from workbench.trainers.base import Trainer, TrainerConfig, require, require_choice, sampling_generator, step_generator
 
