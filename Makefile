@@ -27,11 +27,13 @@ smoke: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check workbench tests
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(ARGS)
 
 # Everything, including slow full-training checks and the real-browser test.
 test-all: $(STAMP)
 	$(BIN)/ruff check workbench tests
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -m "" $(ARGS)
 
 # The peer lab: one pinned environment per peer release under ~/.cache/workbench/peers/ (created once, minutes each;

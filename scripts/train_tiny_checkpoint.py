@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
+from workbench.experiments.evaluation import greedy_accuracy
 from workbench.modeling.models import TRAINED_CHECKPOINTS, count_parameters, save, tiny_model
-from workbench.tasks import TEST_PROMPTS, TRAIN_PROMPTS, greedy_accuracy, load_problems
+from workbench.tasks import TEST_PROMPTS, TRAIN_PROMPTS, load_problems
 from workbench.trainers.sft import SFTConfig, SFTTrainer
 
 SIZES = dict(hidden_size=96, num_hidden_layers=3, num_attention_heads=4)

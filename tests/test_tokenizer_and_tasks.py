@@ -1,6 +1,7 @@
 import json
 
 from workbench import tasks
+from workbench.experiments.evaluation import greedy_accuracy
 from workbench.modeling.tokenizer import build_char_tokenizer
 
 
@@ -41,6 +42,6 @@ def test_shipped_checkpoint_is_right_only_part_of_the_time(tokenizer):
     for name, folder in TRAINED_CHECKPOINTS.items():
         card = json.loads((folder / "training.json").read_text())
         model, tok = load(name)
-        accuracy = tasks.greedy_accuracy(model, tok, tasks.load_problems(tasks.TEST_PROMPTS)[:400])
+        accuracy = greedy_accuracy(model, tok, tasks.load_problems(tasks.TEST_PROMPTS)[:400])
         assert 0.1 < accuracy < 0.8, (name, accuracy)
         assert abs(accuracy - card["greedy_test_accuracy"]) < 0.1

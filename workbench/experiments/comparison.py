@@ -205,7 +205,7 @@ def _held_out_pair_logps(policy, tokenizer, pairs, chunk: int = 200) -> dict[str
 
 def _held_out_accuracy(policy, tokenizer, problems) -> float:
     """Greedy accuracy in eval mode (no dropout), the policy's mode restored afterwards."""
-    from workbench.tasks import greedy_accuracy
+    from workbench.experiments.evaluation import greedy_accuracy
 
     training = policy.training
     policy.eval()

@@ -22,8 +22,9 @@ import torch
 
 from workbench.core.devices import resolve_device
 from workbench.core.errors import AttentionBackendUnavailable, ModelLoadError
+from workbench.core.paths import DATA_DIR
 from workbench.modeling.stop_ids import stop_token_ids
-from workbench.modeling.tokenizer import DATA_DIR, load_char_tokenizer
+from workbench.modeling.tokenizer import load_char_tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "gpt2")
 ROPE_ARCHITECTURES = ("llama", "qwen2")

@@ -11,16 +11,15 @@ because a pad token equal to EOS makes ``ids != pad`` masks drop the EOS action 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+from workbench.core.paths import DATA_DIR
 
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN]
 # 4 special + space + 10 digits + 23 punctuation + 26 letters = 64 symbols.
 CHARACTERS = " 0123456789" + "+-*/=()?.,:;!'\"_#%&[]@$" + "abcdefghijklmnopqrstuvwxyz"
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 TOKENIZER_DIR = DATA_DIR / "tokenizer"
 
 

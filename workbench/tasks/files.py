@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from workbench.modeling.tokenizer import DATA_DIR
+from workbench.core.paths import DATA_DIR
 from workbench.tasks.arithmetic import Problem, make_preferences, split_problems
 
 TRAIN_PROMPTS = DATA_DIR / "arith_train.jsonl"
