@@ -1,7 +1,53 @@
-"""RLHF pitfalls workbench: trainers (PPO, GRPO, DPO), one diagnostics module per pitfall, plots,
-widgets and the papermill runner behind the notebooks in ``notebooks/``.
+"""RLHF pitfalls workbench: trainers (PPO, GRPO, DPO, SFT), one module per pitfall notebook, the audit of
+your own trainer, the peer lab and the papermill runner behind the notebooks in ``notebooks/``.
 
-Start with ``python -m workbench list`` or ``notebooks/00_quickstart.ipynb``.
+Start with ``python -m workbench list`` or ``notebooks/00_quickstart.ipynb``; the layers are described in
+``docs/ARCHITECTURE.md`` (``core/`` tensor maths, ``modeling/`` models and sampling, ``tasks/``,
+``trainers/``, ``experiments/``, ``viz/``, ``pitfalls/``, ``audit/``, ``peers/``, ``catalogue/``, ``cli/``).
+
+The public surface — what the README and the notebooks use — is importable from here, loaded lazily
+on first use (so ``import workbench.audit`` still loads only torch):
+
+* ``load``, ``tiny_model``, ``save`` — models (``workbench.modeling.models``);
+* ``PPOConfig``, ``PPOTrainer``, ``GRPOConfig``, ``GRPOTrainer``, ``DPOConfig``, ``DPOTrainer``,
+  ``SFTConfig``, ``SFTTrainer`` — the trainers (``workbench.trainers.*``);
+* ``audit`` — check your own trainer's functions (``workbench.audit``).
+
+The library's own modules import each name from its home, never through this file.
 """
 
+from importlib import import_module
+
 __version__ = "0.1.0"
+
+_PUBLIC = {
+    "load": "workbench.modeling.models",
+    "tiny_model": "workbench.modeling.models",
+    "save": "workbench.modeling.models",
+    "PPOConfig": "workbench.trainers.ppo",
+    "PPOTrainer": "workbench.trainers.ppo",
+    "GRPOConfig": "workbench.trainers.grpo",
+    "GRPOTrainer": "workbench.trainers.grpo",
+    "DPOConfig": "workbench.trainers.dpo",
+    "DPOTrainer": "workbench.trainers.dpo",
+    "SFTConfig": "workbench.trainers.sft",
+    "SFTTrainer": "workbench.trainers.sft",
+}
+_SUBMODULES = ("audit",)
+
+__all__ = sorted(_PUBLIC) + list(_SUBMODULES)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        value = getattr(import_module(_PUBLIC[name]), name)
+    elif name in _SUBMODULES:
+        value = import_module(f"workbench.{name}")
+    else:
+        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

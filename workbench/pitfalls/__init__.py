@@ -1,14 +1,31 @@
-"""Diagnostics: one module per pitfall, each a set of pure measurements a notebook plots and a
-user can run against their own model or batch. Each pitfall module also holds the notebook's
-sweeps, its figures (functions taking an ``ax``, used by the widgets too) and its
-``verdict(...) -> (reproduced, fixed)``, a function of measured numbers (tests/test_verdicts.py).
+"""Pitfalls: one module per notebook, named like it (``nb12_logprob_mismatch`` ↔ ``notebooks/12_logprob_mismatch.ipynb``).
 
-* ``position_ids`` — S1: log-prob drift of padded vs unpadded copies of the same text.
-* ``padding`` — S2: right-padding guard, cached-generation divergence, packed-scoring throughput.
-* ``eos`` — S3 and P8: generation cost with and without EOS stopping; EOS dropped by pad masks.
-* ``dpo_mask`` — S4: loss-mask audit, prompt-length check, margin decomposition.
-* ``loss_normalization`` — S5: zero-loss probe, per-token weights, effective β.
-* ``temperature`` (P6), ``dropout`` (P7), ``pad_eos`` (P8), ``kl_estimators`` (P9),
-  ``grad_accumulation`` (P10), ``truncation`` (P11: the step-0 push of the loss towards truncated
-  responses; the switches live in the GRPO trainer), ``rollout_mismatch`` (P12), ``whitening`` (P13).
+Each holds the pitfall's pure measurements (which a user can also run against their own model or batch),
+the notebook's sweeps, its figures (functions taking an ``ax``), its explorer (an ``workbench.viz.explorer.Explorer``)
+and its ``verdict(...) -> (reproduced, fixed)``, a function of measured numbers (tests/test_verdicts.py).
+Pitfall modules never import each other (an import-linter contract in pyproject.toml).
+
+* ``nb01_position_ids`` — S1: left padding without explicit position ids.
+* ``nb02_right_padding_flash_attention`` — S2: right padding, Qwen2 + flash-attention, and padding-free batches.
+* ``nb03_eos_termination`` — S3: rollouts that do not stop at EOS (and P8: pad token = EOS token).
+* ``nb04_dpo_loss_mask`` — S4: the DPO loss mask that covered only the chosen prompts.
+* ``nb05_grpo_loss_normalization`` — S5: how a GRPO loss is normalised over tokens and sequences.
+* ``nb06_temperature`` — P6: sampling at temperature τ, recomputing log-probs at τ = 1.
+* ``nb07_dropout`` — P7: dropout left on in the policy and the reference during RL.
+* ``nb08_pad_equals_eos`` — P8: pad token = EOS token.
+* ``nb09_kl_estimators`` — P9: which KL estimator, and where it goes (reward or loss).
+* ``nb10_grad_accumulation`` — P10: gradient accumulation with a token-mean loss.
+* ``nb11_truncated_responses`` — P11: truncated responses (no EOS) scored as if finished.
+* ``nb12_logprob_mismatch`` — P12: the rollout engine and the trainer disagree on log-probs.
+* ``nb13_whitening`` — P13: whitening advantages or rewards over padded positions.
+* ``nb14_truncated_sampling`` — P14: sampling with top-p/top-k, scoring with the full softmax.
+* ``nb15_temperature_entropy`` — P15: entropy and KL measured at a temperature other than the sampling one.
+* ``nb16_group_statistics`` — P16: group statistics — a one-pass std in finite precision, and groups found by a fixed stride.
+* ``nb17_stop_tokens`` — P17: which token ends a response — three sources that can disagree.
+* ``nb18_padding_metrics`` — P18: logged metrics averaged over padding, or with a sentinel log-prob.
+* ``nb19_batch_shape_logprobs`` — P19: in bf16 a sequence's log-probs depend on the batch it is scored in.
+* ``nb20_kl_gradient`` — P20: the gradient of a KL *estimate* is not the gradient of the KL.
+* ``nb21_duplicate_bos`` — P21: two BOS tokens — a chat template that writes BOS, and a tokenizer that adds one.
+* ``nb22_multiturn_retokenization`` — P22: decode → re-encode between turns is not the identity for BPE.
+* ``nb23_bf16_updates`` — P23: pure-bf16 updates are rounded away.
 """
