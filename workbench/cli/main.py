@@ -59,12 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("-j", "--jobs", type=int, default=2, help="notebooks executed at once (default 2; threads are shared)")
     run.add_argument("--no-html", action="store_true", help="skip rendering executed notebooks to HTML")
     run.set_defaults(func=_run)
-    from workbench.cli.main import train
+    from workbench.cli import train
 
     trainer = sub.add_parser("train", help="train with PPO, GRPO, DPO or SFT (resumes from --output-dir)")
     train.add_arguments(trainer)
     trainer.set_defaults(func=train.main)
-    from workbench.cli.main import audit as audit_command
+    from workbench.cli import audit as audit_command
 
     audit = sub.add_parser("audit", help="run a workbench.audit check on your own loss / log-prob / generate / step function")
     audit_command.add_arguments(audit)
