@@ -119,11 +119,11 @@ def test_dpo_heldout_explanation_is_chosen_by_the_numbers():
 def test_grad_accumulation_widget_redraws_the_notebooks_figure():
     import torch
 
-    from workbench.viz import explorer as wb
+    from workbench.pitfalls.nb10_grad_accumulation import grad_accumulation_explorer
 
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])
     errors = {"per_micro_batch": [0.0, 0.2, 0.4], "global": [0.0, 1e-7, 2e-7]}
-    explorer = wb.grad_accumulation_explorer(mask, [1, 2, 4], errors)
+    explorer = grad_accumulation_explorer(mask, [1, 2, 4], errors)
     assert explorer.last["error_bug"] == 0.4 and explorer.last["tokens"] == [2, 4, 1, 3]
     explorer.controls["micro_batches"].value = 2
     assert explorer.last["error_bug"] == 0.2 and explorer.last["error_fix"] == 1e-7 and explorer.renders == 2

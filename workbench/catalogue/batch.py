@@ -130,7 +130,7 @@ def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html:
             error = error or f"HTML rendering failed: {exc}"
     metrics = read_metrics(out_dir)
     if error is not None and "NotebookStopped" in error and metrics is not None and metrics.get("metrics", {}).get("stopped"):
-        error = None  # nbtools.stop_here: the checkpoint cannot show this pitfall, and metrics.json says why
+        error = None  # notebook_api.stop_here: the checkpoint cannot show this pitfall, and metrics.json says why
     if error is None and metrics is None:
         error = "the notebook finished without writing metrics.json"
     if metrics is not None:  # the effective parameters, recorded by the one who injected them

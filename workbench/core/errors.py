@@ -53,6 +53,6 @@ class ResumeError(InputError):
 
 
 class NotebookStopped(Exception):
-    """Raised by ``nbtools.stop_here`` after a notebook recorded why this checkpoint cannot show its
+    """Raised by ``notebook_api.stop_here`` after a notebook recorded why this checkpoint cannot show its
     pitfall at all (e.g. a chat-template pitfall on a checkpoint without a template). The runner counts
     such a run as completed, with the reason in ``metrics.json``, not as a failure."""
