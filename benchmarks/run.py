@@ -371,8 +371,8 @@ def memory_worker(device: str) -> dict:
     (log-probs, backward) on a random Qwen2 with Qwen2.5's 151,936-token vocabulary: naive vs chunked."""
     import torch
 
-    from workbench.modeling.models import tiny_model
     from workbench.modeling.scoring import token_logprobs
+    from workbench.modeling.tiny import tiny_model
 
     model, _ = tiny_model("qwen2", vocab_size=MEMORY["vocab_size"], seed=0)
     model.to(device)
@@ -457,7 +457,8 @@ def extras(args) -> dict:
     import torch
 
     from workbench.core.batching import first_fit_decreasing
-    from workbench.modeling.models import load, tiny_model
+    from workbench.modeling.models import load
+    from workbench.modeling.tiny import tiny_model
     from workbench.pitfalls.nb03_eos_termination import generation_cost, rollout_pair
     from workbench.tasks import TEST_PROMPTS, load_problems
 
@@ -518,7 +519,8 @@ def main() -> int:
             print("--device cuda: no CUDA device here; run it on a GPU machine", file=sys.stderr)
             return 2
 
-    from workbench.modeling.models import load, tiny_model
+    from workbench.modeling.models import load
+    from workbench.modeling.tiny import tiny_model
 
     start, load_before = time.perf_counter(), _load()
     lines, results = [], {}

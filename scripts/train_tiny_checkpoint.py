@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from workbench.experiments.evaluation import greedy_accuracy
-from workbench.modeling.models import TRAINED_CHECKPOINTS, count_parameters, save, tiny_model
+from workbench.modeling.models import count_parameters, save
+from workbench.modeling.tiny import TRAINED_CHECKPOINTS, tiny_model
 from workbench.tasks import TEST_PROMPTS, TRAIN_PROMPTS, load_problems
 from workbench.trainers.sft import SFTConfig, SFTTrainer
 

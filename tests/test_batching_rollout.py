@@ -1,8 +1,8 @@
 import torch
 
 from workbench.core.batching import pad_sequences, padding_side_of, position_ids_from_mask, repad, unpad
-from workbench.modeling.models import tiny_model
 from workbench.modeling.rollout import sample, truncate_after_eos
+from workbench.modeling.tiny import tiny_model
 from workbench.tasks import encode_prompts
 
 

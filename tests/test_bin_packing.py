@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.core.batching import first_fit_decreasing, pack_rows, pad_sequences
-from workbench.modeling.models import tiny_model
 from workbench.modeling.scoring import forward, token_logprobs
+from workbench.modeling.tiny import tiny_model
 
 SETTINGS = settings(max_examples=80, deadline=None)
 

@@ -5,7 +5,9 @@ import torch
 
 from workbench.core import losses
 from workbench.core.batching import pad_sequences
-from workbench.modeling.models import disable_dropout, load, perturbed_copy
+from workbench.modeling.dropout import disable_dropout
+from workbench.modeling.models import load
+from workbench.modeling.perturbation import perturbed_copy
 from workbench.modeling.rollout import sample
 from workbench.pitfalls import nb06_temperature as temperature
 from workbench.pitfalls import nb07_dropout as dropout

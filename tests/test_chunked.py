@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from workbench.core.batching import pad_sequences
 from workbench.core.chunked import head_logprobs_and_entropy, lm_head_of, logprobs_and_entropy
-from workbench.modeling.models import tiny_model
 from workbench.modeling.scoring import entropy_from_logits, forward, logprobs_from_logits, response_logprobs, token_logprobs
+from workbench.modeling.tiny import tiny_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -18,8 +18,9 @@ import torch
 
 from workbench.core import losses
 from workbench.core.batching import pad_sequences
-from workbench.modeling.models import load, tiny_model
+from workbench.modeling.models import load
 from workbench.modeling.scoring import response_logprobs, token_logprobs
+from workbench.modeling.tiny import tiny_model
 from workbench.tasks import Problem, encode_prompts
 from workbench.trainers.critic import ValueModel
 from workbench.trainers.dpo import DPOConfig, DPOTrainer, build_loss_mask, collate_preferences

@@ -4,11 +4,12 @@ import pytest
 import torch
 
 from workbench.core.errors import AttentionBackendUnavailable, ModelLoadError
-from workbench.modeling import models
-from workbench.modeling.models import load, tiny_model
+from workbench.modeling import attention, models, pad_policy, tiny
+from workbench.modeling.models import load
+from workbench.modeling.tiny import tiny_model
 
 
-@pytest.mark.parametrize("arch", models.ARCHITECTURES)
+@pytest.mark.parametrize("arch", tiny.ARCHITECTURES)
 def test_tiny_model_is_small_seeded_and_trainable(arch):
     model, tokenizer = tiny_model(arch, seed=3)
     again, _ = tiny_model(arch, seed=3)
@@ -40,14 +41,14 @@ def test_tiny_model_dtype_and_overrides():
 
 
 def test_attention_backend_auto_falls_back_to_sdpa_and_flash_request_is_a_clear_error():
-    assert models.resolve_attn_implementation("auto") in ("sdpa", "flash_attention_2")
-    available, reason = models.flash_attention_status()
+    assert attention.resolve_attn_implementation("auto") in ("sdpa", "flash_attention_2")
+    available, reason = attention.flash_attention_status()
     if not available:
-        assert models.resolve_attn_implementation("auto") == "sdpa"
+        assert attention.resolve_attn_implementation("auto") == "sdpa"
         with pytest.raises(AttentionBackendUnavailable, match="sdpa"):
             load("tiny-qwen2", attn_implementation="flash_attention_2")
     with pytest.raises(ValueError, match="not one of"):
-        models.resolve_attn_implementation("flash3")
+        attention.resolve_attn_implementation("flash3")
 
 
 @pytest.mark.parametrize("name", models.BUILTIN_NAMES)
@@ -111,4 +112,4 @@ def test_tokenizer_without_pad_token_names_the_fix(tmp_path):
     assert loaded.pad_token_id != loaded.eos_token_id
     loaded.pad_token = None
     with pytest.raises(ModelLoadError, match="no pad token.*pad_token='auto'"):
-        models.check_tokenizer(loaded)
+        pad_policy.check_tokenizer(loaded)

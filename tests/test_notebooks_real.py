@@ -77,7 +77,7 @@ def test_write_metrics_records_what_a_checkpoint_cannot_show(tmp_path, capsys):
 
 
 def test_cannot_show_reasons_are_chosen_by_the_numbers():
-    from workbench.modeling.models import tiny_model
+    from workbench.modeling.tiny import tiny_model
     from workbench.pitfalls import nb01_position_ids as position_ids
     from workbench.pitfalls import nb03_eos_termination as eos
     from workbench.pitfalls import nb11_truncated_responses as truncation

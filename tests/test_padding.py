@@ -7,9 +7,10 @@ from hypothesis import strategies as st
 
 from workbench.core.batching import pack_sequences, pad_sequences, unpack_token_values
 from workbench.core.errors import RightPaddingError
-from workbench.modeling.models import ARCHITECTURES, load, tiny_model
+from workbench.modeling.models import load
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import logprobs_from_logits, token_logprobs
+from workbench.modeling.tiny import ARCHITECTURES, tiny_model
 from workbench.pitfalls.nb02_right_padding_flash_attention import assert_not_right_padded, generation_divergence, padding_guard
 from workbench.tasks import encode_prompts, rl_problems
 

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from workbench.core.errors import NonFiniteError
-from workbench.modeling.models import load, tiny_model
+from workbench.modeling.models import load
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import prefix_tree, shared_prefix_token_logprobs, token_logprobs
+from workbench.modeling.tiny import tiny_model
 from workbench.trainers.dpo import DPOConfig, DPOTrainer, collate_preferences
 
 PAIRS = [{"prompt": "1+2=", "chosen": "3", "rejected": "41"}, {"prompt": "12+34=", "chosen": "46", "rejected": "4"},

@@ -15,7 +15,7 @@ import torch
 from workbench.cli.main import main
 from workbench.core.devices import resolve_device
 from workbench.core.errors import ModelLoadError
-from workbench.modeling import models, realistic
+from workbench.modeling import models, pad_policy, realistic
 from workbench.modeling.stop_ids import stop_token_ids
 from workbench.tasks import encode_prompts, prompt_ids
 
@@ -27,7 +27,7 @@ def folders():
 
 def test_no_pad_token_gets_a_safe_one_never_eos(folders):
     model, tokenizer = models.load(folders["gpt2"])
-    assert tokenizer.pad_token == models.ADDED_PAD_TOKEN and tokenizer.pad_token_id != tokenizer.eos_token_id
+    assert tokenizer.pad_token == pad_policy.ADDED_PAD_TOKEN and tokenizer.pad_token_id != tokenizer.eos_token_id
     assert model.get_input_embeddings().weight.shape[0] == len(tokenizer) == 513  # one row added
     assert model.config.pad_token_id == tokenizer.pad_token_id
 
@@ -45,7 +45,7 @@ def test_an_existing_never_generated_special_token_is_preferred(folders, tmp_pat
 def test_pad_equal_to_eos_stays_an_error_naming_the_fix(folders):
     with pytest.raises(ModelLoadError, match="pitfall P8"):
         models.load(realistic.checkpoint("qwen2-base"))
-    model, tokenizer = models.load(realistic.checkpoint("qwen2-base"), pad_token=models.ADDED_PAD_TOKEN)
+    model, tokenizer = models.load(realistic.checkpoint("qwen2-base"), pad_token=pad_policy.ADDED_PAD_TOKEN)
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
 
 

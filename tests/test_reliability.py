@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from workbench.cli.main import main
 from workbench.core.errors import NonFiniteError
+from workbench.modeling import tiny
 from workbench.modeling.models import load
 from workbench.tasks import rl_problems
 from workbench.trainers.checkpointing import latest_checkpoint
@@ -41,7 +42,7 @@ def test_bad_training_input_exits_2_naming_the_problem(argv, message, capsys):
 def test_unsafe_checkpoints_and_empty_data_exit_2(tmp_path, capsys):
     from workbench.modeling import models
 
-    model, tokenizer = models.tiny_model("gpt2")
+    model, tokenizer = tiny.tiny_model("gpt2")
     models.save(model, tokenizer, tmp_path / "pickle")
     (tmp_path / "pickle" / "model.safetensors").unlink()
     (tmp_path / "pickle" / "pytorch_model.bin").write_bytes(b"x")

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from workbench.core.batching import pad_sequences
-from workbench.modeling.models import load, tiny_model
+from workbench.modeling.models import load
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
+from workbench.modeling.tiny import tiny_model
 from workbench.tasks import Problem, encode_prompts, rl_problems
 from workbench.trainers.dpo import DPOConfig, DPOTrainer, collate_encoded, collate_preferences
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer

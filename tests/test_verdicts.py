@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from workbench.experiments import comparison
-from workbench.modeling.models import perturbed_copy, tiny_model
+from workbench.modeling.perturbation import perturbed_copy
+from workbench.modeling.tiny import tiny_model
 from workbench.pitfalls import nb01_position_ids as position_ids
 from workbench.pitfalls import nb02_right_padding_flash_attention as padding
 from workbench.pitfalls import nb03_eos_termination as eos

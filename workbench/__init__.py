@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "load": "workbench.modeling.models",
-    "tiny_model": "workbench.modeling.models",
+    "tiny_model": "workbench.modeling.tiny",
     "save": "workbench.modeling.models",
     "PPOConfig": "workbench.trainers.ppo",
     "PPOTrainer": "workbench.trainers.ppo",

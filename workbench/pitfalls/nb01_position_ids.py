@@ -117,7 +117,7 @@ def per_text_drift(model, rows, *, pad_token_id: int, extra_pad: int, position_i
 
 def drift_sweep(texts: list[str], pad_lengths, *, seed: int = 0, architectures=None, dtypes=("fp32", "bf16")) -> dict:
     """``drift_table`` for every tiny architecture × dtype: ``{(arch, dtype, side, mode): [drift per pad length]}``."""
-    from workbench.modeling.models import ARCHITECTURES, tiny_model
+    from workbench.modeling.tiny import ARCHITECTURES, tiny_model
 
     sweep = {}
     for arch in architectures or ARCHITECTURES:
@@ -272,7 +272,7 @@ def plot_first_step(ax, table: dict) -> None:
 
 def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
     """Per-token |Δ log p| between each text alone and in a left-padded batch."""
-    from workbench.modeling.models import ARCHITECTURES, tiny_model
+    from workbench.modeling.tiny import ARCHITECTURES, tiny_model
 
     cache: dict = {}
 

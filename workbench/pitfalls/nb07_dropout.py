@@ -14,7 +14,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
-from workbench.modeling.models import disable_dropout
+from workbench.modeling.dropout import disable_dropout
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts

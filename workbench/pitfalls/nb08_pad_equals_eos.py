@@ -12,8 +12,8 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
-from workbench.modeling.models import tiny_model
 from workbench.modeling.rollout import sample
+from workbench.modeling.tiny import tiny_model
 from workbench.tasks import Problem, encode_prompts, score_responses
 from workbench.trainers.sft import SFTConfig, SFTTrainer
 from workbench.viz.explorer import Explorer
@@ -23,7 +23,8 @@ def starting_model(name: str, *, seed: int = 0, device: str = "auto", pad_token:
     """``(model, tokenizer)`` to fine-tune: ``tiny-<arch>`` (``tiny-qwen2``, ``tiny-llama``, ``tiny-gpt2``)
     or a bare architecture name is a tiny model built from scratch with ``seed``; any other name or
     folder goes to ``workbench.modeling.models.load``."""
-    from workbench.modeling.models import ARCHITECTURES, load
+    from workbench.modeling.models import load
+    from workbench.modeling.tiny import ARCHITECTURES
 
     arch = name.removeprefix("tiny-")
     if arch in ARCHITECTURES:

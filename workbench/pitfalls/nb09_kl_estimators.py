@@ -101,7 +101,7 @@ def sampled_contexts(policy, tokenizer, prompts: list[str], *, max_new_tokens: i
 def sweep(reference, tokenizer, prompts: list[str], noise_scales, *, seed: int = 0) -> tuple[dict, dict]:
     """For each noise scale, a perturbed copy of ``reference`` as the policy: ``(values, gradients)``
     keyed by scale (``value_stats`` and ``gradient_comparison`` at the policy's sampled contexts)."""
-    from workbench.modeling.models import perturbed_copy
+    from workbench.modeling.perturbation import perturbed_copy
 
     values, gradients = {}, {}
     for scale in noise_scales:

@@ -134,7 +134,7 @@ def apply_dropout_switch(models, disable: bool) -> bool:
     is set to 0; otherwise dropout stays on and the models stay in train mode, as in a loop that
     never calls ``eval()``. One mode for the whole run: switching it every step would walk all
     modules for nothing. Returns whether dropout is on. ``None`` entries are skipped."""
-    from workbench.modeling.models import disable_dropout
+    from workbench.modeling.dropout import disable_dropout
 
     for model in models:
         if model is None:

@@ -1,0 +1,111 @@
+"""The tiny models: randomly initialised Llama, Qwen2 and GPT-2 built from configs, and the names of
+the built-in ones (random ``tiny-<arch>`` and the shipped trained ``tiny-arith-*`` checkpoints).
+
+Small enough for a laptop CPU (~0.1M parameters, the 64-token character tokenizer). Llama and Qwen2
+use rotary position embeddings (relative: a constant position shift is a no-op); GPT-2 uses learned
+absolute positions (a shift changes the logits) — the contrast pitfall S1 is about.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.core.paths import DATA_DIR
+from workbench.modeling.attention import resolve_attn_implementation
+from workbench.modeling.tokenizer import load_char_tokenizer
+
+ARCHITECTURES = ("llama", "qwen2", "gpt2")
+ROPE_ARCHITECTURES = ("llama", "qwen2")
+
+# Shipped checkpoints trained by scripts/train_tiny_checkpoint.py (supervised, arithmetic task).
+TRAINED_CHECKPOINTS = {
+    "tiny-arith-qwen2": DATA_DIR / "checkpoints" / "tiny-arith-qwen2",
+    "tiny-arith-gpt2": DATA_DIR / "checkpoints" / "tiny-arith-gpt2",
+}
+RANDOM_BUILTINS = {f"tiny-{arch}": arch for arch in ARCHITECTURES}
+
+
+def tiny_config(arch: str, **overrides):
+    """The config of a tiny randomly-initialised model (~0.1M parameters, 64-token vocabulary).
+
+    Dropout is 0 everywhere by default (dropout left on during RL is pitfall P7; pass e.g.
+    ``resid_pdrop=0.1`` for GPT-2 or ``attention_dropout=0.1`` for Llama/Qwen2 to switch it on).
+    """
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config  # transformers: on use (seconds), keeps the CLI's start light
+
+    tokenizer = load_char_tokenizer()
+    special = dict(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    hidden = overrides.pop("hidden_size", 64)
+    layers = overrides.pop("num_hidden_layers", 2)
+    heads = overrides.pop("num_attention_heads", 4)
+    max_positions = overrides.pop("max_position_embeddings", 256)
+    if arch in ROPE_ARCHITECTURES:
+        cls = LlamaConfig if arch == "llama" else Qwen2Config
+        config = cls(
+            hidden_size=hidden,
+            intermediate_size=overrides.pop("intermediate_size", 4 * hidden),
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=overrides.pop("num_key_value_heads", max(1, heads // 2)),
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=overrides.pop("tie_word_embeddings", True),
+            attention_dropout=overrides.pop("attention_dropout", 0.0),
+            **special,
+        )
+    elif arch == "gpt2":
+        config = GPT2Config(
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=heads,
+            n_positions=max_positions,
+            resid_pdrop=overrides.pop("resid_pdrop", 0.0),
+            embd_pdrop=overrides.pop("embd_pdrop", 0.0),
+            attn_pdrop=overrides.pop("attn_pdrop", 0.0),
+            **special,
+        )
+    else:
+        raise ValueError(f"Unknown architecture {arch!r}; choose one of {ARCHITECTURES}")
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            raise ValueError(f"{type(config).__name__} has no field {key!r}; check the spelling of the override")
+        setattr(config, key, value)
+    return config
+
+
+def tiny_model(
+    arch: str,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "auto",
+    **config_overrides,
+):
+    """A randomly initialised tiny ``arch`` model and the shipped character tokenizer.
+
+    Same ``seed`` → same weights. ``config_overrides`` change fields of the config (e.g.
+    ``hidden_size=128``).
+    """
+    from transformers import AutoModelForCausalLM  # transformers: on use (seconds), keeps the CLI's start light
+
+    config = tiny_config(arch, **config_overrides)
+    config._attn_implementation = resolve_attn_implementation(attn_implementation)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    model.to(dtype)
+    model.eval()
+    _set_generation_defaults(model)
+    return model, load_char_tokenizer()
+
+
+def _set_generation_defaults(model) -> None:
+    """No implicit generation settings: rollouts pass everything explicitly."""
+    gc = model.generation_config
+    gc.eos_token_id = model.config.eos_token_id
+    gc.pad_token_id = model.config.pad_token_id
+    gc.bos_token_id = model.config.bos_token_id
