@@ -15,7 +15,7 @@ import torch
 from workbench.core import losses
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs, token_logprobs
-from workbench.trainers.dpo import build_loss_mask
+from workbench.trainers.preferences import build_loss_mask
 
 SAMPLING_TEMPERATURE = 0.7
 MAX_NEW_TOKENS = 8

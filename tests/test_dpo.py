@@ -5,7 +5,8 @@ from workbench.core.errors import ConfigError, PromptMaskError
 from workbench.modeling.models import load
 from workbench.pitfalls.nb04_dpo_loss_mask import audit_loss_mask, check_prompt_lengths, margin_decomposition
 from workbench.tasks import TRAIN_PREFERENCES, load_preferences
-from workbench.trainers.dpo import DPOConfig, DPOTrainer, build_loss_mask, collate_preferences
+from workbench.trainers.dpo import DPOConfig, DPOTrainer
+from workbench.trainers.preferences import build_loss_mask, collate_preferences
 
 PAIRS = [
     {"prompt": "1+2=", "chosen": "3", "rejected": "4"},

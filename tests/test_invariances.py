@@ -23,9 +23,10 @@ from workbench.modeling.scoring import response_logprobs, token_logprobs
 from workbench.modeling.tiny import tiny_model
 from workbench.tasks import Problem, encode_prompts
 from workbench.trainers.critic import ValueModel
-from workbench.trainers.dpo import DPOConfig, DPOTrainer, build_loss_mask, collate_preferences
+from workbench.trainers.dpo import DPOConfig, DPOTrainer
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer, grpo_loss
 from workbench.trainers.ppo import PPOConfig, PPOTrainer
+from workbench.trainers.preferences import build_loss_mask, collate_preferences
 
 # Prompts of different lengths, so left-padded batches really hold pads.
 RAGGED = [Problem("1+2=", "3"), Problem("12+34=", "46"), Problem("3*4=", "12"), Problem("56-7=", "49"),
@@ -203,7 +204,7 @@ def test_extra_padding_changes_no_critic_value(packed):
 
 @pytest.mark.parametrize("packed", (False, True))
 def test_dpo_summed_logprobs_ignore_extra_right_padding(packed):
-    from workbench.trainers.dpo import summed_logprobs
+    from workbench.trainers.preferences import summed_logprobs
 
     model, tokenizer = load("tiny-arith-gpt2")
     batch = collate_preferences(tokenizer, PAIRS)

@@ -17,7 +17,8 @@ from workbench.modeling.models import load
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import prefix_tree, shared_prefix_token_logprobs, token_logprobs
 from workbench.modeling.tiny import tiny_model
-from workbench.trainers.dpo import DPOConfig, DPOTrainer, collate_preferences
+from workbench.trainers.dpo import DPOConfig, DPOTrainer
+from workbench.trainers.preferences import collate_preferences
 
 PAIRS = [{"prompt": "1+2=", "chosen": "3", "rejected": "41"}, {"prompt": "12+34=", "chosen": "46", "rejected": "4"},
          {"prompt": "3*4=", "chosen": "12", "rejected": "7"}, {"prompt": "56-7=", "chosen": "49", "rejected": "509"}]

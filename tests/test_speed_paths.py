@@ -18,8 +18,9 @@ from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.modeling.tiny import tiny_model
 from workbench.tasks import Problem, encode_prompts, rl_problems
-from workbench.trainers.dpo import DPOConfig, DPOTrainer, collate_encoded, collate_preferences
+from workbench.trainers.dpo import DPOConfig, DPOTrainer
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
+from workbench.trainers.preferences import collate_encoded, collate_preferences
 
 RAGGED = [Problem("1+2=", "3"), Problem("12+34=", "46"), Problem("3*4=", "12"), Problem("56-7=", "49")]
 

@@ -38,7 +38,7 @@ def test_loss_mode_explorer_changes_weights_with_the_mode():
 
 
 def test_dpo_mask_explorer_counts_prompt_rows(tokenizer):
-    from workbench.trainers.dpo import collate_preferences
+    from workbench.trainers.preferences import collate_preferences
 
     pairs = [{"prompt": "1+2=", "chosen": "3", "rejected": "4"}, {"prompt": "12+3=", "chosen": "15", "rejected": "16"}]
     explorer = dpo_mask_explorer(collate_preferences(tokenizer, pairs))

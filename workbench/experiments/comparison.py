@@ -186,7 +186,7 @@ def _held_out_pair_logps(policy, tokenizer, pairs, chunk: int = 200) -> dict[str
     """Mean summed log-prob of the chosen and of the rejected responses (prompt excluded), eval mode."""
     import torch
 
-    from workbench.trainers.dpo import build_loss_mask, collate_preferences, summed_logprobs
+    from workbench.trainers.preferences import build_loss_mask, collate_preferences, summed_logprobs
 
     training = policy.training
     policy.eval()

@@ -121,7 +121,7 @@ def probe_dpo(model, tokenizer, pairs: list[dict]) -> dict:
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from workbench.trainers.dpo import build_loss_mask, collate_preferences, summed_logprobs
+    from workbench.trainers.preferences import build_loss_mask, collate_preferences, summed_logprobs
 
     folder = model_folder(model, tokenizer)
     live = type(model).from_pretrained(folder)

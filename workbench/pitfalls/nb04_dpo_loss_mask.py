@@ -20,7 +20,7 @@ import torch
 
 from workbench.core.errors import PromptMaskError
 from workbench.experiments.comparison import Effect
-from workbench.trainers.dpo import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
+from workbench.trainers.preferences import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
 from workbench.viz.explorer import Explorer
 
 
@@ -213,7 +213,7 @@ def plot_training(axes, histories: dict) -> None:
 
 def dpo_mask_explorer(batch) -> Explorer:
     """The loss mask of a concatenated chosen+rejected batch for each prompt_mask mode."""
-    from workbench.trainers.dpo import PROMPT_MASK_MODES
+    from workbench.trainers.preferences import PROMPT_MASK_MODES
 
     def draw(prompt_mask):
         fig, ax = plt.subplots(figsize=(7, 3))

@@ -27,8 +27,7 @@ from typing import ClassVar
 import torch
 
 from workbench.core import losses
-from workbench.core.batching import pad_sequences
-from workbench.modeling.scoring import POSITION_IDS_MODES, shared_prefix_token_logprobs, token_logprobs, tree_capable
+from workbench.modeling.scoring import POSITION_IDS_MODES, tree_capable
 from workbench.trainers import base
 from workbench.trainers.base import (
     Trainer,
@@ -38,8 +37,15 @@ from workbench.trainers.base import (
     step_generator,
 )
 from workbench.trainers.distributed import Distributed
-
-PROMPT_MASK_MODES = ("both", "chosen_only", "none")
+from workbench.trainers.preferences import (
+    PROMPT_MASK_MODES,
+    build_loss_mask,
+    collate_encoded,
+    collate_preferences,
+    encode_pair,
+    prompt_target_mask,
+    summed_logprobs,
+)
 
 
 @dataclass
@@ -91,78 +97,6 @@ class DPOConfig(TrainerConfig):
         require_choice(self, "prompt_mask", PROMPT_MASK_MODES)
         require_choice(self, "reference", ("copy", "precomputed"))
         require_choice(self, "position_ids", POSITION_IDS_MODES)
-
-
-@dataclass
-class PreferenceBatch:
-    """2B right-padded rows: chosen (rows 0..B−1) on top of rejected (rows B..2B−1)."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    prompt_lengths: list[int]  # B entries: tokens of each pair's prompt, BOS included
-
-    @property
-    def num_pairs(self) -> int:
-        return len(self.prompt_lengths)
-
-    def to(self, device) -> PreferenceBatch:
-        return PreferenceBatch(self.input_ids.to(device), self.attention_mask.to(device), self.prompt_lengths)
-
-
-def encode_pair(tokenizer, pair: dict) -> tuple[list[int], list[int], list[int]]:
-    """``(prompt, prompt+chosen, prompt+rejected)`` token ids: ``<bos> prompt response <eos>``."""
-    prompt = tokenizer(pair["prompt"])["input_ids"]
-    eos = [tokenizer.eos_token_id]
-    return (prompt, prompt + tokenizer(pair["chosen"], add_special_tokens=False)["input_ids"] + eos,
-            prompt + tokenizer(pair["rejected"], add_special_tokens=False)["input_ids"] + eos)
-
-
-def collate_encoded(encoded: list[tuple[list[int], list[int], list[int]]], pad_token_id: int) -> PreferenceBatch:
-    """Stack encoded pairs (``encode_pair``) right-padded: chosen rows on top of rejected rows."""
-    input_ids, attention_mask = pad_sequences([e[1] for e in encoded] + [e[2] for e in encoded], pad_token_id, side="right")
-    return PreferenceBatch(input_ids, attention_mask, [len(e[0]) for e in encoded])
-
-
-def collate_preferences(tokenizer, pairs: list[dict]) -> PreferenceBatch:
-    """Tokenise pairs as ``<bos> prompt response <eos>`` and stack chosen on top of rejected."""
-    return collate_encoded([encode_pair(tokenizer, p) for p in pairs], tokenizer.pad_token_id)
-
-
-def build_loss_mask(attention_mask: torch.Tensor, prompt_lengths: list[int], prompt_mask: str) -> torch.Tensor:
-    """The per-token loss mask over *targets* (shape (2B, T−1)), built the way OpenRLHF did."""
-    loss_masks = attention_mask.clone().bool()
-    if prompt_mask == "both":
-        row_prompt_lengths = prompt_lengths * 2  # the fix: one length per row
-    elif prompt_mask == "chosen_only":
-        row_prompt_lengths = prompt_lengths  # the bug: B lengths for 2B rows
-    elif prompt_mask == "none":
-        row_prompt_lengths = []
-    else:
-        raise ValueError(f"prompt_mask={prompt_mask!r}; choose one of {PROMPT_MASK_MODES}")
-    for mask, source_len in zip(loss_masks, row_prompt_lengths, strict=False):  # zip stops at the shorter list
-        mask[:source_len] = False
-    return loss_masks[:, 1:]
-
-
-def prompt_target_mask(attention_mask: torch.Tensor, prompt_lengths: list[int]) -> torch.Tensor:
-    """Targets that are prompt tokens (positions 1..L−1 of each row), shape (2B, T−1)."""
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)[None]
-    lengths = torch.tensor(prompt_lengths * 2, device=attention_mask.device)[:, None]
-    return ((positions < lengths) & attention_mask.bool())[:, 1:]
-
-
-def summed_logprobs(model, batch: PreferenceBatch, loss_mask: torch.Tensor, *, position_ids: str = "mask", packed: bool = False,
-                    share_prompts: bool = False):
-    """Log-probs summed under ``loss_mask`` per row (2B,), and the per-token log-probs (2B, T−1).
-    ``share_prompts``: a pair's prompt runs once for both rows (``scoring.shared_prefix_token_logprobs``)."""
-    per_token = None
-    if share_prompts and position_ids == "mask" and not packed:
-        b = batch.num_pairs
-        per_token = shared_prefix_token_logprobs(model, batch.input_ids, batch.attention_mask, [[i, i + b] for i in range(b)],
-                                                 batch.prompt_lengths)
-    if per_token is None:
-        per_token = token_logprobs(model, batch.input_ids, batch.attention_mask, position_ids=position_ids, packed=packed)
-    return losses.masked_sum(per_token, loss_mask, dim=-1), per_token
 
 
 class DPOTrainer(Trainer):
