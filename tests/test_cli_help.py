@@ -58,7 +58,8 @@ def test_bad_values_exit_2_naming_the_field(args, message, capsys):
 def test_typed_options_reach_the_config(tmp_path):
     import argparse
 
-    from workbench.cli.train import add_arguments, build_config, config_values, trainer_classes
+    from workbench.cli.train import add_arguments, build_config, config_values
+    from workbench.trainers.registry import trainer_classes
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

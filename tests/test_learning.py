@@ -5,7 +5,8 @@ import math
 import matplotlib
 import pytest
 
-from workbench.experiments import comparison
+from workbench.experiments import comparison, statistics
+from workbench.viz import plots
 
 matplotlib.use("Agg")
 
@@ -32,17 +33,17 @@ def test_learning_settings_are_one_table_with_overrides():
 
 def test_gain_larger_than_seed_noise_only_when_it_is():
     runs = {"up": _runs([0.40, 0.40, 0.40], [0.44, 0.45, 0.43]), "flat": _runs([0.40, 0.40, 0.40], [0.42, 0.38, 0.41])}
-    up, flat = comparison.gain(runs, "up"), comparison.gain(runs, "flat")
+    up, flat = statistics.gain(runs, "up"), statistics.gain(runs, "flat")
     assert up.larger_than_noise and math.isclose(up.difference, 0.04) and math.isclose(up.noise, 0.01 / math.sqrt(3))
     assert up.bug == pytest.approx(0.44) and up.fix == pytest.approx(0.40)
     assert "end 0.44, start 0.4" in up.sentence() and up.sentence().endswith("= 0.025): larger than seed noise")
     assert "s.e. over 3 seeds; 95 % needs |effect| > 4.30 s.e." in up.sentence()
     assert not flat.larger_than_noise and "not larger than" in flat.sentence()
-    one = comparison.gain({"a": _runs([0.4], [0.5])}, "a")
+    one = statistics.gain({"a": _runs([0.4], [0.5])}, "a")
     assert one.seeds == 1 and not one.larger_than_noise  # one seed: no noise estimate, never "larger"
-    assert comparison.learning_sentence(runs).count("\n") == 1
+    assert statistics.learning_sentence(runs).count("\n") == 1
     with pytest.raises(ValueError, match="held_out"):
-        comparison.gain({"a": [[{"step": 0, "x": 1.0}]]}, "a")
+        statistics.gain({"a": [[{"step": 0, "x": 1.0}]]}, "a")
 
 
 def test_effect_at_start_separates_a_step0_gap_from_learning():
@@ -50,12 +51,12 @@ def test_effect_at_start_separates_a_step0_gap_from_learning():
     bug = [[{"step": i, "r": 0.5 * (i == 0) + 0.01 * s} for i in range(8)] for s in range(3)]
     fix = [[{"step": i, "r": 0.01 * s + (0.001 * s if i == 0 else (0.0, 0.004, -0.004)[s])} for i in range(8)] for s in range(3)]
     runs = {"bug": bug, "fix": fix}
-    start, end = comparison.effect(runs, "r", "bug", "fix", at="start"), comparison.effect(runs, "r", "bug", "fix")
+    start, end = statistics.effect(runs, "r", "bug", "fix", at="start"), statistics.effect(runs, "r", "bug", "fix")
     assert start.key == "r at step 0" and start.difference == pytest.approx(0.499) and start.larger_than_noise
     assert not end.larger_than_noise and abs(end.difference) < 0.01
-    assert not comparison.effect({"bug": bug[:1], "fix": fix[:1]}, "r", "bug", "fix", at="start").larger_than_noise
+    assert not statistics.effect({"bug": bug[:1], "fix": fix[:1]}, "r", "bug", "fix", at="start").larger_than_noise
     with pytest.raises(ValueError, match="at="):
-        comparison.effect(runs, "r", "bug", "fix", at="middle")
+        statistics.effect(runs, "r", "bug", "fix", at="middle")
 
 
 def test_plot_heldout_draws_start_and_end_per_variant():
@@ -63,7 +64,7 @@ def test_plot_heldout_draws_start_and_end_per_variant():
 
     runs = {"bug": _runs([0.4, 0.4], [0.41, 0.43]), "fix": _runs([0.4, 0.4], [0.45, 0.46])}
     fig, ax = plt.subplots()
-    comparison.plot_heldout(ax, runs, {"bug": "red", "fix": "blue"})
+    plots.plot_heldout(ax, runs, {"bug": "red", "fix": "blue"})
     assert len(ax.get_xticks()) == 2 and len(ax.collections) >= 4  # seed dots (and error bars) for start and end of each
     plt.close(fig)
 
@@ -85,10 +86,10 @@ def test_drift_of_a_key_against_seed_noise():
     rising = [[{"step": i, "x": i * 0.1 + 0.01 * s} for i in range(8)] for s in range(3)]
     wobbling = [[{"step": i, "x": (0.05, -0.05, 0.0)[s] * (i > 0)} for i in range(8)] for s in range(3)]
     runs = {"up": rising, "flat": wobbling}
-    up = comparison.drift(runs, "up", "x")
+    up = statistics.drift(runs, "up", "x")
     assert up.larger_than_noise and up.fix == pytest.approx(0.01) and up.bug == pytest.approx(0.65 + 0.01)
-    assert not comparison.drift(runs, "flat", "x").larger_than_noise
-    assert not comparison.drift({"one": rising[:1]}, "one", "x").larger_than_noise  # one seed: no noise estimate
+    assert not statistics.drift(runs, "flat", "x").larger_than_noise
+    assert not statistics.drift({"one": rising[:1]}, "one", "x").larger_than_noise  # one seed: no noise estimate
 
 
 def test_train_variants_dpo_returns_the_first_seeds_models():
@@ -97,7 +98,7 @@ def test_train_variants_dpo_returns_the_first_seeds_models():
     runs, models = comparison.train_variants("dpo", "tiny-arith-qwen2", {"both": {"prompt_mask": "both"}}, steps=1, seeds=(0, 1),
                                              problems=8, held_out=8, batch_size=4, return_models=True)
     assert len(runs["both"]) == 2 and "logps/prompt" in runs["both"][0][0] and "heldout_accuracy" in runs["both"][1][-1]
-    chosen = comparison.gain(runs, "both", "heldout_logp_chosen")
+    chosen = statistics.gain(runs, "both", "heldout_logp_chosen")
     assert chosen.seeds == 2 and chosen.fix < 0 and chosen.key == "heldout_logp_chosen, both"
     assert set(models) == {"both"} and isinstance(models["both"], torch.nn.Module)
     with pytest.raises(ValueError, match="kind="):
@@ -108,7 +109,7 @@ def test_dpo_heldout_explanation_is_chosen_by_the_numbers():
     from workbench.pitfalls import nb04_dpo_loss_mask as dpo_mask
 
     def e(difference, larger):
-        return comparison.Effect("k", 0.4 + difference, 0.4, difference, 0.005, 3, larger, ("end", "start"))
+        return statistics.Effect("k", 0.4 + difference, 0.4, difference, 0.005, 3, larger, ("end", "start"))
 
     text = dpo_mask.heldout_explanation(e(-0.1, True), e(-0.3, True), e(-2.0, True))
     assert "chosen (correct) answers themselves became less likely" in text and "the rejected faster" in text
@@ -134,10 +135,10 @@ def test_learnt_gap_separates_a_step0_gap_from_learning():
         return [{"step": i, "r": start if i == 0 else end + wobble} for i in range(8)]
 
     present_from_start = {"bug": [run(0.0, 0.0, w) for w in (0.0, 0.01, -0.01)], "fix": [run(0.5, 0.5, 0.0)] * 3}
-    e = comparison.learnt_gap(present_from_start, "r", "bug", "fix")
+    e = statistics.learnt_gap(present_from_start, "r", "bug", "fix")
     assert e.fix == pytest.approx(-0.5) and e.bug == pytest.approx(-0.5) and not e.larger_than_noise
     learnt = {"bug": [run(0.0, -0.3, w) for w in (0.0, 0.01, -0.01)], "fix": [run(0.0, 0.0, 0.0)] * 3}
-    e = comparison.learnt_gap(learnt, "r", "bug", "fix")
+    e = statistics.learnt_gap(learnt, "r", "bug", "fix")
     assert e.difference == pytest.approx(-0.3) and e.larger_than_noise and "final gap -0.3, step-0 gap 0" in e.sentence()
 
 
@@ -160,13 +161,13 @@ def test_three_seeds_need_the_t_value_not_two_standard_errors():
     def runs(diffs):
         return {"bug": [[{"x": d}] for d in diffs], "fix": [[{"x": 0.0}] for _ in diffs]}
 
-    assert comparison.t_critical(3) == pytest.approx(4.303) and comparison.t_critical(50) == 1.96
-    assert math.isnan(comparison.t_critical(1)) and comparison.t_critical(14) == pytest.approx(2.160, abs=0.03)
-    clear = comparison.effect(runs([0.02, 0.03, 0.04]), "x", "bug", "fix")
-    borderline = comparison.effect(runs([0.01, 0.03, 0.05]), "x", "bug", "fix")
+    assert statistics.t_critical(3) == pytest.approx(4.303) and statistics.t_critical(50) == 1.96
+    assert math.isnan(statistics.t_critical(1)) and statistics.t_critical(14) == pytest.approx(2.160, abs=0.03)
+    clear = statistics.effect(runs([0.02, 0.03, 0.04]), "x", "bug", "fix")
+    borderline = statistics.effect(runs([0.01, 0.03, 0.05]), "x", "bug", "fix")
     assert clear.larger_than_noise and clear.threshold == pytest.approx(4.303)
     assert not borderline.larger_than_noise and "not larger than seed noise" in borderline.sentence()
-    assert comparison.effect(runs([0.01, 0.03, 0.05]), "x", "bug", "fix", factor=2.0).larger_than_noise
+    assert statistics.effect(runs([0.01, 0.03, 0.05]), "x", "bug", "fix", factor=2.0).larger_than_noise
 
 
 def test_bands_on_a_log_axis_keep_exact_zeros_visible_and_say_so():
@@ -178,8 +179,8 @@ def test_bands_on_a_log_axis_keep_exact_zeros_visible_and_say_so():
     runs = {"bug": [[{"x": v * (s + 1)} for v in (0.1, 0.01, 0.5, 0.0)] for s in range(3)],
             "fix": [[{"x": 0.0} for _ in range(4)] for _ in range(3)]}
     fig, (log_ax, linear_ax) = plt.subplots(1, 2)
-    comparison.plot_bands(log_ax, runs, "x", "ratio", log=True)
-    comparison.plot_bands(linear_ax, runs, "x", "ratio", window=2)
+    plots.plot_bands(log_ax, runs, "x", "ratio", log=True)
+    plots.plot_bands(linear_ax, runs, "x", "ratio", window=2)
     assert log_ax.get_yscale() == "log" and log_ax.get_ylabel() == "ratio (mean; band: min–max over seeds)"
     assert [t.get_text() for t in log_ax.texts] == ["fix: exactly 0 at every step (drawn at 1e-03)"]
     fix_line = log_ax.get_lines()[1]

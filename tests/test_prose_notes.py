@@ -34,7 +34,7 @@ def test_missing_eos_note_follows_the_counts():
 
 
 def test_tis_reading_calls_tis_a_repair_only_after_a_measured_harm():
-    from workbench.experiments.comparison import Effect
+    from workbench.experiments.statistics import Effect
     from workbench.pitfalls import nb12_logprob_mismatch as rm
 
     def e(diff, larger, bug=0.4, fix=0.4):

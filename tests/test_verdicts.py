@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from workbench.experiments import comparison
+from workbench.experiments import comparison, statistics
 from workbench.modeling.perturbation import perturbed_copy
 from workbench.modeling.tiny import tiny_model
 from workbench.pitfalls import nb01_position_ids as position_ids
@@ -143,11 +143,11 @@ def test_truncation_pressure_on_a_model():
 def test_effect_against_noise():
     flat = [{"step": i, "x": 1.0 + 0.01 * (i % 2)} for i in range(8)]
     runs = {"bug": [flat, flat, flat], "fix": [[{**h, "x": h["x"] + d} for h in flat] for d in (0.0, 0.02, -0.02)]}
-    e = comparison.effect(runs, "x", "bug", "fix")
+    e = statistics.effect(runs, "x", "bug", "fix")
     assert e.seeds == 3 and not e.larger_than_noise and "not larger than" in e.sentence()
     runs = {"bug": [flat] * 3, "fix": [[{**h, "x": h["x"] - 1 + d} for h in flat] for d in (0.0, 0.02, -0.02)]}
-    assert comparison.effect(runs, "x", "bug", "fix").larger_than_noise
-    one = comparison.effect({"bug": [flat], "fix": [flat]}, "x", "bug", "fix")
+    assert statistics.effect(runs, "x", "bug", "fix").larger_than_noise
+    one = statistics.effect({"bug": [flat], "fix": [flat]}, "x", "bug", "fix")
     assert one.seeds == 1 and one.difference == 0 and not one.larger_than_noise and "one seed" in one.sentence()
     assert comparison.first_divergence(flat, flat, "x") is None
     assert comparison.first_divergence(flat, flat[:3] + [{"x": 5.0}] + flat[4:], "x") == 3
@@ -178,7 +178,7 @@ def test_plot_bands_draws_mean_and_band():
 
     runs = {"bug": [[{"step": i, "x": float(i + d)} for i in range(5)] for d in (0, 2)], "fix": [[{"step": i, "x": 0.0} for i in range(5)]]}
     fig, ax = plt.subplots()
-    comparison.plot_bands(ax, runs, "x", "x", window=2)
+    plots.plot_bands(ax, runs, "x", "x", window=2)
     lines = ax.get_lines()
     assert [line.get_label() for line in lines] == ["bug (n=2)", "fix (n=1)"]
     assert list(lines[0].get_ydata()) == [1.5, 2.5, 3.5, 4.5] and len(ax.collections) == 1  # one band: the 2-seed run

@@ -21,22 +21,7 @@ from pathlib import Path
 from workbench.core.config_options import add_config_arguments, config_values, convert_field
 from workbench.core.errors import InputError, ModelLoadError, ParameterError
 from workbench.trainers.checkpointing import atomic_write_json
-
-TRAINERS = ("ppo", "grpo", "dpo", "sft")
-
-
-def trainer_classes(kind: str):
-    if kind == "ppo":
-        from workbench.trainers.ppo import PPOConfig, PPOTrainer
-        return PPOConfig, PPOTrainer
-    if kind == "grpo":
-        from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
-        return GRPOConfig, GRPOTrainer
-    if kind == "dpo":
-        from workbench.trainers.dpo import DPOConfig, DPOTrainer
-        return DPOConfig, DPOTrainer
-    from workbench.trainers.sft import SFTConfig, SFTTrainer
-    return SFTConfig, SFTTrainer
+from workbench.trainers.registry import TRAINERS, trainer_classes
 
 
 def build_config(config_cls, assignments: list[str], output_dir: str | None, options: dict | None = None):

@@ -1,12 +1,15 @@
-"""Greedy accuracy of a policy on the task: the number the RL notebooks and the checkpoint builder report."""
+"""Held-out evaluation: greedy accuracy of a policy on the task (the number the RL notebooks and the checkpoint
+builder report) and the log-probs DPO gives held-out preference pairs, in eval mode, the mode restored after."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from workbench.modeling.rollout import sample
 from workbench.tasks.arithmetic import Problem
 from workbench.tasks.encoding import encode_prompts, score_responses
+from workbench.trainers.preferences import build_loss_mask, collate_preferences, summed_logprobs
 
 
 @torch.no_grad()
@@ -22,3 +25,30 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens
         )
         correct += float(score_responses(tokenizer, chunk, rollout.response_ids, rollout.response_mask, rollout.finished).sum())
     return correct / len(problems)
+
+
+def held_out_accuracy(policy, tokenizer, problems) -> float:
+    """Greedy accuracy in eval mode (no dropout), the policy's mode restored afterwards."""
+    training = policy.training
+    policy.eval()
+    try:
+        return greedy_accuracy(policy, tokenizer, problems)
+    finally:
+        policy.train(training)
+
+
+def held_out_pair_logps(policy, tokenizer, pairs, chunk: int = 200) -> dict[str, float]:
+    """Mean summed log-prob of the chosen and of the rejected responses (prompt excluded), eval mode."""
+    training = policy.training
+    policy.eval()
+    chosen, rejected = [], []
+    try:
+        with torch.no_grad():
+            for i in range(0, len(pairs), chunk):
+                batch = collate_preferences(tokenizer, pairs[i:i + chunk]).to(next(policy.parameters()).device)
+                summed, _ = summed_logprobs(policy, batch, build_loss_mask(batch.attention_mask, batch.prompt_lengths, "both"))
+                chosen += summed[:batch.num_pairs].tolist()
+                rejected += summed[batch.num_pairs:].tolist()
+    finally:
+        policy.train(training)
+    return {"heldout_logp_chosen": float(np.mean(chosen)), "heldout_logp_rejected": float(np.mean(rejected))}

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.errors import PromptMaskError
-from workbench.experiments.comparison import Effect
+from workbench.experiments.statistics import Effect
 from workbench.trainers.preferences import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
 from workbench.viz.explorer import Explorer
 
@@ -162,8 +162,7 @@ TRAINING_PANELS = [("loss", "DPO loss"), ("rewards/margins", "reward margin (nat
 def plot_training_bands(axes, runs: dict) -> None:
     """``plot_training`` over seeds (``comparison.train_variants`` runs keyed by mode): mean ± std bands,
     'none' (coinciding with 'both') drawn on top, dotted, 'both' thick underneath; a fifth axis gets
-    held-out greedy accuracy before/after (``comparison.plot_heldout``) in the same colours."""
-    from workbench.experiments import comparison
+    held-out greedy accuracy before/after (``plots.plot_heldout``) in the same colours."""
     from workbench.viz import plots
 
     colors = {MODE_LABELS["both"]: plots.FIX_COLOR, MODE_LABELS["chosen_only"]: plots.BUG_COLOR,
@@ -172,13 +171,13 @@ def plot_training_bands(axes, runs: dict) -> None:
               MODE_LABELS["none"]: {"ls": ":", "marker": "o"}}
     ordered = {MODE_LABELS[m]: runs[m] for m in ("none", "chosen_only", "both") if m in runs}
     for ax, (key, label) in zip(axes[:4], TRAINING_PANELS, strict=True):
-        comparison.plot_bands(ax, ordered, key, label, colors, styles=styles)
+        plots.plot_bands(ax, ordered, key, label, colors, styles=styles)
     if len(axes) > 4:
-        comparison.plot_heldout(axes[4], {MODE_LABELS[m]: r for m, r in runs.items()}, colors)
+        plots.plot_heldout(axes[4], {MODE_LABELS[m]: r for m, r in runs.items()}, colors)
 
 
 def heldout_explanation(heldout: Effect, chosen: Effect, rejected: Effect) -> str:
-    """Why the *fixed* DPO run's held-out greedy accuracy moves, from its numbers: ``comparison.gain(runs,
+    """Why the *fixed* DPO run's held-out greedy accuracy moves, from its numbers: ``statistics.gain(runs,
     "both")`` and ``gain(runs, "both", key)`` for ``heldout_logp_chosen`` / ``heldout_logp_rejected``
     (summed response log-probs of held-out preference pairs, before → after)."""
     numbers = (f"fixed mask: held-out greedy accuracy {heldout.fix:.3f} → {heldout.bug:.3f} ({heldout.difference:+.3f} ± "

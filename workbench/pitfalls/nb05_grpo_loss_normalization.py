@@ -192,7 +192,7 @@ def training_conclusion(runs: dict, fraction: float = 0.25) -> tuple[dict, str]:
     """Final reward per mode (mean ± std over seeds) and whether the spread between modes exceeds the seed noise."""
     import numpy as np
 
-    from workbench.experiments.comparison import tail_mean
+    from workbench.experiments.statistics import tail_mean
 
     summary = {}
     for mode, histories in runs.items():

@@ -259,3 +259,66 @@ def label_zero_bars(ax, bars, text: str = "0", tol: float = 0.0) -> int:
                         color=bar.get_facecolor())
             count += 1
     return count
+
+
+# --------------------------------------------------------------------------------------------
+# Multi-seed runs ({label: [history per seed]}, plain data from experiments.comparison)
+# --------------------------------------------------------------------------------------------
+def plot_bands(ax, runs: dict[str, list[list[dict]]], key: str, ylabel: str, colors: dict | None = None, *,
+               window: int = 1, styles: dict | None = None, log: bool = False) -> None:
+    """Mean over seeds per variant (a line, aligned moving average when ``window`` > 1, said in the
+    y-label) with a ± std band; one seed draws the line alone. ``styles[label]`` replaces the line
+    style and marker chosen by order.
+
+    ``log``: a log y-axis, where a ± std band would dip below 0 and draw false stripes and exact zeros
+    would vanish: the band is then the min–max over seeds, values ≤ 0 are drawn at a floor a decade
+    below the smallest positive value, and a variant that is exactly 0 throughout says so on the axes."""
+    series = {label: np.array([[h[key] for h in run] for run in histories], dtype=float) for label, histories in runs.items()}
+    positive = np.concatenate([v[v > 0] for v in series.values()] + [np.array([])])
+    floor = float(positive.min()) / 10 if log and positive.size else 1e-12
+    zero_labels = []
+    for i, (label, values) in enumerate(series.items()):
+        x, mean = smooth(np.nanmean(values, axis=0), window)
+        mean = np.asarray(mean, dtype=float)
+        color = (colors or {}).get(label)
+        style = (styles or {}).get(label, {"ls": LINE_STYLES[i % 4], "marker": MARKERS[i % 6]})
+        if log and np.all(values[np.isfinite(values)] <= 0):
+            zero_labels.append(label)
+        line, = ax.plot(x, np.maximum(mean, floor) if log else mean, markevery=max(1, len(x) // 8), markersize=4, color=color,
+                        zorder=10 - i, label=f"{label} (n={len(values)})", **style)
+        if len(values) > 1:
+            if log:
+                low, high = (np.asarray(smooth(f(values, axis=0), window)[1], dtype=float) for f in (np.nanmin, np.nanmax))
+                low, high = np.maximum(low, floor), np.maximum(high, floor)
+            else:
+                std = np.asarray(smooth(np.nanstd(values, axis=0, ddof=1), window)[1], dtype=float)
+                low, high = mean - std, mean + std
+            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, lw=0)
+    ax.set_xlabel("training step")
+    notes = []
+    if max(len(v) for v in series.values()) > 1:
+        notes.append("mean; band: min–max over seeds" if log else "mean ± std over seeds")
+    if window > 1:
+        notes.append(f"{window}-step moving average")
+    ax.set_ylabel(ylabel + (f" ({', '.join(notes)})" if notes else ""))
+    if log:
+        ax.set_yscale("log")
+        for k, label in enumerate(zero_labels):
+            ax.text(0.02, 0.04 + 0.08 * k, f"{label}: exactly 0 at every step (drawn at {floor:.0e})", transform=ax.transAxes,
+                    fontsize=7, color=(colors or {}).get(label, NEUTRAL_COLOR))
+    ax.legend(fontsize=8)
+
+
+def plot_heldout(ax, runs: dict[str, list[list[dict]]], colors: dict | None = None) -> None:
+    """Held-out greedy accuracy before and after training per variant: one dot per seed, mean ± std bar."""
+    for i, (label, histories) in enumerate(runs.items()):
+        start = np.array([h[-1]["heldout_accuracy_start"] for h in histories], dtype=float)
+        end = np.array([h[-1]["heldout_accuracy"] for h in histories], dtype=float)
+        color = (colors or {}).get(label)
+        for j, (values, x) in enumerate(((start, i - 0.15), (end, i + 0.15))):
+            std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+            ax.errorbar([x], [values.mean()], yerr=[std], fmt="o" if j else "s", mfc="none" if j == 0 else color,
+                        color=color or "0.3", capsize=4, zorder=3)
+            ax.scatter(np.full(len(values), x + 0.06), values, s=10, color=color or "0.3", alpha=0.6, zorder=2)
+    ax.set_xticks(range(len(runs)), [f"{label}\n(start □ → end ●)" for label in runs], fontsize=8)
+    ax.set_ylabel("held-out greedy accuracy" + (" (mean ± std, dots: seeds)" if max(len(h) for h in runs.values()) > 1 else ""))

@@ -1,0 +1,164 @@
+"""Statistics that turn multi-seed runs into a conclusion: effects against seed noise, Student-t thresholds.
+
+Runs are plain data, ``{label: [history of seed 0, history of seed 1, …]}`` with a history a list of
+per-step records (``experiments.comparison.train_variants``). ``effect`` compares two variants' final
+values and says whether the gap is larger than the noise:
+
+* with several seeds the noise is the standard error of the per-seed differences (paired seeds:
+  both variants see the same prompts and initial samples), the threshold the 95 % Student-t value;
+* with one seed the only noise estimate is the step-to-step spread of the two runs' difference over
+  the final steps (a conservative stand-in), and the sentence says so ("one seed").
+
+``gain`` says whether a variant's held-out accuracy rose by more than the seed noise, ``learnt_gap``
+which part of a gap training added, ``drift`` how far a metric moved. The conclusion is chosen by the
+numbers (``Effect.larger_than_noise``), never typed in a notebook.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# Two-sided 95 % critical values of Student's t by degrees of freedom (n seeds → n − 1): with 3 seeds an
+# effect needs |mean difference| > 4.30 standard errors, not 2. Between listed values the smaller dof's
+# (larger, conservative) value is used; beyond 30, the normal 1.96.
+T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}
+
+
+def t_critical(seeds: int) -> float:
+    """The 95 % two-sided t critical value for the mean of ``seeds`` paired differences (n − 1 dof)."""
+    dof = seeds - 1
+    if dof < 1:
+        return float("nan")
+    if dof > 30:
+        return 1.96
+    return T_95[max(d for d in T_95 if d <= dof)]
+
+
+def _threshold(seeds: int, factor: float | None) -> float:
+    """How many standard errors an effect must exceed: ``factor`` when given, else the t critical value."""
+    return factor if factor is not None else t_critical(seeds)
+
+
+def tail_mean(history: list[dict], key: str, fraction: float = 0.25) -> float:
+    """Mean of ``key`` over the last ``fraction`` of the steps (at least one), NaNs ignored."""
+    values = np.array([h[key] for h in history if key in h], dtype=float)
+    tail = values[-max(1, math.ceil(len(values) * fraction)):]
+    return float(np.nanmean(tail)) if np.isfinite(tail).any() else float("nan")
+
+
+@dataclass
+class Effect:
+    """bug − fix of one metric over the final steps (or at the first step), against the noise."""
+
+    key: str
+    bug: float
+    fix: float
+    difference: float
+    noise: float
+    seeds: int
+    larger_than_noise: bool
+    names: tuple[str, str] = ("bug", "fix")
+    threshold: float = float("nan")  # how many ``noise`` units the effect had to exceed
+
+    def sentence(self, unit: str = "") -> str:
+        unit = f" {unit}" if unit else ""
+        if self.seeds > 1:
+            source = f"s.e. over {self.seeds} seeds; 95 % needs |effect| > {self.threshold:.2f} s.e. = {self.threshold * self.noise:.2g}"
+        else:
+            source = (f"one seed, step-to-step std; needs > {self.threshold:.0f} std" if math.isfinite(self.noise)
+                      else "one seed: no noise estimate")
+        verdict = "larger than" if self.larger_than_noise else "not larger than"
+        verdict += " seed noise" if self.seeds > 1 else " the noise"
+        a, b = self.names
+        return (f"{self.key}: {a} {self.bug:.3g}, {b} {self.fix:.3g}{unit}; effect {self.difference:+.3g} ± {self.noise:.2g} "
+                f"({source}): {verdict}")
+
+
+def _paired(key: str, a, b, names: tuple[str, str], threshold: float, noise: float | None = None) -> Effect:
+    """a − b per seed (paired: same seed, same prompts), its mean against ``noise`` — by default the
+    standard error over seeds (one seed: none) — and counted as real beyond ``threshold`` × noise."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n = len(a)
+    if noise is None:
+        noise = float(np.std(a - b, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+    difference = float(np.mean(a - b))
+    return Effect(key=key, bug=float(np.mean(a)), fix=float(np.mean(b)), difference=difference, noise=noise, seeds=n,
+                  larger_than_noise=bool(np.isfinite(noise) and abs(difference) > threshold * noise), threshold=threshold, names=names)
+
+
+def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, fraction: float = 0.25,
+           factor: float | None = None, at: str = "end") -> Effect:
+    """Compare ``runs[bug]`` with ``runs[fix]`` on the tail mean of ``key`` (``at="start"``: on the
+    first step's value, e.g. a gap that exists before any update and is therefore not learnt).
+
+    The effect counts as real when |difference| > threshold × noise: with ≥ 2 seeds the noise is the
+    standard error of the paired per-seed differences and the threshold the 95 % Student-t value for
+    n − 1 degrees of freedom (4.30 for 3 seeds; ``factor`` overrides it); with one seed the noise is the
+    spread (standard deviation, not its standard error: steps are correlated and seeds are not
+    sampled) of the per-step differences over the tail, the threshold 2 (or ``factor``), and the
+    sentence names it.
+    """
+    if at not in ("end", "start"):
+        raise ValueError(f"at={at!r}: choose 'end' (tail mean) or 'start' (first step)")
+    bug_runs, fix_runs = runs[bug], runs[fix]
+    n = min(len(bug_runs), len(fix_runs))
+
+    def value(history):
+        return float(history[0][key]) if at == "start" else tail_mean(history, key, fraction)
+
+    noise = None  # several seeds: the standard error of the paired differences
+    if n == 1 and at == "start":
+        noise = float("nan")  # one value per run: no noise estimate
+    elif n == 1:
+        def tail(history):
+            values = np.array([h[key] for h in history if key in h], dtype=float)
+            return values[-max(2, math.ceil(len(values) * fraction)):]
+        a, b = tail(bug_runs[0]), tail(fix_runs[0])
+        m = min(len(a), len(b))
+        noise = float(np.nanstd(a[-m:] - b[-m:], ddof=1)) if m > 1 else float("nan")
+    threshold = _threshold(n, factor) if n > 1 else (factor if factor is not None else 2.0)
+    return _paired(key + (" at step 0" if at == "start" else ""), [value(h) for h in bug_runs[:n]],
+                   [value(h) for h in fix_runs[:n]], (bug, fix), threshold, noise)
+
+
+def gain(runs: dict[str, list[list[dict]]], label: str, key: str = "heldout_accuracy", *, factor: float | None = None) -> Effect:
+    """Did ``label``'s runs learn? Held-out greedy accuracy after − before (``train_variants(...,
+    held_out=N)``; another held-out ``key`` recorded with ``{key}_start``, e.g. DPO's
+    ``heldout_logp_chosen``), against the standard error over seeds (one seed: no noise estimate,
+    never "larger"). The ``Effect`` reads end (``bug``) vs start (``fix``)."""
+    records = [history[-1] for history in runs[label]]
+    if not records or any(key not in r or f"{key}_start" not in r for r in records):
+        raise ValueError(f"gain({label!r}, {key!r}): the runs carry no held-out {key}; "
+                         "train with train_variants(..., held_out=N)")
+    name = "held-out greedy accuracy" if key == "heldout_accuracy" else key
+    return _paired(f"{name}, {label}", [r[key] for r in records], [r[f"{key}_start"] for r in records], ("end", "start"),
+                   _threshold(len(records), factor))
+
+
+def learnt_gap(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, fraction: float = 0.25,
+               factor: float | None = None) -> Effect:
+    """The part of the bug − fix gap in ``key`` that training added: per seed, the gap over the final
+    steps minus the gap at step 0 (e.g. P7: sampling with dropout on lowers the reward before any
+    update), against the standard error over seeds. Reads final gap vs step-0 gap."""
+    pairs = list(zip(runs[bug], runs[fix], strict=False))
+    start = [float(b[0][key]) - float(f[0][key]) for b, f in pairs]
+    end = [tail_mean(b, key, fraction) - tail_mean(f, key, fraction) for b, f in pairs]
+    return _paired(f"{key} gap learnt (final gap − step-0 gap)", end, start, ("final gap", "step-0 gap"),
+                   _threshold(len(pairs), factor))
+
+
+def drift(runs: dict[str, list[list[dict]]], label: str, key: str, *, fraction: float = 0.25, factor: float | None = None) -> Effect:
+    """How far ``key`` moved during ``label``'s runs: tail mean − first step per seed, against the
+    standard error over seeds (one seed: no noise estimate, never "larger"). Reads end vs start."""
+    histories = runs[label]
+    return _paired(f"{key}, {label}", [tail_mean(h, key, fraction) for h in histories], [float(h[0][key]) for h in histories],
+                   ("end", "start"), _threshold(len(histories), factor))
+
+
+def learning_sentence(runs: dict[str, list[list[dict]]]) -> str:
+    """One line per variant: does its held-out greedy accuracy rise by more than the seed noise?"""
+    return "\n".join(gain(runs, label).sentence() for label in runs)
