@@ -100,7 +100,7 @@ def _train_with_clock(trainer) -> dict:
 
 
 def _grpo_workbench(folder, settings, steps, seed, device):
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
     from workbench.tasks import rl_problems
     from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 
@@ -155,7 +155,7 @@ def _checkpointing(settings) -> dict:
 
 
 def _dpo_workbench(folder, settings, steps, seed, device):
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
     from workbench.tasks import TRAIN_PREFERENCES, load_preferences
     from workbench.trainers.dpo import DPOConfig, DPOTrainer
 
@@ -457,7 +457,7 @@ def extras(args) -> dict:
     import torch
 
     from workbench.core.batching import first_fit_decreasing
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
     from workbench.modeling.tiny import tiny_model
     from workbench.pitfalls.nb03_eos_termination import generation_cost, rollout_pair
     from workbench.tasks import TEST_PROMPTS, load_problems
@@ -519,7 +519,7 @@ def main() -> int:
             print("--device cuda: no CUDA device here; run it on a GPU machine", file=sys.stderr)
             return 2
 
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
     from workbench.modeling.tiny import tiny_model
 
     start, load_before = time.perf_counter(), _load()

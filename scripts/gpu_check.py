@@ -39,7 +39,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workbench.core.batching import pad_sequences  # noqa: E402
-from workbench.modeling import models, realistic  # noqa: E402
+from workbench.experiments import checkpoints
+from workbench.modeling import realistic  # noqa: E402
 from workbench.modeling.scoring import response_logprobs  # noqa: E402
 from workbench.tasks import rl_problems  # noqa: E402
 
@@ -100,7 +101,7 @@ def attention_gaps(name: str) -> dict:
         reference = None
         for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             for label, (implementation, kernel) in backends().items():
-                model, tokenizer = models.load(name, dtype=dtype, attn_implementation=implementation, device=DEVICE)
+                model, tokenizer = checkpoints.load(name, dtype=dtype, attn_implementation=implementation, device=DEVICE)
                 prompts, responses = sequences(tokenizer)
                 filler = tokenizer.pad_token_id
                 context = contextlib.nullcontext()
@@ -149,7 +150,7 @@ def trainer_step0(name: str, precision: str) -> dict:
             "ppo": ("train_ratio_deviation", "kl_token_max_abs", "clip_fraction_first"),
             "dpo": ("rewards/margins", "rewards/chosen", "rewards/rejected")}
     for kind, run in runs.items():
-        model, tokenizer = models.load(name, device=DEVICE, dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+        model, tokenizer = checkpoints.load(name, device=DEVICE, dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
         try:
             synchronize()
             start = time.perf_counter()

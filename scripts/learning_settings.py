@@ -21,9 +21,9 @@ import time
 
 import torch
 
+from workbench.experiments.checkpoints import load
 from workbench.experiments.comparison import HELD_OUT, learning_settings
 from workbench.experiments.evaluation import greedy_accuracy
-from workbench.modeling.models import load
 from workbench.tasks import TEST_PROMPTS, TRAIN_PROMPTS, load_problems
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 from workbench.trainers.ppo import PPOConfig, PPOTrainer

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from workbench.modeling import realistic
+from workbench.trainers import realistic_chat
 
 
 def main(argv=None) -> int:
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
         if args.out:
             folder = realistic.write_checkpoint(flavour, Path(args.out) / flavour, seed=args.seed)
         elif args.chat:
-            folder = realistic.chat_checkpoint(flavour, seed=args.seed)
+            folder = realistic_chat.chat_checkpoint(flavour, seed=args.seed)
         else:
             folder = realistic.checkpoint(flavour, seed=args.seed)
         print(f"{flavour}: {folder} ({time.perf_counter() - start:.1f} s)")

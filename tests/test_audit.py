@@ -27,7 +27,7 @@ from workbench.audit import suite as audit_suite
 from workbench.audit.loading import load_callable, load_module
 from workbench.core import losses
 from workbench.core.errors import AuditInputError
-from workbench.modeling.models import load
+from workbench.experiments.checkpoints import load
 from workbench.pitfalls.nb07_dropout import set_dropout
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -34,7 +34,7 @@ def test_truncate_after_eos_keeps_eos_masks_the_rest_and_keeps_truncated_rows():
 
 
 def _trained():
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
 
     return load("tiny-arith-qwen2")
 

@@ -5,8 +5,8 @@ import torch
 
 from workbench.core import losses
 from workbench.core.batching import pad_sequences
+from workbench.experiments.checkpoints import load
 from workbench.modeling.dropout import disable_dropout
-from workbench.modeling.models import load
 from workbench.modeling.perturbation import perturbed_copy
 from workbench.modeling.rollout import sample
 from workbench.pitfalls import nb06_temperature as temperature

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from workbench.modeling.models import load
+from workbench.experiments.checkpoints import load
 from workbench.modeling.rollout import sample
 from workbench.tasks import encode_prompts, rl_problems
 

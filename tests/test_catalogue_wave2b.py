@@ -6,8 +6,11 @@ import copy
 import pytest
 import torch
 
-from workbench.modeling.models import load
+from workbench.experiments import checkpoints
+from workbench.experiments.checkpoints import load
+from workbench.modeling import models
 from workbench.pitfalls import nb23_bf16_updates as bf16_updates
+from workbench.trainers import realistic_chat
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +58,10 @@ def test_p23_bad_precision_is_a_clear_error(qwen):
 # ---- P19 batch-shape-dependent log-probs ------------------------------------------------------
 @pytest.fixture(scope="module")
 def qwen_chat_bf16():
-    from workbench.modeling import realistic
     from workbench.pitfalls import nb19_batch_shape_logprobs as batch_shape
     from workbench.tasks import rl_problems
 
-    model, tokenizer = load(realistic.resolve("realistic-qwen2-chat"), dtype=torch.bfloat16)
+    model, tokenizer = load(realistic_chat.resolve("realistic-qwen2-chat"), dtype=torch.bfloat16)
     prompts = [p.prompt if i % 2 else "Say something." for i, p in enumerate(rl_problems(24))]
     return model, tokenizer, batch_shape.sample_episodes(model, tokenizer, prompts, max_new_tokens=16)
 
@@ -115,19 +117,18 @@ def test_p21_audit_finds_the_two_bos_path_only_on_the_llama_like_tokenizer():
     from workbench.modeling import realistic
     from workbench.pitfalls import nb21_duplicate_bos as p21
 
-    llama = p21.bos_audit(realistic.load_tokenizer(realistic.checkpoint("llama")))
+    llama = p21.bos_audit(models.load_tokenizer(realistic.checkpoint("llama")))
     assert llama["tokenizer_adds_bos"] and llama["template_writes_bos"]
     assert llama["leading_bos"] == {"template ids": 1, "text + tokenizer()": 2, "text + tokenizer(add_special_tokens=False)": 1}
-    qwen = p21.bos_audit(realistic.load_tokenizer(realistic.checkpoint("qwen2")))
+    qwen = p21.bos_audit(models.load_tokenizer(realistic.checkpoint("qwen2")))
     assert set(qwen["leading_bos"].values()) == {0}
 
 
 def test_p21_two_bos_shift_the_log_probs_and_one_bos_does_not():
-    from workbench.modeling import realistic
     from workbench.pitfalls import nb21_duplicate_bos as p21
     from workbench.tasks import rl_problems
 
-    model, tokenizer = realistic.load_hf(realistic.resolve("realistic-llama-chat"))
+    model, tokenizer = checkpoints.load("realistic-llama-chat", dtype=None, device="cpu", pad_token="keep")
     shift = p21.response_shift(model, tokenizer, [p.prompt for p in rl_problems(8)], max_new_tokens=8)
     bug, fix = shift["paths"]["text + tokenizer()"], shift["paths"]["text + tokenizer(add_special_tokens=False)"]
     assert bug["leading_bos"] == 2 and bug["mean_abs_log_ratio"] > 1e-2
@@ -169,11 +170,10 @@ def test_p17_audit_flags_only_the_base_style_checkpoint():
 
 
 def test_p17_partial_stop_sets_truncate_everything_and_the_union_does_not():
-    from workbench.modeling import realistic
     from workbench.pitfalls import nb17_stop_tokens as p17
     from workbench.tasks import rl_problems
 
-    model, tokenizer = realistic.load_hf(realistic.resolve("realistic-qwen2-base-chat"))
+    model, tokenizer = checkpoints.load("realistic-qwen2-base-chat", dtype=None, device="cpu", pad_token="keep")
     prompts = [p.prompt for p in rl_problems(8)]
     runs = {name: p17.rollout_under(model, tokenizer, prompts, max_new_tokens=16, **ids)
             for name, ids in p17.scenarios(p17.stop_id_sources(model.generation_config, tokenizer)).items()}
@@ -196,7 +196,7 @@ def test_p22_roundtrip_is_not_the_identity_for_bpe_by_hand():
     from workbench.modeling import realistic
     from workbench.pitfalls import nb22_multiturn_retokenization as p22
 
-    tokenizer = realistic.load_tokenizer(realistic.checkpoint("qwen2"))
+    tokenizer = models.load_tokenizer(realistic.checkpoint("qwen2"))
     canonical = tokenizer("river", add_special_tokens=False)["input_ids"]
     letters = [tokenizer.convert_tokens_to_ids(c) for c in "river"]
     assert len(canonical) < len(letters) and tokenizer.decode(letters) == "river"
@@ -206,10 +206,9 @@ def test_p22_roundtrip_is_not_the_identity_for_bpe_by_hand():
 
 
 def test_p22_retokenised_turns_spike_and_carried_ids_do_not():
-    from workbench.modeling import realistic
     from workbench.pitfalls import nb22_multiturn_retokenization as p22
 
-    model, tokenizer = load(realistic.resolve("realistic-qwen2-chat"))
+    model, tokenizer = load(realistic_chat.resolve("realistic-qwen2-chat"))
     turn_end = p22.template_turn_end_id(tokenizer)
     episodes = p22.two_turn_episodes(model, tokenizer, ["Say something."] * 24, "And again?", turn_end_id=turn_end)
     for e in episodes:  # the fix's next prompt carries the sampled ids verbatim

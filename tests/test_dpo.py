@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from workbench.core.errors import ConfigError, PromptMaskError
-from workbench.modeling.models import load
+from workbench.experiments.checkpoints import load
 from workbench.pitfalls.nb04_dpo_loss_mask import audit_loss_mask, check_prompt_lengths, margin_decomposition
 from workbench.tasks import TRAIN_PREFERENCES, load_preferences
 from workbench.trainers.dpo import DPOConfig, DPOTrainer

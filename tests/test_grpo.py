@@ -4,7 +4,7 @@ from helpers import assert_reward_rises
 
 from workbench.core import losses
 from workbench.core.errors import ConfigError
-from workbench.modeling.models import load
+from workbench.experiments.checkpoints import load
 from workbench.pitfalls.nb05_grpo_loss_normalization import (
     analytic_token_weights,
     effective_kl_coefficient,

@@ -18,7 +18,7 @@ import torch
 
 from workbench.core import losses
 from workbench.core.batching import pad_sequences
-from workbench.modeling.models import load
+from workbench.experiments.checkpoints import load
 from workbench.modeling.scoring import response_logprobs, token_logprobs
 from workbench.modeling.tiny import tiny_model
 from workbench.tasks import Problem, encode_prompts

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from workbench.core.errors import AttentionBackendUnavailable, ModelLoadError
+from workbench.experiments.checkpoints import load
 from workbench.modeling import attention, models, pad_policy, tiny
-from workbench.modeling.models import load
 from workbench.modeling.tiny import tiny_model
 
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from workbench.core.batching import pack_sequences, pad_sequences, unpack_token_values
 from workbench.core.errors import RightPaddingError
-from workbench.modeling.models import load
+from workbench.experiments.checkpoints import load
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import logprobs_from_logits, token_logprobs
 from workbench.modeling.tiny import ARCHITECTURES, tiny_model

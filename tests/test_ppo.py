@@ -3,7 +3,7 @@ import torch
 from helpers import assert_reward_rises
 
 from workbench.core.errors import ConfigError
-from workbench.modeling.models import load
+from workbench.experiments.checkpoints import load
 from workbench.tasks import Problem, rl_problems
 from workbench.trainers.ppo import PPOConfig, PPOTrainer, last_token_rewards
 

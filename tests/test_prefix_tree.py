@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from workbench.core.errors import NonFiniteError
-from workbench.modeling.models import load
+from workbench.experiments.checkpoints import load
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import prefix_tree, shared_prefix_token_logprobs, token_logprobs
 from workbench.modeling.tiny import tiny_model

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from workbench.modeling.models import load
+from workbench.experiments.checkpoints import load
 from workbench.modeling.tiny import tiny_model
 from workbench.peers import trl_host as probes
 from workbench.tasks import TEST_PREFERENCES, load_preferences

@@ -15,6 +15,7 @@ import torch
 from workbench.cli.main import main
 from workbench.core.devices import resolve_device
 from workbench.core.errors import ModelLoadError
+from workbench.experiments import checkpoints
 from workbench.modeling import models, pad_policy, realistic
 from workbench.modeling.stop_ids import stop_token_ids
 from workbench.tasks import encode_prompts, prompt_ids
@@ -26,7 +27,7 @@ def folders():
 
 
 def test_no_pad_token_gets_a_safe_one_never_eos(folders):
-    model, tokenizer = models.load(folders["gpt2"])
+    model, tokenizer = checkpoints.load(folders["gpt2"])
     assert tokenizer.pad_token == pad_policy.ADDED_PAD_TOKEN and tokenizer.pad_token_id != tokenizer.eos_token_id
     assert model.get_input_embeddings().weight.shape[0] == len(tokenizer) == 513  # one row added
     assert model.config.pad_token_id == tokenizer.pad_token_id
@@ -35,33 +36,33 @@ def test_no_pad_token_gets_a_safe_one_never_eos(folders):
 def test_an_existing_never_generated_special_token_is_preferred(folders, tmp_path):
     folder = tmp_path / "with-reserved"
     shutil.copytree(folders["gpt2"], folder)
-    tokenizer = realistic.load_tokenizer(folder)
+    tokenizer = models.load_tokenizer(folder)
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|reserved_special_token_0|>"]})
     tokenizer.save_pretrained(str(folder))
-    model, tokenizer = models.load(folder, pad_token="auto")
+    model, tokenizer = checkpoints.load(folder, pad_token="auto")
     assert tokenizer.pad_token == "<|reserved_special_token_0|>"
 
 
 def test_pad_equal_to_eos_stays_an_error_naming_the_fix(folders):
     with pytest.raises(ModelLoadError, match="pitfall P8"):
-        models.load(realistic.checkpoint("qwen2-base"))
-    model, tokenizer = models.load(realistic.checkpoint("qwen2-base"), pad_token=pad_policy.ADDED_PAD_TOKEN)
+        checkpoints.load(realistic.checkpoint("qwen2-base"))
+    model, tokenizer = checkpoints.load(realistic.checkpoint("qwen2-base"), pad_token=pad_policy.ADDED_PAD_TOKEN)
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
 
 
 def test_several_stop_ids_from_tokenizer_generation_config_and_template(folders):
-    model, tokenizer = models.load(folders["qwen2"])
+    model, tokenizer = checkpoints.load(folders["qwen2"])
     ids = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
     assert set(stop_token_ids(model, tokenizer)) == ids
-    model, tokenizer = models.load(folders["llama"])
+    model, tokenizer = checkpoints.load(folders["llama"])
     eot = tokenizer.convert_tokens_to_ids("<|eot_id|>")
     assert eot in stop_token_ids(model, tokenizer, chat_template=True)
 
 
 def test_bos_conventions(folders):
-    _, qwen = models.load(folders["qwen2"])
-    _, gpt2 = models.load(folders["gpt2"])
-    _, llama = models.load(folders["llama"])
+    _, qwen = checkpoints.load(folders["qwen2"])
+    _, gpt2 = checkpoints.load(folders["gpt2"])
+    _, llama = checkpoints.load(folders["llama"])
     assert qwen.bos_token_id is None and not models.adds_bos(qwen)
     assert gpt2.bos_token_id == gpt2.eos_token_id and not models.adds_bos(gpt2)
     assert models.adds_bos(llama)
@@ -70,7 +71,7 @@ def test_bos_conventions(folders):
 
 
 def test_chat_template_prompts_carry_exactly_one_bos(folders):
-    _, llama = models.load(folders["llama"])
+    _, llama = checkpoints.load(folders["llama"])
     templated = prompt_ids(llama, "12+3=", "auto")
     assert templated[0] == llama.bos_token_id and templated[1] != llama.bos_token_id  # the template's BOS only
     raw = prompt_ids(llama, "12+3=", "none")
@@ -80,12 +81,12 @@ def test_chat_template_prompts_carry_exactly_one_bos(folders):
 def test_bf16_weights_on_disk_load_as_fp32_master_weights(folders):
     config = json.loads((folders["qwen2"] / "config.json").read_text())
     assert "bfloat16" in (config.get("torch_dtype") or config.get("dtype"))
-    model, _ = models.load(folders["qwen2"])
+    model, _ = checkpoints.load(folders["qwen2"])
     assert next(model.parameters()).dtype == torch.float32
 
 
 def test_describe_names_what_the_checkpoint_brings(folders):
-    model, tokenizer = models.load(folders["gpt2"])
+    model, tokenizer = checkpoints.load(folders["gpt2"])
     text = models.describe(model, tokenizer, disk_dtype="float32")
     assert "learned absolute" in text and "resid_pdrop" in text and "stop ids" in text
 
@@ -130,7 +131,7 @@ def test_bf16_mixed_keeps_fp32_weights_and_step0_invariants():
     from workbench.tasks import rl_problems
     from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 
-    model, tokenizer = models.load("tiny-arith-qwen2")
+    model, tokenizer = checkpoints.load("tiny-arith-qwen2")
     config = GRPOConfig(steps=1, progress=False, prompts_per_step=2, num_generations=4, max_new_tokens=4, beta=0.1,
                         mini_batches=2, precision="bf16-mixed")
     step = GRPOTrainer(model, tokenizer, rl_problems(8), config).train()[0]
@@ -142,7 +143,7 @@ def test_pure_bf16_is_the_documented_hazard(capsys):
     from workbench.tasks import rl_problems
     from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 
-    model, tokenizer = models.load("tiny-arith-qwen2")
+    model, tokenizer = checkpoints.load("tiny-arith-qwen2")
     GRPOTrainer(model, tokenizer, rl_problems(8), GRPOConfig(steps=0, progress=False, precision="bf16"))
     assert next(model.parameters()).dtype == torch.bfloat16
     assert "pitfall P23" in capsys.readouterr().out
@@ -154,7 +155,7 @@ def test_ppo_with_its_critic_trains_in_each_precision(precision):
     from workbench.tasks import rl_problems
     from workbench.trainers.ppo import PPOConfig, PPOTrainer
 
-    model, tokenizer = models.load("tiny-arith-qwen2", device="cpu")
+    model, tokenizer = checkpoints.load("tiny-arith-qwen2", device="cpu")
     config = PPOConfig(steps=1, progress=False, prompts_per_step=4, mini_batches=2, max_new_tokens=4, precision=precision)
     step = PPOTrainer(model, tokenizer, rl_problems(8), config).train()[0]
     assert step["train_ratio_deviation"] == 0.0 and step["kl_token_max_abs"] == 0.0

@@ -9,14 +9,17 @@ import time
 import pytest
 import torch
 
+from workbench.experiments import checkpoints
+from workbench.experiments.checkpoints import load
 from workbench.modeling import realistic
-from workbench.modeling.models import load
 from workbench.modeling.stop_ids import template_turn_end
+from workbench.trainers import realistic_chat
 
 
 @pytest.fixture(scope="module")
 def loaded():
-    return {flavour: realistic.load_hf(realistic.checkpoint(flavour)) for flavour in realistic.FLAVOURS}
+    return {flavour: checkpoints.load(realistic.checkpoint(flavour), dtype=None, device="cpu", pad_token="keep")
+            for flavour in realistic.FLAVOURS}
 
 
 @pytest.mark.parametrize("flavour", ["gpt2", "llama"])
@@ -92,7 +95,7 @@ def test_chat_sft_checkpoint_ends_its_turns():
     from workbench.core.batching import pad_sequences
     from workbench.modeling.rollout import sample
 
-    model, tokenizer = realistic.load_hf(realistic.chat_checkpoint("qwen2"))
+    model, tokenizer = checkpoints.load(realistic_chat.chat_checkpoint("qwen2"), dtype=None, device="cpu", pad_token="keep")
     turn_end = template_turn_end(tokenizer)
     rows = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
             for p in ("12+5=", "3*4=", "Say something.")]

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from workbench.cli.main import main
 from workbench.core.errors import NonFiniteError
+from workbench.experiments.checkpoints import load
 from workbench.modeling import tiny
-from workbench.modeling.models import load
 from workbench.tasks import rl_problems
 from workbench.trainers.checkpointing import latest_checkpoint
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer

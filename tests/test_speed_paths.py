@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from workbench.core.batching import pad_sequences
-from workbench.modeling.models import load
+from workbench.experiments.checkpoints import load
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.modeling.tiny import tiny_model

@@ -37,7 +37,7 @@ def test_data_files_are_disjoint_and_have_a_spread_of_lengths():
 
 
 def test_shipped_checkpoint_is_right_only_part_of_the_time(tokenizer):
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
     from workbench.modeling.tiny import TRAINED_CHECKPOINTS
 
     for name, folder in TRAINED_CHECKPOINTS.items():

@@ -130,7 +130,7 @@ def test_truncation_verdict_measures_the_push_towards_truncation():
 
 
 def test_truncation_pressure_on_a_model():
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
     from workbench.tasks import rl_problems
 
     model, tokenizer = load("tiny-arith-qwen2")

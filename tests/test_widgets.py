@@ -50,7 +50,7 @@ def test_dpo_mask_explorer_counts_prompt_rows(tokenizer):
 
 
 def test_eos_explorer_reports_cost_for_the_chosen_budget():
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
 
     model, tokenizer = load("tiny-arith-qwen2")
     explorer = eos_explorer(model, tokenizer, ["1+2=", "12+34=", "5*5=", "9-3="])
@@ -60,7 +60,7 @@ def test_eos_explorer_reports_cost_for_the_chosen_budget():
 
 
 def test_padding_side_explorer_counts_divergent_rows():
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
 
     models = {"tiny-arith-qwen2": load("tiny-arith-qwen2")}
     explorer = padding_side_explorer(models, ["1+2=", "12+34=", "5*5=", "99-3="])
@@ -70,7 +70,7 @@ def test_padding_side_explorer_counts_divergent_rows():
 
 
 def test_temperature_and_dropout_explorers_toggle_the_fix():
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
 
     model, tokenizer = load("tiny-arith-qwen2")
     prompts = ["1+2=", "12+34=", "5*5=", "99-3="]

@@ -8,7 +8,8 @@ Start with ``python -m workbench list`` or ``notebooks/00_quickstart.ipynb``; th
 The public surface — what the README and the notebooks use — is importable from here, loaded lazily
 on first use (so ``import workbench.audit`` still loads only torch):
 
-* ``load``, ``tiny_model``, ``save`` — models (``workbench.modeling.models``);
+* ``load`` (``workbench.experiments.checkpoints``), ``tiny_model`` (``workbench.modeling.tiny``), ``save``
+  (``workbench.modeling.models``) — models;
 * ``PPOConfig``, ``PPOTrainer``, ``GRPOConfig``, ``GRPOTrainer``, ``DPOConfig``, ``DPOTrainer``,
   ``SFTConfig``, ``SFTTrainer`` — the trainers (``workbench.trainers.*``);
 * ``audit`` — check your own trainer's functions (``workbench.audit``).
@@ -21,7 +22,7 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "load": "workbench.modeling.models",
+    "load": "workbench.experiments.checkpoints",
     "tiny_model": "workbench.modeling.tiny",
     "save": "workbench.modeling.models",
     "PPOConfig": "workbench.trainers.ppo",

@@ -61,7 +61,7 @@ def main(args) -> int:
         kwargs["expected"] = args.expect
     positional = [fn]
     if needs_model:
-        from workbench.modeling.models import load
+        from workbench.experiments.checkpoints import load
 
         try:
             model, tokenizer = load(args.model)

@@ -67,7 +67,7 @@ def load_data(kind: str, path: str | None, limit: int | None):
 
 
 def run(args) -> dict:
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
 
     config_cls, trainer_cls = trainer_classes(args.trainer)
     config = build_config(config_cls, args.set or [], args.output_dir, config_values(args))

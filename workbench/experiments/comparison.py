@@ -22,8 +22,9 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
+from workbench.experiments.checkpoints import load
 from workbench.experiments.evaluation import held_out_accuracy, held_out_pair_logps
-from workbench.modeling.models import count_parameters, load
+from workbench.modeling.models import count_parameters
 from workbench.tasks import TEST_PREFERENCES, TEST_PROMPTS, TRAIN_PREFERENCES, TRAIN_PROMPTS, load_preferences, load_problems, rl_problems
 from workbench.trainers.base import TINY_MODEL_PARAMETERS
 from workbench.trainers.registry import TRAINERS

@@ -1,6 +1,6 @@
 """Loading local Hugging Face checkpoints by name or folder, saving them, and what a loaded model brings.
 
-Nothing here touches a model hub. ``load`` opens a built-in name (``tiny-llama``, ``tiny-qwen2``,
+Nothing here touches a model hub. ``load_checkpoint`` opens a built-in name (``tiny-llama``, ``tiny-qwen2``,
 ``tiny-gpt2``, the shipped trained ``tiny-arith-*`` checkpoints, the realistic checkpoints) or any
 local checkpoint folder, refusing pickle-only weights and remote code (``checkpoint_safety``) and
 giving a tokenizer without a pad token a safe one (``pad_policy``). The same notebook therefore runs on
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from workbench.core.devices import resolve_device
-from workbench.core.errors import ModelLoadError
+from workbench.modeling import realistic
 from workbench.modeling.attention import resolve_attn_implementation
 from workbench.modeling.checkpoint_safety import check_checkpoint_folder
 from workbench.modeling.dropout import DROPOUT_CONFIG_FIELDS
@@ -69,27 +69,32 @@ def context_length(model) -> int | None:
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
-def load(
+def load_checkpoint(
     name_or_path: str | Path,
     *,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = torch.float32,
     attn_implementation: str = "auto",
     device: str | torch.device = "auto",
     pad_token: str | None = "auto",
     allow_pad_equal_eos: bool = False,
     verbose: bool = False,
 ):
-    """``(model, tokenizer)`` for a built-in name or a local Hugging Face checkpoint folder.
+    """``(model, tokenizer)`` for a built-in name whose files exist (or are built without training) or a local
+    Hugging Face checkpoint folder: the one loader of Hugging Face folders. Users and notebooks call
+    ``workbench.load`` (``workbench.experiments.checkpoints.load``), which also builds the chat-tuned
+    ``realistic-<flavour>-chat`` checkpoints by training on first use and then calls this.
 
     Built-in names: ``tiny-llama``, ``tiny-qwen2``, ``tiny-gpt2`` (random, seed 0), the trained
-    ``tiny-arith-qwen2`` / ``tiny-arith-gpt2``, and the realistic checkpoints ``realistic-gpt2``,
-    ``realistic-qwen2``, ``realistic-llama`` (``-chat`` for chat-tuned ones; built locally on first use
-    by ``workbench.modeling.realistic``). Weights must be safetensors; remote code is never run. Weights are
-    loaded in ``dtype`` (fp32 by default: fp32 master weights, whatever is on disk;
-    ``precision="bf16-mixed"`` in the trainers computes in bf16). ``device="auto"`` picks CUDA when
-    present. ``pad_token="auto"`` gives a tokenizer without one a safe pad token (``set_pad_token``);
-    a pad token equal to EOS stays an error (pitfall P8) unless ``allow_pad_equal_eos``.
-    ``verbose`` prints what the checkpoint brings (``describe``).
+    ``tiny-arith-qwen2`` / ``tiny-arith-gpt2``, the realistic checkpoints ``realistic-gpt2``,
+    ``realistic-qwen2``, ``realistic-qwen2-base``, ``realistic-llama`` (built locally on first use by
+    ``workbench.modeling.realistic``) and their ``-chat`` versions once built. Weights must be safetensors;
+    remote code is never run. Weights are loaded in ``dtype`` (fp32 by default: fp32 master weights,
+    whatever is on disk; None: the dtype on disk; ``precision="bf16-mixed"`` in the trainers computes in
+    bf16). ``device="auto"`` picks CUDA when present. ``pad_token="auto"`` gives a tokenizer without one a
+    safe pad token (``pad_policy.set_pad_token``); a pad token equal to EOS stays an error (pitfall P8)
+    unless ``allow_pad_equal_eos``; ``pad_token="keep"`` leaves the tokenizer exactly as shipped, without
+    those checks (for audits of the tokenizer itself, which never pad with it). ``verbose`` prints what the
+    checkpoint brings (``describe``).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer  # transformers: on use (seconds), keeps the CLI's start light
     from transformers.utils import logging as hf_logging
@@ -98,27 +103,33 @@ def load(
     name = str(name_or_path)
     device = resolve_device(device)
     if name in RANDOM_BUILTINS:
-        model, tokenizer = tiny_model(RANDOM_BUILTINS[name], dtype=dtype, attn_implementation=attn_implementation)
+        model, tokenizer = tiny_model(RANDOM_BUILTINS[name], dtype=dtype or torch.float32, attn_implementation=attn_implementation)
         return model.to(device), tokenizer
-    if name.startswith("realistic-"):  # built here from configs with real tokenizers (workbench.modeling.realistic)
-        from workbench.modeling.realistic import resolve
-
-        try:
-            name = resolve(name)
-        except ValueError as exc:
-            raise ModelLoadError(str(exc)) from None
-    path = TRAINED_CHECKPOINTS.get(name, Path(name).expanduser())
+    path = realistic.folder_of(name) if name.startswith("realistic-") else TRAINED_CHECKPOINTS.get(name, Path(name).expanduser())
     check_checkpoint_folder(path, BUILTIN_NAMES)
     implementation = resolve_attn_implementation(attn_implementation)
     tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
         str(path),
-        dtype=dtype,
         attn_implementation=implementation,
         use_safetensors=True,
         trust_remote_code=False,
         local_files_only=True,
+        **({"dtype": dtype} if dtype is not None else {}),
     )
+    pad = _pad_policy(model, tokenizer, pad_token, allow_pad_equal_eos)
+    model.to(device)
+    model.eval()
+    if verbose:
+        on_disk = json.loads((path / "config.json").read_text())
+        print(describe(model, tokenizer, disk_dtype=on_disk.get("torch_dtype") or on_disk.get("dtype"), pad=pad))
+    return model, tokenizer
+
+
+def _pad_policy(model, tokenizer, pad_token: str | None, allow_pad_equal_eos: bool) -> str:
+    """Apply ``load_checkpoint``'s ``pad_token`` (``"keep"``: nothing) and say what the pad token is."""
+    if pad_token == "keep":
+        return f"pad token {tokenizer.pad_token!r} (id {tokenizer.pad_token_id}) as shipped (pad_token='keep')"
     pad = set_pad_token(model, tokenizer, pad_token)
     check_tokenizer(tokenizer, allow_pad_equal_eos=allow_pad_equal_eos)
     if tokenizer.pad_token_id in stop_token_ids(model, tokenizer) and tokenizer.pad_token_id != tokenizer.eos_token_id:
@@ -128,12 +139,16 @@ def load(
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.to(device)
-    model.eval()
-    if verbose:
-        on_disk = json.loads((path / "config.json").read_text())
-        print(describe(model, tokenizer, disk_dtype=on_disk.get("torch_dtype") or on_disk.get("dtype"), pad=pad))
-    return model, tokenizer
+    return pad
+
+
+def load_tokenizer(name_or_path: str | Path):
+    """The tokenizer of a checkpoint folder (or a ``realistic-…`` name whose folder exists) alone, as shipped."""
+    from transformers import AutoTokenizer  # transformers: on use (seconds), keeps the CLI's start light
+
+    name = str(name_or_path)
+    path = realistic.folder_of(name) if name.startswith("realistic-") else Path(name).expanduser()
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
 
 
 def save(model, tokenizer, folder: str | Path) -> Path:

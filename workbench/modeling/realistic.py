@@ -21,16 +21,17 @@ small local corpus (the task's prompts and answers plus generated English-like s
 
 Folders are cached under ``$WORKBENCH_CACHE`` (default: the system temp dir) keyed by
 ``VERSION``, so tests and notebooks build each one once; a build writes to a temporary folder
-and renames it into place. ``chat_sft`` gives a checkpoint a few seconds of supervised training on
-chat-formatted data, so that it answers, ends its turns with the template's turn end and has a
-peaked distribution — what the stop-token, BOS and retokenisation pitfalls need to show.
+and renames it into place. The tokenizers are trained by ``workbench.modeling.bpe``. The ``-chat``
+versions (a few seconds of supervised training on chat-formatted data, so that a checkpoint answers
+and ends its turns) are trained in the trainers layer, ``workbench.trainers.realistic_chat``, into the
+folder ``chat_folder`` names here; ``folder_of`` maps a ``realistic-…`` name to its folder and says how
+to build a chat one that is not in the cache yet.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -38,12 +39,11 @@ from pathlib import Path
 
 import torch
 
-from workbench.core.devices import resolve_device
-from workbench.modeling.stop_ids import template_turn_end
+from workbench.core.errors import ModelLoadError
+from workbench.modeling.bpe import GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN, build_tokenizer
 
-VERSION = "1"
+VERSION = "2"  # 2: the chat-SFT folders are trained by trainers.SFTTrainer (trainers/realistic_chat.py)
 FLAVOURS = ("gpt2", "qwen2", "qwen2-base", "llama")
-VOCAB_SIZE = 512
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -54,13 +54,6 @@ LLAMA3_TEMPLATE = (
     "+ message['content'] + '<|eot_id|>' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
 )
-# Pre-tokenizer patterns in the style of each family: GPT-2 groups digits, Qwen2 splits them one
-# by one, Llama 3 groups up to three.
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-_CONTRACTIONS_AND_WORDS = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+"""
-_PUNCTUATION_AND_SPACE = r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-QWEN2_PATTERN = _CONTRACTIONS_AND_WORDS + r"|\p{N}" + _PUNCTUATION_AND_SPACE
-LLAMA3_PATTERN = _CONTRACTIONS_AND_WORDS + r"|\p{N}{1,3}" + _PUNCTUATION_AND_SPACE
 
 
 @dataclass(frozen=True)
@@ -93,75 +86,6 @@ SPECS = {
                   LLAMA3_PATTERN, bos="<|begin_of_text|>", eos="<|eot_id|>", pad=None,
                   generation_eos=("<|end_of_text|>", "<|eot_id|>"), chat_template=LLAMA3_TEMPLATE, add_bos=True),
 }
-
-WORDS = (
-    "the a an one some every this that these those my your our their his her its no any each other "
-    "cat dog bird fish tree river road house city garden window door table book letter number answer question "
-    "water light stone cloud field market school friend teacher doctor farmer child world morning evening night "
-    "day year time way hand head heart voice story song game plan idea problem reason result sum total value "
-    "is was are were has had will can could would should must may might does did makes made takes took gives "
-    "gave finds found sees saw knows knew thinks thought says said adds added counts counted keeps kept "
-    "runs ran walks walked opens opened reads read writes wrote helps helped learns learned carries carried "
-    "small large old new good bad long short quick slow bright dark warm cold green blue red quiet happy simple "
-    "careful strange early late near far high low first last next same different whole half little great "
-    "and but or so because when while if then after before since until though where here there again also "
-    "very just still never always often soon now today together almost really quite perhaps only even "
-    "in on at by with from to of for into over under about across through between behind along around"
-).split()
-
-
-# --------------------------------------------------------------------------------------------
-# Corpus and tokenizer
-# --------------------------------------------------------------------------------------------
-def english_like(rng: random.Random, n_words: tuple[int, int] = (5, 12)) -> str:
-    """One sentence of common English words: capitalised, ends with a full stop or question mark."""
-    words = [rng.choice(WORDS) for _ in range(rng.randint(*n_words))]
-    words[0] = words[0].capitalize()
-    return " ".join(words) + rng.choice(".....?!")
-
-
-def corpus(n_sentences: int = 3000, seed: int = 0) -> list[str]:
-    """The local training text of every flavour's BPE: task prompts with answers, and sentences."""
-    from workbench.tasks import all_problems
-
-    rng = random.Random(seed)
-    problems = all_problems()
-    rng.shuffle(problems)
-    lines = [f"{p.prompt}{p.answer}" for p in problems[:4000]]
-    lines += [f"What is {p.prompt[:-1]}? The answer is {p.answer}." for p in problems[4000:5000]]
-    lines += [english_like(rng) for _ in range(n_sentences)]
-    return lines
-
-
-def build_tokenizer(spec: Spec, vocab_size: int = VOCAB_SIZE, seed: int = 0):
-    """A byte-level BPE ``PreTrainedTokenizerFast`` for ``spec``, trained on ``corpus()``."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(spec.pattern), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(spec.special_tokens), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(corpus(seed=seed), trainer)
-    if spec.add_bos:
-        bos_id = backend.token_to_id(spec.bos)
-        backend.post_processor = processors.TemplateProcessing(
-            single=f"{spec.bos} $A", pair=f"{spec.bos} $A {spec.bos} $B", special_tokens=[(spec.bos, bos_id)])
-    else:
-        backend.post_processor = processors.ByteLevel(trim_offsets=False)
-    kwargs = {"bos_token": spec.bos, "eos_token": spec.eos, "pad_token": spec.pad}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, model_max_length=128, padding_side="left",
-                                        **{k: v for k, v in kwargs.items() if v is not None})
-    if spec.arch == "gpt2":
-        tokenizer.unk_token = spec.eos
-    if spec.chat_template is not None:
-        tokenizer.chat_template = spec.chat_template
-    return tokenizer
-
 
 # --------------------------------------------------------------------------------------------
 # Models
@@ -234,7 +158,7 @@ def cache_dir() -> Path:
     return root / "realistic" / f"v{VERSION}"
 
 
-def _cached(name: str, build) -> Path:
+def cached(name: str, build) -> Path:
     """``cache_dir()/name``, built by ``build(tmp_folder)`` on first use and renamed into place."""
     target = cache_dir() / name
     if (target / "realistic.json").is_file():
@@ -256,123 +180,16 @@ def _cached(name: str, build) -> Path:
 def checkpoint(flavour: str, *, seed: int = 0) -> Path:
     """The folder of a random ``flavour`` checkpoint, built once per cache."""
     spec_of(flavour)
-    return _cached(f"{flavour}-seed{seed}", lambda tmp: write_checkpoint(flavour, tmp, seed=seed))
+    return cached(f"{flavour}-seed{seed}", lambda tmp: write_checkpoint(flavour, tmp, seed=seed))
 
 
-def load_hf(folder: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
-    """``(model, tokenizer)`` with transformers directly (safetensors, no remote code), in eval mode,
-    on ``device`` (``"auto"``: CUDA when present, as ``workbench.core.devices.resolve_device``).
-
-    ``workbench.modeling.models.load`` refuses tokenizers without a pad token (GPT-2, Llama 3); the
-    diagnostics that need those checkpoints load them here and never pad with EOS.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
-                                                 use_safetensors=True, **({"dtype": dtype} if dtype else {}))
-    model.to(resolve_device(device)).eval()
-    return model, tokenizer
+def chat_folder(flavour: str, *, steps: int = 150, seed: int = 0) -> Path:
+    """Where the chat-SFT version of ``flavour`` lives in the cache (built by ``trainers.realistic_chat``)."""
+    return cache_dir() / f"{flavour}-chat{steps}-seed{seed}"
 
 
-def load_tokenizer(folder: str | Path):
-    """The tokenizer of a checkpoint folder alone (no weights loaded)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-
-
-# --------------------------------------------------------------------------------------------
-# A few seconds of chat SFT: a policy that answers and ends its turns
-# --------------------------------------------------------------------------------------------
-def chat_examples(n: int, seed: int = 0) -> list[list[dict]]:
-    """Conversations: arithmetic questions answered, and requests for a sentence answered with one."""
-    from workbench.tasks import all_problems
-
-    rng = random.Random(seed)
-    problems = rng.sample(all_problems(), n)
-    conversations = []
-    for i, p in enumerate(problems):
-        if i % 2 == 0:
-            conversations.append([{"role": "user", "content": p.prompt}, {"role": "assistant", "content": p.answer}])
-        else:
-            conversations.append([{"role": "user", "content": "Say something."},
-                                  {"role": "assistant", "content": english_like(rng, (3, 6))}])
-    return conversations
-
-
-def chat_training_rows(tokenizer, conversations: list[list[dict]]) -> list[tuple[list[int], list[int]]]:
-    """``(ids, loss_mask)`` per conversation: the loss covers the assistant reply and its turn end.
-
-    Ids come from ``apply_chat_template(tokenize=True)`` (one BOS where the template writes it)."""
-    rows, turn_end = [], template_turn_end(tokenizer)
-    for conversation in conversations:
-        prompt = _template_ids(tokenizer, conversation[:-1], add_generation_prompt=True)
-        full = _template_ids(tokenizer, conversation, add_generation_prompt=False)
-        if full[: len(prompt)] != prompt:
-            raise ValueError("the chat template does not render the prompt as a prefix of the conversation")
-        end = len(full)
-        while end > len(prompt) and full[end - 1] != turn_end:  # drop what follows the turn end ("\n")
-            end -= 1
-        rows.append((full[:end], [0] * len(prompt) + [1] * (end - len(prompt))))
-    return rows
-
-
-def _template_ids(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
-    return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
-
-
-def chat_sft(model, tokenizer, *, steps: int = 150, batch_size: int = 32, lr: float = 3e-3, seed: int = 0) -> list[float]:
-    """Train ``model`` in place on chat-formatted examples (fp32 compute); returns the losses."""
-    from workbench.core.batching import pad_sequences
-    from workbench.modeling.scoring import logprobs_from_logits
-
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # masked out: any id will do
-    rows = chat_training_rows(tokenizer, chat_examples(steps * batch_size // 4 + batch_size, seed=seed))
-    rng = random.Random(seed)
-    dtype = next(model.parameters()).dtype
-    model.float().train()
-    torch.manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    losses = []
-    for _ in range(steps):
-        batch = rng.sample(rows, batch_size)
-        ids, attention = pad_sequences([r[0] for r in batch], pad, side="right")
-        loss_mask, _ = pad_sequences([r[1] for r in batch], 0, side="right")
-        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-        mask = loss_mask[:, 1:].float()
-        loss = -(logprobs_from_logits(logits, ids[:, 1:]) * mask).sum() / mask.sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    model.to(dtype).eval()
-    return losses
-
-
-def chat_checkpoint(flavour: str, *, steps: int = 150, seed: int = 0) -> Path:
-    """A ``flavour`` checkpoint after ``chat_sft`` (cached): it answers and ends turns as its template does."""
-
-    def build(tmp: Path) -> None:
-        model, tokenizer = load_hf(checkpoint(flavour, seed=seed))
-        losses = chat_sft(model, tokenizer, steps=steps, seed=seed)
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        tokenizer.save_pretrained(str(tmp))
-        (tmp / "realistic.json").write_text(json.dumps({"flavour": flavour, "version": VERSION, "seed": seed,
-                                                        "chat_sft_steps": steps, "final_loss": losses[-1]}))
-
-    return _cached(f"{flavour}-chat{steps}-seed{seed}", build)
-
-
-def resolve(name: str) -> str:
-    """``realistic-<flavour>`` → its cached folder, ``realistic-<flavour>-chat`` → the chat-SFT one;
-    any other name (a built-in name, a checkpoint folder) is returned unchanged. Lets a notebook's
-    ``model`` parameter name a realistic checkpoint without a path."""
-    if not name.startswith("realistic-"):
-        return name
+def parse_name(name: str) -> tuple[str, bool]:
+    """``realistic-<flavour>[-chat]`` → ``(flavour, chat)``; ``ValueError`` naming the choices otherwise."""
     flavour = name.removeprefix("realistic-")
     chat = flavour.endswith("-chat")
     flavour = flavour.removesuffix("-chat")
@@ -380,4 +197,23 @@ def resolve(name: str) -> str:
         raise ValueError(f"{name!r}: unknown flavour {flavour!r}; use realistic-<flavour>[-chat] with one of {FLAVOURS}")
     if chat and spec_of(flavour).chat_template is None:
         raise ValueError(f"{name!r}: the {flavour} flavour has no chat template, so there is no chat-SFT version")
-    return str(chat_checkpoint(flavour) if chat else checkpoint(flavour))
+    return flavour, chat
+
+
+def folder_of(name: str) -> Path:
+    """The folder of ``realistic-<flavour>`` (built here on first use) or of ``realistic-<flavour>-chat``
+    when the trainers layer has built it; ``ModelLoadError`` naming the fix otherwise."""
+    try:
+        flavour, chat = parse_name(name)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+    if not chat:
+        return checkpoint(flavour)
+    folder = chat_folder(flavour)
+    if not (folder / "realistic.json").is_file():
+        raise ModelLoadError(
+            f"{name!r} is built by training (a few seconds of chat SFT) and is not in the cache yet: load it with "
+            "workbench.load (workbench.experiments.checkpoints.load), which builds it, or build it once with "
+            f"`python scripts/make_realistic_checkpoints.py --chat {flavour}`."
+        )
+    return folder

@@ -169,7 +169,7 @@ def not_shown(model, drift_bug: float, *, threshold: float = 1e-2) -> str | None
 def first_step_table(names, prompts: list[str], *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto") -> dict:
     """``first_step_mismatch`` for each model name × position-ids mode: ``{(name, mode): result}``
     (``device``, ``pad_token``: as for ``workbench.modeling.models.load``)."""
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
 
     table = {}
     for name in names:

@@ -221,8 +221,8 @@ def throughput_note(lengths: list[int], speedup: float) -> str:
 
 def flash_vs_sdpa(model_name: str, tokenizer, prompts: list[str]) -> float | None:
     """max |Δ log p| between flash_attention_2 and sdpa (bf16, CUDA) on a left-padded batch; None without flash-attn."""
+    from workbench.experiments.checkpoints import load
     from workbench.modeling.attention import flash_attention_status
-    from workbench.modeling.models import load
     from workbench.modeling.scoring import token_logprobs
     from workbench.tasks import encode_prompts
 

@@ -84,7 +84,7 @@ def train_by_mask_mode(model_name: str, pairs, modes=("both", "chosen_only", "no
                        precision: str = "fp32") -> tuple[dict, dict]:
     """One DPO run per ``prompt_mask`` mode from the same checkpoint, same pairs in the same order:
     ``(histories, trained_policies)`` keyed by mode (``device``, ``pad_token``: as for ``models.load``)."""
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
     from workbench.trainers.dpo import DPOConfig, DPOTrainer
 
     histories, trained = {}, {}

@@ -23,7 +23,7 @@ def starting_model(name: str, *, seed: int = 0, device: str = "auto", pad_token:
     """``(model, tokenizer)`` to fine-tune: ``tiny-<arch>`` (``tiny-qwen2``, ``tiny-llama``, ``tiny-gpt2``)
     or a bare architecture name is a tiny model built from scratch with ``seed``; any other name or
     folder goes to ``workbench.modeling.models.load``."""
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
     from workbench.modeling.tiny import ARCHITECTURES
 
     arch = name.removeprefix("tiny-")

@@ -40,7 +40,7 @@ def rollout_advantages(model_name: str, *, seed: int = 0, gamma: float = 1.0, la
     """GAE advantages of one PPO rollout of ``model_name`` (sparse score on the last token, V = 0):
     ``(advantages, mask)``, both (B, T) with real padding."""
     from workbench.core import losses
-    from workbench.modeling.models import load
+    from workbench.experiments.checkpoints import load
     from workbench.tasks import rl_problems
     from workbench.trainers.ppo import PPOConfig, PPOTrainer, last_token_rewards
 

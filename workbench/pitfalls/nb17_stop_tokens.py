@@ -34,7 +34,7 @@ def audit(folder) -> dict:
     stop id of the tokenizer / the generation config (None without a template)."""
     from transformers import GenerationConfig
 
-    from workbench.modeling.realistic import load_tokenizer
+    from workbench.modeling.models import load_tokenizer
 
     sources = stop_id_sources(GenerationConfig.from_pretrained(str(folder), local_files_only=True), load_tokenizer(folder))
     turn_end = sources["template_turn_end"]

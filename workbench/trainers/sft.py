@@ -4,10 +4,13 @@ are made (``scripts/train_tiny_checkpoint.py``).
 Each example is ``<bos> prompt answer <eos>``, right-padded; the loss is the token mean of the
 negative log-likelihood over answer tokens and EOS only (prompt tokens are masked). Training is
 deliberately short, so the RL notebooks start from a policy that is right only part of the time.
+The same trainer also takes pre-tokenised ``(ids, loss_mask)`` rows (e.g. chat-formatted conversations:
+``trainers/realistic_chat.py``), right-padded the same way.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import ClassVar
@@ -61,8 +64,18 @@ def sft_batch(tokenizer, problems: list[Problem], pad_equals_eos: bool = False) 
     return ids, attention_mask, loss_mask
 
 
+def rows_batch(rows: list[tuple[list[int], list[int]]], pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids, attention_mask, loss_mask)`` of pre-tokenised ``(ids, loss_mask)`` rows, right-padded (a
+    tokenizer without a pad token pads with id 0: padded positions are masked out of attention and loss)."""
+    ids, attention_mask = pad_sequences([r[0] for r in rows], 0 if pad_token_id is None else pad_token_id, side="right")
+    loss_mask, _ = pad_sequences([r[1] for r in rows], 0, side="right")
+    return ids, attention_mask, loss_mask
+
+
 class SFTTrainer(Trainer):
-    def __init__(self, model, tokenizer, problems: list[Problem], config: SFTConfig):
+    """Supervised fine-tuning on ``problems``: task ``Problem``s, or pre-tokenised ``(ids, loss_mask)`` rows."""
+
+    def __init__(self, model, tokenizer, problems: list[Problem] | list[tuple[list[int], list[int]]], config: SFTConfig):
         super().__init__()
         self.model, self.tokenizer, self.problems, self.config = model, tokenizer, problems, config
         _, self.base_learning_rate, self.optimizer = prepare_policy(config, model, disable_dropout=False)
@@ -75,8 +88,6 @@ class SFTTrainer(Trainer):
         return {"optimizer": self.optimizer}
 
     def learning_rate(self, step: int) -> float:
-        import math
-
         c = self.config
         if step < c.warmup_steps:
             return self.base_learning_rate * (step + 1) / c.warmup_steps
@@ -86,7 +97,9 @@ class SFTTrainer(Trainer):
     def train_step(self, step: int) -> dict:
         rng = random.Random(self.config.seed * 1_000_003 + step)
         batch = [self.problems[rng.randrange(len(self.problems))] for _ in range(self.config.batch_size)]
-        ids, attention_mask, loss_mask = (t.to(self.compute_device) for t in sft_batch(self.tokenizer, batch, self.config.pad_equals_eos))
+        tensors = (rows_batch(batch, self.tokenizer.pad_token_id) if isinstance(batch[0], tuple)
+                   else sft_batch(self.tokenizer, batch, self.config.pad_equals_eos))
+        ids, attention_mask, loss_mask = (t.to(self.compute_device) for t in tensors)
         self.model.train()
         logits = forward(self.model, ids, attention_mask)
         token_logprobs = logprobs_from_logits(logits[:, :-1], ids[:, 1:])
