@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from workbench.catalogue.listing import REPO_ROOT, NotebookInfo, catalogue, find_notebook, resolve_parameters
+from workbench.catalogue.listing import NotebookInfo, catalogue, find_notebook, resolve_parameters
 from workbench.catalogue.notebook_api import read_metrics
 from workbench.core.errors import ParameterError
+from workbench.core.paths import REPO_ROOT
 from workbench.trainers.checkpointing import atomic_write_json
 
 

@@ -22,8 +22,8 @@ import nbformat
 
 from workbench.core.config_options import convert_value
 from workbench.core.errors import ParameterError
+from workbench.core.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 REQUIRED_PARAMETERS = ("model", "seed", "smoke", "out_dir")
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workbench.catalogue.listing import REPO_ROOT
 from workbench.core.jsonsafe import jsonable
+from workbench.core.paths import REPO_ROOT
 from workbench.trainers.checkpointing import atomic_write_json
 
 

@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 TORCH_PIN = "torch==2.13.0"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 STANDINS = Path(__file__).resolve().parent / "standins"
 STAMP = "stamp.json"
 PIP_TIMEOUT = 1200  # seconds for one pip call (a source build that hangs is a skip, not a stuck CI)

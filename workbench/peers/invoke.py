@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from workbench.core.paths import REPO_ROOT
 from workbench.peers import envs
 from workbench.peers.protocol import MARKER
 
@@ -35,7 +36,7 @@ def python_for(env: str, root=None) -> tuple[str | None, str, list[str]]:
 
 
 def subprocess_env(standins: list[str]) -> dict:
-    paths = [str(envs.REPO_ROOT)] + ([str(envs.STANDINS)] if standins else [])
+    paths = [str(REPO_ROOT)] + ([str(envs.STANDINS)] if standins else [])
     keep = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     return {**keep, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
@@ -64,7 +65,7 @@ def run(env: str, adapter: str, args: dict | None = None, timeout: float = 600, 
     cmd = [python, "-m", f"workbench.peers.adapters.{adapter}", json.dumps(args or {})]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=subprocess_env(standins),
-                              cwd=str(envs.REPO_ROOT))
+                              cwd=str(REPO_ROOT))
     except subprocess.TimeoutExpired:
         return {**base, "status": "error", "reason": f"timed out after {timeout:.0f} s", "seconds": time.time() - start}
     except OSError as exc:

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench.core.paths import REPO_ROOT
 from workbench.peers import envs
 from workbench.peers import expectations as peer_lab
 from workbench.peers import invoke as runner
@@ -105,9 +106,9 @@ def cache_key(run: Run, root=None) -> str | None:
             return None
         env_part = json.dumps(stamp.get("pins"), sort_keys=True) + json.dumps(stamp.get("freeze"))
     digest = hashlib.sha256(env_part.encode())
-    peers = envs.REPO_ROOT / "workbench" / "peers"
+    peers = REPO_ROOT / "workbench" / "peers"
     code = [peers / "adapters" / f"{run.adapter}.py", peers / "protocol.py", *sorted(envs.STANDINS.rglob("*.py")),
-            *sorted((envs.REPO_ROOT / "workbench" / "audit").rglob("*.py"))]
+            *sorted((REPO_ROOT / "workbench" / "audit").rglob("*.py"))]
     for path in code:
         digest.update(path.read_bytes())
     digest.update(json.dumps([run.adapter, run.args], sort_keys=True).encode())
