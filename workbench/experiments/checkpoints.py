@@ -9,25 +9,18 @@ must not import ``trainers``; it is exported as ``workbench.load``.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
-
-import torch
 
 from workbench.modeling.models import load_checkpoint
 from workbench.trainers.realistic_chat import resolve
 
 
-def load(
-    name_or_path: str | Path,
-    *,
-    dtype: torch.dtype | None = torch.float32,
-    attn_implementation: str = "auto",
-    device: str | torch.device = "auto",
-    pad_token: str | None = "auto",
-    allow_pad_equal_eos: bool = False,
-    verbose: bool = False,
-):
+def load(name_or_path: str | Path, **options):
     """``(model, tokenizer)`` for a built-in name (``tiny-*``, ``tiny-arith-*``, ``realistic-<flavour>[-chat]``)
-    or a local Hugging Face checkpoint folder; the arguments are ``modeling.models.load_checkpoint``'s."""
-    return load_checkpoint(resolve(str(name_or_path)), dtype=dtype, attn_implementation=attn_implementation, device=device,
-                           pad_token=pad_token, allow_pad_equal_eos=allow_pad_equal_eos, verbose=verbose)
+    or a local Hugging Face checkpoint folder; ``options`` are ``modeling.models.load_checkpoint``'s (``dtype``,
+    ``attn_implementation``, ``device``, ``pad_token``, ``allow_pad_equal_eos``, ``verbose``)."""
+    return load_checkpoint(resolve(str(name_or_path)), **options)
+
+
+load.__signature__ = inspect.signature(load_checkpoint)  # the same keyword arguments, shown by help() and editors
