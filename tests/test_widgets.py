@@ -12,7 +12,7 @@ from workbench.pitfalls.nb05_grpo_loss_normalization import loss_mode_explorer  
 from workbench.pitfalls.nb06_temperature import temperature_explorer  # noqa: E402
 from workbench.pitfalls.nb07_dropout import dropout_explorer  # noqa: E402
 from workbench.pitfalls.nb08_pad_equals_eos import pad_eos_explorer  # noqa: E402
-from workbench.pitfalls.nb09_kl_estimators import kl_gradient_explorer  # noqa: E402
+from workbench.pitfalls.nb09_kl_estimators import kl_estimator_gradient_explorer  # noqa: E402
 from workbench.pitfalls.nb10_grad_accumulation import grad_accumulation_explorer  # noqa: E402
 from workbench.pitfalls.nb12_logprob_mismatch import log_ratio_explorer  # noqa: E402
 from workbench.pitfalls.nb13_whitening import whitening_explorer  # noqa: E402
@@ -122,7 +122,7 @@ def test_result_browsing_explorers():
     assert explorer.last["max_ratio_deviation"] == 0.0
     gradients = {0.1: {n: {"cosine": 1.0, "norm_ratio": 1.0} for n in ("k1 in reward", "k1 in loss", "k2 in loss", "k3 in loss")},
                  0.2: {n: {"cosine": 0.5, "norm_ratio": 1.0} for n in ("k1 in reward", "k1 in loss", "k2 in loss", "k3 in loss")}}
-    explorer = kl_gradient_explorer([0.1, 0.2], {0.1: {"exact_kl": 0.01}, 0.2: {"exact_kl": 0.1}}, gradients)
+    explorer = kl_estimator_gradient_explorer([0.1, 0.2], {0.1: {"exact_kl": 0.01}, 0.2: {"exact_kl": 0.1}}, gradients)
     assert explorer.last["k2 in loss"]["cosine"] == 0.5
     explorer.controls["scale_index"].value = 0
     assert explorer.last["k2 in loss"]["cosine"] == 1.0
