@@ -13,7 +13,8 @@ def cost(steps, tokens, needed, longest):
 
 COSTS = {b: {"bug": cost(8, 8 * b, 3 * b, 4), "fix": cost(4, 4 * b, 3 * b, 4)} for b in (1, 4)}
 MASKS = {"finished": 4, "eos_kept_distinct": 4, "eos_kept_pad_is_eos": 0,
-         "distinct": (torch.tensor([[5, 2, 0]]), torch.tensor([[1, 1, 0]])), "pad_is_eos": (torch.tensor([[5, 2, 2]]), torch.tensor([[1, 0, 0]]))}
+         "distinct": (torch.tensor([[5, 2, 0]]), torch.tensor([[1, 1, 0]])),
+         "pad_is_eos": (torch.tensor([[5, 2, 2]]), torch.tensor([[1, 0, 0]]))}
 
 
 def test_metrics_returns_write_metrics_arguments():
