@@ -34,6 +34,26 @@ def test_first_cell_names_the_pitfall_second_is_the_literal_parameters_cell(path
     assert notebook.metadata["kernelspec"]["name"] == "python3"
 
 
+
+# Notebooks that follow "a notebook is parameters, calls and plots of its pitfall module" (issue 27); the others join as they move.
+CONVERTED = [p for p in NOTEBOOKS if int(p.stem[:2]) <= 12]
+
+
+@pytest.mark.parametrize("path", CONVERTED, ids=[p.stem for p in CONVERTED])
+def test_notebook_is_parameters_calls_and_plots(path):
+    import re
+
+    notebook = nbformat.read(str(path), as_version=4)
+    code = [c.source for c in notebook.cells if c.cell_type == "code"]
+    lines = [line for source in code for line in source.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert len(lines) <= 60, f"{path.name}: {len(lines)} code lines; move logic, figures and verdicts into its pitfall module"
+    raw = [line for line in lines if re.search(r"\b(ax|axes)(\[[^]]*\])?\.\w+\(|import ipywidgets|\binteract\(", line)]
+    assert not raw, f"{path.name} draws or builds widgets itself: {raw}"
+    assert re.fullmatch(r"notebook_api\.write_metrics\(out, \*\*\w+\.(quickstart_)?metrics\(.*\)\)", " ".join(code[-1].split()), re.S)
+    if "interactive" in parse_parameters(code[0]):
+        assert any(re.search(r"^if interactive:\n\s+display\(\w+\.\w+_explorer\(", source) for source in code), path.name
+
+
 def test_catalogue_has_the_seed_notebooks():
     stems = {info.stem for info in catalogue()}
     assert {"00_quickstart", "01_position_ids", "02_right_padding_flash_attention", "03_eos_termination",

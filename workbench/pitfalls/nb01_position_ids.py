@@ -18,8 +18,11 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
-from workbench.core.batching import pad_sequences
+from workbench.core.batching import pad_sequences, position_ids_from_mask
+from workbench.experiments import statistics
+from workbench.modeling.models import uses_rope
 from workbench.modeling.scoring import token_logprobs
+from workbench.modeling.tiny import ARCHITECTURES
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 from workbench.viz.plots import draw_floor
@@ -297,3 +300,123 @@ def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
         "position_ids": widgets.ToggleButtons(options=["model", "mask"], value="model", description="position_ids"),
     }
     return Explorer(controls, draw, "Logit drift: pick an architecture, dtype, pad length and the fix")
+
+
+# --- what notebooks 00 and 01 show: figures (each built from the ``ax`` functions above), summaries, metrics ---
+
+PPO_VARIANTS = {"position_ids=model (bug)": {"position_ids": "model"}, "position_ids=mask (fix)": {"position_ids": "mask"}}
+PPO_PANELS = (("reward", "mean task reward"), ("kl", "KL to reference (nats / response)"),
+              ("first_ratio_deviation", "max |ρ − 1| sampler vs trainer"))
+
+
+def figure_padding_and_positions(ids: torch.Tensor, mask: torch.Tensor):
+    """Notebook 00: a left-padded batch's attention mask, the positions the model assumes (bug, oranges) and
+    the positions derived from the mask (fix, blues)."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3))
+    plots.plot_mask(axes[0], mask, "attention mask (left padding)", labels=("pad (0)", "real token (1)"))
+    plots.plot_positions(axes[1], torch.arange(ids.shape[1]).expand_as(ids), mask, "positions the model assumes (bug)")
+    plots.plot_positions(axes[2], position_ids_from_mask(mask), mask, "positions from the mask (fix)")
+    tint_positions(axes[1], bug=True)
+    tint_positions(axes[2], bug=False)
+    fig.tight_layout()
+    return fig
+
+
+def figure_drift_per_text(texts: list[str], drift: dict[str, list[float]]):
+    fig, ax = plt.subplots(figsize=(8, 3))
+    plot_drift_per_text(ax, texts, drift)
+    return fig
+
+
+def figure_drift_heatmap(sweep: dict):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    plot_drift_heatmap(ax, sweep, fig)
+    return fig
+
+
+def figure_drift_vs_pad(sweep: dict, pad_lengths):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+    plot_drift_vs_pad(axes, sweep, pad_lengths)
+    fig.tight_layout()
+    return fig
+
+
+def figure_first_step(table: dict):
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    plot_first_step(ax, table)
+    return fig
+
+
+def plot_ppo(axes, runs: dict) -> None:
+    """Reward, KL and sampler-vs-trainer |ρ − 1| bands per variant (bug, fix), and held-out accuracy (4 axes)."""
+    colors = dict(zip(runs, (plots.BUG_COLOR, plots.FIX_COLOR), strict=True))
+    for ax, (key, label) in zip(axes, PPO_PANELS, strict=False):
+        plots.plot_bands(ax, runs, key, label, colors, log=key == "first_ratio_deviation")
+    plots.plot_heldout(axes[len(PPO_PANELS)], runs, colors)
+
+
+def figure_ppo(runs: dict):
+    fig, axes = plt.subplots(1, 4, figsize=(20, 3.8))
+    plot_ppo(axes, runs)
+    fig.tight_layout()
+    return fig
+
+
+def ppo_effects(runs: dict) -> dict:
+    """Bug vs fix effects on reward, KL and held-out accuracy (``statistics.effect``)."""
+    return {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in ("reward", "kl", "heldout_accuracy")}
+
+
+def quickstart_conclusion(model_name: str, model, drift: dict[str, list[float]]) -> str:
+    """Notebook 00's reading of the drift per text, printed from the measured numbers."""
+    reproduced, _ = verdict(max(drift["model"]), max(drift["mask"]))
+    return (f"max |Δ log p| without position ids: {max(drift['model']):.2e} nats; "
+            f"with mask-derived position ids: {max(drift['mask']):.2e}\n"
+            f"{model_name} ({'rotary' if uses_rope(model) else 'learned absolute'} positions): "
+            + ("the padding changes the log-probs; the fix removes it." if reproduced else
+               "no drift above float noise without the fix: this architecture hides the bug (try tiny-gpt2)."))
+
+
+def quickstart_metrics(model_name: str, model, drift: dict[str, list[float]]) -> dict:
+    """Notebook 00's ``notebook_api.write_metrics`` keyword arguments."""
+    bug, fix = max(drift["model"]), max(drift["mask"])
+    reproduced, fixed = verdict(bug, fix)
+    return {"notebook": "00_quickstart", "reproduced": reproduced, "fixed": fixed, "not_shown": not_shown(model, bug),
+            "metrics": {"drift_without_position_ids": bug, "drift_with_position_ids": fix},
+            "headline": {"what": f"max |Δ log p| of a text in a left-padded batch vs alone ({model_name})", "unit": "nats",
+                         "bug": bug, "fix": fix}}
+
+
+def drift_summary(sweep: dict) -> str:
+    """Notebook 01's measured reading of the sweep (markdown bullets)."""
+    _, _, bf16_text = bf16_rope_conclusion(sweep)
+    return (f"- rotary models, fp32, no position ids: max |Δ log p| = **{max(worst(sweep, a) for a in ('llama', 'qwen2')):.1e}**\n"
+            f"- {bf16_text}\n- GPT-2, fp32, no position ids: **{worst(sweep, 'gpt2'):.2f}** nats\n"
+            "- every architecture with mask-derived position ids (fp32): "
+            f"**{max(worst(sweep, a, mode='mask') for a in ARCHITECTURES):.1e}**")
+
+
+def first_step_lines(mismatch: dict) -> str:
+    return "\n".join(f"{name:>18} position_ids={mode:5}: max |ρ−1| = {r['max_ratio_deviation']:.2e}, "
+                     f"sequence KL(k1) = {r['sequence_kl_k1']:+.2e}" for (name, mode), r in mismatch.items())
+
+
+def metrics(*, sweep: dict, mismatch: dict, policy, names: tuple[str, str], runs: dict, effects: dict, settings: dict) -> dict:
+    """Notebook 01's ``notebook_api.write_metrics`` keyword arguments; ``names`` = (the PPO policy, the rotary model)."""
+    reproduced, fixed = verdict(worst(sweep, "gpt2"), max(worst(sweep, a, mode="mask") for a in ARCHITECTURES))
+    return {
+        "notebook": "01_position_ids", "reproduced": reproduced, "fixed": fixed,
+        "not_shown": not_shown(policy, mismatch[names[0], "model"]["max_ratio_deviation"]),
+        "metrics": {
+            "drift_without_position_ids": {a: worst(sweep, a) for a in ARCHITECTURES},
+            "drift_with_position_ids": {a: worst(sweep, a, mode="mask") for a in ARCHITECTURES},
+            "drift_bf16_without_position_ids": {a: worst(sweep, a, "bf16", sides=("left",)) for a in ARCHITECTURES},
+            "drift_bf16_with_position_ids": {a: worst(sweep, a, "bf16", "mask", ("left",)) for a in ARCHITECTURES},
+            "first_epoch_ratio_deviation_without": {n: mismatch[n, "model"]["max_ratio_deviation"] for n in names},
+            "first_epoch_ratio_deviation_with": {n: mismatch[n, "mask"]["max_ratio_deviation"] for n in names},
+            "ppo_effects": {k: vars(e) for k, e in effects.items()},
+            "heldout_gain": {k: vars(statistics.gain(runs, k)) for k in PPO_VARIANTS}, "training_settings": settings,
+        },
+        "headline": {"what": "max |Δ log p|, GPT-2 fp32, padded vs alone", "unit": "nats",
+                     "bug": worst(sweep, "gpt2"), "fix": worst(sweep, "gpt2", mode="mask")},
+    }

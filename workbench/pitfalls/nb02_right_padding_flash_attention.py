@@ -348,3 +348,56 @@ def padding_side_explorer(models: dict[str, tuple], prompts: list[str]) -> Explo
         "side": widgets.ToggleButtons(options=["right", "left"], value="right", description="padding"),
     }
     return Explorer(controls, draw, "Batched cached generation: right vs left padding")
+
+
+# --- what notebook 02 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
+
+
+def figure_ppo_masks(ids, mask, prompt_width: int, report: PaddingReport, eos_token_id: int):
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    plot_ppo_masks(ax, ids, mask, prompt_width, report, eos_token_id)
+    return fig
+
+
+def figure_divergence(divergence: dict):
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    plot_divergence(ax, divergence)
+    return fig
+
+
+def figure_packed(packed: dict):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6), gridspec_kw={"width_ratios": [2, 1]})
+    plot_packed(axes, packed)
+    fig.tight_layout()
+    return fig
+
+
+def packed_lines(packed: dict) -> str:
+    return "\n".join(f"{name:>18}: " + ", ".join(f"{k}: {v:.1e}" for k, v in r.items()) for name, r in packed.items())
+
+
+def figure_throughput(throughput: dict[str, float], entries: dict[str, int]):
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    plot_throughput(ax, throughput, entries)
+    return fig
+
+
+def metrics(*, divergence: dict, packed: dict, report: PaddingReport, throughput: dict[str, float], entries: dict[str, int],
+            flash_gap: float | None, flash_reason: str) -> dict:
+    """Notebook 02's ``notebook_api.write_metrics`` keyword arguments."""
+    reproduced, fixed = verdict(divergence, packed)
+    rows = sum(d["rows"] for d in divergence.values())
+    return {
+        "notebook": "02_right_padding_flash_attention", "reproduced": reproduced, "fixed": fixed,
+        "metrics": {"right_padding_divergent_rows": {n: d["right_divergent_rows"] for n, d in divergence.items()},
+                    "left_padding_divergent_rows": {n: d["left_divergent_rows"] for n, d in divergence.items()},
+                    "ppo_masks_right_padded": report.right_padded, "guard_would_raise": report.would_raise_in_transformers_4_37_to_4_41,
+                    "packed_max_abs_logp_diff": max(p["packed"] for p in packed.values()),
+                    "packed_with_cache_max_abs_logp_diff": max(p["packed, cache on"] for p in packed.values()),
+                    "packed_speedup": throughput["packed"] / throughput["padded"], "attention_entries": entries,
+                    "flash_vs_sdpa_max_abs_logp_diff": flash_gap, "flash_attention": flash_reason},
+        "headline": {"what": "batched cached greedy generation: rows whose continuation differs from generating alone",
+                     "unit": "% of rows",
+                     "bug": 100 * sum(d["right_divergent_rows"] for d in divergence.values()) / rows,
+                     "fix": 100 * sum(d["left_divergent_rows"] for d in divergence.values()) / rows},
+    }

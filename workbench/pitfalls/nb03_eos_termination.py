@@ -16,8 +16,10 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.experiments import comparison, statistics
 from workbench.modeling.rollout import Rollout, sample
 from workbench.tasks import encode_prompts
+from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
@@ -197,3 +199,77 @@ def eos_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explore
         "max_new_tokens": widgets.IntSlider(value=16, min=2, max=64, description="max_new_tokens"),
     }
     return Explorer(controls, draw, "What decoding past EOS costs")
+
+
+# --- what notebook 03 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
+
+PPO_VARIANTS = {"stop_at_eos=False (bug)": {"stop_at_eos": False}, "stop_at_eos=True (fix)": {"stop_at_eos": True}}
+PPO_PANELS = (("reward", "mean task reward"), ("tokens_generated", "tokens generated per step"),
+              ("rollout_seconds", "rollout time per step (s)"))
+
+
+def figure_generation_cost(costs: dict):
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    plot_generation_cost(axes, costs)
+    fig.tight_layout()
+    return fig
+
+
+def cost_lines(costs: dict) -> str:
+    return "\n".join(f"batch {b:4d}: decode steps bug {c['bug']['decode_steps']:3d} / fix {c['fix']['decode_steps']:3d}; tokens bug "
+                     f"{c['bug']['tokens_generated']:6d} / fix {c['fix']['tokens_generated']:6d} / needed {c['fix']['tokens_needed']:6d}"
+                     for b, c in costs.items())
+
+
+def figure_pad_eos_masks(masks: dict, eos_token_id: int):
+    fig, axes = plt.subplots(1, 2, figsize=(13, 3))
+    plot_pad_eos_masks(axes, masks, eos_token_id)
+    fig.tight_layout()
+    return fig
+
+
+def plot_ppo(axes, runs: dict) -> None:
+    """Reward, tokens generated and rollout time per step of the first seed, bug and fix (3 axes)."""
+    colors = dict(zip(PPO_VARIANTS, (plots.BUG_COLOR, plots.FIX_COLOR), strict=True))
+    for ax, (key, label) in zip(axes, PPO_PANELS, strict=True):
+        plots.plot_curves(ax, comparison.first_seed(runs), key, label, colors)
+
+
+def figure_ppo(runs: dict, seed: int):
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    plot_ppo(axes, runs)
+    fig.suptitle(f"one seed (seed {seed}): no seed band", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def ppo_split(runs: dict) -> tuple[int | None, float]:
+    """(first step whose reward differs, largest |reward difference|) between the bug and fix runs of the first seed."""
+    bug_run, fix_run = (r[0] for r in runs.values())
+    split = comparison.first_divergence(bug_run, fix_run, "reward", tolerance=1e-6)
+    return split, max(abs(a["reward"] - b["reward"]) for a, b in zip(bug_run, fix_run, strict=False))
+
+
+def ppo_sentence(runs: dict, steps: int) -> str:
+    split, curve_gap = ppo_split(runs)
+    return (f"identical rewards at every one of the {steps} steps" if split is None else
+            f"identical rewards up to step {split - 1}, then rounding differences grow into different samples "
+            f"(largest gap {curve_gap:.2e}); " + statistics.effect(runs, "reward", *PPO_VARIANTS).sentence())
+
+
+def metrics(*, costs: dict, loss_gap: float, masks: dict, runs: dict) -> dict:
+    """Notebook 03's ``notebook_api.write_metrics`` keyword arguments."""
+    reproduced, fixed = verdict(costs, loss_gap)
+    bug, fix = costs[max(costs)]["bug"], costs[max(costs)]["fix"]
+    split, curve_gap = ppo_split(runs)
+    return {
+        "notebook": "03_eos_termination", "reproduced": reproduced, "fixed": fixed, "not_shown": not_shown(costs),
+        "metrics": {"tokens_generated_bug": bug["tokens_generated"], "tokens_generated_fix": fix["tokens_generated"],
+                    "tokens_needed": fix["tokens_needed"], "waste_fraction_bug": bug["waste_fraction"],
+                    "waste_fraction_fix": fix["waste_fraction"], "decode_steps_bug": bug["decode_steps"],
+                    "decode_steps_fix": fix["decode_steps"], "one_step_loss_gap": loss_gap, "ppo_curve_reward_gap": curve_gap,
+                    "ppo_first_split_step": split, "eos_actions_in_mask_pad_distinct": masks["eos_kept_distinct"],
+                    "eos_actions_in_mask_pad_equals_eos": masks["eos_kept_pad_is_eos"], "finished_responses": masks["finished"]},
+        "headline": {"what": f"decoding steps per batch of {max(costs)} rollouts", "unit": "steps",
+                     "bug": bug["decode_steps"], "fix": fix["decode_steps"]},
+    }

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.errors import PromptMaskError
+from workbench.experiments import comparison, statistics
 from workbench.experiments.statistics import Effect
 from workbench.trainers.preferences import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
 from workbench.viz.explorer import Explorer
@@ -220,3 +221,80 @@ def dpo_mask_explorer(batch) -> Explorer:
 
     controls = {"prompt_mask": widgets.ToggleButtons(options=list(PROMPT_MASK_MODES), value="chosen_only", description="mask")}
     return Explorer(controls, draw, "DPO loss mask: toggle the bug")
+
+
+# --- what notebook 04 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
+
+MODES = ("both", "chosen_only", "none")
+
+
+def figure_loss_masks(batch: PreferenceBatch):
+    fig, axes = plt.subplots(1, len(MODES), figsize=(17, 3.6))
+    for ax, mode in zip(axes, MODES, strict=True):
+        plot_loss_mask(ax, batch, mode)
+    fig.tight_layout()
+    return fig
+
+
+def mask_audits(batch: PreferenceBatch) -> dict[str, list[dict]]:
+    """``audit_loss_mask`` of each mode's loss mask: the rows that count prompt tokens."""
+    return {m: audit_loss_mask(batch.input_ids, build_loss_mask(batch.attention_mask, batch.prompt_lengths, m), batch.prompt_lengths)
+            for m in MODES}
+
+
+def buggy_call_message(batch: PreferenceBatch) -> str:
+    """What ``check_prompt_lengths`` says about the buggy call (one prompt length per *pair*, not per row)."""
+    try:
+        check_prompt_lengths(batch.input_ids.shape[0], batch.prompt_lengths)
+    except PromptMaskError as error:
+        return f"check_prompt_lengths on the buggy call: {error}"
+    return "check_prompt_lengths on the buggy call: no error (one prompt length per row)"
+
+
+def margin_gap(decomposition: dict) -> float:
+    """max |margin(chosen_only) − margin(both)| of a ``margin_decomposition``."""
+    return float((decomposition["margin_chosen_only"] - decomposition["margin_both"]).abs().max())
+
+
+def figure_training_bands(runs: dict):
+    fig, axes = plt.subplots(1, 5, figsize=(24, 3.8))
+    plot_training_bands(axes, runs)
+    fig.tight_layout()
+    return fig
+
+
+def training_effects(runs: dict) -> dict[str, Effect]:
+    """chosen_only (bug) vs both (fix) on log p(prompt), the margin and held-out accuracy."""
+    return {key: statistics.effect(runs, key, "chosen_only", "both") for key in ("logps/prompt", "rewards/margins", "heldout_accuracy")}
+
+
+def heldout_reading(runs: dict) -> str:
+    keys = ("heldout_accuracy", "heldout_logp_chosen", "heldout_logp_rejected")
+    return heldout_explanation(*(statistics.gain(runs, "both", k) for k in keys))
+
+
+def trained_margin_lines(after: dict, hand_gap: float) -> str:
+    return (f"bug run: mean margin {after['margin_chosen_only'].mean():.3f} = response-only {after['margin_both'].mean():.3f} "
+            f"+ rejected prompt term {after['rejected_prompt_term'].mean():.3f}\n"
+            f"fixed run: margin vs a hand computation over response tokens only: max |Δ| = {hand_gap:.1e}")
+
+
+def metrics(*, audits: dict, margin_gap_step0: float, margin_gap_after: float, hand_gap: float, runs: dict, effects: dict,
+            train_steps: int) -> dict:
+    """Notebook 04's ``notebook_api.write_metrics`` keyword arguments."""
+    reproduced, fixed = verdict(audits, margin_gap_after, hand_gap)
+    histories = comparison.first_seed(runs)
+    return {
+        "notebook": "04_dpo_loss_mask", "reproduced": reproduced, "fixed": fixed,
+        "metrics": {"margin_gap_step0": margin_gap_step0,
+                    "prompt_logp_drift": {m: histories[m][-1]["logps/prompt"] - histories[m][0]["logps/prompt"] for m in MODES},
+                    "final_margin": {m: histories[m][-1]["rewards/margins"] for m in MODES},
+                    "final_accuracy": {m: histories[m][-1]["rewards/accuracies"] for m in MODES},
+                    "heldout_gain": {m: vars(statistics.gain(runs, m)) for m in MODES}, "effects": {k: vars(e) for k, e in effects.items()},
+                    "heldout_logp_chosen_fix": vars(statistics.gain(runs, "both", "heldout_logp_chosen")),
+                    "rows_counting_prompt_tokens": {m: len(audits[m]) for m in MODES},
+                    "margin_gap_after_training": margin_gap_after, "fixed_margin_vs_hand": hand_gap},
+        "headline": {"what": f"DPO reward margin, last quarter of {train_steps} steps, mean over {len(runs['both'])} seed(s) "
+                             "(inflated by the prompt term under the bug)", "unit": "nats × β",
+                     "bug": effects["rewards/margins"].bug, "fix": effects["rewards/margins"].fix},
+    }

@@ -27,8 +27,10 @@ import torch
 
 from workbench.core import losses
 from workbench.core.batching import pad_sequences
+from workbench.experiments import statistics
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
+from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
@@ -227,3 +229,77 @@ def loss_mode_explorer() -> Explorer:
         "longest": widgets.IntSlider(value=16, min=2, max=256, description="longest L"),
     }
     return Explorer(controls, draw, "Gradient weight per token and per response")
+
+
+# --- what notebook 05 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
+
+TRAINING_PANELS = (("reward", "reward"), ("length_correct", "length of correct responses (tokens)"),
+                   ("length_incorrect", "length of incorrect responses (tokens)"))
+
+
+def probe_lines(probe: dict, completions: list[str], rewards: list[float]) -> str:
+    """The zero-loss probe per mode, with TRL's name for each mode."""
+    trl = {v: k for k, v in losses.LOSS_AGG_ALIASES.items() if k != "bnpo"}
+    return "\n".join([f"group {completions} (lengths with EOS {[len(c) + 1 for c in completions]}), rewards {rewards}"] + [
+        f"{mode:>26} (TRL {trl.get(mode, '—'):>7}): probe loss {result['loss']:+.3e}, gradient norm {result['grad_norm']:.3f}"
+        for mode, result in probe.items()])
+
+
+def token_weight_error(lengths: list[int], modes=losses.LOSS_AGG_MODES) -> float:
+    """Largest |analytic − autograd| per-token weight over ``lengths`` and ``modes``."""
+    return max(abs(a - m) for mode in modes
+               for a, m in zip(analytic_token_weights(lengths, mode), measured_token_weights(lengths, mode), strict=True))
+
+
+def figure_token_weights(lengths: list[int]):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    plot_token_weights(axes[0], axes[1], lengths)
+    fig.tight_layout()
+    return fig
+
+
+def figure_effective_beta(spreads, effective: dict, beta: float):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    plot_effective_beta(ax, spreads, effective, beta)
+    return fig
+
+
+def effective_beta_line(spreads, effective: dict) -> str:
+    bug, fix = effective["per_sequence"][-1], effective["with_loss"][-1]
+    return (f"length ratio {spreads[-1]}: per-sequence KL gives β {bug[0]:.3f} (short) and {bug[1]:.4f} (long); "
+            f"with_loss gives {fix[0]:.4f} and {fix[1]:.4f}")
+
+
+def plot_training_bands(axes, runs: dict, window: int) -> None:
+    """Reward and the lengths of correct/incorrect responses, mean ± std over seeds per mode, and held-out accuracy (4 axes)."""
+    for ax, (key, label) in zip(axes, TRAINING_PANELS, strict=False):
+        plots.plot_bands(ax, runs, key, label, window=window)
+    plots.plot_heldout(axes[len(TRAINING_PANELS)], runs)
+
+
+def figure_training_bands(runs: dict, train_steps: int):
+    fig, axes = plt.subplots(1, 4, figsize=(22, 4))
+    plot_training_bands(axes, runs, window=max(1, train_steps // 10))
+    fig.tight_layout()
+    return fig
+
+
+def training_effects(runs: dict, modes: list[str]) -> dict:
+    """The second mode against the first (``statistics.effect(runs, key, modes[1], modes[0])``)."""
+    return {key: statistics.effect(runs, key, *modes[1::-1]) for key in ("length_incorrect", "reward", "heldout_accuracy")}
+
+
+def metrics(*, probe: dict, weight_error: float, effective: dict, beta: float, runs: dict, effects: dict, settings: dict) -> dict:
+    """Notebook 05's ``notebook_api.write_metrics`` keyword arguments."""
+    reproduced, fixed = verdict(probe, effective, beta)
+    summary, _ = training_conclusion(runs)
+    return {
+        "notebook": "05_grpo_loss_normalization", "reproduced": reproduced, "fixed": fixed,
+        "metrics": {"zero_loss_probe": {mode: r["loss"] for mode, r in probe.items()},
+                    "zero_loss_probe_grad_norm": {mode: r["grad_norm"] for mode, r in probe.items()},
+                    "token_weight_max_error": weight_error, "effective_beta": effective, "training": summary,
+                    "training_effects": {k: vars(e) for k, e in effects.items()},
+                    "heldout_gain": {m: vars(statistics.gain(runs, m)) for m in runs}, "training_settings": settings},
+        "headline": {"what": "zero-loss probe: GRPO loss at β = 0, ρ = 1 (token-mean vs per-sequence mean)", "unit": "loss",
+                     "bug": probe["token-mean"]["loss"], "fix": probe["seq-mean-token-mean"]["loss"]},
+    }

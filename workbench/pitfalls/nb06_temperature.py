@@ -11,9 +11,11 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.experiments import statistics
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
+from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
@@ -80,3 +82,57 @@ def temperature_explorer(model, tokenizer, prompts: list[str], seed: int = 0) ->
     controls = {"temperature": widgets.FloatSlider(value=0.7, min=0.2, max=2.0, step=0.1, description="τ"),
                 "rescale": widgets.Checkbox(value=False, description="divide by τ (fix)")}
     return Explorer(controls, draw, "Sampling temperature vs the recomputed log-probs")
+
+
+# --- what notebook 06 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
+
+PPO_VARIANTS = {"rescale_by_temperature=False (bug)": {"rescale_by_temperature": False},
+                "rescale_by_temperature=True (fix)": {"rescale_by_temperature": True}}
+PPO_PANELS = (("first_ratio_deviation", "max |ρ − 1| sampler vs trainer"), ("clip_fraction", "clipped share of tokens"),
+              ("reward", "mean task reward"))
+
+
+def figure_ratio_vs_temperature(results: dict):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    plot_ratio_vs_temperature(ax, results)
+    return fig
+
+
+def ratio_lines(results: dict, temperatures) -> str:
+    return "\n".join(f"τ={t:4}: bug max|ρ−1| = {results[t, False]['max_ratio_deviation']:.3e}, "
+                     f"fix = {results[t, True]['max_ratio_deviation']:.1e}" for t in temperatures)
+
+
+def plot_ppo(axes, runs: dict, window: int) -> None:
+    """First-step |ρ − 1|, clipped share and reward bands, bug and fix, and held-out accuracy (4 axes)."""
+    colors = dict(zip(PPO_VARIANTS, (plots.BUG_COLOR, plots.FIX_COLOR), strict=True))
+    for ax, (key, label) in zip(axes, PPO_PANELS, strict=False):
+        plots.plot_bands(ax, runs, key, label, colors, window=window, log=key == "first_ratio_deviation")
+    plots.plot_heldout(axes[len(PPO_PANELS)], runs, colors)
+
+
+def figure_ppo(runs: dict, ppo_steps: int):
+    fig, axes = plt.subplots(1, 4, figsize=(20, 3.8))
+    plot_ppo(axes, runs, window=max(1, ppo_steps // 10))
+    fig.tight_layout()
+    return fig
+
+
+def ppo_effects(runs: dict) -> dict:
+    return {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in ("clip_fraction", "reward", "heldout_accuracy")}
+
+
+def metrics(*, results: dict, temperatures, runs: dict, effects: dict, settings: dict) -> dict:
+    """Notebook 06's ``notebook_api.write_metrics`` keyword arguments; the headline is the τ with the largest bug."""
+    reproduced, fixed = verdict(results)
+    worst = max((t for t in temperatures if t != 1.0), key=lambda t: results[t, False]["max_ratio_deviation"])
+    return {
+        "notebook": "06_temperature", "reproduced": reproduced, "fixed": fixed,
+        "metrics": {"max_ratio_deviation_bug": {str(t): results[t, False]["max_ratio_deviation"] for t in temperatures},
+                    "max_ratio_deviation_fix": {str(t): results[t, True]["max_ratio_deviation"] for t in temperatures},
+                    "ppo_first_ratio_deviation": {k: h[0][0]["first_ratio_deviation"] for k, h in runs.items()},
+                    "ppo_effects": {k: vars(e) for k, e in effects.items()},
+                    "heldout_gain": {k: vars(statistics.gain(runs, k)) for k in PPO_VARIANTS}, "training_settings": settings},
+        "headline": {"what": f"max |ρ − 1| before any update, sampling at τ = {worst}", "unit": "ratio",
+                     "bug": results[worst, False]["max_ratio_deviation"], "fix": results[worst, True]["max_ratio_deviation"]},
+    }

@@ -14,10 +14,12 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.experiments import statistics
 from workbench.modeling.dropout import disable_dropout
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
+from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 from workbench.viz.plots import note_coinciding
 
@@ -131,3 +133,75 @@ def dropout_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Exp
     controls = {"dropout": widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.01, description="dropout"),
                 "disable": widgets.Checkbox(value=False, description="disable dropout (fix)")}
     return Explorer(controls, draw, "Dropout during RL: step-0 ratio and KL")
+
+
+# --- what notebook 07 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
+
+PPO_DROPOUT = 0.1  # dropout of the PPO runs (set by ``set_dropout`` before training)
+PPO_VARIANTS = {"disable_dropout=False (bug)": {"disable_dropout": False}, "disable_dropout=True (fix)": {"disable_dropout": True}}
+PPO_PANELS = (("train_ratio_deviation", "max |ρ − 1|, first mini-batch"), ("kl", "KL to reference (nats / response)"),
+              ("reward", "mean task reward"))
+
+
+def figure_step0(results: dict):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    plot_step0(axes, results)
+    fig.tight_layout()
+    return fig
+
+
+def step0_lines(results: dict, dropouts) -> str:
+    return "\n".join(
+        f"dropout {d}: max |ρ−1| on {results[d, False]['max_ratio_deviation']:.2e} / "
+        f"disabled {results[d, True]['max_ratio_deviation']:.1e}; "
+        f"KL to an identical reference on {results[d, False]['sequence_kl_k1']:+.2e} / disabled {results[d, True]['sequence_kl_k1']:+.1e}"
+        for d in dropouts)
+
+
+def plot_ppo(axes, runs: dict) -> None:
+    """First-mini-batch |ρ − 1|, KL and reward bands, bug and fix, and held-out accuracy (4 axes)."""
+    colors = dict(zip(PPO_VARIANTS, (plots.BUG_COLOR, plots.FIX_COLOR), strict=True))
+    for ax, (key, label) in zip(axes, PPO_PANELS, strict=False):
+        plots.plot_bands(ax, runs, key, label, colors, log=key == "train_ratio_deviation")
+    plots.plot_heldout(axes[len(PPO_PANELS)], runs, colors)
+
+
+def figure_ppo(runs: dict):
+    fig, axes = plt.subplots(1, 4, figsize=(20, 3.8))
+    plot_ppo(axes, runs)
+    fig.tight_layout()
+    return fig
+
+
+def ppo_effects(runs: dict) -> dict:
+    return {"reward_step0": statistics.effect(runs, "reward", *PPO_VARIANTS, at="start"),
+            "reward_end": statistics.effect(runs, "reward", *PPO_VARIANTS),
+            "reward_learnt": statistics.learnt_gap(runs, "reward", *PPO_VARIANTS),
+            "heldout_accuracy": statistics.effect(runs, "heldout_accuracy", *PPO_VARIANTS)}
+
+
+def first_minibatch_note(runs: dict, results: dict) -> str:
+    """PPO's first-mini-batch |ρ − 1| per seed beside the step-0 sweep at the same dropout (not comparable maxima)."""
+    if (PPO_DROPOUT, False) not in results:
+        return ""
+    first = [h[0]["train_ratio_deviation"] for h in runs[next(iter(PPO_VARIANTS))]]
+    return (f"max |ρ − 1| on PPO's first mini-batch, dropout {PPO_DROPOUT}, per seed: {', '.join(f'{v:.2g}' for v in first)}; "
+            f"step-0 sweep at {PPO_DROPOUT}: {results[PPO_DROPOUT, False]['max_ratio_deviation']:.2g} — maxima over different "
+            "tokens (another batch), not comparable values")
+
+
+def metrics(*, results: dict, dropouts, runs: dict, effects: dict, settings: dict) -> dict:
+    """Notebook 07's ``notebook_api.write_metrics`` keyword arguments; the headline is the largest dropout measured."""
+    reproduced, fixed = verdict(results)
+    worst = max(d for d in dropouts if d > 0) if any(d > 0 for d in dropouts) else dropouts[0]
+    return {
+        "notebook": "07_dropout", "reproduced": reproduced, "fixed": fixed,
+        "metrics": {"max_ratio_deviation_bug": {str(d): results[d, False]["max_ratio_deviation"] for d in dropouts},
+                    "max_ratio_deviation_fix": {str(d): results[d, True]["max_ratio_deviation"] for d in dropouts},
+                    "sequence_kl_bug": {str(d): results[d, False]["sequence_kl_k1"] for d in dropouts},
+                    "ppo_train_ratio_deviation": {k: h[0][0]["train_ratio_deviation"] for k, h in runs.items()},
+                    "ppo_effects": {k: vars(e) for k, e in effects.items()},
+                    "heldout_gain": {k: vars(statistics.gain(runs, k)) for k in PPO_VARIANTS}, "training_settings": settings},
+        "headline": {"what": f"max |ρ − 1| at step 0 with dropout {worst}", "unit": "ratio",
+                     "bug": results[worst, False]["max_ratio_deviation"], "fix": results[worst, True]["max_ratio_deviation"]},
+    }

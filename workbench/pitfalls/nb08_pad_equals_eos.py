@@ -125,3 +125,45 @@ def pad_eos_explorer(tokenizer, problems) -> Explorer:
 
     return Explorer({"pad_equals_eos": widgets.Checkbox(value=True, description="pad = EOS (bug)")}, draw,
                     "Which targets the loss keeps")
+
+
+# ---- what notebook 08 shows: figures (each built from the ``ax`` functions above), metrics -----
+
+
+def figure_sft_masks(tokenizer, problems: list[Problem]):
+    """The SFT loss mask with a distinct pad (fix) beside pad = EOS (bug)."""
+    fig, axes = plt.subplots(1, 2, figsize=(13, 2.8))
+    for ax, bug in zip(axes, (False, True), strict=True):
+        plot_sft_mask(ax, tokenizer, problems, pad_equals_eos=bug)
+    fig.tight_layout()
+    return fig
+
+
+def eos_kept(tokenizer, problems: list[Problem]) -> dict[bool, int]:
+    """EOS targets the SFT loss mask keeps, ``{pad_equals_eos: count}``."""
+    return {bug: eos_targets_kept(tokenizer, problems, pad_equals_eos=bug)[2] for bug in (False, True)}
+
+
+def figure_stopping(stats: dict[bool, dict]):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    plot_stopping(axes, stats)
+    fig.tight_layout()
+    return fig
+
+
+def stopping_lines(stats: dict[bool, dict]) -> str:
+    return "\n".join(f"pad_equals_eos={bug}: {s['finished_fraction']:.0%} stop, mean length {s['mean_length']:.1f}, "
+                     f"accuracy {s['accuracy']:.2f}" for bug, s in stats.items())
+
+
+def metrics(*, stats: dict[bool, dict], kept: dict[bool, int]) -> dict:
+    """Notebook 08's ``notebook_api.write_metrics`` keyword arguments."""
+    reproduced, fixed = verdict(stats)
+    return {
+        "notebook": "08_pad_equals_eos", "reproduced": reproduced, "fixed": fixed, "not_shown": not_shown(stats),
+        "metrics": {"finished_fraction_bug": stats[True]["finished_fraction"], "finished_fraction_fix": stats[False]["finished_fraction"],
+                    "mean_length_bug": stats[True]["mean_length"], "mean_length_fix": stats[False]["mean_length"],
+                    "eos_targets_kept": {"bug": kept[True], "fix": kept[False]}},
+        "headline": {"what": "greedy responses that stop with EOS after SFT", "unit": "share",
+                     "bug": stats[True]["finished_fraction"], "fix": stats[False]["finished_fraction"]},
+    }

@@ -179,7 +179,7 @@ def plot_gradients(axes, values: dict, gradients: dict, *, undefined_below: floa
     axes[0].legend(fontsize=8)
 
 
-def kl_gradient_explorer(noise_scales: list[float], values: dict, gradients: dict) -> Explorer:
+def kl_estimator_gradient_explorer(noise_scales: list[float], values: dict, gradients: dict) -> Explorer:
     """P9: cosine of each estimator's expected gradient with ∇KL, at a chosen policy distance."""
 
     def draw(scale_index):
@@ -191,3 +191,51 @@ def kl_gradient_explorer(noise_scales: list[float], values: dict, gradients: dic
 
     return Explorer({"scale_index": widgets.IntSlider(value=len(noise_scales) - 1, min=0, max=len(noise_scales) - 1,
                                                       description="distance")}, draw, "Gradient of each KL choice")
+
+
+# --- what notebook 09 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
+
+
+def figure_values(values: dict):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    plot_values(axes, values)
+    fig.tight_layout()
+    return fig
+
+
+def values_line(values: dict, largest: float) -> str:
+    """Bias and spread of each estimator at the noise scale ``largest``."""
+    return f"exact KL {values[largest]['exact_kl']:.4f} nats/token: " + ", ".join(
+        f"{k} bias {values[largest][k]['bias']:+.1e} std {values[largest][k]['std']:.3f}" for k in ESTIMATORS)
+
+
+def figure_gradients(values: dict, gradients: dict):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    plot_gradients(axes, values, gradients)
+    fig.tight_layout()
+    return fig
+
+
+def gradient_lines(gradients: dict, largest: float) -> str:
+    """Cosine and norm ratio of each gradient variant at the noise scale ``largest``."""
+    at = gradients[largest]
+    return "\n".join(f"{name:>13}: cosine {at[name]['cosine']:+.4f}, norm ratio {at[name]['norm_ratio']:.2e}" for name in GRADIENT_VARIANTS)
+
+
+def metrics(*, values: dict, gradients: dict, noise_scales) -> dict:
+    """Notebook 09's ``notebook_api.write_metrics`` keyword arguments (headline at the last noise scale)."""
+    reproduced, fixed = verdict(values, gradients)
+    largest = noise_scales[-1]
+    return {
+        "notebook": "09_kl_estimators", "reproduced": reproduced, "fixed": fixed,
+        "metrics": {"exact_kl": {str(s): values[s]["exact_kl"] for s in noise_scales},
+                    "bias": {k: {str(s): values[s][k]["bias"] for s in noise_scales} for k in ESTIMATORS},
+                    "std": {k: {str(s): values[s][k]["std"] for s in noise_scales} for k in ESTIMATORS},
+                    "gradient_cosine": {n: {str(s): gradients[s][n]["cosine"] for s in noise_scales} for n in GRADIENT_VARIANTS},
+                    "gradient_norm_ratio": {n: {str(s): gradients[s][n]["norm_ratio"] for s in noise_scales} for n in GRADIENT_VARIANTS},
+                    "k1_in_loss_gradient_norm_ratio": max(gradients[s]["k1 in loss"]["norm_ratio"] for s in noise_scales)},
+        "headline": {"what": f"‖expected gradient‖ / ‖∇KL‖ at exact KL {values[largest]['exact_kl']:.3g}: "
+                             "k1 in the loss vs k1 in the reward",
+                     "unit": "ratio", "bug": gradients[largest]["k1 in loss"]["norm_ratio"],
+                     "fix": gradients[largest]["k1 in reward"]["norm_ratio"]},
+    }

@@ -137,3 +137,29 @@ def grad_accumulation_explorer(mask: torch.Tensor, micro_batch_counts: list[int]
 
     control = widgets.Dropdown(options=list(micro_batch_counts), value=micro_batch_counts[-1], description="micro-batches")
     return Explorer({"micro_batches": control}, draw, "Gradient error and token weights under accumulation")
+
+
+# --- what notebook 10 shows: the figure (built from the ``ax`` function above), a summary, metrics ---
+
+
+def figure_gradient_error(micro_batch_counts, errors: dict[str, list[float]]):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    plot_gradient_error(ax, micro_batch_counts, errors)
+    return fig
+
+
+def error_lines(micro_batch_counts, errors: dict[str, list[float]]) -> str:
+    return "\n".join(f"{k:2d} micro-batches: relative error {bug:.2e} (mean of means) vs {fix:.1e} (global token count)"
+                     for k, bug, fix in zip(micro_batch_counts, errors["per_micro_batch"], errors["global"], strict=True))
+
+
+def metrics(*, micro_batch_counts, errors: dict[str, list[float]]) -> dict:
+    """Notebook 10's ``notebook_api.write_metrics`` keyword arguments."""
+    reproduced, fixed = verdict(errors)
+    return {
+        "notebook": "10_grad_accumulation", "reproduced": reproduced, "fixed": fixed,
+        "metrics": {"relative_gradient_error_bug": dict(zip(map(str, micro_batch_counts), errors["per_micro_batch"], strict=True)),
+                    "relative_gradient_error_fix": dict(zip(map(str, micro_batch_counts), errors["global"], strict=True))},
+        "headline": {"what": f"relative gradient error with {max(micro_batch_counts)} micro-batches", "unit": "‖Δg‖/‖g‖",
+                     "bug": errors["per_micro_batch"][-1], "fix": errors["global"][-1]},
+    }

@@ -15,12 +15,16 @@ draws them.
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.core import losses
+from workbench.experiments import comparison, statistics
 from workbench.modeling.rollout import sample
 from workbench.tasks import encode_prompts, score_responses
 from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 
 BUG = "scored as finished (bug)"
 
@@ -169,3 +173,70 @@ def plot_training(axes, histories: dict[str, list[dict]], window: int) -> None:
     for ax in axes[1:]:
         ax.get_legend().remove()
     axes[0].legend(fontsize=8)
+
+
+# --- what notebook 11 shows: figures (each built from the ``ax`` functions above), its explorer, metrics ---
+
+TRAINING_PANELS = (("finished_fraction", "share of responses ending with EOS"), ("reward", "mean reward as the trainer saw it"))
+
+
+def figure_pressure(measured: dict[str, dict]):
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    plot_pressure(ax, measured)
+    return fig
+
+
+def pressure_lines(measured: dict[str, dict]) -> str:
+    return "\n".join(f"{label:>26}: {m['truncated']} truncated, {m['truncated_rewarded']} rewarded, pressure {m['pressure']:+.3f}"
+                     for label, m in measured.items())
+
+
+def plot_training_bands(axes, runs: dict, window: int) -> None:
+    """EOS rate and reward bands per variant (a run hidden under another is ringed and named), and held-out accuracy (3 axes)."""
+    palette = colors(runs)
+    for ax, (key, label) in zip(axes, TRAINING_PANELS, strict=False):
+        plots.plot_bands(ax, runs, key, label, palette, window=window)
+        plots.note_coinciding(ax, legend_kw={"fontsize": 8})
+    plots.plot_heldout(axes[len(TRAINING_PANELS)], runs, palette)
+
+
+def figure_training_bands(runs: dict, train_steps: int):
+    fig, axes = plt.subplots(1, 3, figsize=(18, 3.8))
+    plot_training_bands(axes, runs, window=max(1, train_steps // 8))
+    fig.tight_layout()
+    return fig
+
+
+def training_effects(runs: dict) -> dict:
+    """The bug against zero reward without EOS: EOS rate and held-out accuracy."""
+    return {key: statistics.effect(runs, key, BUG, REFERENCE) for key in ("finished_fraction", "heldout_accuracy")}
+
+
+def eos_rate_explorer(runs: dict) -> Explorer:
+    """The share of responses ending with EOS over training, one variant (first seed) at a time."""
+    histories, palette = comparison.first_seed(runs), colors(runs)
+
+    def draw(run):
+        steps = [{"step": i, **h} if "step" not in h else h for i, h in enumerate(histories[run])]
+        fig, ax = plt.subplots(figsize=(6, 2.5))
+        plots.plot_curves(ax, {run: steps}, "finished_fraction", "share of responses ending with EOS", palette)
+        return {"first": steps[0]["finished_fraction"], "last": steps[-1]["finished_fraction"]}
+
+    return Explorer({"run": widgets.Dropdown(options=list(histories), description="run")}, draw,
+                    "share of responses ending with EOS per run")
+
+
+def metrics(*, measured: dict[str, dict], runs: dict, effects: dict, settings: dict) -> dict:
+    """Notebook 11's ``notebook_api.write_metrics`` keyword arguments."""
+    reproduced, fixed = verdict(measured)
+    histories = comparison.first_seed(runs)
+    return {
+        "notebook": "11_truncated_responses", "reproduced": reproduced, "fixed": fixed, "not_shown": not_shown(measured),
+        "metrics": {"step0": measured,
+                    "truncated_rewarded": {n: int(sum(h["truncated_rewarded"] for h in hs)) for n, hs in histories.items()},
+                    "eos_rate_end": {n: statistics.tail_mean(hs, "finished_fraction") for n, hs in histories.items()},
+                    "effects": {k: vars(e) for k, e in effects.items()},
+                    "heldout_gain": {k: vars(statistics.gain(runs, k)) for k in runs}, "training_settings": settings},
+        "headline": {"what": "step-0 pressure towards truncation: in-loss advantage of truncated − finished responses (bug vs zero reward)",
+                     "unit": "advantage", "bug": measured[BUG]["pressure"], "fix": measured["zero reward without EOS"]["pressure"]},
+    }

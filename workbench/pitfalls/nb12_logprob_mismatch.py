@@ -15,9 +15,11 @@ import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.losses import tis_weights
+from workbench.experiments import statistics
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
+from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
@@ -78,7 +80,7 @@ def not_shown(results: dict, *, threshold: float = 1e-2) -> str | None:
 
 
 def tis_reading(harm, tis_change, tis_vs_fp32) -> str:
-    """What the PPO runs say about TIS, chosen by three ``comparison.Effect``s of one metric: bf16 vs fp32
+    """What the PPO runs say about TIS, chosen by three ``statistics.Effect``s of one metric: bf16 vs fp32
     rollout (is there a harm?), bf16 vs bf16 + TIS (does TIS change the update?), fp32 vs bf16 + TIS (does TIS
     land where the fp32 rollout does?). TIS is called a repair only when a harm was measured and TIS removes it."""
     key = harm.key
@@ -133,3 +135,70 @@ def log_ratio_explorer(results: dict, cap: float = 1.02) -> Explorer:
 
     return Explorer({"rollout": widgets.ToggleButtons(options=list(results), description="sampler")}, draw,
                     "Rollout engine vs trainer")
+
+
+# --- what notebook 12 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
+
+BUG, FP32, TIS = "bf16 rollout (bug)", "fp32 rollout", "bf16 rollout + TIS"
+PAIRS = ((BUG, FP32), (BUG, TIS), (FP32, TIS))  # the harm, what TIS changes, and TIS against fp32
+EFFECT_KEYS = ("reward", "heldout_accuracy")
+
+
+def ppo_variants(tis_cap: float) -> dict[str, dict]:
+    """The PPO runs: a bf16 sampler (bug), an fp32 sampler, and a bf16 sampler with truncated importance sampling at ``tis_cap``."""
+    return {BUG: {"rollout_dtype": "bfloat16"}, FP32: {},
+            TIS: {"rollout_dtype": "bfloat16", "old_logprobs": "recompute", "tis_cap": tis_cap}}
+
+
+def figure_mismatch(results: dict, cap: float):
+    fig, axes = plt.subplots(1, 2, figsize=(13, 3.8))
+    plot_mismatch(axes, results, cap)
+    fig.tight_layout()
+    return fig
+
+
+def mismatch_lines(results: dict, cap: float) -> str:
+    return "\n".join(f"{name}: max |ρ−1| = {r['max_ratio_deviation']:.2e}, mean |log ρ| = {r['mean_abs_log_ratio']:.2e}, "
+                     f"max ratio {r['log_ratio'].exp().max():.3f}, reweighted by TIS at C = {cap}: {r['tis_clipped_fraction']:.2%}"
+                     for name, r in results.items())
+
+
+def plot_ppo(axes, runs: dict, window: int) -> None:
+    """Reward and KL bands of the three samplers, and held-out accuracy (3 axes)."""
+    colors = dict(zip(runs, (plots.BUG_COLOR, plots.FIX_COLOR, plots.SERIES_COLORS[2]), strict=False))
+    plots.plot_bands(axes[0], runs, "reward", "mean task reward", colors, window=window)
+    plots.plot_bands(axes[1], runs, "kl", "KL to reference (nats / response)", colors, window=window)
+    plots.plot_heldout(axes[2], runs, colors)
+
+
+def figure_ppo(runs: dict, ppo_steps: int):
+    fig, axes = plt.subplots(1, 3, figsize=(18, 3.8))
+    plot_ppo(axes, runs, window=max(1, ppo_steps // 10))
+    fig.tight_layout()
+    return fig
+
+
+def ppo_effects(runs: dict) -> dict:
+    """``{(key, a, b): statistics.effect(runs, key, a, b)}`` for every pair in ``PAIRS``."""
+    return {(key, a, b): statistics.effect(runs, key, a, b) for a, b in PAIRS for key in EFFECT_KEYS}
+
+
+def effect_lines(effects: dict) -> str:
+    """Each pair's effect sentence, then the reading of TIS per key (``tis_reading``)."""
+    return "\n".join([f"{a} vs {b}: " + e.sentence() for (key, a, b), e in effects.items()] +
+                     [tis_reading(*(effects[(key, a, b)] for a, b in PAIRS)) for key in EFFECT_KEYS])
+
+
+def metrics(*, results: dict, runs: dict, effects: dict, settings: dict) -> dict:
+    """Notebook 12's ``notebook_api.write_metrics`` keyword arguments."""
+    reproduced, fixed = verdict(results)
+    return {
+        "notebook": "12_logprob_mismatch", "reproduced": reproduced, "fixed": fixed, "not_shown": not_shown(results),
+        "metrics": {**{n: {k: v for k, v in r.items() if not hasattr(v, "shape")} for n, r in results.items()},
+                    "ppo_first_ratio_deviation": {k: h[0][0]["first_ratio_deviation"] for k, h in runs.items()},
+                    "ppo_effects": {f"{key} vs {b}" if a == BUG else f"{key}: {a} vs {b}": vars(e) for (key, a, b), e in effects.items()},
+                    "heldout_gain": {k: vars(statistics.gain(runs, k)) for k in runs}, "training_settings": settings},
+        "headline": {"what": "max |ρ − 1| between trainer (fp32) and rollout log-probs before any update: bf16 vs fp32 rollout",
+                     "unit": "ratio", "bug": results["bf16 rollout"]["max_ratio_deviation"],
+                     "fix": results["fp32 rollout"]["max_ratio_deviation"]},
+    }

@@ -5,7 +5,8 @@ plots into the explorer's ``Output`` and returns what it measured, and an observ
 ``draw`` again whenever a control's ``.value`` changes. The logic is testable without a browser:
 set ``explorer.controls["name"].value`` and read ``explorer.last`` / ``explorer.renders``.
 
-Notebooks show ``explorer.widget`` only when their ``interactive`` parameter is true (batch runs
+Each pitfall's explorers live in its module (``workbench.pitfalls.nbNN_*``), built on this base;
+notebooks show ``explorer.widget`` only when their ``interactive`` parameter is true (batch runs
 set it to False).
 """
 
@@ -17,8 +18,6 @@ from typing import Any
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import clear_output
-
-from workbench.viz import plots
 
 
 class Explorer:
@@ -45,18 +44,4 @@ class Explorer:
             self.last = self.draw(**self.values())
             plt.show()
         self.renders += 1
-
-
-def curve_explorer(histories: dict, key: str, ylabel: str, colors: dict | None = None) -> Explorer:
-    """One run's curve at a time (P11: EOS rate per truncation variant, and similar), drawn by ``plots.plot_curves``."""
-
-    def draw(run):
-        values = [h[key] for h in histories[run]]
-        fig, ax = plt.subplots(figsize=(6, 2.5))
-        steps = [{"step": i, **h} if "step" not in h else h for i, h in enumerate(histories[run])]
-        plots.plot_curves(ax, {run: steps}, key, ylabel, colors)
-        return {"last": values[-1], "first": values[0]}
-
-    return Explorer({"run": widgets.Dropdown(options=list(histories), description="run")}, draw, f"{ylabel} per run")
-
 

@@ -1,0 +1,46 @@
+"""Small stand-ins for what the pitfall notebooks measure, so that ``metrics()``, figures and explorers
+are tested without training: ``fake_runs`` has the shape of ``comparison.train_variants``'s result."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+WRITE_METRICS_KEYS = {"notebook", "reproduced", "fixed", "metrics", "headline"}  # and, optionally, "not_shown"
+
+
+def fake_runs(labels, keys, *, seeds: int = 2, steps: int = 4, heldout=("heldout_accuracy",)) -> dict:
+    """``{label: [history per seed]}``: every step records each of ``keys`` (a value that differs by label,
+    seed and step) and its step number; the last step carries each held-out key and ``{key}_start``."""
+    runs = {}
+    for i, label in enumerate(labels):
+        histories = []
+        for seed in range(seeds):
+            history = [{"step": t, **{k: 0.1 * i + 0.01 * seed + 0.05 * t for k in keys}} for t in range(steps)]
+            history[-1].update({k: 0.5 + 0.1 * i + 0.01 * seed for k in heldout})
+            history[-1].update({f"{k}_start": 0.4 + 0.01 * seed for k in heldout})
+            histories.append(history)
+        runs[label] = histories
+    return runs
+
+
+def check_metrics(kwargs: dict, notebook: str) -> None:
+    """``kwargs`` are ``notebook_api.write_metrics``'s keyword arguments for ``notebook``."""
+    assert WRITE_METRICS_KEYS <= set(kwargs) <= WRITE_METRICS_KEYS | {"not_shown"}
+    assert kwargs["notebook"] == notebook
+    assert isinstance(kwargs["reproduced"], bool) and isinstance(kwargs["fixed"], bool)
+    assert set(kwargs["headline"]) == {"what", "unit", "bug", "fix"}
+
+
+def drew(fig) -> bool:
+    """Every axis of ``fig`` that is not a colour bar holds lines, patches, images or collections."""
+    axes = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    ok = bool(axes) and all(ax.lines or ax.patches or ax.images or ax.collections or ax.texts for ax in axes)
+    plt.close(fig)
+    return ok
+
+
+def axes(n: int = 1):
+    fig, ax = plt.subplots(1, n)
+    return fig, ax

@@ -1,0 +1,39 @@
+"""nb02_right_padding_flash_attention: metrics(), figures and the padding-side explorer."""
+
+import torch
+from pitfall_fakes import check_metrics, drew
+
+from workbench.pitfalls import nb02_right_padding_flash_attention as padding
+
+DIVERGENCE = {"a": {"rows": 4, "right_divergent_rows": 2, "left_divergent_rows": 0, "right": [[1], [2]], "left": [[1], [1]],
+                    "alone": [[1], [1]]}}
+PACKED = {"a": {"packed": 0.0, "packed, cache on": 0.0}}
+REPORT = padding.PaddingReport("right", True, [0], True)
+
+
+def test_metrics_returns_write_metrics_arguments():
+    kwargs = padding.metrics(divergence=DIVERGENCE, packed=PACKED, report=REPORT, throughput={"padded": 1.0, "packed": 2.0},
+                             entries={"padded": 16, "packed": 8}, flash_gap=None, flash_reason="no GPU")
+    check_metrics(kwargs, "02_right_padding_flash_attention")
+    assert kwargs["headline"]["bug"] == 50.0 and kwargs["headline"]["fix"] == 0.0
+    assert kwargs["metrics"]["packed_speedup"] == 2.0 and kwargs["metrics"]["guard_would_raise"] is True
+
+
+def test_figures_draw():
+    ids = torch.tensor([[1, 2, 3, 0], [1, 2, 0, 0]])
+    mask = (ids != 0).long()
+    assert drew(padding.figure_ppo_masks(ids, mask, 2, REPORT, eos_token_id=3))
+    assert drew(padding.figure_divergence(DIVERGENCE))
+    assert drew(padding.figure_packed({"a": {"packed": 1e-7, "packed, cache on": 0.0, "labels rolled on the packed row": 2.0}}))
+    assert drew(padding.figure_throughput({"padded": 1.0, "packed": 2.0}, padding.attention_entries([2, 3])))
+    assert "packed: 0.0e+00" in padding.packed_lines(PACKED)
+
+
+def test_padding_side_explorer_counts_divergent_rows():
+    from workbench.experiments.checkpoints import load
+
+    models = {"tiny-arith-qwen2": load("tiny-arith-qwen2")}
+    explorer = padding.padding_side_explorer(models, ["1+2=", "12+34=", "5*5=", "99-3="])
+    assert explorer.last["divergent_rows"] > 0
+    explorer.controls["side"].value = "left"
+    assert explorer.last["divergent_rows"] == 0

@@ -1,0 +1,53 @@
+"""nb03_eos_termination: metrics(), figures, the PPO reading and the decoding-cost explorer."""
+
+import torch
+from pitfall_fakes import axes, check_metrics, drew, fake_runs
+
+from workbench.pitfalls import nb03_eos_termination as eos
+
+
+def cost(steps, tokens, needed, longest):
+    return {"decode_steps": steps, "tokens_generated": tokens, "tokens_needed": needed, "waste_fraction": 1 - needed / tokens,
+            "seconds": 0.01, "longest_response": longest, "finished_fraction": 1.0}
+
+
+COSTS = {b: {"bug": cost(8, 8 * b, 3 * b, 4), "fix": cost(4, 4 * b, 3 * b, 4)} for b in (1, 4)}
+MASKS = {"finished": 4, "eos_kept_distinct": 4, "eos_kept_pad_is_eos": 0,
+         "distinct": (torch.tensor([[5, 2, 0]]), torch.tensor([[1, 1, 0]])),
+         "pad_is_eos": (torch.tensor([[5, 2, 2]]), torch.tensor([[1, 0, 0]]))}
+
+
+def test_metrics_returns_write_metrics_arguments():
+    runs = fake_runs(eos.PPO_VARIANTS, ("reward", "tokens_generated", "rollout_seconds"), seeds=1)
+    kwargs = eos.metrics(costs=COSTS, loss_gap=0.0, masks=MASKS, runs=runs)
+    check_metrics(kwargs, "03_eos_termination")
+    assert kwargs["reproduced"] and kwargs["fixed"] and kwargs["not_shown"] is None
+    assert kwargs["headline"]["what"] == "decoding steps per batch of 4 rollouts" and kwargs["headline"]["bug"] == 8
+    assert kwargs["metrics"]["ppo_first_split_step"] == 0 and abs(kwargs["metrics"]["ppo_curve_reward_gap"] - 0.1) < 1e-9
+
+
+def test_ppo_reading_names_the_first_split():
+    runs = fake_runs(eos.PPO_VARIANTS, ("reward",), seeds=1)
+    runs[next(iter(eos.PPO_VARIANTS))] = [[dict(h) for h in runs["stop_at_eos=True (fix)"][0]]]
+    assert eos.ppo_split(runs) == (None, 0.0)
+    assert eos.ppo_sentence(runs, 4) == "identical rewards at every one of the 4 steps"
+
+
+def test_figures_draw():
+    assert drew(eos.figure_generation_cost(COSTS))
+    assert drew(eos.figure_pad_eos_masks(MASKS, eos_token_id=2))
+    assert drew(eos.figure_ppo(fake_runs(eos.PPO_VARIANTS, ("reward", "tokens_generated", "rollout_seconds"), seeds=1), seed=0))
+    fig, ax = axes(3)
+    eos.plot_ppo(ax, fake_runs(eos.PPO_VARIANTS, ("reward", "tokens_generated", "rollout_seconds"), seeds=1))
+    assert drew(fig)
+    assert "batch    4" in eos.cost_lines(COSTS)
+
+
+def test_eos_explorer_reports_cost_for_the_chosen_budget():
+    from workbench.experiments.checkpoints import load
+
+    model, tokenizer = load("tiny-arith-qwen2")
+    explorer = eos.eos_explorer(model, tokenizer, ["1+2=", "12+34=", "5*5=", "9-3="])
+    explorer.controls["batch_size"].value = 4
+    explorer.controls["max_new_tokens"].value = 10
+    assert explorer.last["bug"]["decode_steps"] == 10 > explorer.last["fix"]["decode_steps"]

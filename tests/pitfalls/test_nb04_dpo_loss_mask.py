@@ -1,0 +1,48 @@
+"""nb04_dpo_loss_mask: metrics(), figures, the buggy-call message and the loss-mask explorer."""
+
+import pytest
+from pitfall_fakes import axes, check_metrics, drew, fake_runs
+
+from workbench.pitfalls import nb04_dpo_loss_mask as dpo_mask
+from workbench.trainers.preferences import collate_preferences
+
+PAIRS = [{"prompt": "1+2=", "chosen": "3", "rejected": "4"}, {"prompt": "12+3=", "chosen": "15", "rejected": "16"}]
+KEYS = ("loss", "rewards/margins", "rewards/accuracies", "logps/prompt")
+HELDOUT = ("heldout_accuracy", "heldout_logp_chosen", "heldout_logp_rejected")
+
+
+@pytest.fixture
+def batch(tokenizer):
+    return collate_preferences(tokenizer, PAIRS)
+
+
+def test_metrics_returns_write_metrics_arguments(batch):
+    runs = fake_runs(dpo_mask.MODES, KEYS, heldout=HELDOUT)
+    audits = dpo_mask.mask_audits(batch)
+    kwargs = dpo_mask.metrics(audits=audits, margin_gap_step0=0.0, margin_gap_after=0.5, hand_gap=0.0, runs=runs,
+                              effects=dpo_mask.training_effects(runs), train_steps=4)
+    check_metrics(kwargs, "04_dpo_loss_mask")
+    assert kwargs["reproduced"] and kwargs["fixed"]
+    assert kwargs["metrics"]["rows_counting_prompt_tokens"] == {"both": 0, "chosen_only": 2, "none": 4}
+    assert "mean over 2 seed(s)" in kwargs["headline"]["what"]
+
+
+def test_buggy_call_message_names_the_fix(batch):
+    assert "prompt_lengths * 2" in dpo_mask.buggy_call_message(batch)
+
+
+def test_figures_draw(batch):
+    assert drew(dpo_mask.figure_loss_masks(batch))
+    assert drew(dpo_mask.figure_training_bands(fake_runs(dpo_mask.MODES, KEYS)))
+    fig, ax = axes(4)
+    dpo_mask.plot_training_bands(ax, fake_runs(dpo_mask.MODES, KEYS))
+    assert drew(fig)
+
+
+def test_dpo_mask_explorer_counts_prompt_rows(batch):
+    explorer = dpo_mask.dpo_mask_explorer(batch)
+    assert explorer.last["rows_counting_prompt"] == 2  # the bug: the two rejected rows
+    explorer.controls["prompt_mask"].value = "both"
+    assert explorer.last["rows_counting_prompt"] == 0
+    explorer.controls["prompt_mask"].value = "none"
+    assert explorer.last["rows_counting_prompt"] == 4
