@@ -164,7 +164,7 @@ def metrics(rows: list[dict], headline_temperature: float) -> dict:
 def last_position_logits(model, tokenizer, prompt: str) -> torch.Tensor:
     """The next-token logits after ``prompt`` (the explorer's one context)."""
     ids, mask = encode_prompts(tokenizer, [prompt])
-    return forward(model, ids, mask).logits[0, -1].detach()
+    return forward(model, ids, mask)[0, -1].detach()  # forward returns the logits (B, T, V)
 
 
 def entropy_temperature_explorer(logits: torch.Tensor) -> Explorer:
