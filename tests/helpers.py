@@ -12,3 +12,18 @@ def assert_reward_rises(trainer, window: int, margin: float) -> None:
     """Train and check that the mean reward of the last ``window`` steps beats the first's by ``margin``."""
     first, last = reward_gain(trainer.train(), window)
     assert last > first + margin, (first, last)
+
+
+WRITE_METRICS_KEYS = {"notebook", "reproduced", "fixed", "metrics", "headline", "not_shown"}
+
+
+def written_metrics(kwargs: dict, out_dir) -> dict:
+    """Check that a pitfall's ``metrics(...)`` returns ``notebook_api.write_metrics``'s keyword arguments
+    (no other keys), write them and return ``metrics.json`` as read back."""
+    import json
+
+    from workbench.catalogue import notebook_api
+
+    assert set(kwargs) <= WRITE_METRICS_KEYS and {"notebook", "reproduced", "fixed", "metrics"} <= set(kwargs), sorted(kwargs)
+    notebook_api.write_metrics(out_dir, **kwargs)
+    return json.loads((out_dir / "metrics.json").read_text())

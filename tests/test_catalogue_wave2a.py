@@ -294,22 +294,3 @@ def test_p20_verdict_says_false_on_bug_absent_numbers():
     assert verdict(exact, exact) == (False, True)
     biased_off = {**exact, "w·k3 in loss": {"relative_error": 0.2, "norm_ratio": 1.0, "cosine": 0.9}}
     assert verdict(exact, biased_off)[1] is False
-
-
-# ---- explorers (no browser: set a control, read what was drawn) ---------------------------------
-def test_p14_p15_explorers_redraw_on_a_control_change(qwen):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from workbench.pitfalls import nb14_truncated_sampling as truncated_sampling
-    from workbench.pitfalls import nb15_temperature_entropy as temperature_entropy
-
-    model, tokenizer = qwen
-    explorer = truncated_sampling.explorer(model, tokenizer, PROMPTS[:8])
-    explorer.controls["top_p"].value = 0.5
-    assert explorer.renders == 2 and explorer.last["kept_mass"] < 1.0
-    rollout = truncated_sampling.rollout_with_filters(model, tokenizer, PROMPTS[:1])
-    logits = truncated_sampling.response_logits(model, rollout)[0, 0]
-    explorer = temperature_entropy.explorer(logits)
-    explorer.controls["temperature"].value = 1.0
-    assert explorer.renders == 2 and explorer.last["entropy_gap"] == pytest.approx(0.0, abs=1e-6)

@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+
+from workbench.audit import AuditResult
 from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 
 AS_EXPECTED, DIFFERS, SKIPPED, ERROR = "as expected", "differs", "skipped", "error"
 ZERO_TOL = 1e-6
@@ -353,6 +358,74 @@ def plot_s2(ax, payloads: dict):
         return ax
     ax.set_ylim(0, 1.25)
     return _bars(ax, labels, values, bug, "raised ValueError (1 = yes)", "S2 · Qwen2 flash_attention_2 with use_cache", "{:.0f}")
+
+
+SEED_FIGURES = {"S3 · EOS stopping": plot_s3, "S5 · loss aggregation": plot_s5, "S2 · flash attention": plot_s2}
+OPENRLHF_AUDITS = ("position_ids", "dpo_mask")  # S1 and S4, checked with workbench.audit in OpenRLHF 0.11.2's own code
+
+
+def figure_peer_lab(payloads: dict):
+    """The notebook's seed figure: S3, S5 and S2 side by side."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, plot in zip(axes, (plot_s3, plot_s5, plot_s2), strict=True):
+        plot(ax, payloads)
+    fig.tight_layout()
+    return fig
+
+
+def openrlhf_audits(payloads: dict) -> dict[str, AuditResult]:
+    """The ``workbench.audit`` results of OpenRLHF 0.11.2's S1/S4 probes that ran, by probe name."""
+    return {r["probe"]: AuditResult.from_dict(r["audit"]) for r in payloads.get("openrlhf-0.11.2", {}).get("rows", [])
+            if r.get("audit") and r["probe"] in OPENRLHF_AUDITS}
+
+
+def plot_openrlhf_audit(ax, audits: dict[str, AuditResult], name: str):
+    """One OpenRLHF audit's figure, titled with its convention, or "skipped" when it did not run."""
+    if name in audits:
+        audits[name].plot(ax)
+        ax.set_title(f"OpenRLHF 0.11.2 · {name}: {audits[name].convention}"[:80], fontsize=9)
+    else:
+        ax.text(0.5, 0.5, f"OpenRLHF {name}: skipped", ha="center", transform=ax.transAxes)
+        ax.set_axis_off()
+    return ax
+
+
+def figure_openrlhf_s1_s4(payloads: dict):
+    audits = openrlhf_audits(payloads)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for ax, name in zip(axes, OPENRLHF_AUDITS, strict=True):
+        plot_openrlhf_audit(ax, audits, name)
+    fig.tight_layout()
+    return fig
+
+
+def seed_figure_explorer(rows: list[dict], payloads: dict) -> Explorer:
+    """A dropdown over the seeds measured in released code: that seed's figure, larger, and its table rows."""
+
+    def draw(seed):
+        fig, ax = plt.subplots(figsize=(8, 4))
+        SEED_FIGURES[seed](ax, payloads)
+        prefix = seed.split(" ")[0].lower()
+        return {"seed": seed, "rows": [r for r in rows if r["probe"].startswith(prefix)], "bars": len(ax.patches)}
+
+    dropdown = widgets.Dropdown(options=list(SEED_FIGURES), description="seed")
+    return Explorer({"seed": dropdown}, draw, title="Peer lab: one seed's measurement in the releases that shipped it")
+
+
+def metrics(rows: list[dict], payloads: dict) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 90."""
+    reproduced, fixed = verdict(rows)
+    s3, _ = headline(rows, payloads)
+    skipped = skipped_reason(rows)
+    return dict(
+        notebook="90_peer_lab", reproduced=reproduced, fixed=fixed,
+        metrics={"probes": [{k: r[k] for k in ("peer", "version", "probe", "expected", "measured", "verdict")} for r in rows],
+                 "roles": {r["probe"] + "@" + r["version"]: r["role"] for r in rows}, "counts": counts(rows),
+                 "environments": {k: p.get("environment", {}) for k, p in payloads.items()},
+                 **({"skipped": skipped} if skipped else {})},
+        headline={"what": "S3 decoding steps per rollout batch (TRL 0.11.4 PPOv2 vs TRL 1.16 GRPO)", "unit": "steps",
+                  "bug": s3[0], "fix": s3[1]},
+    )
 
 
 # ---------------------------------------------------------------- headline and the conclusion in words

@@ -28,4 +28,6 @@ Pitfall modules never import each other (an import-linter contract in pyproject.
 * ``nb21_duplicate_bos`` — P21: two BOS tokens — a chat template that writes BOS, and a tokenizer that adds one.
 * ``nb22_multiturn_retokenization`` — P22: decode → re-encode between turns is not the identity for BPE.
 * ``nb23_bf16_updates`` — P23: pure-bf16 updates are rounded away.
+* ``nb91_audit_your_trainer`` — not a pitfall: what notebook 91 shows of a ``workbench.audit`` run (figures, explorer,
+  metrics); notebook 90's figures, explorer and metrics live with the peer lab, in ``workbench.peers.expectations``.
 """

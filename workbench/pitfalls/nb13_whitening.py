@@ -13,7 +13,12 @@ import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.losses import masked_mean, masked_var, masked_whiten, naive_whiten
+from workbench.experiments import statistics
+from workbench.viz import plots
 from workbench.viz.explorer import Explorer
+
+PPO_VARIANTS = {"whiten_over=padded (bug)": {"whiten_over": "padded"}, "whiten_over=real (fix)": {"whiten_over": "real"}}
+EFFECT_KEYS = ("advantage_mean_real_tokens", "reward", "heldout_accuracy")
 
 
 def real_token_stats(whitened: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -71,8 +76,6 @@ def not_shown(rows: list[dict]) -> str | None:
 
 def plot_whitening(axes, rows: list[dict]) -> None:
     """Mean and std of whitened advantages on real tokens vs the padding share, naive (bug) and masked (fix)."""
-    from workbench.viz import plots
-
     fractions = [r["padding_fraction"] * 100 for r in rows]
     for ax, key, ylabel, target in ((axes[0], "mean", "mean of whitened advantages on real tokens", 0.0),
                                     (axes[1], "std", "std of whitened advantages on real tokens", 1.0)):
@@ -82,6 +85,54 @@ def plot_whitening(axes, rows: list[dict]) -> None:
         ax.set_xlabel("padding in the batch (%)")
         ax.set_ylabel(ylabel)
     axes[0].legend()
+
+
+def figure_whitening_vs_padding(rows: list[dict]):
+    """Part 1's figure: ``plot_whitening`` on two panels."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    plot_whitening(axes, rows)
+    fig.tight_layout()
+    return fig
+
+
+def padding_lines(rows: list[dict]) -> str:
+    """Part 1's numbers, one line per padding."""
+    return "\n".join(f"+{r['extra_pads']:2d} pads ({r['padding_fraction']:.0%} padding): naive mean {r['naive_mean']:+.3f} "
+                     f"std {r['naive_std']:.3f} | masked mean {r['masked_mean']:+.1e} std {r['masked_std']:.4f}" for r in rows)
+
+
+def figure_ppo_whitening(runs: dict, ppo_steps: int):
+    """Part 2's figure: mean advantage on real tokens and reward per step (seed bands), and held-out accuracy."""
+    colors = dict(zip(PPO_VARIANTS, (plots.BUG_COLOR, plots.FIX_COLOR), strict=True))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 3.8))
+    panels = (("advantage_mean_real_tokens", "mean advantage on real tokens"), ("reward", "mean task reward"))
+    for ax, (key, label) in zip(axes[:2], panels, strict=True):
+        plots.plot_bands(ax, runs, key, label, colors, window=max(1, ppo_steps // 10))
+    plots.plot_heldout(axes[2], runs, colors)
+    fig.tight_layout()
+    return fig
+
+
+def ppo_effects(runs: dict) -> dict:
+    """The bug-vs-fix effect (with its seed noise) on each of ``EFFECT_KEYS``."""
+    return {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in EFFECT_KEYS}
+
+
+def metrics(rows: list[dict], runs: dict, effects: dict, settings: dict) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 13."""
+    reproduced, fixed = verdict(rows)
+    worst = max(rows, key=lambda r: abs(r["naive_mean"]))
+    return dict(
+        notebook="13_whitening", reproduced=reproduced, fixed=fixed, not_shown=not_shown(rows),
+        metrics={"naive_mean_by_padding": {str(r["extra_pads"]): r["naive_mean"] for r in rows},
+                 "naive_std_by_padding": {str(r["extra_pads"]): r["naive_std"] for r in rows},
+                 "masked_mean_by_padding": {str(r["extra_pads"]): r["masked_mean"] for r in rows},
+                 "ppo_advantage_mean_real_tokens": {k: h[0][0]["advantage_mean_real_tokens"] for k, h in runs.items()},
+                 "ppo_effects": {k: vars(e) for k, e in effects.items()},
+                 "heldout_gain": {k: vars(statistics.gain(runs, k)) for k in PPO_VARIANTS}, "training_settings": settings},
+        headline={"what": f"mean of whitened advantages on real tokens at {worst['padding_fraction']:.0%} padding", "unit": "advantage",
+                  "bug": worst["naive_mean"], "fix": worst["masked_mean"]},
+    )
 
 
 def whitening_explorer(values: torch.Tensor, mask: torch.Tensor) -> Explorer:

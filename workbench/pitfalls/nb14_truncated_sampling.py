@@ -14,6 +14,8 @@ the same processed distribution: the same filters on the same (temperature-divid
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.devices import model_device
@@ -21,6 +23,8 @@ from workbench.core.sampling_filters import kept_mass, processed_logprobs
 from workbench.modeling.rollout import Rollout, sample
 from workbench.modeling.scoring import forward, logprobs_from_logits
 from workbench.tasks import encode_prompts
+from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 from workbench.viz.plots import label_zero_bars
 
 
@@ -72,6 +76,11 @@ def first_step_ratio(model, tokenizer, prompts: list[str], *, top_k: int = 0, to
     return out
 
 
+def settings_for(top_ps: list[float], top_ks: list[int]) -> list[tuple[int, float]]:
+    """The notebook's (top_k, top_p) settings: no filter, each top-p alone, each top-k alone."""
+    return [(0, 1.0)] + [(0, p) for p in top_ps] + [(k, 1.0) for k in top_ks]
+
+
 def sweep(model, tokenizer, prompts: list[str], settings: list[tuple[int, float]], **kwargs) -> list[dict]:
     """``first_step_ratio`` for every ``(top_k, top_p)`` in ``settings``."""
     return [first_step_ratio(model, tokenizer, prompts, top_k=k, top_p=p, **kwargs) for k, p in settings]
@@ -96,8 +105,6 @@ def setting_label(row: dict) -> str:
 
 def plot_ratio_vs_kept_mass(ax, rows: list[dict]) -> None:
     """Mean first-step ratio against the kept mass S, one point per setting: the bug sits on ρ = S."""
-    from workbench.viz import plots
-
     mass = [r["kept_mass"] for r in rows]
     ax.plot([min(mass), 1], [min(mass), 1], ":", color=plots.NEUTRAL_COLOR, label="ρ = S")
     for name, color, label in (("bug", plots.BUG_COLOR, "full softmax (bug)"), ("fix", plots.FIX_COLOR, "same filters (fix)")):
@@ -111,8 +118,6 @@ def plot_ratio_vs_kept_mass(ax, rows: list[dict]) -> None:
 
 
 def plot_clip_fraction(ax, rows: list[dict], clip_eps: float = 0.2) -> None:
-    from workbench.viz import plots
-
     x = range(len(rows))
     for shift, name, label in ((-0.2, "bug", "full softmax (bug)"), (0.2, "fix", "same filters (fix)")):
         bars = ax.bar([i + shift for i in x], [r[name]["clip_fraction"] for r in rows], 0.4,
@@ -123,13 +128,52 @@ def plot_clip_fraction(ax, rows: list[dict], clip_eps: float = 0.2) -> None:
     ax.legend()
 
 
-def explorer(model, tokenizer, prompts: list[str], seed: int = 0):
-    """top-k / top-p / temperature controls redrawing the per-token ratio against S."""
-    import ipywidgets as widgets
-    import matplotlib.pyplot as plt
+def figure_ratio_vs_kept_mass(rows: list[dict]):
+    """The notebook's figure: ``plot_ratio_vs_kept_mass`` and ``plot_clip_fraction`` side by side."""
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    plot_ratio_vs_kept_mass(axes[0], rows)
+    plot_clip_fraction(axes[1], rows)
+    fig.tight_layout()
+    return fig
 
-    from workbench.viz import plots
-    from workbench.viz.explorer import Explorer
+
+# ---- what the notebook prints and writes -------------------------------------------------------
+def sweep_lines(rows: list[dict]) -> str:
+    return "\n".join(f"top_k={r['top_k']:>2} top_p={r['top_p']:.2f}: S = {r['kept_mass']:.4f}, mean ρ bug = {r['bug']['mean_ratio']:.4f} "
+                     f"(max |ρ−S| {r['max_ratio_minus_mass']:.1e}, clipped {r['bug']['clip_fraction']:.1%}), "
+                     f"fix max |ρ−1| = {r['fix']['max_ratio_deviation']:.1e}" for r in rows)
+
+
+def headline_row(rows: list[dict]) -> dict:
+    """The headline setting: top-p 0.8 alone when swept, else the last setting."""
+    return next((r for r in rows if r["top_p"] == 0.8 and not r["top_k"]), rows[-1])
+
+
+def headline_sentence(rows: list[dict]) -> str:
+    head = headline_row(rows)
+    return (f"Headline (top_k={head['top_k']}, top_p={head['top_p']}): mean ρ {head['bug']['mean_ratio']:.4f} with full-softmax scoring "
+            f"(kept mass {head['kept_mass']:.4f}) → {head['fix']['mean_ratio']:.4f} with the same filters; "
+            + ("ρ = S token by token." if verdict(head)[0] else "no measurable bias at this setting."))
+
+
+def metrics(rows: list[dict]) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 14: the headline setting's verdict, fixed at every setting."""
+    head = headline_row(rows)
+    reproduced, fixed = verdict(head)
+    return dict(
+        notebook="14_truncated_sampling",
+        reproduced=reproduced, fixed=fixed and all(verdict(r)[1] for r in rows),
+        metrics={"settings": [{"top_k": r["top_k"], "top_p": r["top_p"], "kept_mass": r["kept_mass"],
+                               "mean_ratio_bug": r["bug"]["mean_ratio"], "mean_ratio_fix": r["fix"]["mean_ratio"],
+                               "clip_fraction_bug": r["bug"]["clip_fraction"],
+                               "max_ratio_minus_mass": r["max_ratio_minus_mass"]} for r in rows]},
+        headline={"what": f"mean importance ratio at lr 0 (top_k={head['top_k']}, top_p={head['top_p']})", "unit": "ratio",
+                  "bug": head["bug"]["mean_ratio"], "fix": head["fix"]["mean_ratio"]},
+    )
+
+
+def filter_ratio_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
+    """top-k / top-p / temperature controls redrawing the per-token ratio against S."""
 
     def draw(top_p, top_k, temperature):
         rollout = rollout_with_filters(model, tokenizer, prompts, top_k=top_k, top_p=top_p, temperature=temperature, seed=seed)

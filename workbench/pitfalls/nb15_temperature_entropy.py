@@ -18,6 +18,8 @@ The fix: divide the logits by the sampling temperature once, before every log-so
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +27,8 @@ from workbench.core.devices import model_device
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import entropy_from_logits, forward
 from workbench.tasks import encode_prompts
+from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 from workbench.viz.plots import draw_floor, note_coinciding
 
 
@@ -87,8 +91,6 @@ def verdict(rows: list[dict], tolerance: float = 1e-5) -> tuple[bool, bool]:
 
 # ---- plots (take an ax) ------------------------------------------------------------------------
 def plot_entropy(ax, rows: list[dict]) -> None:
-    from workbench.viz import plots
-
     temperatures = [r["temperature"] for r in rows]
     ax.plot(temperatures, [r["bug"]["entropy"] for r in rows], "o-", color=plots.BUG_COLOR, label="H(softmax(z)) (bug)")
     ax.plot(temperatures, [r["fix"]["entropy"] for r in rows], "o-", color=plots.FIX_COLOR, label="H(softmax(z / τ)) (fix)")
@@ -99,8 +101,6 @@ def plot_entropy(ax, rows: list[dict]) -> None:
 
 
 def plot_step0_kl(ax, rows: list[dict], floor: float = 1e-9) -> None:
-    from workbench.viz import plots
-
     temperatures = [r["temperature"] for r in rows]
     ax.plot(temperatures, [max(r["bug"]["kl_exact"], floor) for r in rows], "o-", color=plots.BUG_COLOR,
             label="reference at τ = 1 (bug)")
@@ -116,13 +116,59 @@ def plot_step0_kl(ax, rows: list[dict], floor: float = 1e-9) -> None:
     note_coinciding(ax)
 
 
-def explorer(logits: torch.Tensor):
-    """A τ slider redrawing one context's next-token distribution at τ and at 1, with both entropies."""
-    import ipywidgets as widgets
-    import matplotlib.pyplot as plt
+def figure_entropy_vs_temperature(rows: list[dict]):
+    """The notebook's figure: ``plot_entropy`` and ``plot_step0_kl`` side by side."""
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    plot_entropy(axes[0], rows)
+    plot_step0_kl(axes[1], rows)
+    fig.tight_layout()
+    return fig
 
-    from workbench.viz import plots
-    from workbench.viz.explorer import Explorer
+
+# ---- what the notebook prints and writes -------------------------------------------------------
+def sweep_lines(rows: list[dict]) -> str:
+    return "\n".join(f"τ={r['temperature']:4}: entropy raw {r['bug']['entropy']:.4f} vs sampled {r['fix']['entropy']:.4f} nats "
+                     f"(gap {r['entropy_gap']:+.4f}); step-0 KL bug exact {r['bug']['kl_exact']:.2e}, k1 {r['bug']['kl_k1']:+.2e}, "
+                     f"k3 {r['bug']['kl_k3']:.2e}; fix exact {r['fix']['kl_exact']:.1e}" for r in rows)
+
+
+def headline_row(rows: list[dict], headline_temperature: float) -> dict:
+    return min(rows, key=lambda r: abs(r["temperature"] - headline_temperature))
+
+
+def headline_sentence(rows: list[dict], headline_temperature: float) -> str:
+    head = headline_row(rows, headline_temperature)
+    return (f"At τ = {head['temperature']}: the logged entropy is off by {abs(head['entropy_gap']):.4f} nats "
+            f"({abs(head['entropy_gap']) / head['fix']['entropy']:.0%} of the true {head['fix']['entropy']:.4f}) and the step-0 KL is "
+            f"{head['bug']['kl_exact']:.2e} nats/token instead of 0; "
+            + ("both vanish with the fix." if verdict(rows)[1] else "the fix leaves a residue."))
+
+
+def metrics(rows: list[dict], headline_temperature: float) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 15."""
+    head = headline_row(rows, headline_temperature)
+    reproduced, fixed = verdict(rows)
+    return dict(
+        notebook="15_temperature_entropy", reproduced=reproduced, fixed=fixed,
+        metrics={"entropy_gap_at_headline_temperature": head["entropy_gap"],
+                 "entropy_raw": {str(r["temperature"]): r["bug"]["entropy"] for r in rows},
+                 "entropy_sampled": {str(r["temperature"]): r["fix"]["entropy"] for r in rows},
+                 "step0_kl_exact_bug": {str(r["temperature"]): r["bug"]["kl_exact"] for r in rows},
+                 "step0_kl_k3_bug": {str(r["temperature"]): r["bug"]["kl_k3"] for r in rows},
+                 "step0_kl_exact_fix": {str(r["temperature"]): r["fix"]["kl_exact"] for r in rows}},
+        headline={"what": f"KL(policy ‖ reference) at step 0, where they are the same model (τ = {head['temperature']})",
+                  "unit": "nats/token", "bug": head["bug"]["kl_exact"], "fix": head["fix"]["kl_exact"]},
+    )
+
+
+def last_position_logits(model, tokenizer, prompt: str) -> torch.Tensor:
+    """The next-token logits after ``prompt`` (the explorer's one context)."""
+    ids, mask = encode_prompts(tokenizer, [prompt])
+    return forward(model, ids, mask)[0, -1].detach()  # forward returns the logits (B, T, V)
+
+
+def entropy_temperature_explorer(logits: torch.Tensor) -> Explorer:
+    """A τ slider redrawing one context's next-token distribution at τ and at 1, with both entropies."""
 
     def draw(temperature):
         fig, ax = plt.subplots(figsize=(7, 3.2))

@@ -26,10 +26,14 @@ divided by ε. The fix: explicit group ids (statistics per id, by scatter), what
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.modeling.rollout import sample
 from workbench.tasks import decode_responses, encode_prompts, reward
+from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 from workbench.viz.plots import draw_floor, label_zero_bars, note_coinciding
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -168,6 +172,13 @@ def misgrouping(rewards: torch.Tensor, group_ids: torch.Tensor, group_size: int,
             "max_abs_group_mean_fix": float(max(fix[group_ids == g].mean().abs() for g in group_ids.unique()))}
 
 
+def cancellation_line(group_size: int, value: float = 0.95) -> str:
+    """E[x²] − E[x]² of ``group_size − 1`` equal rewards in fp32 (exactly 0 in exact arithmetic), with both stds."""
+    same = torch.full((group_size - 1,), value)
+    return (f"{group_size - 1} rewards of {value} in fp32: E[x²] − E[x]² = {float((same * same).mean() - same.mean() ** 2):.2g}, "
+            f"one-pass std {float(one_pass_std(same)):.2g}, two-pass std {float(two_pass_std(same)):.2g}")
+
+
 def verdict(singleton: dict, partial: dict, *, floor_tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed) from one ``singleton_sweep`` row and one ``misgrouping`` result.
 
@@ -199,8 +210,6 @@ def _legend_below(ax, ncol: int = 1) -> None:
 def plot_singleton(ax, rows: list[dict]) -> None:
     """|advantage| of the reward-0 sample: the headline bug is the one-pass fp32 std (vermilion, as in
     ``plot_precision``); a series hidden under another is ringed and named in the legend."""
-    from workbench.viz import plots
-
     values = [r["value"] for r in rows]
     ax.plot(values, values, ":", color=plots.NEUTRAL_COLOR, label="exact |R − baseline|")
     styles = {"one-pass": (plots.BUG_COLOR, "o-", "one-pass std fp32, skip std = 0 (bug)"),
@@ -222,8 +231,6 @@ PRECISION_STYLES = {  # the headline bug (one-pass fp32, as in plot_singleton) a
 
 def plot_precision(ax, spreads: list[float], errors: dict, floor: float = 1e-10) -> None:
     """Relative error of the std vs the group spread; an exact zero is drawn at ``floor``, on a labelled line."""
-    from workbench.viz import plots
-
     for key, values in errors.items():
         color, style, tag = PRECISION_STYLES.get(key, (0, "o-", ""))
         color = getattr(plots, color) if isinstance(color, str) else plots.SERIES_COLORS[color]
@@ -241,8 +248,6 @@ def plot_precision(ax, spreads: list[float], errors: dict, floor: float = 1e-10)
 def plot_partial(ax, rows: list[dict]) -> None:
     """Share of samples normalised with the wrong group: stride grouping (bug) vs explicit group ids (fix,
     none by construction, labelled 0), and the share whose advantage sign differs between the two."""
-    from workbench.viz import plots
-
     x = range(len(rows))
     ax.bar([i - 0.27 for i in x], [r["misgrouped_fraction"] for r in rows], 0.27, color=plots.BUG_COLOR,
            label="normalised with another group: stride (bug)")
@@ -259,3 +264,76 @@ def plot_partial(ax, rows: list[dict]) -> None:
     ax.set_ylabel("share of samples")
     ax.set_ylim(0, 1.1 * max([r["misgrouped_fraction"] for r in rows] + [0.1]))
     _legend_below(ax)
+
+
+def figure_group_statistics(singleton: list[dict], spreads: list[float], errors: dict, partial: list[dict]):
+    """The notebook's figure: ``plot_singleton``, ``plot_precision`` and ``plot_partial`` side by side."""
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.4))
+    plot_singleton(axes[0], singleton)
+    plot_precision(axes[1], spreads, errors)
+    plot_partial(axes[2], partial)
+    fig.tight_layout()
+    return fig
+
+
+def plot_singleton_advantages(ax, row: dict) -> None:
+    """One ``singleton_sweep`` row: |advantage| of the reward-0 sample per std, against the exact |−v|."""
+    keys = ("one-pass", "two-pass", "two-pass + floor")
+    colors = (plots.BUG_COLOR, plots.SERIES_COLORS[2], plots.FIX_COLOR)
+    ax.bar(keys, [abs(row[k]) for k in keys], color=colors)
+    ax.axhline(row["value"], color=plots.NEUTRAL_COLOR, ls=":", label=f"exact |R − baseline| = {row['value']:g}")
+    ax.set_yscale("log")
+    ax.set_ylabel("|advantage| of the reward-0 sample")
+    ax.legend(fontsize=8)
+
+
+def singleton_advantage_explorer(group_size: int = 8, value: float = 0.95) -> Explorer:
+    """A slider for v in the group [0, v × (group_size − 1)]: the reward-0 sample's advantage per std, redrawn."""
+
+    def draw(v):
+        row = singleton_sweep([v], group_size)[0]
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        plot_singleton_advantages(ax, row)
+        ax.set_title(f"group [0, {v:g} × {group_size - 1}]", fontsize=9)
+        return row
+
+    slider = widgets.FloatSlider(value=value, min=0.01, max=1.0, step=0.01, description="v")
+    return Explorer({"v": slider}, draw, title="P16: the reward-0 sample's advantage, one-pass vs two-pass std")
+
+
+# ---- what the notebook prints and writes -------------------------------------------------------
+def sweep_lines(singleton: list[dict], spreads: list[float], errors: dict, partial: list[dict]) -> str:
+    lines = [f"v={r['value']:.2f}: one-pass std {r['one-pass std']:.2e} → A = {r['one-pass']:.4g}; two-pass {r['two-pass']:.4g}; "
+             f"floor {r['two-pass + floor']:.4g}" for r in singleton]
+    lines += [f"{key:>18}: relative std error " + ", ".join(f"{e:.1e}" for e in errs) + f" at spreads {spreads}"
+              for key, errs in errors.items()]
+    lines += [f"drop {r['drop_prob']:.0%}: {r['samples']} samples, {r['misgrouped_fraction']:.0%} mis-grouped, "
+              f"{r['sign_disagreement']:.1%} signs flipped, max |A| stride {r['max_abs_advantage_bug']:.3g} "
+              f"vs ids {r['max_abs_advantage_fix']:.3g}" for r in partial]
+    return "\n".join(lines)
+
+
+def headline_rows(singleton: list[dict], partial: list[dict]) -> tuple[dict, dict]:
+    """The singleton row nearest v = 0.95 and the most mis-grouped partial-group row."""
+    return min(singleton, key=lambda r: abs(r["value"] - 0.95)), max(partial, key=lambda r: r["misgrouped_fraction"])
+
+
+def headline_sentence(singleton: list[dict], partial: list[dict]) -> str:
+    head, worst = headline_rows(singleton, partial)
+    return (f"[0, {head['value']} × 7]: A = {head['one-pass']:.1f} with the one-pass std, {head['two-pass + floor']:.4f} with the fix; "
+            + ("the residue is the bug." if verdict(head, worst)[0] else "no residue at this value."))
+
+
+def metrics(singleton: list[dict], errors: dict, partial: list[dict]) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 16: fixed needs zero-mean groups at every drop rate."""
+    head, worst = headline_rows(singleton, partial)
+    reproduced, fixed = verdict(head, worst)
+    return dict(
+        notebook="16_group_statistics",
+        reproduced=reproduced, fixed=fixed and all(verdict(head, r)[1] for r in partial),
+        metrics={"singleton_advantage": {str(r["value"]): {k: r[k] for k in ("one-pass", "two-pass", "two-pass + floor")}
+                                         for r in singleton},
+                 "std_relative_error": errors, "partial_groups": partial},
+        headline={"what": f"advantage of the reward-0 sample in [0, {head['value']} × 7] (exact −{head['value']})", "unit": "advantage",
+                  "bug": head["one-pass"], "fix": head["two-pass + floor"]},
+    )

@@ -18,15 +18,21 @@ to stop sampling and to decide that a response finished.
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.batching import pad_sequences
+from workbench.modeling import realistic
 from workbench.modeling.rollout import sample
 from workbench.modeling.stop_ids import SOURCES, stop_id_sources, union_stop_ids
+from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 
 # the sources and their union live with the library's own stop ids (one place): re-exported here
 __all__ = ["SOURCES", "stop_id_sources", "union_stop_ids", "audit", "chat_prompt_ids", "rollout_under", "scenarios", "not_shown",
-           "verdict"]
+           "verdict", "checkpoint_audit_lines", "plot_truncated", "plot_decode_steps", "figure_stopping", "run_lines", "metrics",
+           "stop_source_explorer"]
 
 
 def audit(folder) -> dict:
@@ -97,3 +103,90 @@ def not_shown(sources: dict[str, list[int]]) -> str | None:
 def verdict(bug_truncated: float, fix_truncated: float, *, signature: float = 0.5, tolerance: float = 0.1) -> tuple[bool, bool]:
     """``(reproduced, fixed)``: most responses counted truncated with a partial stop set, few with the union."""
     return bug_truncated > signature, fix_truncated < tolerance
+
+
+def checkpoint_audit_lines() -> str:
+    """``audit`` of every realistic checkpoint flavour: its sources, and whether they cover the template's turn end."""
+    lines = []
+    for flavour in realistic.FLAVOURS:
+        a = audit(realistic.checkpoint(flavour))
+        lines.append(f"{flavour:10s} sources {a['sources']}, turn end covered by tokenizer / generation config: "
+                     f"{a['turn_end_covered_by']['tokenizer']} / {a['turn_end_covered_by']['generation_config']}")
+    return "\n".join(lines)
+
+
+# ---- figures (take an ax) ----------------------------------------------------------------------
+SCENARIO_COLORS = (plots.BUG_COLOR, plots.SERIES_COLORS[4], plots.FIX_COLOR)  # the two partial stop sets, the union (fix)
+
+
+def _labels(runs: dict) -> list[str]:
+    return [n.replace(", ", ",\n") for n in runs]
+
+
+def plot_truncated(ax, runs: dict, colors=SCENARIO_COLORS) -> None:
+    """Share of responses counted as truncated per stop-set configuration (``rollout_under`` results)."""
+    plots.label_zero_bars(ax, ax.bar(_labels(runs), [100 * r["truncated_fraction"] for r in runs.values()], color=colors))
+    ax.set_ylabel("responses counted as truncated (%)")
+
+
+def plot_decode_steps(ax, runs: dict, max_new_tokens: int, colors=SCENARIO_COLORS) -> None:
+    """Tokens generated per response per configuration, against the length limit."""
+    ax.bar(_labels(runs), [r["tokens_generated_per_response"] for r in runs.values()], color=colors)
+    ax.axhline(max_new_tokens, color=plots.NEUTRAL_COLOR, ls="--")
+    ax.annotate("length\nlimit", (1, max_new_tokens), xycoords=("axes fraction", "data"), xytext=(4, 0), textcoords="offset points",
+                va="center", fontsize=8)  # beside the line, where no legend box covers it
+    ax.set_ylabel("decode steps (tokens generated per response)")
+
+
+def figure_stopping(runs: dict, max_new_tokens: int):
+    """The notebook's figure: ``plot_truncated`` and ``plot_decode_steps`` side by side."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
+    plot_truncated(axes[0], runs)
+    plot_decode_steps(axes[1], runs, max_new_tokens)
+    fig.tight_layout()
+    return fig
+
+
+# ---- what the notebook prints and writes -------------------------------------------------------
+def run_lines(runs: dict) -> str:
+    return "\n".join(f"{name:40s} stopped {r['stopped_fraction']:.0%}, counted truncated {r['truncated_fraction']:.0%}, "
+                     f"{r['tokens_generated_per_response']:.1f} tokens/response, e.g. {r['example'][:60]!r}" for name, r in runs.items())
+
+
+def metrics(runs: dict, sources: dict[str, list[int]]) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 17 (``runs``: the three ``scenarios``, in order)."""
+    never_stops, counted_wrong, union = runs.values()
+    reproduced, fixed = verdict(min(never_stops["truncated_fraction"], counted_wrong["truncated_fraction"]), union["truncated_fraction"])
+    return dict(
+        notebook="17_stop_tokens", not_shown=not_shown(sources), reproduced=reproduced, fixed=fixed,
+        metrics={"sources": sources, "runs": {n: {k: v for k, v in r.items() if k != "example"} for n, r in runs.items()}},
+        headline={"what": "responses counted as truncated (sampling stops on the generation config's EOS)", "unit": "fraction",
+                  "bug": never_stops["truncated_fraction"], "fix": union["truncated_fraction"]},
+    )
+
+
+def stop_source_explorer(model, tokenizer, prompts: list[str], sources: dict[str, list[int]], *, max_new_tokens: int = 32,
+                         seed: int = 0) -> Explorer:
+    """Which source sampling stops on, and which the trainer counts as finished: the two bars redrawn from a new rollout."""
+    options = [*SOURCES, "union"]
+
+    def draw(stop_on, count_on):
+        try:
+            ids = {key: union_stop_ids(sources, SOURCES if name == "union" else (name,))
+                   for key, name in (("stop_ids", stop_on), ("finished_ids", count_on))}
+        except ValueError as error:  # a source that names no id: nothing to sample with
+            print(error)
+            return {"error": str(error)}
+        run = rollout_under(model, tokenizer, prompts, max_new_tokens=max_new_tokens, seed=seed, **ids)
+        name = f"stop on {stop_on}, count {count_on}"
+        fixed = stop_on == count_on == "union"
+        color = [plots.FIX_COLOR if fixed else plots.BUG_COLOR]
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+        plot_truncated(axes[0], {name: run}, color)
+        plot_decode_steps(axes[1], {name: run}, max_new_tokens, color)
+        fig.tight_layout()
+        return run
+
+    controls = {"stop_on": widgets.Dropdown(options=options, value="generation_config", description="stop on"),
+                "count_on": widgets.Dropdown(options=options, value="generation_config", description="count")}
+    return Explorer(controls, draw, title="P17: the stop ids sampling uses and the ones the trainer counts")

@@ -15,13 +15,19 @@ along), and assert that a sequence starts with exactly one BOS.
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.batching import pad_sequences
+from workbench.modeling import models, realistic
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
+from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 
 ENCODINGS = ("template ids", "text + tokenizer()", "text + tokenizer(add_special_tokens=False)")
+BUG_PATH, FIX_PATH = ENCODINGS[1], ENCODINGS[2]
 
 
 def encode_chat(tokenizer, messages: list[dict], how: str) -> list[int]:
@@ -135,3 +141,85 @@ def verdict(bug: dict, fix: dict, *, signature: float = 1e-3, tolerance: float =
     reproduced = bug["leading_bos"] >= 2 and bug["mean_abs_log_ratio"] > signature
     fixed = fix["leading_bos"] == 1 and fix["max_ratio_deviation"] <= tolerance
     return reproduced, fixed
+
+
+def bos_audit_lines() -> str:
+    """``bos_audit`` of every realistic checkpoint flavour's tokenizer, one line each."""
+    return "\n".join(f"{flavour:10s} {bos_audit(models.load_tokenizer(realistic.checkpoint(flavour)))}"
+                     for flavour in realistic.FLAVOURS)
+
+
+def encoding_lines(tokenizer, content: str = "2+2=") -> str:
+    """The first four tokens of a one-message chat under each encoding path."""
+    return "\n".join(f"{how:45s} {tokenizer.convert_ids_to_tokens(encode_chat(tokenizer, [{'role': 'user', 'content': content}], how))[:4]}"
+                     for how in ENCODINGS)
+
+
+# ---- figures (take an ax) ----------------------------------------------------------------------
+def plot_log_ratio(ax, shift: dict, how: str = BUG_PATH) -> None:
+    """Histogram of the per-token log-ratios of path ``how`` (``response_shift``) against the fix path's line at 0."""
+    path, fix = shift["paths"][how], shift["paths"][FIX_PATH]
+    color = plots.BUG_COLOR if how == BUG_PATH else plots.SERIES_COLORS[0]  # the fix path is the line at 0
+    ax.hist(path["log_ratio"].numpy(), bins=40, color=color, alpha=0.8, label=f"{how}: {path['leading_bos']} BOS")
+    ax.axvline(0, color=plots.FIX_COLOR, lw=3, label=f"add_special_tokens=False: {fix['leading_bos']} BOS, all exactly 0")
+    ax.set(xlabel="log π(token | trainer's ids) − log π(token | template ids) at lr 0", ylabel="response tokens")
+    ax.legend()
+
+
+def figure_log_ratio(shift: dict):
+    """The notebook's figure: ``plot_log_ratio`` of the two-BOS path."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    plot_log_ratio(ax, shift)
+    return fig
+
+
+def log_ratio_explorer(shift: dict) -> Explorer:
+    """A dropdown over the encoding paths: the chosen path's log-ratio histogram, redrawn from ``response_shift``'s result."""
+
+    def draw(how):
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        plot_log_ratio(ax, shift, how)
+        return {k: v for k, v in shift["paths"][how].items() if k != "log_ratio"}
+
+    dropdown = widgets.Dropdown(options=list(shift["paths"]), value=BUG_PATH, description="encoding")
+    return Explorer({"how": dropdown}, draw, title="P21: per-token log-ratio at lr 0 behind each encoding of the prompt")
+
+
+# ---- what the notebook prints and writes -------------------------------------------------------
+def shift_lines(shift: dict) -> str:
+    lines = [f"{how:45s} {r['leading_bos']} BOS: mean |log ρ| {r['mean_abs_log_ratio']:.3f}, max |ρ−1| {r['max_ratio_deviation']:.3f}, "
+             f"k1 KL per sequence {r['sequence_kl_k1']:+.4f}" for how, r in shift["paths"].items()]
+    return "\n".join(lines + [f"stripping the extra BOS recovers the template's ids: {shift['guard_recovers_template_ids']}"])
+
+
+def greedy_comparison(model, tokenizer, prompts: list[str]) -> dict:
+    """Greedy answers behind one BOS (template ids) and two (text + tokenizer()), and the share that changes."""
+    answers = {how: greedy_answers(model, tokenizer, prompts, how) for how in ("template ids", BUG_PATH)}
+    changed = sum(a != b for a, b in zip(*answers.values(), strict=True)) / len(prompts)
+    return {"prompts": prompts, "answers": answers, "changed_fraction": changed}
+
+
+def greedy_lines(greedy: dict, shown: int = 4) -> str:
+    """The changed share, then up to ``shown`` examples: the changed ones, unchanged only when none changed."""
+    prompts = greedy["prompts"]
+    lines = [f"greedy responses that change when the prompt starts with two BOS: {greedy['changed_fraction']:.1%} of {len(prompts)}"]
+    pairs = list(zip(prompts, *greedy["answers"].values(), strict=True))
+    changed = [p for p in pairs if p[1] != p[2]]
+    lines.append(f"{'changed' if changed else 'unchanged (none changed)'} examples:")
+    lines += [f"{prompt!r:10s} one BOS → {one!r:8s} two BOS → {two!r}" for prompt, one, two in (changed or pairs)[:shown]]
+    return "\n".join(lines)
+
+
+def metrics(shift: dict, greedy: dict, tokenizer) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 21: fixed needs the guard to recover the template's ids."""
+    bug, fix = shift["paths"][BUG_PATH], shift["paths"][FIX_PATH]
+    reproduced, fixed = verdict(bug, fix)
+    return dict(
+        notebook="21_duplicate_bos", not_shown=not_shown(tokenizer),
+        reproduced=reproduced, fixed=fixed and shift["guard_recovers_template_ids"],
+        metrics={"paths": {h: {k: v for k, v in r.items() if k != "log_ratio"} for h, r in shift["paths"].items()},
+                 "greedy_changed_fraction": greedy["changed_fraction"],
+                 "guard_recovers_template_ids": shift["guard_recovers_template_ids"]},
+        headline={"what": "mean |log ρ| per response token at lr 0 (trainer's ids vs template ids)", "unit": "nats",
+                  "bug": bug["mean_abs_log_ratio"], "fix": fix["mean_abs_log_ratio"]},
+    )

@@ -12,10 +12,16 @@ optimizer state, bf16 only for the forward/backward compute, so small updates ac
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
+
+from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 BF16_MANTISSA_BITS = 7  # stored; 8 significant bits with the implicit one
@@ -125,3 +131,118 @@ def lr_sweep(make_model, batch, learning_rates: list[float], *, steps: int, prec
 def verdict(frozen_bf16: float, frozen_mixed: float, *, threshold: float = 0.5, tolerance: float = 0.01) -> tuple[bool, bool]:
     """``(reproduced, fixed)``: pure bf16 leaves most trained weights unmoved; fp32 masters leave ~none."""
     return frozen_bf16 > threshold, frozen_mixed < tolerance
+
+
+def precision_curves(model, batch, *, lr: float, steps: int) -> dict:
+    """``adam_steps`` on a copy of ``model`` in each of ``PRECISIONS``: ``{precision: run}``."""
+    return {p: adam_steps(copy.deepcopy(model), batch, precision=p, lr=lr, steps=steps) for p in PRECISIONS}
+
+
+def loss_drop(runs: dict) -> dict:
+    """First minus last loss of each ``precision_curves`` run."""
+    return {name: r["losses"][0] - r["losses"][-1] for name, r in runs.items()}
+
+
+# ---- figures (take an ax) ----------------------------------------------------------------------
+SWEEP_STYLES = {"bf16": dict(color=plots.BUG_COLOR, marker="o"), "bf16-mixed": dict(color=plots.FIX_COLOR, marker="o"),
+                "predicted (lr < ulp/2)": dict(color=plots.NEUTRAL_COLOR, ls="--"),
+                "bf16 moved and came back": dict(color=plots.SERIES_COLORS[2], ls=":", marker="^")}
+
+
+def plot_frozen_vs_lr(ax, learning_rates: list[float], sweep: dict, adam_steps: int) -> None:
+    """``lr_sweep``: share of trained weights unchanged against the learning rate, per precision and predicted."""
+    for name, values in sweep.items():
+        ax.plot(learning_rates, [100 * v for v in values], label=name, **SWEEP_STYLES[name])
+    ax.set_xscale("log")
+    ax.set_xlabel("Adam learning rate")
+    ax.set_ylabel(f"trained weights unchanged after {adam_steps} steps (%)")
+    ax.legend()
+
+
+def figure_frozen_vs_lr(learning_rates: list[float], sweep: dict, adam_steps: int):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    plot_frozen_vs_lr(ax, learning_rates, sweep, adam_steps)
+    return fig
+
+
+def plot_loss_curves(ax, runs: dict, *, lr: float, seed: int) -> None:
+    """``precision_curves``: the SFT loss per Adam step in fp32, bf16-mixed (fix) and pure bf16 (bug)."""
+    steps = runs["fp32"]["steps"]
+    for (name, color), marker in zip((("fp32", plots.NEUTRAL_COLOR), ("bf16-mixed", plots.FIX_COLOR), ("bf16", plots.BUG_COLOR)), "sDo",
+                                     strict=True):
+        ax.plot(runs[name]["losses"], label=f"{name}: {runs[name]['frozen_fraction']:.1%} unchanged", color=color, marker=marker,
+                markevery=max(1, steps // 8), markersize=4)
+    ax.set_title(f"one batch (seed {seed}), full-batch Adam: deterministic, no seed band", fontsize=9)
+    ax.set_xlabel(f"Adam step (lr = {lr:g})")
+    ax.set_ylabel("SFT loss on the batch")
+    ax.legend()
+
+
+def figure_loss_curves(runs: dict, *, lr: float, seed: int):
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    plot_loss_curves(ax, runs, lr=lr, seed=seed)
+    return fig
+
+
+def plot_rounding_threshold(ax, weights: torch.Tensor, lr: float) -> float:
+    """Histogram of |w| of ``weights`` with the largest |w| an update of size ``lr`` still moves in bf16
+    (lr ≥ ulp(w)/2, i.e. |w| < 2⁸·lr up to the binade); returns ``predicted_lost_fraction``."""
+    w = weights.detach().float().flatten().abs()
+    w = w[w != 0]
+    lost = predicted_lost_fraction(w, lr)
+    ax.hist(w.log10().numpy(), bins=60, color=plots.SERIES_COLORS[0])
+    ax.axvline(math.log10(2 ** (BF16_MANTISSA_BITS + 1) * lr), color=plots.NEUTRAL_COLOR, ls="--",
+               label=f"2⁸ · lr: weights right of it ignore the update ({lost:.1%})")
+    ax.set_xlabel("log10 |w|")
+    ax.set_ylabel("weights")
+    ax.legend(fontsize=8)
+    return lost
+
+
+def rounding_threshold_explorer(model) -> Explorer:
+    """A learning-rate slider: which of ``model``'s weights a step of that size cannot move in pure bf16."""
+    weights = torch.cat([p.detach().float().flatten() for p in model.parameters() if p.requires_grad])
+
+    def draw(lr):
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        return {"predicted_lost_fraction": plot_rounding_threshold(ax, weights, lr)}
+
+    slider = widgets.FloatLogSlider(value=1e-5, base=10, min=-8, max=-2, step=0.25, description="lr")
+    return Explorer({"lr": slider}, draw, title="P23: the weights an update of size lr cannot move in bf16")
+
+
+# ---- what the notebook prints and writes -------------------------------------------------------
+def rounding_lines() -> str:
+    ulp = float(bf16_ulp(1.0))
+    lines = [f"ulp of bf16 at 1.0: {ulp:.6f} = 2^-7; half of it: {ulp / 2:.6f}"]
+    lines += [f"w = {w:g} + u = {u:g}: kept in bf16: {update_survives(w, u)}, kept in fp32: {update_survives(w, u, torch.float32)}"
+              for w, u in ((1.0, 1e-4), (1.0, 5e-3), (0.02, 1e-5), (0.02, 1e-4))]
+    return "\n".join(lines)
+
+
+def sweep_lines(learning_rates: list[float], sweep: dict) -> str:
+    predicted, back = sweep["predicted (lr < ulp/2)"], sweep["bf16 moved and came back"]
+    lines = [f"lr {lr:.0e}: unchanged in pure bf16 {bug:.1%} (predicted {pred:.1%}; moved and came back {b:.1%}), "
+             f"with fp32 masters {fix:.1%}"
+             for lr, bug, fix, pred, b in zip(learning_rates, sweep["bf16"], sweep["bf16-mixed"], predicted, back, strict=False)]
+    gap = max(range(len(learning_rates)), key=lambda i: sweep["bf16"][i] - predicted[i])
+    lines.append(f"largest excess over the prediction: lr {learning_rates[gap]:.0e}, {sweep['bf16'][gap] - predicted[gap]:.1%} "
+                 f"of the weights, against {back[gap]:.1%} that moved and came back to their start")
+    return "\n".join(lines)
+
+
+def drop_lines(drop: dict, curve_steps: int) -> str:
+    return (f"loss drop over {curve_steps} steps: " + ", ".join(f"{k} {v:.4f}" for k, v in drop.items())
+            + f"\npure bf16 gets {drop['bf16'] / drop['fp32']:.0%} of the fp32 drop, bf16-mixed {drop['bf16-mixed'] / drop['fp32']:.0%}")
+
+
+def metrics(learning_rates: list[float], sweep: dict, runs: dict, drop: dict, *, curve_steps: int, headline_lr: float) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 23."""
+    reproduced, fixed = verdict(runs["bf16"]["frozen_fraction"], runs["bf16-mixed"]["frozen_fraction"])
+    return dict(
+        notebook="23_bf16_updates", reproduced=reproduced, fixed=fixed,
+        metrics={"learning_rates": learning_rates, "frozen_fraction_sweep": sweep, "loss_drop": drop,
+                 "frozen_fraction_by_kind": {k: r["frozen_fraction_by_kind"] for k, r in runs.items()}},
+        headline={"what": f"trained weights unchanged after {curve_steps} Adam steps at lr {headline_lr:g}", "unit": "fraction",
+                  "bug": runs["bf16"]["frozen_fraction"], "fix": runs["bf16-mixed"]["frozen_fraction"]},
+    )

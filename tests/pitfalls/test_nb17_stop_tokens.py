@@ -1,0 +1,62 @@
+"""Notebook 17's pitfall module: the figures, the explorer and the metrics the notebook writes."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+from helpers import written_metrics  # noqa: E402
+
+from workbench.experiments import checkpoints
+from workbench.pitfalls import nb17_stop_tokens as p17  # noqa: E402
+from workbench.trainers import realistic_chat
+
+PROMPTS = ["1+2=", "Say something.", "12+3=", "Say something."]
+
+
+def fake_run(truncated: float, tokens: float) -> dict:
+    return {"stopped_fraction": 1 - truncated, "counted_finished_fraction": 1 - truncated, "truncated_fraction": truncated,
+            "mean_length": tokens, "tokens_generated_per_response": tokens, "example": "4<|im_end|>"}
+
+
+RUNS = dict(zip(["stop on generation config", "stop on turn end, count tokenizer EOS", "union of all three (fix)"],
+                [fake_run(1.0, 32.0), fake_run(1.0, 3.0), fake_run(0.0, 3.0)], strict=True))
+
+
+@pytest.fixture(scope="module")
+def base_chat():
+    policy, tokenizer = checkpoints.load_hf(realistic_chat.resolve("realistic-qwen2-base-chat"))
+    return policy, tokenizer, p17.stop_id_sources(policy.generation_config, tokenizer)
+
+
+def test_stop_source_explorer_redraws_on_a_control_change(base_chat):
+    policy, tokenizer, sources = base_chat
+    explorer = p17.stop_source_explorer(policy, tokenizer, PROMPTS, sources, max_new_tokens=8)
+    assert explorer.last["truncated_fraction"] == 1.0  # stops and counts on the generation config's EOS only: never
+    explorer.controls["stop_on"].value = "union"
+    assert explorer.renders == 2 and explorer.last["stopped_fraction"] > 0 and explorer.last["truncated_fraction"] == 1.0
+    explorer.controls["count_on"].value = "union"
+    assert explorer.renders == 3 and explorer.last["truncated_fraction"] < 1.0
+
+
+def test_figures_draw_on_a_given_ax():
+    fig, axes = plt.subplots(1, 2)
+    p17.plot_truncated(axes[0], RUNS)
+    p17.plot_decode_steps(axes[1], RUNS, 32)
+    assert len(axes[0].patches) == 3 and [p.get_height() for p in axes[1].patches] == [32.0, 3.0, 3.0]
+    assert axes[1].lines[0].get_ydata()[0] == 32  # the length limit
+    plt.close(fig)
+    fig = p17.figure_stopping(RUNS, 32)
+    assert len(fig.axes) == 2
+    plt.close(fig)
+
+
+def test_metrics_are_write_metrics_arguments(tmp_path):
+    sources = {"tokenizer": [1], "generation_config": [1], "template_turn_end": [2]}
+    written = written_metrics(p17.metrics(RUNS, sources), tmp_path)
+    assert (written["reproduced"], written["fixed"]) == (True, True)
+    assert written["headline"]["bug"] == 1.0 and written["headline"]["fix"] == 0.0
+    assert "example" not in written["metrics"]["runs"]["union of all three (fix)"]
+    assert written["metrics"]["sources"] == sources and "not_shown" not in written["metrics"]
+    assert len(p17.run_lines(RUNS).splitlines()) == 3
