@@ -92,6 +92,7 @@ def test_a_run_whose_measurements_were_skipped_has_no_negative_verdict():
         return NotebookResult(stem="90_peer_lab", purpose="", out_dir="", parameters={}, seconds=1.0, ok=True, metrics=metrics)
 
     skipped = {"reproduced": False, "fixed": False, "metrics": {"skipped": "12 bug/fix probes not measured (run `make peers`)"}}
-    assert result(skipped).verdict == "skipped (see metrics)"
+    assert result(skipped).verdict == "not run: `make peers`"
+    assert result({**skipped, "metrics": {"skipped": "no GPU"}}).verdict == "skipped (see metrics)"
     assert result({"reproduced": False, "fixed": False, "metrics": {}}).verdict == "not reproduced"
     assert result({**skipped, "reproduced": True, "fixed": True}).verdict == "reproduced + fixed"
