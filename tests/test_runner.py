@@ -139,3 +139,26 @@ def test_an_interrupted_batch_run_resumes_with_only_the_missing_notebook(tmp_pat
 def test_resume_needs_the_folder_of_the_earlier_run(capsys):
     assert main(["run", "09", "--resume"]) == 2
     assert "--out DIR" in capsys.readouterr().err
+
+
+def test_a_finished_kernel_is_shut_down_without_an_interrupt():
+    """jupyter_client sends SIGINT before every shutdown request (ipykernel then may log "KeyboardInterrupt caught in
+    kernel"); the runner's kernel manager skips it when shutting down, and still interrupts otherwise (cell timeouts)."""
+    import signal
+
+    from workbench.runner import ipc_kernel_manager
+
+    manager = ipc_kernel_manager()(kernel_name="python3")
+    sent = []
+
+    async def record(signum):
+        sent.append(signum)
+
+    manager._async_signal_kernel = record
+    manager.start_kernel()
+    try:
+        manager.interrupt_kernel()
+        assert sent == [signal.SIGINT]
+    finally:
+        manager.shutdown_kernel()
+    assert sent == [signal.SIGINT] and not manager.is_alive()
