@@ -198,6 +198,75 @@ def check_checkpoint_folder(path: Path) -> None:
         raise ModelLoadError(f"{str(path)!r} has no *.safetensors weights file.")
 
 
+def checkpoint_folder(name: str, *, build: bool = True) -> Path | None:
+    """Where ``load(name)`` reads a checkpoint: ``None`` for a random built-in (made in memory), the shipped
+    folder of a trained built-in, the cached folder of a ``realistic-*`` name (built on first use; with
+    ``build=False`` only the name is checked and ``None`` returned), else the path given."""
+    if name in RANDOM_BUILTINS:
+        return None
+    if name.startswith("realistic-"):  # built here from configs with real tokenizers (workbench.realistic)
+        from workbench import realistic
+
+        try:
+            if not build:
+                realistic.parse(name)
+                return None
+            return Path(realistic.resolve(name))
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
+    return TRAINED_CHECKPOINTS.get(name, Path(name).expanduser())
+
+
+def check_model_name(name: str) -> None:
+    """Raise ``ModelLoadError`` unless ``load(name)`` would find a checkpoint, without loading or building
+    one: a built-in name, a valid ``realistic-*`` name, or a safe local checkpoint folder."""
+    folder = checkpoint_folder(str(name), build=False)
+    if folder is not None:
+        check_checkpoint_folder(folder)
+
+
+def tokenizer_fingerprint(name: str) -> tuple[int, str]:
+    """``(vocabulary size, hash of the token → id map)`` of the tokenizer ``load(name)`` starts from,
+    loading that tokenizer alone (no weights): two checkpoints can score each other's token ids
+    only when their fingerprints agree."""
+    import hashlib
+
+    folder = checkpoint_folder(str(name))
+    if folder is None:
+        tokenizer = load_char_tokenizer()
+    else:
+        from transformers import AutoTokenizer
+
+        check_checkpoint_folder(folder)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
+    vocabulary = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return len(vocabulary), hashlib.sha256(json.dumps(vocabulary).encode()).hexdigest()[:12]
+
+
+def check_same_tokenizer(first: str, second: str) -> None:
+    """Raise ``ModelLoadError`` naming both checkpoints when their tokenizers differ (size or token ids)."""
+    a, b = tokenizer_fingerprint(first), tokenizer_fingerprint(second)
+    if a != b:
+        raise ModelLoadError(
+            f"{first!r} and {second!r} have different tokenizers ({a[0]} tokens, vocabulary hash {a[1]} vs {b[0]} tokens, "
+            f"hash {b[1]}): one cannot score the other's token ids. Use two checkpoints of the same tokenizer."
+        )
+
+
+REFERENCE_DRIFT = 0.02  # weight noise of the default reference: KL(policy ‖ reference) ≈ 0.1 nats on the tiny models
+
+
+def load_reference(reference_model: str | None, policy, *, seed: int = 0, **load_kwargs):
+    """The reference model a notebook compares ``policy`` with: ``reference_model`` loaded with ``load``,
+    or, when it is ``None``, the policy's own checkpoint with ``REFERENCE_DRIFT`` × N(0, 1) noise on every
+    weight (``perturbed_copy``) — a policy that has drifted from its reference by a known amount, with
+    the same tokenizer by construction."""
+    if reference_model is None:
+        return perturbed_copy(policy, REFERENCE_DRIFT, seed=seed)
+    reference, _ = load(reference_model, **load_kwargs)
+    return reference
+
+
 PAD_LIKE = ("pad", "reserved", "unused")
 ADDED_PAD_TOKEN = "<|pad|>"
 
@@ -338,14 +407,7 @@ def load(
     if name in RANDOM_BUILTINS:
         model, tokenizer = tiny_model(RANDOM_BUILTINS[name], dtype=dtype, attn_implementation=attn_implementation)
         return model.to(device), tokenizer
-    if name.startswith("realistic-"):  # built here from configs with real tokenizers (workbench.realistic)
-        from workbench.realistic import resolve
-
-        try:
-            name = resolve(name)
-        except ValueError as exc:
-            raise ModelLoadError(str(exc)) from None
-    path = TRAINED_CHECKPOINTS.get(name, Path(name).expanduser())
+    path = checkpoint_folder(name)
     check_checkpoint_folder(path)
     implementation = resolve_attn_implementation(attn_implementation)
     tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, local_files_only=True)

@@ -368,12 +368,9 @@ def chat_checkpoint(flavour: str, *, steps: int = 150, seed: int = 0) -> Path:
     return _cached(f"{flavour}-chat{steps}-seed{seed}", build)
 
 
-def resolve(name: str) -> str:
-    """``realistic-<flavour>`` → its cached folder, ``realistic-<flavour>-chat`` → the chat-SFT one;
-    any other name (a built-in name, a checkpoint folder) is returned unchanged. Lets a notebook's
-    ``model`` parameter name a realistic checkpoint without a path."""
-    if not name.startswith("realistic-"):
-        return name
+def parse(name: str) -> tuple[str, bool]:
+    """``realistic-<flavour>[-chat]`` → ``(flavour, chat)``, checked without building anything; a
+    ``ValueError`` naming the valid flavours otherwise."""
     flavour = name.removeprefix("realistic-")
     chat = flavour.endswith("-chat")
     flavour = flavour.removesuffix("-chat")
@@ -381,4 +378,14 @@ def resolve(name: str) -> str:
         raise ValueError(f"{name!r}: unknown flavour {flavour!r}; use realistic-<flavour>[-chat] with one of {FLAVOURS}")
     if chat and spec_of(flavour).chat_template is None:
         raise ValueError(f"{name!r}: the {flavour} flavour has no chat template, so there is no chat-SFT version")
+    return flavour, chat
+
+
+def resolve(name: str) -> str:
+    """``realistic-<flavour>`` → its cached folder, ``realistic-<flavour>-chat`` → the chat-SFT one;
+    any other name (a built-in name, a checkpoint folder) is returned unchanged. Lets a notebook's
+    ``model`` parameter name a realistic checkpoint without a path."""
+    if not name.startswith("realistic-"):
+        return name
+    flavour, chat = parse(name)
     return str(chat_checkpoint(flavour) if chat else checkpoint(flavour))
