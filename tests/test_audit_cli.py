@@ -1,6 +1,7 @@
 """``python -m workbench audit``: exit 0 when the check passes, 1 when it fails, 2 on bad input."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,45 @@ def test_exit_codes_and_messages(args, code, where, text, capsys, monkeypatch):
     assert main(["audit", *args]) == code
     captured = capsys.readouterr()
     assert text in (captured.out if where == "out" else captured.err)
+
+
+def test_a_crash_inside_the_audited_function_exits_3_with_its_line(tmp_path):
+    """Not a failed check (1) nor bad input (2): the user's frame is shown, and a CI step can tell the difference."""
+    user = tmp_path / "my_trainer.py"
+    user.write_text("def logprobs(model, batch, temperature):\n"
+                    "    ids = batch['input_ids']  # a dict in the user's trainer; the check passes tensors\n"
+                    "    return ids\n")
+    done = subprocess.run([sys.executable, "-m", "workbench", "audit", f"{user}:logprobs", "--check", "position_ids",
+                           "--model", "tiny-gpt2"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 3, done.stderr
+    assert "crash:" in done.stderr and "IndexError" in done.stderr
+    assert f'File "{user}", line 2, in logprobs' in done.stderr and "ids = batch['input_ids']" in done.stderr
+    assert "not a bug detected by --check position_ids" in done.stderr and done.stdout == ""
+
+
+def test_a_file_target_imports_its_sibling_modules_from_another_folder(tmp_path):
+    package = tmp_path / "trainer"
+    package.mkdir()
+    (package / "helpers.py").write_text("from workbench.audit.dpo import EXPECTED  # noqa\n")
+    (package / "losses.py").write_text("import helpers  # a sibling module, as in the user's repository\n"
+                                       "from examples.correct_trainers import dpo_batch_logps  # noqa: F401\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "workbench", "audit", str(package / "losses.py") + ":dpo_batch_logps",
+                           "--check", "dpo_mask"], cwd=elsewhere, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("[PASS] dpo_mask")
+
+
+def test_step0_on_a_model_without_dropout_says_p7_was_not_exercised(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert main(["audit", "examples/correct_trainers.py:step", "--check", "step0", "--model", "tiny-gpt2"]) == 0
+    printed = capsys.readouterr().out
+    assert "P7 (dropout) not exercised" in printed and "rerun with --dropout 0.1" in printed
+    assert main(["audit", "examples/correct_trainers.py:step", "--check", "step0", "--model", "tiny-gpt2",
+                 "--dropout", "0.1", "--json"]) == 0  # eval() in the step: dropout on, yet ρ = 1
+    result = AuditResult.from_json(capsys.readouterr().out)
+    assert result.details["dropout_sites"] > 0 and "p7" not in result.details
+    assert main(["audit", f"{BUGGY}:grpo_loss", "--check", "aggregation", "--dropout", "0.1"]) == 2
+    assert "--dropout applies to a loaded --model" in capsys.readouterr().err

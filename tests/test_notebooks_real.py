@@ -95,3 +95,47 @@ def test_cannot_show_reasons_are_chosen_by_the_numbers():
     bug = {"truncated": 40, "truncated_rewarded": 0, "mixed_groups": 3, "pressure": 0.0}
     assert "earns a reward" in truncation.not_shown({truncation.BUG: bug})
     assert truncation.not_shown({truncation.BUG: {**bug, "truncated_rewarded": 5}}) is None
+
+
+# ---- only `model` set, as a new user does (issue 26) -------------------------------------------------------------------
+# The reference follows the policy (reference_model=None), and a sample that leaves nothing to measure is recorded in
+# metrics["not_shown"], never a traceback. realistic-llama: no pad token, not chat-tuned (few turns end in 22).
+ONLY_MODEL_DEFAULT = ("18_padding_metrics", "20_kl_gradient", "22_multiturn_retokenization")
+
+
+def run_only_model(tmp_path, stems, checkpoint: str) -> dict:
+    folder, results = run_catalogue(list(stems), smoke=True, overrides={"model": checkpoint}, out_dir=tmp_path,
+                                    progress=False, render_html=False)
+    failed = {r.stem: r.error for r in results if not r.ok}
+    assert not failed, f"on {checkpoint} with only `model` set: {failed}"
+    return {stem: json.loads((folder / stem / "metrics.json").read_text()) for stem in stems}
+
+
+def test_notebooks_with_a_reference_or_turns_run_with_only_model_set(tmp_path):
+    payloads = run_only_model(tmp_path, ONLY_MODEL_DEFAULT, "realistic-llama")
+    for stem, payload in payloads.items():
+        assert payload["parameters"]["model"] == "realistic-llama"
+        if not (payload["reproduced"] and payload["fixed"]):
+            assert payload["metrics"].get("not_shown"), f"{stem}: no verdict and no reason recorded"
+    assert payloads["18_padding_metrics"]["parameters"]["reference_model"] is None
+    turns = payloads["22_multiturn_retokenization"]
+    if not turns["reproduced"]:
+        assert "chat-tuned checkpoint" in " ".join(turns["metrics"]["not_shown"])
+
+
+def test_retokenization_names_the_remedy_when_nothing_is_measured():
+    from workbench.pitfalls import nb22_multiturn_retokenization as p22
+
+    assert "no episode ended its first turn within max_new_tokens=24" in p22.no_episode_reason(24)
+    flat = {"episodes": 1, "changed_fraction": 0.0, "max_abs_log_ratio_bug": 0.0, "max_abs_log_ratio_fix": 0.0}
+    assert "1 of 24 episodes" in p22.not_shown(flat, 24, 16) and "raise n_episodes / max_new_tokens" in p22.not_shown(flat, 24, 16)
+    assert p22.not_shown({**flat, "changed_fraction": 0.5, "max_abs_log_ratio_bug": 3.0}, 24, 16) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpoint", CHECKPOINTS)
+@pytest.mark.parametrize("stem", ALL)
+def test_every_notebook_runs_with_only_model_set(tmp_path, stem, checkpoint):
+    payload = run_only_model(tmp_path, [stem], checkpoint)[stem]
+    if not (payload["reproduced"] and payload["fixed"]):
+        assert payload["metrics"].get("not_shown"), f"{stem} on {checkpoint}: no verdict and no reason recorded"

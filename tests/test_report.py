@@ -72,3 +72,49 @@ def test_rendered_page_is_titled_and_offline(tmp_path):
     scripts = re.findall(r"<script\b[^>]*>.*?</script>", page, re.DOTALL)
     assert not [s for s in scripts if re.search(r"(src=\"https?://|import\(\"https?://|src=\"\")", s)]
     assert "cdnjs" not in page and "unpkg" not in page
+
+
+def test_a_headline_not_measured_says_not_run_never_nan(tmp_path):
+    metrics = {"reproduced": False, "fixed": False,
+               "metrics": {"skipped": "12 bug/fix probes not measured, e.g. trl 0.11.4: no environment (run `make peers`)"},
+               "headline": {"what": "S3 decoding steps", "unit": "steps", "bug": float("nan"), "fix": float("nan")}}
+    skipped = NotebookResult(stem="90_peer_lab", purpose="peers", out_dir=str(tmp_path / "90_peer_lab"), parameters={},
+                             seconds=1.0, ok=True, metrics=metrics)
+    page = report.write_report(tmp_path, [skipped], total_seconds=1, smoke=True).read_text()
+    assert skipped.verdict == "not run: `make peers`"
+    assert page.count("S3 decoding steps: not run: `make peers`") == 1  # the summary row
+    assert "<b>S3 decoding steps</b>: not run: `make peers`" in page  # the section's headline
+    assert "nan" not in page.lower().replace("nanum", "")
+
+
+def test_the_page_names_no_path_of_this_machine(tmp_path):
+    """Paths in errors, metrics and parameters (run folder, repository, home, temporary folder) are written as placeholders."""
+    from pathlib import Path
+
+    from workbench.core.paths import REPO_ROOT
+
+    out = tmp_path / "run"
+    folder = out / "90_peer_lab"
+    folder.mkdir(parents=True)
+    home = str(Path.home())
+    metrics = {"reproduced": True, "fixed": True,
+               "metrics": {"environments": {"trl-0.11.4": {"python": "3.11.9", "trl": "0.11.4",
+                                                           "note": f"{home}/.cache/workbench/peers/trl-0.11.4/bin/python"}},
+                           "repo_file": f"{REPO_ROOT}/workbench/runner.py", "bug_value": 1.0, "fix_value": 0.0},
+               "parameters": {"data": f"{out}/x.json"},
+               "headline": {"what": "steps", "unit": "steps", "bug": 3.0, "fix": 1.0}}
+    result = NotebookResult(stem="90_peer_lab", purpose="p", out_dir=str(folder), parameters={"out_dir": str(folder)},
+                            seconds=1.0, ok=False, error=f"FileNotFoundError: {tmp_path}/nothing and {REPO_ROOT}/notebooks",
+                            metrics=metrics)
+    page = report.write_report(out, [result], total_seconds=1, smoke=False).read_text()
+    for path in {str(tmp_path), str(REPO_ROOT), home}:
+        assert path not in page
+    assert "~/.cache/workbench/peers" in page and "&lt;repo&gt;/workbench/runner.py" in page
+
+
+def test_peer_environment_records_versions_not_paths():
+    from workbench.peers.protocol import environment
+
+    env = environment("torch")
+    assert "executable" not in env and env["python"].count(".") == 2
+    assert not any("/" in str(v) for v in env.values() if not isinstance(v, dict))

@@ -94,6 +94,73 @@ def test_a_run_whose_measurements_were_skipped_has_no_negative_verdict():
         return NotebookResult(stem="90_peer_lab", purpose="", out_dir="", parameters={}, seconds=1.0, ok=True, metrics=metrics)
 
     skipped = {"reproduced": False, "fixed": False, "metrics": {"skipped": "12 bug/fix probes not measured (run `make peers`)"}}
-    assert result(skipped).verdict == "skipped (see metrics)"
+    assert result(skipped).verdict == "not run: `make peers`"
+    assert result({**skipped, "metrics": {"skipped": "no GPU"}}).verdict == "skipped (see metrics)"
     assert result({"reproduced": False, "fixed": False, "metrics": {}}).verdict == "not reproduced"
     assert result({**skipped, "reproduced": True, "fixed": True}).verdict == "reproduced + fixed"
+
+
+def test_an_interrupted_batch_run_resumes_with_only_the_missing_notebook(tmp_path, capsys):
+    """A run killed after its first notebook finished; --resume runs only the second and reports both."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "workbench", "run", "09_kl_estimators", "16_group_statistics", "--smoke", "--out", str(out),
+               "-j", "1", "--quiet", "--no-html"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    first = out / "09_kl_estimators" / "result.json"
+    try:
+        deadline = time.monotonic() + 300
+        while not first.is_file() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert first.is_file(), "the first notebook did not finish"
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # a killed process: no chance to clean up
+        process.wait()
+    record = first.read_text()
+    assert not (out / "16_group_statistics" / "result.json").is_file() and not (out / "summary.json").is_file()
+
+    assert main([*command[3:], "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "resume: 09_kl_estimators: complete, kept" in printed and "resume: 16_group_statistics: " in printed
+    assert first.read_text() == record  # not run again
+    summary = {n["stem"]: n for n in json.loads((out / "summary.json").read_text())["notebooks"]}
+    assert summary["09_kl_estimators"]["kept"] and not summary["16_group_statistics"]["kept"]
+    assert {n["verdict"] for n in summary.values()} == {"reproduced + fixed"}
+    page = (out / "index.html").read_text()
+    assert 'id="09_kl_estimators"' in page and 'id="16_group_statistics"' in page
+
+    # other parameters: the kept result is stale, said so, and run again
+    assert main(["run", "16_group_statistics", "--smoke", "-p", "seed", "1", "--out", str(out), "--quiet", "--no-html",
+                 "--resume"]) == 0
+    assert "stale: its results are from other parameters (seed: 0 → 1)" in capsys.readouterr().out
+
+
+def test_resume_needs_the_folder_of_the_earlier_run(capsys):
+    assert main(["run", "09", "--resume"]) == 2
+    assert "--out DIR" in capsys.readouterr().err
+
+
+def test_a_finished_kernel_is_shut_down_without_an_interrupt():
+    """jupyter_client sends SIGINT before every shutdown request (ipykernel then may log "KeyboardInterrupt caught in
+    kernel"); the runner's kernel manager skips it when shutting down, and still interrupts otherwise (cell timeouts)."""
+    import signal
+
+    from workbench.catalogue.batch import ipc_kernel_manager
+
+    manager = ipc_kernel_manager()(kernel_name="python3")
+    sent = []
+
+    async def record(signum):
+        sent.append(signum)
+
+    manager._async_signal_kernel = record
+    manager.start_kernel()
+    try:
+        manager.interrupt_kernel()
+        assert sent == [signal.SIGINT]
+    finally:
+        manager.shutdown_kernel()
+    assert sent == [signal.SIGINT] and not manager.is_alive()

@@ -1,7 +1,9 @@
 """``load_callable("MODULE:FUNCTION")``: the user's function for the CLI and the notebook.
 
 ``MODULE`` is a dotted module importable from the current directory (``mypkg.losses``) or a path to
-a ``.py`` file (``examples/buggy_trainers.py``). Failures raise ``AuditInputError`` naming what was
+a ``.py`` file (``examples/buggy_trainers.py``); a file's folder goes first on ``sys.path``, so the file
+imports its sibling modules as it does when run as a script, from whatever folder the command runs in.
+Failures raise ``AuditInputError`` naming what was
 not found and how to spell it. Standard library only.
 """
 
@@ -21,6 +23,9 @@ def load_module(module: str):
     if module.endswith(".py") or path.is_file():
         if not path.is_file():
             raise AuditInputError(f"no such file {module!r}: give a path to a .py file or a dotted module name")
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)  # as `python file.py` does: its sibling modules import
         name = path.stem
         if not name.isidentifier() or name in sys.modules:
             name = f"_audit_{abs(hash(str(path.resolve())))}"

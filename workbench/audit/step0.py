@@ -20,6 +20,10 @@ and scoring code inside (with learning rate 0 if it also steps the optimiser). T
 OpenRLHF names are accepted for the keys (``old_per_token_logps``/``old_log_probs``,
 ``per_token_logps``/``log_prob``/``action_log_probs``, ``ref_per_token_logps``/``ref_log_prob``/
 ``base_action_log_probs``, ``completion_mask``/``response_mask``/``action_mask``).
+
+A model without dropout cannot show P7: then a pass says so ("P7 (dropout) not exercised …",
+``details["p7"]``), as ``check_position_ids`` says "undetermined" on a rotary model. Switch dropout
+on for the check with ``workbench.pitfalls.nb07_dropout.set_dropout(model, 0.1)`` (CLI: ``--dropout 0.1``).
 """
 
 from __future__ import annotations
@@ -54,6 +58,19 @@ def _pick(out: dict, key: str, required: bool):
         raise AuditSignatureError(f"check_step0: the dict step_fn returned has no {key!r} (or {', '.join(ALIASES[key][1:])}); "
                                   f"got keys {sorted(out)}. Expected {EXPECTED}")
     return None
+
+
+NOT_EXERCISED = ("P7 (dropout) not exercised: this model's config has no dropout > 0; rerun with --dropout 0.1 "
+                 "(in Python: workbench.pitfalls.nb07_dropout.set_dropout(model, 0.1))")
+
+
+def dropout_sites(model) -> int:
+    """How many dropout modules or attention-dropout attributes of ``model`` have a probability > 0."""
+    sites = 0
+    for module in model.modules():
+        sites += isinstance(module, torch.nn.Dropout) and module.p > 0
+        sites += isinstance(getattr(module, "attention_dropout", None), float) and module.attention_dropout > 0
+    return int(sites)
 
 
 def _fingerprint(model) -> float:
@@ -127,6 +144,12 @@ def check_step0(step_fn, model, tokenizer, *, prompts=PROMPTS, clip: float = 0.2
         convention = "KL to an identical reference ≠ 0 at step 0"
     else:
         convention = "on-policy at step 0 (ρ = 1" + (", KL = 0)" if ref is not None else "; no reference returned)")
+    sites = dropout_sites(model)
+    details["dropout_sites"] = sites
+    if not sites:  # like position_ids' "undetermined" on a rotary model: a pass here says nothing about P7
+        details["p7"] = NOT_EXERCISED
+        if passed:
+            convention += f"; {NOT_EXERCISED}"
     details["plot"] = by_position_plot(by_position, "max |log π_θ − log π_old|", "response position", "|Δ log p| (nats)", tol,
                                        f"max |ρ − 1| = {max_dev:.3g}, clip fraction {clip_fraction:.2f}")
     if not math.isfinite(max_dev):

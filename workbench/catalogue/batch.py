@@ -5,10 +5,25 @@
 ``<out>/<stem>/`` (executed ``.ipynb``, its HTML rendering, PNG figures, ``metrics.json``),
 keeps going when one fails, and finishes with ``<out>/index.html`` (see ``report.py``) and
 ``<out>/summary.json``.
+
+A notebook is **complete** in ``<out>`` when its folder holds ``result.json`` — the runner's record,
+written atomically as the last step of that notebook, after ``metrics.json`` and the executed
+``.ipynb`` — and that record says it ran without error with the same effective parameters as now.
+``--resume`` runs only the notebooks that are not complete (a ``metrics.json`` from other parameters,
+or a folder left by an interrupted run, is run again, and the output says why) and writes one
+report over all of them. Ctrl-C writes the report of what finished and leaves the finished
+notebooks' files intact (each file is written whole or not at all).
+
+Quiet by construction: the runner injects the parameters itself (it validated them,
+``notebooks.resolve_parameters``) instead of letting papermill guess the notebook's parameters from
+the cell's text (it misreads a ``=`` in a comment and warns "Passed unknown parameter"), and a kernel
+whose cells all finished is shut down without the interrupt (SIGINT) jupyter_client sends first,
+which ipykernel logs as "KeyboardInterrupt caught in kernel".
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import re
@@ -38,6 +53,7 @@ class NotebookResult:
     metrics: dict | None = None
     figures: list[str] = field(default_factory=list)
     main_figure: str | None = None
+    kept: bool = False  # --resume: complete from an earlier run in the same folder, not run again
 
     @property
     def verdict(self) -> str:
@@ -49,8 +65,10 @@ class NotebookResult:
             return "cannot show (see metrics)"
         if reproduced and fixed:
             return "reproduced + fixed"
-        if self.metrics.get("metrics", {}).get("skipped"):  # e.g. peer environments absent: no verdict, never "not reproduced"
-            return "skipped (see metrics)"
+        skipped = self.metrics.get("metrics", {}).get("skipped")
+        if skipped:  # e.g. peer environments absent: no verdict, never "not reproduced"
+            command = re.search(r"`([^`]+)`", str(skipped))
+            return f"not run: `{command.group(1)}`" if command else "skipped (see metrics)"
         if reproduced:
             return "reproduced, fix not shown"
         if fixed:
@@ -93,6 +111,14 @@ def ipc_kernel_manager():
             kwargs.setdefault("transport", "ipc")
             super().__init__(**kwargs)
 
+        async def _async_interrupt_kernel(self) -> None:
+            # jupyter_client interrupts every kernel before its shutdown request; nbclient shuts it down
+            # only after the last cell replied, so that SIGINT interrupts nothing and only makes
+            # ipykernel log "KeyboardInterrupt caught in kernel". A timeout's interrupt still goes through.
+            if self.shutting_down:
+                return
+            await super()._async_interrupt_kernel()
+
     return IPCKernelManager
 
 
@@ -102,23 +128,40 @@ def effective_parameters(info: NotebookInfo, injected: dict) -> dict:
     return {name: value for name, value in {**info.parameters, **injected}.items() if name != "out_dir"}
 
 
+RESULT_FILE = "result.json"  # the runner's record of one notebook, written last: its presence marks a complete run
+
+
+def parameterized_notebook(info: NotebookInfo, parameters: dict):
+    """The notebook with papermill's ``injected-parameters`` cell after its ``parameters`` cell.
+
+    Injected here rather than by ``papermill.execute_notebook(parameters=...)``, which first
+    re-parses the parameters cell with its own line-based guesser and warns about names it misreads
+    (``Passed unknown parameter: off_policy_steps`` for a line with ``=`` in its comment); the
+    runner has already validated every name and type against the cell's real syntax tree.
+    """
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    notebook = load_notebook_node(str(info.path))
+    return parameterize_notebook(notebook, parameters, kernel_name="python3", language="python")
+
+
 def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html: bool = True) -> NotebookResult:
     """Run one notebook with papermill into ``out_dir`` and collect what it wrote."""
-    import logging
-
+    import nbformat
     import papermill
 
-    # papermill's own parameter parser warns on any '=' in a comment or string; the workbench
-    # validates parameters itself (notebooks.resolve_parameters), so its guesses are noise here.
-    logging.getLogger("papermill.translators").setLevel(logging.ERROR)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (RESULT_FILE, "metrics.json"):  # an earlier run's files must not pass for this run's
+        (out_dir / stale).unlink(missing_ok=True)
     parameters = {**parameters, "out_dir": str(out_dir)}
     output = out_dir / f"{info.stem}.ipynb"
     start = time.perf_counter()
     error = None
     try:
+        nbformat.write(parameterized_notebook(info, parameters), str(output))
         papermill.execute_notebook(
-            str(info.path), str(output), parameters=parameters, kernel_name="python3", progress_bar=False, cwd=str(out_dir),
+            str(output), str(output), kernel_name="python3", progress_bar=False, cwd=str(out_dir),
             kernel_manager_class=ipc_kernel_manager(),
         )
     except Exception as exc:  # a failing notebook must not stop the others
@@ -140,11 +183,47 @@ def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html:
     figures = sorted(p.name for p in out_dir.glob("*.png"))
     wanted = f"{info.main_figure}.png" if info.main_figure else None
     main = wanted if wanted in figures else (figures[0] if figures else None)
-    return NotebookResult(
+    result = NotebookResult(
         stem=info.stem, purpose=info.purpose, out_dir=str(out_dir), parameters=effective_parameters(info, parameters),
         seconds=seconds,
         ok=error is None, error=error, metrics=metrics, figures=figures, main_figure=main,
     )
+    atomic_write_json(out_dir / RESULT_FILE, {k: v for k, v in asdict(result).items() if k not in ("metrics", "kept")})
+    return result
+
+
+def _same(a, b) -> bool:
+    """Equal as JSON stores them (a tuple and a list of the same values are the same parameter)."""
+    return json.loads(json.dumps(a, sort_keys=True)) == json.loads(json.dumps(b, sort_keys=True))
+
+
+def completed_result(info: NotebookInfo, parameters: dict, folder: Path) -> tuple[NotebookResult | None, str]:
+    """``(the earlier result, "")`` when ``folder`` holds a complete run of ``info`` with these parameters
+    (module doc), else ``(None, why it runs again)``."""
+    record_path = folder / RESULT_FILE
+    if not folder.is_dir():
+        return None, "not run yet"
+    if not record_path.is_file():
+        stale = " (a metrics.json without the runner's record: interrupted, or from an older run)" if (
+            folder / "metrics.json").is_file() else " (interrupted before it finished)"
+        return None, "incomplete" + stale
+    try:
+        record = json.loads(record_path.read_text())
+        result = NotebookResult(**record)
+    except (ValueError, TypeError) as exc:
+        return None, f"unreadable {RESULT_FILE} ({exc})"
+    wanted = effective_parameters(info, parameters)
+    if not _same(result.parameters, wanted):
+        changed = sorted(k for k in set(wanted) | set(result.parameters) if not _same(wanted.get(k), result.parameters.get(k)))
+        return None, "stale: its results are from other parameters (" + ", ".join(
+            f"{k}: {result.parameters.get(k)!r} → {wanted.get(k)!r}" for k in changed) + ")"
+    if not result.ok:
+        return None, "failed last time"
+    result.metrics = read_metrics(folder)
+    if result.metrics is None or not (folder / f"{info.stem}.ipynb").is_file():
+        return None, "incomplete (metrics.json or the executed notebook is missing)"
+    result.out_dir, result.kept = str(folder), True
+    return result, ""
 
 
 def _short_error(exc: Exception) -> str:
@@ -220,21 +299,59 @@ def run_catalogue(
     progress: bool = True,
     render_html: bool = True,
     jobs_in_parallel: int = 1,
+    resume: bool = False,
+    log=print,
 ) -> tuple[Path, list[NotebookResult]]:
-    """Execute notebooks, then write ``index.html`` and ``summary.json`` into ``out_dir``."""
-    from tqdm.auto import tqdm
+    """Execute notebooks, then write ``index.html`` and ``summary.json`` into ``out_dir``.
 
-    from workbench.catalogue.report import write_report
+    ``resume``: keep the notebooks already complete in ``out_dir`` (module doc), run the others, and
+    report over all of them; ``log`` receives one line per notebook saying which and why.
+    Ctrl-C: the report and summary of the notebooks that finished are written, then ``KeyboardInterrupt``
+    propagates.
+    """
+    from tqdm.auto import tqdm
 
     jobs = plan(names, overrides or {}, smoke)
     out = Path(out_dir) if out_dir else default_out_dir()
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    bar = tqdm(total=len(jobs), desc="notebooks", disable=not progress, unit="nb")
     results: list[NotebookResult | None] = [None] * len(jobs)
-    workers = max(1, min(jobs_in_parallel, len(jobs)))
-    if workers == 1:
+    if resume:
         for i, (info, parameters) in enumerate(jobs):
+            results[i], why = completed_result(info, parameters, out / info.stem)
+            log(f"resume: {info.stem}: " + ("complete, kept" if results[i] else f"{why}; running it"))
+    todo = [i for i in range(len(jobs)) if results[i] is None]
+    bar = tqdm(total=len(todo), desc="notebooks", disable=not progress, unit="nb")
+    try:
+        _run_jobs(jobs, todo, results, out, render_html, jobs_in_parallel, bar)
+    except KeyboardInterrupt:
+        bar.close()
+        _write_outputs(out, [r for r in results if r is not None], time.perf_counter() - start, smoke)
+        log(f"interrupted: {sum(r is not None for r in results)} of {len(jobs)} notebooks complete in {out}; "
+            f"run the rest with --out {out} --resume")
+        raise
+    bar.close()
+    results = [r for r in results if r is not None]
+    _write_outputs(out, results, time.perf_counter() - start, smoke)
+    return out, results
+
+
+def _write_outputs(out: Path, results: list[NotebookResult], total: float, smoke: bool) -> None:
+    from workbench.catalogue.report import write_report
+
+    write_report(out, results, total_seconds=total, smoke=smoke)
+    atomic_write_json(
+        out / "summary.json",
+        {"smoke": smoke, "total_seconds": total, "notebooks": [{**asdict(r), "verdict": r.verdict} for r in results]},
+    )
+
+
+def _run_jobs(jobs, todo: list[int], results: list, out: Path, render_html: bool, jobs_in_parallel: int, bar) -> None:
+    """Execute ``jobs[i]`` for each ``i`` in ``todo`` into ``results[i]``, one or several at once."""
+    workers = max(1, min(jobs_in_parallel, len(todo)))
+    if workers == 1:
+        for i in todo:
+            info, parameters = jobs[i]
             bar.set_postfix_str(info.stem)
             results[i] = _execute_safely(info, parameters, out, render_html, threads=None)
             bar.update(1)
@@ -246,18 +363,13 @@ def run_catalogue(
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             # Longest first, so the last notebooks to finish are short ones: the notebooks that train (a
             # ``seeds`` parameter) are the long ones, in smoke and full mode alike. Results keep catalogue order.
-            order = sorted(range(len(jobs)), key=lambda i: "seeds" not in jobs[i][0].parameters)
+            order = sorted(todo, key=lambda i: "seeds" not in jobs[i][0].parameters)
             futures = {pool.submit(_execute_safely, *jobs[i], out, render_html, threads): i for i in order}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                bar.set_postfix_str(results[futures[future]].stem)
-                bar.update(1)
-    bar.close()
-    results = [r for r in results if r is not None]
-    total = time.perf_counter() - start
-    write_report(out, results, total_seconds=total, smoke=smoke)
-    atomic_write_json(
-        out / "summary.json",
-        {"smoke": smoke, "total_seconds": total, "notebooks": [{**asdict(r), "verdict": r.verdict} for r in results]},
-    )
-    return out, results
+            try:
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+                    bar.set_postfix_str(results[futures[future]].stem)
+                    bar.update(1)
+            except KeyboardInterrupt:  # do not wait for the notebooks still running (they were interrupted too)
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise

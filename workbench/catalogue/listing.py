@@ -9,19 +9,26 @@ A catalogue notebook follows three conventions, enforced by ``tests/test_noteboo
    small/fast values ``--smoke`` passes) and optionally ``main_figure``.
 
 The runner validates command-line parameters against the parameters cell, so a misspelt name
-is an error listing the valid ones instead of papermill's silent warning.
+is an error listing the valid ones instead of papermill's silent warning, and checks every value a
+run will use against ``PARAMETER_RULES``: one rule per parameter *name*, since a name means the same
+thing in every notebook (``seeds`` a non-empty list of ints, ``model`` a checkpoint the loader can
+find, …). A bad value is a ``ParameterError`` naming the notebook, the parameter, the value and what
+it accepts, raised before any kernel starts; so is a ``model``/``reference_model`` pair whose
+tokenizers differ (``SHARED_TOKENIZER``).
 """
 
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
 from workbench.core.config_options import convert_value
-from workbench.core.errors import ParameterError
+from workbench.core.errors import ModelLoadError, ParameterError
 from workbench.core.paths import REPO_ROOT
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -98,11 +105,175 @@ def find_notebook(name: str, notebooks_dir: str | Path = NOTEBOOKS_DIR) -> Noteb
     return matches[0]
 
 
+# --------------------------------------------------------------------------------------------
+# What each parameter accepts, declared once per name
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """``check(value)`` returns ``None`` for a good value, else what is wrong with it; ``accepts`` says,
+    for a person, which values are good."""
+
+    accepts: str
+    check: Callable[[object], str | None]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def integer(minimum: int) -> Rule:
+    return Rule(f"an int ≥ {minimum}", lambda v: None if _is_int(v) and v >= minimum else "is out of range")
+
+
+def number(test: Callable[[float], bool], accepts: str) -> Rule:
+    return Rule(accepts, lambda v: None if _is_number(v) and test(v) else "is out of range")
+
+
+def one_of(names: Callable[[], tuple[str, ...]], what: str) -> Rule:
+    """A name from the library constant ``names()`` returns (read when checked: no copy to drift)."""
+
+    def check(v):
+        return None if v in names() else f"is not a known {what}; valid: {', '.join(names())}"
+
+    return Rule(f"a {what}", check)
+
+
+def non_empty_list(item: Rule) -> Rule:
+    def check(v):
+        if not isinstance(v, list) or not v:
+            return "is not a non-empty list"
+        bad = [x for x in v if item.check(x) is not None]
+        return f"holds {bad[0]!r}, which {item.check(bad[0])}" if bad else None
+
+    return Rule(f"a non-empty list, each item {item.accepts}", check)
+
+
+def _model_problem(v) -> str | None:
+    if not isinstance(v, str) or not v:
+        return "is not a checkpoint name"
+    from workbench.modeling.models import check_model_name
+
+    try:
+        check_model_name(v)
+    except ModelLoadError as exc:
+        return f"is not a checkpoint the loader can find: {exc}"
+    return None
+
+
+def _loss_agg_modes() -> tuple[str, ...]:
+    from workbench.core.losses import LOSS_AGG_ALIASES, LOSS_AGG_MODES
+
+    return LOSS_AGG_MODES + tuple(LOSS_AGG_ALIASES)
+
+
+def _trl_loss_types() -> tuple[str, ...]:
+    from workbench.core.losses import LOSS_AGG_ALIASES
+
+    return tuple(LOSS_AGG_ALIASES)
+
+
+def _precisions() -> tuple[str, ...]:
+    from workbench.trainers.base import PRECISIONS
+
+    return PRECISIONS
+
+
+MODEL = Rule("a built-in name (tiny-*), realistic-<flavour>[-chat], or a local checkpoint folder holding config.json",
+             _model_problem)
+COUNT = integer(1)
+POSITIVE = number(lambda v: v > 0, "a number > 0")
+NON_NEGATIVE = number(lambda v: v >= 0, "a number ≥ 0")
+PROBABILITY = number(lambda v: 0 <= v <= 1, "a probability in [0, 1]")
+TEXT = Rule("a non-empty string", lambda v: None if isinstance(v, str) and v else "is empty")
+DEVICE = Rule('"auto", "cpu", "cuda" or "cuda:N"',
+              lambda v: None if isinstance(v, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) else "is not a device name")
+
+PARAMETER_RULES: dict[str, Rule] = {
+    # checkpoints
+    "model": MODEL,
+    "rope_model": MODEL,
+    "reference_model": Rule("None (the policy's own checkpoint, slightly perturbed) or " + MODEL.accepts,
+                            lambda v: None if v is None else _model_problem(v)),
+    "architectures": non_empty_list(MODEL),
+    "pad_token": Rule('"auto" or a token string', TEXT.check),
+    "device": DEVICE,
+    "precision": one_of(_precisions, "precision"),
+    # mode names
+    "modes": non_empty_list(one_of(_loss_agg_modes, "loss aggregation mode")),
+    "trl_loss_types": non_empty_list(one_of(_trl_loss_types, "TRL loss_type")),
+    # lists the notebook sweeps over
+    "seeds": non_empty_list(integer(0)),
+    "batch_sizes": non_empty_list(COUNT),
+    "micro_batch_counts": non_empty_list(COUNT),
+    "micro_batch_sizes": non_empty_list(COUNT),
+    "sample_sizes": non_empty_list(COUNT),
+    "top_ks": non_empty_list(COUNT),
+    "extra_pads": non_empty_list(integer(0)),
+    "pad_lengths": non_empty_list(integer(0)),
+    "drop_probs": non_empty_list(PROBABILITY),
+    "dropouts": non_empty_list(PROBABILITY),
+    "top_ps": non_empty_list(number(lambda v: 0 < v <= 1, "a number in (0, 1]")),
+    "temperatures": non_empty_list(POSITIVE),
+    "learning_rates": non_empty_list(POSITIVE),
+    "noise_scales": non_empty_list(NON_NEGATIVE),
+    "off_policy_steps": non_empty_list(NON_NEGATIVE),
+    "spreads": non_empty_list(POSITIVE),
+    "values": non_empty_list(POSITIVE),
+    "texts": non_empty_list(TEXT),
+    # counts
+    **{name: COUNT for name in ("train_steps", "ppo_steps", "sft_steps", "adam_steps", "curve_steps", "n_prompts",
+                                "n_episodes", "n_texts", "batch_size", "trials", "eval_prompts", "examples",
+                                "step0_batches", "throughput_rows", "train_micro_batch", "workers", "processes",
+                                "max_new_tokens", "short_budget")},
+    "group_size": integer(2),
+    "vocab": integer(2),
+    "held_out": integer(0),
+    "extra_pad": integer(0),
+    # numbers
+    "beta": NON_NEGATIVE,
+    "missing_eos_penalty": NON_NEGATIVE,
+    "tis_cap": POSITIVE,
+    "temperature": POSITIVE,
+    "headline_temperature": POSITIVE,
+    "headline_lr": POSITIVE,
+}
+# Parameters whose default's type is all there is to check (any bool, any string, any seed).
+TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",
+                        "reuse_results", "run_trl")
+# Parameter pairs whose checkpoints must share a tokenizer (one scores the other's token ids).
+SHARED_TOKENIZER = (("model", "reference_model"),)
+
+
+def check_parameters(info: NotebookInfo, values: dict) -> None:
+    """``ParameterError`` for the first value of ``values`` that its rule refuses, or a ``SHARED_TOKENIZER``
+    pair whose tokenizers differ, naming notebook, parameter, value and what is accepted."""
+    for name, value in values.items():
+        rule = PARAMETER_RULES.get(name)
+        problem = rule.check(value) if rule else None
+        if problem:
+            raise ParameterError(f"{info.stem}: parameter {name!r} = {value!r} {problem}; {name} accepts {rule.accepts}")
+    for first, second in SHARED_TOKENIZER:
+        a, b = values.get(first), values.get(second)
+        if a is not None and b is not None and a != b:
+            from workbench.modeling.models import check_same_tokenizer
+
+            try:
+                check_same_tokenizer(a, b)
+            except ModelLoadError as exc:
+                raise ParameterError(f"{info.stem}: {first} and {second} must share a tokenizer: {exc} "
+                                     f"(or leave {second} unset: the policy's own checkpoint)") from None
+
+
 def resolve_parameters(info: NotebookInfo, overrides: dict, smoke: bool = False) -> dict:
     """The parameters to inject: smoke values (if ``smoke``), then the user's overrides.
 
     ``overrides`` values may be strings (from the command line, converted to the default's
-    type) or Python values (checked against the default's type).
+    type) or Python values (checked against the default's type). Every value the run will use
+    (defaults included) is then checked against ``PARAMETER_RULES`` (``check_parameters``).
     """
     unknown = sorted(set(overrides) - set(info.parameters))
     if unknown:
@@ -124,4 +295,5 @@ def resolve_parameters(info: NotebookInfo, overrides: dict, smoke: bool = False)
         ):
             raise ParameterError(f"parameter {name!r} expects a {type(default).__name__}; got {value!r}")
         resolved[name] = value
+    check_parameters(info, {**info.parameters, **resolved})
     return resolved

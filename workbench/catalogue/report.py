@@ -11,6 +11,11 @@ the claim, named in the notebook's metadata, embedded as a data URI), the key nu
 (``*_bug``/``*_fix``, ``*_without_*``/``*_with_*``, ``…bug…``/``…fix…`` keys), the other numbers
 after them, and the effective parameters the runner injected (seeds, steps; no temporary paths).
 No external assets: the file reads the same offline.
+
+A headline that was not measured (NaN: the notebook skipped its measurement, e.g. no peer
+environments) reads "not run: `make peers`" — the command named in the notebook's ``skipped`` reason —
+never ``nan``. The page is shareable: it names versions, never this machine's paths (the run folder,
+the repository, the home and temporary folders are written as ``<run>``, ``<repo>``, ``~``, ``<tmp>``).
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import os
 import platform
 import re
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -105,17 +112,50 @@ def group_metrics(metrics: dict) -> tuple[list[tuple[str, object, object, str]],
     return pairs, others
 
 
+_LOCAL_ROOTS: list[tuple[str, str]] = []  # (absolute path, placeholder), longest first; set by write_report
+
+
+def local_roots(out: Path) -> list[tuple[str, str]]:
+    """This machine's folders that may appear in error messages or metrics, and what the report writes instead."""
+    from workbench.core.paths import REPO_ROOT
+
+    roots = {str(Path(out).resolve()): "<run>", str(Path(out).absolute()): "<run>", str(REPO_ROOT): "<repo>",
+             str(Path(tempfile.gettempdir()).resolve()): "<tmp>", str(Path.home()): "~"}
+    return sorted(((k, v) for k, v in roots.items() if len(k) > 1), key=lambda kv: -len(kv[0]))
+
+
+def shareable(text: str, roots: list[tuple[str, str]] | None = None) -> str:
+    """``text`` with this machine's folders replaced by placeholders (``local_roots``)."""
+    for path, placeholder in _LOCAL_ROOTS if roots is None else roots:
+        text = text.replace(path, placeholder)
+    return text
+
+
 def _format(value) -> str:
     if isinstance(value, bool) or value is None:
         return html.escape(str(value))
     if isinstance(value, float):
         return f"{value:.4g}"
-    return html.escape(str(value))
+    return html.escape(shareable(str(value)))
 
 
-def headline_html(headline: dict | None) -> str:
+def not_run_text(metrics: dict) -> str:
+    """Why a notebook's headline was not measured: "not run: `<command>`" when its ``skipped`` reason names one."""
+    reason = str((metrics.get("metrics") or {}).get("skipped") or "")
+    command = re.search(r"`([^`]+)`", reason)
+    return f"not run: `{command.group(1)}`" if command else "not measured" + (f" ({reason[:120]})" if reason else "")
+
+
+def measured(headline: dict) -> bool:
+    return all(isinstance(headline.get(k), (int, float)) and math.isfinite(headline[k]) for k in ("bug", "fix"))
+
+
+def headline_html(headline: dict | None, metrics: dict | None = None) -> str:
     if not headline:
         return "<p class='headline missing'>no headline number recorded</p>"
+    if not measured(headline):
+        return (f"<p class='headline missing'><b>{html.escape(headline['what'])}</b>: "
+                f"{html.escape(not_run_text(metrics or {}))}</p>")
     unit = html.escape(headline["unit"])
     return (f"<p class='headline'><b>{html.escape(headline['what'])}</b>: "
             f"<span class='bug'>bug {_format(headline['bug'])} {unit}</span> → "
@@ -134,17 +174,17 @@ def _section(result, out: Path) -> str:
     parts = [
         f'<section id="{html.escape(result.stem)}"><h2>{html.escape(result.stem)} '
         f'<span class="verdict {VERDICT_CLASS.get(verdict, "warn")}">{html.escape(verdict)}</span></h2>',
-        headline_html(metrics.get("headline")),
+        headline_html(metrics.get("headline"), metrics),
         f"<p>{html.escape(result.purpose)}</p>",
     ]
     folder = Path(result.out_dir)
-    rel = folder.relative_to(out) if folder.is_relative_to(out) else folder
+    rel = folder.relative_to(out) if folder.is_relative_to(out) else Path(folder.name)
     links = [f'<a href="{rel}/{result.stem}.ipynb">executed notebook (.ipynb)</a>']
     if (folder / f"{result.stem}.html").is_file():
         links.append(f'<a href="{rel}/{result.stem}.html">rendered (HTML)</a>')
     parts.append(f"<p>{' · '.join(links)} · notebook time {result.seconds:.1f} s</p>")
     if result.error:
-        parts.append(f"<pre class='error'>{html.escape(result.error)}</pre>")
+        parts.append(f"<pre class='error'>{html.escape(shareable(result.error))}</pre>")
     if result.main_figure:
         data = base64.b64encode((folder / result.main_figure).read_bytes()).decode()
         parts.append(f'<figure><img alt="{html.escape(result.main_figure)}" src="data:image/png;base64,{data}">'
@@ -161,7 +201,7 @@ def _section(result, out: Path) -> str:
                 + "</details>")
     parameters = metrics.get("parameters") or {k: v for k, v in result.parameters.items() if k != "out_dir"}
     parts.append("<details><summary>effective parameters</summary>" + _table(
-        ["parameter", "value"], [[html.escape(k), html.escape(json.dumps(v))] for k, v in parameters.items()])
+        ["parameter", "value"], [[html.escape(k), html.escape(shareable(json.dumps(v)))] for k, v in parameters.items()])
         + "</details></section>")
     return "\n".join(parts)
 
@@ -181,6 +221,7 @@ figcaption{font-size:.8em;color:#555}nav a{margin-right:1em}
 
 
 def write_report(out: Path, results: list, *, total_seconds: float, smoke: bool) -> Path:
+    _LOCAL_ROOTS[:] = local_roots(out)
     failed = sum(1 for r in results if r.verdict == "failed")
     summed = sum(r.seconds for r in results)
     nav = " ".join(f'<a href="#{html.escape(r.stem)}">{html.escape(r.stem)}</a>' for r in results)
@@ -189,11 +230,13 @@ def write_report(out: Path, results: list, *, total_seconds: float, smoke: bool)
         h = (r.metrics or {}).get("headline")
         if not h:
             return "—"
+        if not measured(h):
+            return f"{html.escape(h['what'])}: {html.escape(not_run_text(r.metrics or {}))}"
         return f"{html.escape(h['what'])}: {_format(h['bug'])} → {_format(h['fix'])} {html.escape(h['unit'])}"
 
     summary = _table(["notebook", "verdict", "headline: bug → fix", "notebook time"],
                      [[f"<a href='#{html.escape(r.stem)}'>{html.escape(r.stem)}</a>", html.escape(r.verdict), headline_cell(r),
-                       f"{r.seconds:.1f} s"] for r in results])
+                       f"{r.seconds:.1f} s" + (" (earlier run, kept)" if getattr(r, "kept", False) else "")] for r in results])
     env = _table(["", ""], [[html.escape(k), html.escape(v)] for k, v in environment().items()])
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>RLHF pitfalls workbench — run report</title>

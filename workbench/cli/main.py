@@ -1,7 +1,8 @@
 """Command line: ``python -m workbench list`` and ``python -m workbench run``.
 
 Exit codes: 0 success, 1 a notebook failed, 2 bad input (unknown notebook or parameter, wrong
-type) — the message names the problem and the valid choices.
+type) — the message names the problem and the valid choices, 130 interrupted (Ctrl-C; the report of
+what finished is written, ``--out DIR --resume`` runs the rest).
 """
 
 from __future__ import annotations
@@ -25,18 +26,25 @@ def _list(args) -> int:
 def _run(args) -> int:
     from workbench.catalogue.batch import run_catalogue
 
+    if args.resume and not args.out:
+        print("error: --resume continues an earlier run: name its folder with --out DIR (e.g. --out runs/20250101-120000)",
+              file=sys.stderr)
+        return 2
     overrides = {}
     for name, value in args.parameter or []:
         overrides[name] = value
     try:
         out, results = run_catalogue(args.notebooks or None, smoke=args.smoke, overrides=overrides, out_dir=args.out,
-                                     progress=not args.quiet, render_html=not args.no_html, jobs_in_parallel=args.jobs)
+                                     progress=not args.quiet, render_html=not args.no_html, jobs_in_parallel=args.jobs,
+                                     resume=args.resume)
     except ParameterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
     width = max(len(r.stem) for r in results)
     for r in results:
-        line = f"{r.stem:<{width}}  {r.verdict:<26} {r.seconds:6.1f} s"
+        line = f"{r.stem:<{width}}  {r.verdict:<26} {r.seconds:6.1f} s" + ("  (kept from the earlier run)" if r.kept else "")
         print(line + (f"  {r.error.splitlines()[0]}" if r.error else ""))
     print(f"report: {out / 'index.html'}")
     failed = [r.stem for r in results if not r.ok]
@@ -57,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out", default=None, help="output folder (default: runs/<timestamp>)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("-j", "--jobs", type=int, default=2, help="notebooks executed at once (default 2; threads are shared)")
+    run.add_argument("--resume", action="store_true",
+                     help="with --out DIR of an interrupted run: run only the notebooks without a complete result there "
+                          "(same parameters), then report over all")
     run.add_argument("--no-html", action="store_true", help="skip rendering executed notebooks to HTML")
     run.set_defaults(func=_run)
     from workbench.cli import train

@@ -3,7 +3,8 @@
 The same entry point runs in one process or under ``accelerate launch`` (see ``distributed.py``).
 Every bad input is an error that names the problem and the fix, with exit code 2: an unknown or
 mistyped ``--set`` field, an invalid config value, a missing/unsafe checkpoint, a tokenizer with
-pad == EOS, an empty or missing dataset, a prompt that does not fit the model's context.
+pad == EOS, a ``--data`` file that is missing, empty, not UTF-8 or not JSON Lines, or whose rows lack
+a key (``FILE:LINE: problem. fix``, read before the output folder is touched), a prompt that does not fit the model's context.
 
 A run writes checkpoints atomically into ``--output-dir``; running the same command again resumes
 from the latest one (weights, optimiser, RNG and history), so a killed run finishes with exactly the

@@ -13,6 +13,7 @@ import inspect
 from pathlib import Path
 
 from workbench.modeling.models import load_checkpoint
+from workbench.modeling.perturbation import perturbed_copy
 from workbench.trainers.realistic_chat import resolve
 
 
@@ -24,3 +25,17 @@ def load(name_or_path: str | Path, **options):
 
 
 load.__signature__ = inspect.signature(load_checkpoint)  # the same keyword arguments, shown by help() and editors
+
+
+REFERENCE_DRIFT = 0.02  # weight noise of the default reference: KL(policy ‖ reference) ≈ 0.1 nats on the tiny models
+
+
+def load_reference(reference_model: str | None, policy, *, seed: int = 0, **options):
+    """The reference model a notebook compares ``policy`` with: ``reference_model`` loaded with ``load``,
+    or, when it is ``None`` ("same as model"), the policy's own checkpoint with ``REFERENCE_DRIFT`` × N(0, 1)
+    noise on every weight (``perturbed_copy``) — a policy that has drifted from its reference by a known
+    amount, with the same tokenizer by construction."""
+    if reference_model is None:
+        return perturbed_copy(policy, REFERENCE_DRIFT, seed=seed)
+    reference, _ = load(reference_model, **options)
+    return reference

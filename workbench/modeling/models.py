@@ -11,12 +11,14 @@ perturbed copies (``perturbation``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import torch
 
 from workbench.core.devices import resolve_device
+from workbench.core.errors import ModelLoadError
 from workbench.modeling import realistic
 from workbench.modeling.attention import resolve_attn_implementation
 from workbench.modeling.checkpoint_safety import check_checkpoint_folder
@@ -24,6 +26,7 @@ from workbench.modeling.dropout import DROPOUT_CONFIG_FIELDS
 from workbench.modeling.pad_policy import check_tokenizer, set_pad_token
 from workbench.modeling.stop_ids import stop_token_ids
 from workbench.modeling.tiny import RANDOM_BUILTINS, TRAINED_CHECKPOINTS, tiny_model
+from workbench.modeling.tokenizer import load_char_tokenizer
 
 BUILTIN_NAMES = tuple(RANDOM_BUILTINS) + tuple(TRAINED_CHECKPOINTS)
 
@@ -149,6 +152,54 @@ def load_tokenizer(name_or_path: str | Path):
     name = str(name_or_path)
     path = realistic.folder_of(name) if name.startswith("realistic-") else Path(name).expanduser()
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+
+
+def check_model_name(name: str) -> None:
+    """Raise ``ModelLoadError`` unless ``workbench.load(name)`` would find a checkpoint, without loading or
+    building one: a built-in name, a valid ``realistic-*`` name, or a safe local checkpoint folder."""
+    name = str(name)
+    if name in RANDOM_BUILTINS:
+        return
+    if name.startswith("realistic-"):
+        try:
+            realistic.parse_name(name)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
+        return
+    check_checkpoint_folder(TRAINED_CHECKPOINTS.get(name, Path(name).expanduser()), BUILTIN_NAMES)
+
+
+def tokenizer_fingerprint(name: str) -> tuple[int, str]:
+    """``(vocabulary size, hash of the token → id map)`` of the tokenizer ``workbench.load(name)`` starts from,
+    loading that tokenizer alone (no weights; a ``realistic-*`` name builds its untrained folder, whose
+    tokenizer its ``-chat`` version shares): two checkpoints can score each other's token ids only when
+    their fingerprints agree."""
+    name = str(name)
+    if name in RANDOM_BUILTINS:
+        tokenizer = load_char_tokenizer()
+    else:
+        if name.startswith("realistic-"):
+            try:
+                flavour, _ = realistic.parse_name(name)
+            except ValueError as exc:
+                raise ModelLoadError(str(exc)) from None
+            folder = realistic.checkpoint(flavour)
+        else:
+            folder = TRAINED_CHECKPOINTS.get(name, Path(name).expanduser())
+        check_checkpoint_folder(folder, BUILTIN_NAMES)
+        tokenizer = load_tokenizer(folder)
+    vocabulary = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return len(vocabulary), hashlib.sha256(json.dumps(vocabulary).encode()).hexdigest()[:12]
+
+
+def check_same_tokenizer(first: str, second: str) -> None:
+    """Raise ``ModelLoadError`` naming both checkpoints when their tokenizers differ (size or token ids)."""
+    a, b = tokenizer_fingerprint(first), tokenizer_fingerprint(second)
+    if a != b:
+        raise ModelLoadError(
+            f"{first!r} and {second!r} have different tokenizers ({a[0]} tokens, vocabulary hash {a[1]} vs {b[0]} tokens, "
+            f"hash {b[1]}): one cannot score the other's token ids. Use two checkpoints of the same tokenizer."
+        )
 
 
 def save(model, tokenizer, folder: str | Path) -> Path:

@@ -39,13 +39,14 @@ def environment(*packages: str) -> dict:
     """Versions of the given packages and every stand-in module that is imported (visible in the table)."""
     from importlib import metadata
 
-    info = {"python": sys.version.split()[0], "executable": sys.executable, "torch": torch.__version__}
+    # versions only, never paths: these dicts end up in metrics.json and the shareable run report
+    info = {"python": sys.version.split()[0], "torch": torch.__version__}
     for name in packages:
         try:
             info[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             info[name] = None
-    standins = {name: getattr(mod, "__file__", "") for name, mod in list(sys.modules.items())
+    standins = {name: str(getattr(mod, "__version__", "stand-in")) for name, mod in list(sys.modules.items())
                 if getattr(mod, "__dict__", {}).get("STANDIN") is True}
     info["standins"] = standins
     return info

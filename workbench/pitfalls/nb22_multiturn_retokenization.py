@@ -119,6 +119,23 @@ def verdict(stats: dict, *, signature: float = 0.1, tolerance: float = 1e-6) -> 
     return reproduced, stats["max_abs_log_ratio_fix"] <= tolerance
 
 
+def no_episode_reason(max_new_tokens: int) -> str:
+    """Why a sample of two-turn episodes left nothing to measure (no turn 1 ended), and the remedy."""
+    return (f"no episode ended its first turn within max_new_tokens={max_new_tokens}: use a chat-tuned checkpoint "
+            "(e.g. realistic-qwen2-chat) or raise max_new_tokens")
+
+
+def not_shown(stats: dict, n_episodes: int, max_new_tokens: int) -> str | None:
+    """Why the sample could not show the bug (``None`` when ``verdict`` reproduced it): too few finished
+    turns, or none whose tokens changed in the decode → encode round trip."""
+    if verdict(stats)[0]:
+        return None
+    return (f"{stats['episodes']} of {n_episodes} episodes ended their first turn within max_new_tokens={max_new_tokens} "
+            f"and the round trip changed the tokens of {stats['changed_fraction']:.0%} of them, with |log ρ| ≤ "
+            f"{stats['max_abs_log_ratio_bug']:.2g} nats: use a chat-tuned checkpoint (e.g. realistic-qwen2-chat) or raise "
+            "n_episodes / max_new_tokens")
+
+
 def template_turn_end_id(tokenizer) -> int:
     """The special token id the chat template writes after an assistant message."""
     from workbench.modeling.stop_ids import template_turn_end

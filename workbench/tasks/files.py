@@ -1,15 +1,19 @@
 """The task's data files in ``data/``: held-out train/test prompts and preference pairs as JSONL.
 
-Made by ``python scripts/make_data.py`` (``write_data_files``); read with clear errors for a missing
-or empty file, since ``python -m workbench train --data`` points here at user files too.
+Made by ``python scripts/make_data.py`` (``write_data_files``). ``python -m workbench train --data``
+points the same readers at user files, so every defect is an ``InputError`` of the form
+``FILE:LINE: problem. fix``: a missing or empty file, bytes that are not UTF-8, a line that is not
+JSON, a row that is not an object, a row without the keys its kind needs (named, with the keys
+found), a value that is not a string. Line numbers are the file's own (1-based, blank lines counted).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from workbench.core.errors import InputError
 from workbench.core.paths import DATA_DIR
 from workbench.tasks.arithmetic import Problem, make_preferences, split_problems
 
@@ -19,6 +23,23 @@ TRAIN_PREFERENCES = DATA_DIR / "arith_preferences_train.jsonl"
 TEST_PREFERENCES = DATA_DIR / "arith_preferences_test.jsonl"
 
 
+@dataclass(frozen=True)
+class RowKind:
+    """What one line of a kind of data file must hold: string values under ``keys``."""
+
+    name: str
+    keys: tuple[str, ...]
+    example: str
+
+    def fix(self) -> str:
+        return f"Each {self.name} row needs the string keys {', '.join(self.keys)}, e.g. {self.example}"
+
+
+PROMPT_ROW = RowKind("prompt", ("prompt", "answer"), '{"prompt": "12+7=", "answer": "19"}')
+PREFERENCE_ROW = RowKind("preference-pair", ("prompt", "chosen", "rejected"),
+                         '{"prompt": "12+7=", "chosen": "19", "rejected": "18"}')
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
@@ -26,19 +47,64 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    path = Path(path)
+def _text(path: Path) -> str:
+    if not path.exists():
+        raise InputError(f"{path}: the data file is missing. Pass an existing JSONL file (one JSON object per line), "
+                         "or run `python scripts/make_data.py` to create the shipped ones.")
     if not path.is_file():
-        raise FileNotFoundError(f"Data file {str(path)!r} is missing; run `python scripts/make_data.py` to create it.")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        raise InputError(f"{path}: is a folder, not a data file. Pass the path of a JSONL file.")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise InputError(f"{path}:{line}: byte 0x{data[exc.start]:02x} at offset {exc.start} is not UTF-8 text. "
+                         "Save the file as UTF-8 (JSON Lines files are UTF-8).") from None
+
+
+def numbered_rows(path: str | Path, kind: RowKind | None = None) -> list[tuple[int, dict]]:
+    """``(line number, row)`` for every non-blank line of a JSONL file, each checked to be a JSON object
+    (and, with ``kind``, to hold that kind's keys as strings); ``InputError`` naming file and line otherwise."""
+    path = Path(path)
+    fix = kind.fix() if kind else "Each line must be one JSON object"
+    rows = []
+    for number, line in enumerate(_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno}). Write one JSON object "
+                             f"per line. {fix}.") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{number}: a JSON {type(row).__name__}, not an object. Write one JSON object per line. {fix}.")
+        if kind is not None:
+            _check_row(path, number, row, kind)
+        rows.append((number, row))
     if not rows:
-        raise ValueError(f"Data file {str(path)!r} is empty; a dataset needs at least one row.")
+        raise InputError(f"{path}: the data file is empty (no rows). A dataset needs at least one row. {fix}.")
     return rows
 
 
+def _check_row(path: Path, number: int, row: dict, kind: RowKind) -> None:
+    missing = [k for k in kind.keys if k not in row]
+    if missing:
+        found = ", ".join(map(repr, row)) or "none"
+        raise InputError(f"{path}:{number}: the row lacks {', '.join(map(repr, missing))} (keys found: {found}). {kind.fix()}.")
+    for key in kind.keys:
+        if not isinstance(row[key], str):
+            raise InputError(f"{path}:{number}: {key!r} must be a string, not the {type(row[key]).__name__} {row[key]!r}. "
+                             f"Write it in quotes, e.g. {json.dumps(str(row[key]))}. {kind.fix()}.")
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The rows of a JSONL file (blank lines skipped), each a JSON object."""
+    return [row for _, row in numbered_rows(path)]
+
+
 def load_problems(path: str | Path = TRAIN_PROMPTS) -> list[Problem]:
-    """Problems from a JSONL file with ``prompt`` and ``answer`` fields."""
-    return [Problem(row["prompt"], row["answer"]) for row in read_jsonl(path)]
+    """Problems from a JSONL file with string ``prompt`` and ``answer`` fields (RL prompts and SFT data)."""
+    return [Problem(row["prompt"], row["answer"]) for _, row in numbered_rows(path, PROMPT_ROW)]
 
 
 def rl_problems(n: int = 256) -> list[Problem]:
@@ -48,13 +114,8 @@ def rl_problems(n: int = 256) -> list[Problem]:
 
 
 def load_preferences(path: str | Path = TRAIN_PREFERENCES) -> list[dict]:
-    """Preference pairs ``{"prompt", "chosen", "rejected", "answer"}`` from JSONL."""
-    rows = read_jsonl(path)
-    for i, row in enumerate(rows):
-        missing = {"prompt", "chosen", "rejected"} - set(row)
-        if missing:
-            raise ValueError(f"{path}: row {i} lacks {sorted(missing)}; each pair needs prompt, chosen and rejected")
-    return rows
+    """Preference pairs ``{"prompt", "chosen", "rejected"}`` (and optionally ``"answer"``) from JSONL."""
+    return [row for _, row in numbered_rows(path, PREFERENCE_ROW)]
 
 
 def write_data_files(n_preferences_train: int = 4000, n_preferences_test: int = 500) -> None:
