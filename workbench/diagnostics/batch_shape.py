@@ -32,25 +32,29 @@ from workbench.rollout import sample
 from workbench.scoring import token_logprobs
 
 KV_BLOCK = 512  # keys per block of PyTorch's CPU flash attention (sdpa); the split every x86-64 ISA shares
-FILLER = "Reference note {i}: the figures in this section are copied from the appendix and are not needed. "
 
 
-def long_context_prompt(prompt: str, tokenizer, *, min_tokens: int = KV_BLOCK + 48) -> str:
-    """``prompt`` behind a filler document of at least ``min_tokens`` tokens (a long-context prompt, as
-    RL batches mix them with short ones), so a batch holding it is padded past ``KV_BLOCK`` keys."""
-    document, i = "", 0
-    while len(tokenizer(document, add_special_tokens=False, verbose=False)["input_ids"]) < min_tokens:
-        document += FILLER.format(i=i)
-        i += 1
-    return document + "\n\nQuestion: " + prompt
+def long_context_prompt(prompt: str, tokenizer, *, prompt_tokens: int = KV_BLOCK + 4) -> str:
+    """``prompt`` behind a filler context, so that it encodes (chat template included) to about
+    ``prompt_tokens`` tokens: a long-context prompt, as RL batches mix them with short ones.
+
+    Just past ``KV_BLOCK``: a batch holding it is padded to a width whose last block starts inside
+    the short rows too, so their keys straddle the block boundary (far past it they would not)."""
+    def text(n: int) -> str:
+        return "Context:" + " ok" * n + "\n\nQuestion: " + prompt
+
+    n = max(prompt_tokens - len(encode_prompt(tokenizer, text(0))), 0)
+    while n and len(encode_prompt(tokenizer, text(n))) > prompt_tokens:
+        n -= 1
+    return text(n)
 
 
-def mixed_prompts(prompts: list[str], tokenizer, *, long_prompts: int, min_tokens: int = KV_BLOCK + 48) -> list[str]:
+def mixed_prompts(prompts: list[str], tokenizer, *, long_prompts: int, prompt_tokens: int = KV_BLOCK + 4) -> list[str]:
     """``prompts`` with ``long_prompts`` of them (spread evenly) given a long context."""
     if not 0 <= long_prompts <= len(prompts):
         raise ValueError(f"long_prompts={long_prompts}: pass 0..{len(prompts)} (the number of prompts given a long context)")
     picked = {round(k * len(prompts) / long_prompts) for k in range(long_prompts)} if long_prompts else set()
-    return [long_context_prompt(p, tokenizer, min_tokens=min_tokens) if i in picked else p for i, p in enumerate(prompts)]
+    return [long_context_prompt(p, tokenizer, prompt_tokens=prompt_tokens) if i in picked else p for i, p in enumerate(prompts)]
 
 
 def position_limit(model) -> int | None:
