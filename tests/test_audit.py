@@ -102,7 +102,8 @@ def test_position_ids_bug_and_fix_on_gpt2(gpt2):
     bug = check_position_ids(buggy.logprobs_without_position_ids, model, tokenizer)
     fix = check_position_ids(correct.logprobs, model, tokenizer)
     assert not bug.passed and bug.convention == "model default" and bug.details["absolute_positions"]
-    assert bug.details["max_abs_gap"] == pytest.approx(21.99, abs=0.01) and bug.details["max_abs_gap_right"] == 0.0
+    assert bug.details["max_abs_gap"] == pytest.approx(21.99, abs=0.01)  # the position shift; fp32 noise is ~1e-5 of it
+    assert bug.details["max_abs_gap_right"] < 1e-5  # not exact: the right-padded copy runs other matmul shapes (fp32 order)
     assert fix.passed and fix.convention == "mask-derived" and fix.details["max_abs_gap"] < 1e-5
 
 
@@ -155,10 +156,14 @@ def test_step0_bug_and_fix(qwen):
     model, tokenizer = qwen
     bug = check_step0(buggy.step_with_rollout_logprobs, model, tokenizer)
     assert not bug.passed and bug.convention.startswith("π_old ≠ π_θ")
-    assert bug.value == pytest.approx(0.02505, abs=1e-4) and bug.details["max_abs_ref_log_ratio"] == 0.0
+    # bf16 engine vs fp32 trainer: the engine's log-probs carry bf16 rounding (2⁻⁸ relative), far above fp32's 1e-4
+    # tolerance and far below a real bug's error; the exact value depends on the CPU's bf16 kernels and thread count
+    assert 1e-3 < bug.value < 0.2
+    assert bug.details["max_abs_ref_log_ratio"] == 0.0  # exact: the reference is an identical copy, same shapes, same process
     fix = check_step0(correct.step, model, tokenizer)
+    # exact: π_old and π_θ are the same forward on the same shapes in one process, the reference an identical copy
     assert fix.passed and fix.value == 0.0 and fix.details["kl_k1_per_sequence"] == 0.0 and fix.details["clip_fraction"] == 0.0
-    assert fix.details["max_abs_rollout_vs_old"] < 1e-5
+    assert fix.details["max_abs_rollout_vs_old"] < 1e-5  # sampler (KV cache, other shapes) vs training forward: fp32 noise
 
 
 def test_step0_dropout_left_on_and_weights_changed(gpt2):

@@ -132,7 +132,10 @@ def test_p16_one_pass_vs_two_pass_std_by_hand():
     from workbench.pitfalls.nb16_group_statistics import one_pass_std, two_pass_std
 
     constant = torch.full((7,), 0.95)
-    assert float(one_pass_std(constant)) == pytest.approx(4.567e-4, rel=1e-3)  # the fp32 rounding residue
+    # the fp32 rounding residue of E[x²] − E[x]²: a few ulps of 0.95² (2⁻²³ relative), so std ≤ √(8 · 2⁻²³ · 0.95² · 7/6) ≈ 1e-3;
+    # its exact value (4.567e-4 here and in NeMo-RL #4158) depends on the order the sums run in, so only the bound is asserted
+    residue = float(one_pass_std(constant))
+    assert 0 < residue < math.sqrt(8 * 2**-23 * 0.95**2 * 7 / 6)
     assert float(two_pass_std(constant)) < 1e-7
     assert float(one_pass_std(torch.full((7,), 0.5))) == 0.0  # dyadic rewards cancel exactly
     pair = torch.tensor([1.0, 1.0078125])  # 1 and 1 + 2⁻⁷, both exact in bf16
@@ -146,7 +149,8 @@ def test_p16_leave_one_out_singleton_explodes_without_the_floor():
     from workbench.pitfalls.nb16_group_statistics import loo_advantages
 
     rewards = torch.tensor([0.0] + [0.95] * 7)
-    assert float(loo_advantages(rewards, std="one-pass")[0]) == pytest.approx(-2075.39, abs=0.5)  # NeMo-RL #4158's number
+    # NeMo-RL #4158 measured −2075.39: −0.95 over the residue std of the seven 0.95s, which is below ~1e-3 (test above)
+    assert float(loo_advantages(rewards, std="one-pass")[0]) < -0.95 / 1e-3
     assert float(loo_advantages(rewards, std="two-pass")[0]) < -1e5  # a smaller residue is worse
     assert float(loo_advantages(rewards, std="two-pass", floor=1e-3)[0]) == pytest.approx(-0.95, abs=1e-6)
     assert float(loo_advantages(torch.tensor([0.0] + [0.5] * 7), std="one-pass")[0]) == -0.5  # dyadic: no residue

@@ -2,12 +2,19 @@
 
 A trainer computes π_old once over the whole rollout batch (or in the rollout engine's batches),
 then recomputes π_θ in training micro-batches of another size. Each micro-batch is padded to its
-own longest row and runs through kernels whose reduction order depends on the shapes (the number of
-rows for GPU matmul tiling; the padded width for the vectorised attention and softmax loops — on
-this CPU a row's bf16 log-probs change whenever the width crosses a multiple of 16). In fp32 the
-reordering costs ~1e-6; in bf16, with 8 significant bits, it costs ~1e-2 nats. So at learning
-rate 0, where ρ = π_θ/π_old must be exactly 1, it is not: verl #6280 measured a clip fraction of
-0.046 at lr 0 when rollout and actor micro-batch sizes differed.
+own longest row and runs through kernels whose reduction order depends on the shapes: GPU matmul
+tiling by the number of rows; attention split into blocks along the key axis (flash attention on
+GPUs; PyTorch's CPU flash-attention kernel in blocks of ``KV_BLOCK`` = 512 keys, an online softmax
+across blocks). In fp32 the reordering costs ~1e-6; in bf16, with 8 significant bits, it costs ~1e-2
+nats. So at learning rate 0, where ρ = π_θ/π_old must be exactly 1, it is not: verl #6280 measured a
+clip fraction of 0.046 at lr 0 when rollout and actor micro-batch sizes differed.
+
+Which reorderings a CPU shows depends on its vector extensions (with AVX-512 a row's bf16 log-probs
+move whenever the width crosses a multiple of 16; with AVX2 or scalar kernels short widths give
+bit-identical rows). The key-block split does not: once the padded width passes 512 keys, a row's
+keys fall into other blocks than when it is scored narrow, on every x86-64 ISA. So the batch here
+holds a few prompts with a long context (``long_context_prompt``): the whole batch is padded past
+512, micro-batches without a long row are not (docs/CPU_PORTABILITY.md).
 
 The fixes: recompute π_old with the training layout (the same micro-batches, so the same shapes),
 or make scoring batch-invariant (here: pad every batch to one fixed width; on GPUs also
@@ -24,13 +31,56 @@ from workbench.core.batching import pad_sequences
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import token_logprobs
 
+KV_BLOCK = 512  # keys per block of PyTorch's CPU flash attention (sdpa); the split every x86-64 ISA shares
+
+
+def long_context_prompt(prompt: str, tokenizer, *, prompt_tokens: int = KV_BLOCK + 4) -> str:
+    """``prompt`` behind a filler context, so that it encodes (chat template included) to about
+    ``prompt_tokens`` tokens: a long-context prompt, as RL batches mix them with short ones.
+
+    Just past ``KV_BLOCK``: a batch holding it is padded to a width whose last block starts inside
+    the short rows too, so their keys straddle the block boundary (far past it they would not)."""
+    def text(n: int) -> str:
+        return "Context:" + " ok" * n + "\n\nQuestion: " + prompt
+
+    n = max(prompt_tokens - len(encode_prompt(tokenizer, text(0))), 0)
+    while n and len(encode_prompt(tokenizer, text(n))) > prompt_tokens:
+        n -= 1
+    return text(n)
+
+
+def mixed_prompts(prompts: list[str], tokenizer, *, long_prompts: int, prompt_tokens: int = KV_BLOCK + 4) -> list[str]:
+    """``prompts`` with ``long_prompts`` of them (spread evenly) given a long context."""
+    if not 0 <= long_prompts <= len(prompts):
+        raise ValueError(f"long_prompts={long_prompts}: pass 0..{len(prompts)} (the number of prompts given a long context)")
+    picked = {round(k * len(prompts) / long_prompts) for k in range(long_prompts)} if long_prompts else set()
+    return [long_context_prompt(p, tokenizer, prompt_tokens=prompt_tokens) if i in picked else p for i, p in enumerate(prompts)]
+
+
+def position_limit(model) -> int | None:
+    """The longest row a model with learned absolute positions can score (GPT-2's ``n_positions``);
+    None for rotary models, whose positions have no table to run off."""
+    from workbench.audit.logprobs import absolute_positions
+
+    if not absolute_positions(model)[0]:
+        return None
+    config = model.config
+    return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+
+
+def drift_widths(row_length: int, *, block: int = KV_BLOCK, step: int = 4) -> list[int]:
+    """Padded widths for ``width_drift``: the row's own, a few just wider, then across the key block."""
+    near = range(row_length, row_length + 8)
+    across = range(max(block - 16, row_length + 8), max(block, row_length) + 48, step)
+    return sorted(set(near) | set(across))
+
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:
     """Prompt ids through the chat template when the tokenizer has one, else plain."""
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(prompt)["input_ids"]
+        return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    return tokenizer(prompt, verbose=False)["input_ids"]
 
 
 @torch.no_grad()
