@@ -34,13 +34,9 @@ def test_first_cell_names_the_pitfall_second_is_the_literal_parameters_cell(path
     assert notebook.metadata["kernelspec"]["name"] == "python3"
 
 
-
-# Notebooks that follow "a notebook is parameters, calls and plots of its pitfall module" (issue 27); the others join as they move.
-CONVERTED = [p for p in NOTEBOOKS if int(p.stem[:2]) <= 12]
-
-
-@pytest.mark.parametrize("path", CONVERTED, ids=[p.stem for p in CONVERTED])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=STEMS)
 def test_notebook_is_parameters_calls_and_plots(path):
+    """Issue 27: a notebook is parameters, calls and plots of its pitfall module (every notebook)."""
     import re
 
     notebook = nbformat.read(str(path), as_version=4)
@@ -51,7 +47,8 @@ def test_notebook_is_parameters_calls_and_plots(path):
     assert not raw, f"{path.name} draws or builds widgets itself: {raw}"
     assert re.fullmatch(r"notebook_api\.write_metrics\(out, \*\*\w+\.(quickstart_)?metrics\(.*\)\)", " ".join(code[-1].split()), re.S)
     if "interactive" in parse_parameters(code[0]):
-        assert any(re.search(r"^if interactive:\n\s+display\(\w+\.\w+_explorer\(", source) for source in code), path.name
+        shows = r"^if interactive:\n(\s+from IPython\.display import display\n\n)?\s+display\(\w+\.\w+_explorer\("
+        assert any(re.search(shows, source) for source in code), f"{path.name} has an interactive parameter but shows no explorer"
 
 
 def test_catalogue_has_the_seed_notebooks():
