@@ -17,16 +17,22 @@ a pad-invariance test: adding pad columns to a batch must not move any logged nu
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.losses import masked_mean
 from workbench.modeling.rollout import Rollout, sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
+from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 from workbench.viz.plots import note_coinciding
 
 INVALID_LOGPROB = 1.0  # TRL PPO's sentinel for pad positions
 MODES = ("unmasked", "sentinel", "masked")
+STATISTICS = {"entropy": "mean entropy per token (nats)", "kl": "mean KL k1 per token", "ratio": "mean ratio π/π_old",
+              "sequence_entropy": "Σ_t −log π per sequence"}  # what each logged statistic is, as the figure labels it
 
 
 def rollout_for(model, tokenizer, prompts: list[str], seed: int = 0, max_new_tokens: int = 6) -> Rollout:
@@ -95,8 +101,6 @@ def verdict(rows: list[dict], tolerance: float = 1e-4) -> tuple[bool, bool]:
 
 # ---- plots (take an ax) ------------------------------------------------------------------------
 def plot_metric(ax, rows: list[dict], key: str, ylabel: str) -> None:
-    from workbench.viz import plots
-
     x = [r["extra_pads"] for r in rows]
     styles = {"unmasked": (plots.BUG_COLOR, "mean over the grid (bug)"),
               "sentinel": (plots.SERIES_COLORS[4], f"pads set to {INVALID_LOGPROB} (bug)"),
@@ -107,3 +111,67 @@ def plot_metric(ax, rows: list[dict], key: str, ylabel: str) -> None:
     ax.set_ylabel(ylabel)
     ax.legend()
     note_coinciding(ax)
+
+
+def figure_padding_metrics(rows: list[dict]):
+    """The notebook's figure: each statistic of ``STATISTICS`` against the pad columns added (one ``plot_metric`` each)."""
+    fig, axes = plt.subplots(1, len(STATISTICS), figsize=(20, 4))
+    for ax, (key, label) in zip(axes, STATISTICS.items(), strict=True):
+        plot_metric(ax, rows, key, label)
+    fig.tight_layout()
+    return fig
+
+
+def plot_pad_shift(ax, rows: list[dict]) -> None:
+    """|Δ| of each statistic between the first and the last row's pad width, per mode (grouped bars, symlog)."""
+    colors = {"unmasked": plots.BUG_COLOR, "sentinel": plots.SERIES_COLORS[4], "masked": plots.FIX_COLOR}
+    first, last = rows[0], rows[-1]
+    width = 0.8 / len(MODES)
+    for i, mode in enumerate(MODES):
+        x = [k + (i - 1) * width for k in range(len(STATISTICS))]
+        ax.bar(x, [abs(last[mode][key] - first[mode][key]) for key in STATISTICS], width, color=colors[mode], label=mode)
+    ax.set_xticks(range(len(STATISTICS)), list(STATISTICS), fontsize=8)
+    ax.set_yscale("symlog", linthresh=1e-6)
+    ax.set_ylabel(f"|change| from {first['extra_pads']} to {last['extra_pads']} extra pads")
+    ax.legend(fontsize=8)
+
+
+def pad_columns_explorer(policy, reference, tokenizer, prompts: list[str], *, seed: int = 0, width: int = 8) -> Explorer:
+    """P18: how far each logged statistic moves when ``width`` pad columns are added to the same batch."""
+
+    def draw(width):
+        rows = pad_invariance(policy, reference, tokenizer, prompts, [0, width], seed=seed)
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        plot_pad_shift(ax, rows)
+        return rows[-1]
+
+    slider = widgets.IntSlider(value=width, min=0, max=64, description="extra pads")
+    return Explorer({"width": slider}, draw, "P18: logged statistics with more pad columns")
+
+
+# ---- what the notebook prints and writes -------------------------------------------------------
+def drift_lines(rows: list[dict]) -> str:
+    """Per mode, each statistic's drift over the pad widths of ``rows``."""
+    widths = [r["extra_pads"] for r in rows]
+    return "\n".join(f"{mode:>8}: drift over {widths} extra pads — " + ", ".join(f"{k} {drift(rows, mode, k):.2e}" for k in STATISTICS)
+                     for mode in MODES)
+
+
+def headline_sentence(rows: list[dict]) -> str:
+    last = rows[-1]
+    return (f"With {last['extra_pads']} extra pad columns ({last['pad_fraction']:.0%} of the grid is padding): Σ −log π per sequence "
+            f"logs {last['sentinel']['sequence_entropy']:.3f} with the sentinel and {last['unmasked']['sequence_entropy']:.3f} unmasked, "
+            f"{last['masked']['sequence_entropy']:.3f} masked; "
+            + ("the masked statistics are pad-invariant." if verdict(rows)[1] else "the masked ones move too."))
+
+
+def metrics(rows: list[dict]) -> dict:
+    """Notebook 18's ``notebook_api.write_metrics`` keyword arguments."""
+    reproduced, fixed = verdict(rows)
+    last = rows[-1]
+    return {
+        "notebook": "18_padding_metrics", "reproduced": reproduced, "fixed": fixed,
+        "metrics": {"drift": {mode: {k: drift(rows, mode, k) for k in STATISTICS} for mode in MODES}, "rows": rows},
+        "headline": {"what": f"logged entropy Σ_t −log π per sequence with {last['extra_pads']} extra pad columns (sentinel vs masked)",
+                     "unit": "nats/sequence", "bug": last["sentinel"]["sequence_entropy"], "fix": last["masked"]["sequence_entropy"]},
+    }
