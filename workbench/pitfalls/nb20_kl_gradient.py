@@ -23,14 +23,18 @@ to show the bias floor of the biased choices against the 1/√N decay of the unb
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
+from workbench.viz.explorer import Explorer
 from workbench.viz.plots import label_zero_bars, note_coinciding
 
 VARIANTS = ("k1 in loss", "k2 in loss", "k3 in loss", "k1 in reward", "w·k1 in reward", "w·k3 in loss")
 UNBIASED_ON_POLICY = ("k2 in loss", "k1 in reward", "w·k1 in reward", "w·k3 in loss")
 UNBIASED_OFF_POLICY = ("w·k1 in reward", "w·k3 in loss")
+MONTE_CARLO_VARIANTS = ("k1 in loss", "k3 in loss", "k1 in reward")  # the N-sample estimates drawn in the notebook
 
 
 def exact_kl(theta: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
@@ -209,3 +213,68 @@ def plot_monte_carlo(ax, sample_sizes: list[int], errors: dict) -> None:
     ax.set_xlabel("sampled tokens N per gradient estimate")
     ax.set_ylabel("mean relative error vs ∇KL")
     ax.legend(fontsize=8)
+
+
+def off_policy_gradient_explorer(theta_old: torch.Tensor, ref_logits: torch.Tensor, *, seed: int = 0, step: float = 0.2) -> Explorer:
+    """P20: each estimator's expected-gradient error once the policy moved a step s from the sampling policy."""
+
+    def draw(s):
+        row = off_policy_sweep(theta_old, ref_logits, [s], seed=seed)[0]
+        fig, ax = plt.subplots(figsize=(8, 3.4))
+        plot_bars(ax, row, f"θ = θ_old + {s:g}·δ: samples from π_old")
+        return row
+
+    slider = widgets.FloatSlider(value=step, min=0.0, max=2.0, step=0.05, description="step s")
+    return Explorer({"s": slider}, draw, "P20: the KL gradient off-policy")
+
+
+# --- what notebook 20 shows: the figure (built from the ``ax`` functions above), printed lines, metrics ---
+def monte_carlo_sweep(theta: torch.Tensor, ref_logits: torch.Tensor, sample_sizes: list[int], *, trials: int = 20,
+                      seed: int = 0) -> dict:
+    """``{variant: monte_carlo_error(...)}`` for each of ``MONTE_CARLO_VARIANTS``."""
+    return {v: monte_carlo_error(theta, ref_logits, v, sample_sizes, trials=trials, seed=seed) for v in MONTE_CARLO_VARIANTS}
+
+
+def figure_kl_gradients(small: tuple, tiny: tuple, on_policy: dict, off_policy: list[dict], sample_sizes: list[int], mc: dict):
+    """The notebook's four panels: the small softmax per logit, the tiny model on-policy, off-policy, N samples.
+    ``small`` and ``tiny`` are (policy logits, reference logits) pairs."""
+    theta, ref_logits = tiny
+    fig, axes = plt.subplots(1, 4, figsize=(22, 4.4))
+    plot_per_logit(axes[0], *small)
+    kl = float(exact_kl(theta, ref_logits).mean())
+    plot_bars(axes[1], on_policy, f"tiny model, on-policy ({theta.shape[0]} contexts, KL {kl:.3f} nats)")
+    plot_off_policy(axes[2], off_policy)
+    plot_monte_carlo(axes[3], sample_sizes, mc)
+    fig.tight_layout()
+    return fig
+
+
+def gradient_lines(small: dict, on_policy: dict, off_policy: list[dict], sample_sizes: list[int], mc: dict) -> str:
+    """Each estimator's relative error (small softmax, tiny model, farthest off-policy step), the Monte Carlo errors
+    and the verdict in words."""
+    last = off_policy[-1]
+    lines = [f"{v:>15}: relative error small softmax {small[v]['relative_error']:.2e}, tiny model {on_policy[v]['relative_error']:.2e}, "
+             f"off-policy s={last['step']} {last[v]['relative_error']:.2e}, cosine {on_policy[v]['cosine']:+.3f}" for v in VARIANTS]
+    lines.append("Monte Carlo at N = " + ", ".join(f"{n}" for n in sample_sizes) + ": "
+                 + "; ".join(f"{v} " + ", ".join(f"{e:.3f}" for e in errs) for v, errs in mc.items()))
+    lines.append(("k1 in the loss gives no gradient and k3 in the loss follows the forward KL" if verdict(on_policy, off_policy[0])[0]
+                  else "no estimator bias measured")
+                 + f" (k3 off by {on_policy['k3 in loss']['relative_error']:.0%}); "
+                 f"k1 as a reward is off by {on_policy['k1 in reward']['relative_error']:.1e}.")
+    return "\n".join(lines)
+
+
+def metrics(*, on_policy: dict, small: dict, off_policy: list[dict], sample_sizes: list[int], mc: dict) -> dict:
+    """Notebook 20's ``notebook_api.write_metrics`` keyword arguments: reproduced on the tiny model on-policy (the first
+    off-policy step for the weighted choices), fixed there and at the farthest off-policy step on the small softmax."""
+    reproduced, fixed = verdict(on_policy, off_policy[0])
+    k3_error = on_policy["k3 in loss"]["relative_error"]
+    return {
+        "notebook": "20_kl_gradient", "reproduced": reproduced, "fixed": fixed and verdict(small, off_policy[-1])[1],
+        "not_shown": None if reproduced else (f"on this policy/reference pair the k3-in-loss gradient is off by only {k3_error:.3g} "
+                                              "of ∇KL (≤ 5 %): the two models are too close for the estimator's bias to show"),
+        "metrics": {"on_policy_tiny_model": on_policy, "on_policy_small_softmax": small, "off_policy": off_policy,
+                    "monte_carlo_relative_error": {v: dict(zip(map(str, sample_sizes), errs, strict=True)) for v, errs in mc.items()}},
+        "headline": {"what": "relative error of the expected KL gradient on the tiny model: k3 in the loss vs k1 as a reward",
+                     "unit": "‖g − ∇KL‖ / ‖∇KL‖", "bug": k3_error, "fix": on_policy["k1 in reward"]["relative_error"]},
+    }
