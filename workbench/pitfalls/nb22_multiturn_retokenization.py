@@ -16,11 +16,15 @@ encoded), never a re-encoding of text that was sampled.
 
 from __future__ import annotations
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.batching import pad_sequences
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
+from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 
 SENTINEL = "Zq7"
 
@@ -141,3 +145,72 @@ def template_turn_end_id(tokenizer) -> int:
     from workbench.modeling.stop_ids import template_turn_end
 
     return template_turn_end(tokenizer)
+
+
+# --- what notebook 22 shows: the figure, printed lines, an explorer, metrics ---------------------
+NO_TEMPLATE = "this checkpoint has no chat template; the multi-turn episodes it samples are laid out by the chat template"
+
+
+def roundtrip_line(tokenizer, word: str = "river") -> str:
+    """``word`` sampled one character token at a time, decoded and encoded again: the ids change."""
+    split = [tokenizer.convert_tokens_to_ids(c) for c in word]
+    return (f"{word!r} sampled letter by letter {split} → decode {tokenizer.decode(split)!r} → encode "
+            f"{tokenizer(tokenizer.decode(split), add_special_tokens=False)['input_ids']}; changed: {roundtrip_changes(tokenizer, split)}")
+
+
+def plot_turn_log_ratio(ax, stats: dict, highlight: int | None = None) -> None:
+    """Turn-1 log ρ at lr 0 per episode: re-encoded from text (bug, bars) vs sampled ids carried over (fix, squares)."""
+    x = range(stats["episodes"])
+    bars = ax.bar(x, stats["log_ratio_bug"].numpy(), color=plots.BUG_COLOR, label="re-encoded from text (bug)")
+    ax.plot(x, stats["log_ratio_fix"].numpy(), "s", ms=3, color=plots.FIX_COLOR, label="sampled ids carried over (fix)")
+    if highlight is not None:
+        bars[highlight].set_edgecolor(plots.NEUTRAL_COLOR)
+        bars[highlight].set_linewidth(2)
+    ax.set(xlabel="episode", ylabel="turn-1 log ρ at lr 0 (nats)")
+    ax.legend()
+
+
+def figure_turn_log_ratio(stats: dict):
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    plot_turn_log_ratio(ax, stats)
+    return fig
+
+
+def stats_lines(stats: dict, tokenizer) -> str:
+    """How many turns changed, the log-ratios with bug and fix, and up to three changed turns token by token."""
+    lines = [f"{stats['episodes']} finished episodes; turn-1 tokens changed by the round trip in {stats['changed_fraction']:.0%}, "
+             f"turn-2 prompt differs in {stats['next_prompt_differs_fraction']:.0%}",
+             f"|log ρ| of turn 1: max {stats['max_abs_log_ratio_bug']:.2f} nats, mean {stats['mean_abs_log_ratio_bug']:.3f} (bug); "
+             f"max {stats['max_abs_log_ratio_fix']:.2f} (fix)"]
+    lines += [f"{text!r}: sampled {tokenizer.convert_ids_to_tokens(sampled)} → trained {tokenizer.convert_ids_to_tokens(again)}"
+              for text, sampled, again in stats["examples"]]
+    return "\n".join(lines)
+
+
+def episode_explorer(episodes: list[dict], stats: dict, tokenizer) -> Explorer:
+    """P22: one episode's turn 1 — the sampled tokens, the tokens the trainer scores after decode → encode, its log ρ."""
+
+    def draw(episode):
+        e = episodes[episode]
+        fig, ax = plt.subplots(figsize=(9, 3.2))
+        plot_turn_log_ratio(ax, stats, highlight=episode)
+        ax.set_title(f"{e['text']!r}: sampled {tokenizer.convert_ids_to_tokens(e['sampled'])}\n"
+                     f"→ trained {tokenizer.convert_ids_to_tokens(e['retokenized'])}", fontsize=8)
+        return {"episode": episode, "changed": e["retokenized"] != e["sampled"],
+                "log_ratio_bug": float(stats["log_ratio_bug"][episode]), "log_ratio_fix": float(stats["log_ratio_fix"][episode])}
+
+    changed = [i for i, e in enumerate(episodes) if e["retokenized"] != e["sampled"]]
+    slider = widgets.IntSlider(value=changed[0] if changed else 0, min=0, max=len(episodes) - 1, description="episode")
+    return Explorer({"episode": slider}, draw, "P22: a turn re-encoded from its text")
+
+
+def metrics(stats: dict, *, n_episodes: int, max_new_tokens: int) -> dict:
+    """Notebook 22's ``notebook_api.write_metrics`` keyword arguments (the per-episode tensors and examples stay out)."""
+    reproduced, fixed = verdict(stats)
+    return {
+        "notebook": "22_multiturn_retokenization", "reproduced": reproduced, "fixed": fixed,
+        "not_shown": not_shown(stats, n_episodes, max_new_tokens),
+        "metrics": {k: v for k, v in stats.items() if k not in ("log_ratio_bug", "log_ratio_fix", "examples")},
+        "headline": {"what": "max |log ρ| of a turn-1 response at lr 0", "unit": "nats",
+                     "bug": stats["max_abs_log_ratio_bug"], "fix": stats["max_abs_log_ratio_fix"]},
+    }
