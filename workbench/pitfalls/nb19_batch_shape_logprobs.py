@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import random
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.batching import pad_sequences
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import token_logprobs
+from workbench.viz import plots
+from workbench.viz.explorer import Explorer
 
 KV_BLOCK = 512  # keys per block of PyTorch's CPU flash attention (sdpa); the split every x86-64 ISA shares
 
@@ -192,3 +196,135 @@ def clip_note(bug: dict, clip_eps: float = 0.2) -> str:
                 "the noise changes PPO's clipped update")
     return (f"every ratio stays inside the clip range (max |ρ − 1| {bug['max_ratio_deviation']:.1e} < ε = {clip_eps}): "
             "here the layout noise biases the ratio and the KL estimate but clips nothing")
+
+
+# --- what notebook 19 shows: figures (each built from an ``ax`` function), printed lines, an explorer, metrics ---
+PRECISIONS = (("fp32", torch.float32), ("bf16", torch.bfloat16))  # in this order: the model is left in bf16
+DTYPE_COLORS = {"bf16": plots.SERIES_COLORS[2], "fp32": plots.SERIES_COLORS[7]}  # precisions, not bug/fix: the fix is the layout
+
+
+def usable_long_prompts(model, long_prompts: int) -> tuple[int, list[str]]:
+    """``(long_prompts, not_shown)``: no long-context prompts (and the reason) when the model's learned
+    position table ends before the CPU attention key block does, else ``long_prompts`` unchanged."""
+    limit = position_limit(model)
+    if long_prompts and limit is not None and limit < KV_BLOCK + 64:
+        return 0, [f"the position table ends at {limit} tokens, before the CPU attention key block ({KV_BLOCK}): "
+                   "no long-context prompts, so only the ISA-dependent reorderings of short widths can show"]
+    return long_prompts, []
+
+
+def episodes_line(episodes, model) -> str:
+    lengths = [len(e[0]) for e in episodes]
+    return f"{len(episodes)} episodes of {min(lengths)}–{max(lengths)} tokens, weights in {next(model.parameters()).dtype}"
+
+
+def width_drift_by_precision(model, episodes, pad_token_id: int, *, long_context: bool) -> tuple[list[int], dict]:
+    """The shortest episode padded to ``drift_widths`` (up to and across the key block when ``long_context``),
+    ``width_drift`` in fp32 then bf16 (the model is cast in place): ``(widths, {precision: drift per width})``."""
+    row = min(episodes, key=lambda e: len(e[0]))[0]
+    widths = drift_widths(len(row), block=KV_BLOCK if long_context else len(row) + 16)
+    return widths, {name: width_drift(model.to(dtype), row, widths, pad_token_id) for name, dtype in PRECISIONS}
+
+
+def plot_width_drift(ax, widths: list[int], drift: dict) -> None:
+    for name in ("bf16", "fp32"):
+        ax.plot(widths, drift[name], color=DTYPE_COLORS[name], marker=".", label=name)
+    ax.set_yscale("symlog", linthresh=1e-7)
+    ax.set_ylim(bottom=0)
+    ax.set(xlabel="padded width of the batch (tokens)", ylabel="max |Δ log p| vs scored alone (nats)")
+    ax.legend()
+
+
+def figure_width_drift(widths: list[int], drift: dict):
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    plot_width_drift(ax, widths, drift)
+    return fig
+
+
+def width_drift_line(drift: dict) -> str:
+    return f"max drift over widths: bf16 {max(drift['bf16']):.2e}, fp32 {max(drift['fp32']):.2e} nats"
+
+
+def precision_sweeps(model, episodes, sizes: list[int], *, pad_token_id: int, seed: int = 0) -> dict:
+    """``micro_batch_sweep`` in fp32 then bf16 (the model is cast in place and left in bf16)."""
+    return {name: micro_batch_sweep(model.to(dtype), episodes, sizes, pad_token_id=pad_token_id, seed=seed) for name, dtype in PRECISIONS}
+
+
+def plot_micro_batch_sweep(axes, sizes: list[int], sweeps: dict) -> None:
+    """max |ρ − 1| (left) and the share of tokens with ρ ≠ 1 (right) at lr 0 per training micro-batch size."""
+    for name in ("bf16", "fp32"):
+        axes[0].plot(sizes, [s["max_ratio_deviation"] for s in sweeps[name]], marker="o", color=DTYPE_COLORS[name], label=name)
+        axes[1].plot(sizes, [100 * s["fraction_ratio_not_one"] for s in sweeps[name]], marker="o", color=DTYPE_COLORS[name], label=name)
+    axes[0].set(xscale="log", xlabel="training micro-batch size", ylabel="max |ρ − 1| at lr 0")
+    axes[0].set_yscale("symlog", linthresh=1e-7)
+    axes[0].set_ylim(bottom=0)
+    axes[1].set(xscale="log", xlabel="training micro-batch size", ylabel="response tokens with ρ ≠ 1 (%)")
+    axes[0].legend()
+
+
+def figure_micro_batch_sweep(sizes: list[int], sweeps: dict):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    plot_micro_batch_sweep(axes, sizes, sweeps)
+    fig.tight_layout()
+    return fig
+
+
+def sweep_note(sweeps: dict, sizes: list[int], train_micro_batch: int) -> str:
+    """``precision_note`` at the training micro-batch (the largest size when it was not swept)."""
+    at = {k: v[sizes.index(train_micro_batch) if train_micro_batch in sizes else -1] for k, v in sweeps.items()}
+    return precision_note(at["bf16"], at["fp32"])
+
+
+def fix_cases(model, episodes, *, train_micro_batch: int, pad_token_id: int, seed: int = 0) -> dict:
+    """``ratio_at_lr0`` in bf16 for the bug (π_old over the whole batch) and the two fixes (π_old in the
+    training layout; one fixed width for every batch). The first key is the bug's."""
+    model.to(torch.bfloat16)
+    width = max(len(e[0]) for e in episodes)
+    train = layout(train_micro_batch, shuffle_seed=seed)
+    cases = {"π_old over the batch (bug)": (layout(len(episodes)), train),
+             "π_old in the training layout": (train, train),
+             "fixed width for every batch": (layout(len(episodes), width=width), layout(train_micro_batch, shuffle_seed=seed, width=width))}
+    return {name: ratio_at_lr0(model, episodes, old_layout=old, train_layout=new, pad_token_id=pad_token_id)
+            for name, (old, new) in cases.items()}
+
+
+def ratio_lines(ratios: dict) -> str:
+    """One line per case, then whether the bug's noise leaves PPO's clip range (``clip_note``)."""
+    lines = [f"{name:30s} max |ρ−1| {r['max_ratio_deviation']:.2e}, tokens with ρ ≠ 1 {r['fraction_ratio_not_one']:.1%}, "
+             f"clipped at ε = 0.2: {r['clip_fraction']:.1%}" for name, r in ratios.items()]
+    return "\n".join([*lines, clip_note(next(iter(ratios.values())))])
+
+
+def plot_log_ratio(ax, name: str, result: dict) -> None:
+    """Histogram of one case's per-token log ρ at lr 0 (a spike at 0 when the layouts match)."""
+    ax.hist(result["log_ratio"].float().numpy(), bins=60, log=True, color=plots.bug_fix_color("(bug)" in name))
+    ax.set(xlabel="log ρ per response token at lr 0 (nats)", ylabel="tokens", title=name)
+
+
+def layout_log_ratio_explorer(ratios: dict) -> Explorer:
+    """P19: the per-token log-ratio at lr 0 of each scoring layout (bug, and the two fixes)."""
+
+    def draw(case):
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        plot_log_ratio(ax, case, ratios[case])
+        return {k: v for k, v in ratios[case].items() if k != "log_ratio"}
+
+    return Explorer({"case": widgets.ToggleButtons(options=list(ratios), description="π_old")}, draw,
+                    "P19: log ρ at lr 0 per scoring layout")
+
+
+def metrics(*, drift: dict, sweeps: dict, ratios: dict, train_micro_batch: int, not_shown: list[str]) -> dict:
+    """Notebook 19's ``notebook_api.write_metrics`` keyword arguments. ``ratios``: ``fix_cases`` (bug first);
+    fixed needs both fixes; ``not_shown`` gains a reason when the layouts barely move this checkpoint's log-probs."""
+    bug, layout_fix, width_fix = ratios.values()
+    reproduced, fixed = verdict(bug, layout_fix)
+    return {
+        "notebook": "19_batch_shape_logprobs", "reproduced": reproduced, "fixed": fixed and verdict(bug, width_fix)[1],
+        "not_shown": not_shown + ([] if reproduced else [
+            f"bf16 log-probs of this checkpoint barely move with the scoring layout here "
+            f"(max |ρ − 1| at lr 0 = {bug['max_ratio_deviation']:.2g}, under the verdict's threshold)"]),
+        "metrics": {"width_drift_max": {k: max(v) for k, v in drift.items()}, "micro_batch_sweep": sweeps,
+                    "ratio_at_lr0": {n: {k: v for k, v in r.items() if k != "log_ratio"} for n, r in ratios.items()}},
+        "headline": {"what": f"max |ρ − 1| at lr 0, bf16, training micro-batch {train_micro_batch}", "unit": "ratio deviation",
+                     "bug": bug["max_ratio_deviation"], "fix": layout_fix["max_ratio_deviation"]},
+    }
