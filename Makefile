@@ -26,13 +26,13 @@ smoke: $(STAMP)
 	$(BIN)/python -m workbench run --smoke $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/ruff check workbench tests
+	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(ARGS)
 
 # Everything, including slow full-training checks and the real-browser test.
 test-all: $(STAMP)
-	$(BIN)/ruff check workbench tests
+	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -m "" $(ARGS)
 
