@@ -164,15 +164,15 @@ def test_p21_verdict_false_on_bug_absent_numbers():
 
 # ---- P17 stop-token identity -------------------------------------------------------------------
 def test_p17_union_of_sources_by_hand():
-    from workbench.pitfalls import nb17_stop_tokens as p17
+    from workbench.modeling.stop_ids import union_stop_ids
 
     sources = {"tokenizer": [0], "generation_config": [0], "template_turn_end": [2]}
-    assert p17.union_stop_ids(sources) == [0, 2]
-    assert p17.union_stop_ids(sources, ("generation_config",)) == [0]
+    assert union_stop_ids(sources) == [0, 2]
+    assert union_stop_ids(sources, ("generation_config",)) == [0]
     with pytest.raises(ValueError, match="unknown stop-id sources"):
-        p17.union_stop_ids(sources, ("vllm",))
+        union_stop_ids(sources, ("vllm",))
     with pytest.raises(ValueError, match="could never stop"):
-        p17.union_stop_ids({"tokenizer": [], "generation_config": [], "template_turn_end": []})
+        union_stop_ids({"tokenizer": [], "generation_config": [], "template_turn_end": []})
 
 
 def test_p17_audit_flags_only_the_base_style_checkpoint():
@@ -187,13 +187,14 @@ def test_p17_audit_flags_only_the_base_style_checkpoint():
 
 
 def test_p17_partial_stop_sets_truncate_everything_and_the_union_does_not():
+    from workbench.modeling.stop_ids import stop_id_sources
     from workbench.pitfalls import nb17_stop_tokens as p17
     from workbench.tasks import rl_problems
 
     model, tokenizer = checkpoints.load("realistic-qwen2-base-chat", dtype=None, device="cpu", pad_token="keep")
     prompts = [p.prompt for p in rl_problems(8)]
     runs = {name: p17.rollout_under(model, tokenizer, prompts, max_new_tokens=16, **ids)
-            for name, ids in p17.scenarios(p17.stop_id_sources(model.generation_config, tokenizer)).items()}
+            for name, ids in p17.scenarios(stop_id_sources(model.generation_config, tokenizer)).items()}
     never, miscounted, union = runs.values()
     assert never["stopped_fraction"] == 0.0 and never["truncated_fraction"] == 1.0 and never["mean_length"] == 16
     assert miscounted["stopped_fraction"] == 1.0 and miscounted["truncated_fraction"] == 1.0

@@ -9,8 +9,8 @@ import pytest  # noqa: E402
 from helpers import written_metrics  # noqa: E402
 
 from workbench.experiments import checkpoints
+from workbench.modeling.stop_ids import stop_id_sources
 from workbench.pitfalls import nb17_stop_tokens as p17  # noqa: E402
-from workbench.trainers import realistic_chat
 
 PROMPTS = ["1+2=", "Say something.", "12+3=", "Say something."]
 
@@ -26,8 +26,8 @@ RUNS = dict(zip(["stop on generation config", "stop on turn end, count tokenizer
 
 @pytest.fixture(scope="module")
 def base_chat():
-    policy, tokenizer = checkpoints.load_hf(realistic_chat.resolve("realistic-qwen2-base-chat"))
-    return policy, tokenizer, p17.stop_id_sources(policy.generation_config, tokenizer)
+    policy, tokenizer = checkpoints.load("realistic-qwen2-base-chat", dtype=None, device="cpu", pad_token="keep")
+    return policy, tokenizer, stop_id_sources(policy.generation_config, tokenizer)
 
 
 def test_stop_source_explorer_redraws_on_a_control_change(base_chat):

@@ -29,11 +29,6 @@ from workbench.modeling.stop_ids import SOURCES, stop_id_sources, union_stop_ids
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
-# the sources and their union live with the library's own stop ids (one place): re-exported here
-__all__ = ["SOURCES", "stop_id_sources", "union_stop_ids", "audit", "chat_prompt_ids", "rollout_under", "scenarios", "not_shown",
-           "verdict", "checkpoint_audit_lines", "plot_truncated", "plot_decode_steps", "figure_stopping", "run_lines", "metrics",
-           "stop_source_explorer"]
-
 
 def audit(folder) -> dict:
     """For a checkpoint folder: the sources, their union, and whether the template's turn end is a
