@@ -80,24 +80,6 @@ def margin_decomposition(policy, reference, batch: PreferenceBatch, beta: float)
 MODE_LABELS = {"both": "both (fix)", "chosen_only": "chosen_only (bug)", "none": "none"}
 
 
-def train_by_mask_mode(model_name: str, pairs, modes=("both", "chosen_only", "none"), *, steps: int, seed: int = 0,
-                       beta: float = 0.1, batch_size: int = 16, device: str = "auto", pad_token: str | None = "auto",
-                       precision: str = "fp32") -> tuple[dict, dict]:
-    """One DPO run per ``prompt_mask`` mode from the same checkpoint, same pairs in the same order:
-    ``(histories, trained_policies)`` keyed by mode (``device``, ``pad_token``: as for ``models.load``)."""
-    from workbench.experiments.checkpoints import load
-    from workbench.trainers.dpo import DPOConfig, DPOTrainer
-
-    histories, trained = {}, {}
-    for mode in modes:
-        policy, tokenizer = load(model_name, device=device, pad_token=pad_token)
-        config = DPOConfig(steps=steps, seed=seed, beta=beta, batch_size=batch_size, prompt_mask=mode, progress=False,
-                           precision=precision)
-        histories[mode] = DPOTrainer(policy, tokenizer, pairs, config).train()
-        trained[mode] = policy
-    return histories, trained
-
-
 @torch.no_grad()
 def hand_margin_gap(policy, reference, batch: PreferenceBatch, beta: float) -> float:
     """max |margin(both) − the margin computed by hand over response tokens only| (independent of
@@ -161,7 +143,7 @@ TRAINING_PANELS = [("loss", "DPO loss"), ("rewards/margins", "reward margin (nat
 
 
 def plot_training_bands(axes, runs: dict) -> None:
-    """``plot_training`` over seeds (``comparison.train_variants`` runs keyed by mode): mean ± std bands,
+    """Loss, margin, accuracy and log p(prompt) over seeds (``comparison.train_variants`` runs keyed by mode): mean ± std bands,
     'none' (coinciding with 'both') drawn on top, dotted, 'both' thick underneath; a fifth axis gets
     held-out greedy accuracy before/after (``plots.plot_heldout``) in the same colours."""
     from workbench.viz import plots
@@ -194,21 +176,6 @@ def heldout_explanation(heldout: Effect, chosen: Effect, rejected: Effect) -> st
                 "probability leaves the correct answer for answers the pairs never name; the mask is fixed in this run, so "
                 "this is DPO on these pairs, not the bug.")
     return numbers + ": held-out accuracy moves beyond the seed noise without the chosen answers losing probability."
-
-
-def plot_training(axes, histories: dict) -> None:
-    """Loss, margin, accuracy and log p(prompt) per mode; 'none' (coinciding with 'both') drawn on top, dotted."""
-    from workbench.viz import plots
-
-    colors = {MODE_LABELS["both"]: plots.FIX_COLOR, MODE_LABELS["chosen_only"]: plots.BUG_COLOR,
-              MODE_LABELS["none"]: plots.NEUTRAL_COLOR}
-    styles = {MODE_LABELS["both"]: {"ls": "-", "lw": 3, "alpha": 0.6}, MODE_LABELS["chosen_only"]: {"ls": "-"},
-              MODE_LABELS["none"]: {"ls": ":", "marker": "o"}}
-    ordered = {MODE_LABELS[m]: histories[m] for m in ("none", "chosen_only", "both") if m in histories}
-    for ax, (key, label) in zip(axes, [("loss", "DPO loss"), ("rewards/margins", "reward margin (nats × β)"),
-                                       ("rewards/accuracies", "reward accuracy (share of pairs)"),
-                                       ("logps/prompt", "policy log p(prompt) (nats)")], strict=True):
-        plots.plot_curves(ax, ordered, key, label, colors, styles=styles)
 
 
 def dpo_mask_explorer(batch) -> Explorer:

@@ -171,25 +171,6 @@ def plot_effective_beta(ax, spreads, effective: dict, beta: float) -> None:
     ax.legend(fontsize=8)
 
 
-def plot_training(axes, runs: dict, window: int) -> None:
-    """Reward and the lengths of correct/incorrect responses, mean over seeds, per mode (aligned moving averages)."""
-    import numpy as np
-
-    from workbench.viz import plots
-
-    for i, (mode, histories) in enumerate(runs.items()):
-        for ax, key in zip(axes, ("reward", "length_correct", "length_incorrect"), strict=True):
-            mean = np.nanmean(np.array([[h[key] for h in run] for run in histories], dtype=float), axis=0)
-            x, y = plots.smooth(mean, window)
-            ax.plot(x, y, plots.LINE_STYLES[i % 4], color=plots.SERIES_COLORS[i], label=mode, zorder=5 - i)
-    seeds = len(next(iter(runs.values())))
-    for ax, label in zip(axes, ("reward", "length of correct responses (tokens)", "length of incorrect responses (tokens)"),
-                         strict=True):
-        ax.set_ylabel(f"{label}\n(mean of {seeds} seed(s), {window}-step average)")
-        ax.set_xlabel("training step")
-    axes[0].legend(fontsize=8)
-
-
 def training_conclusion(runs: dict, fraction: float = 0.25) -> tuple[dict, str]:
     """Final reward per mode (mean ± std over seeds) and whether the spread between modes exceeds the seed noise."""
     import numpy as np

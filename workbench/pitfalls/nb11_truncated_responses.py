@@ -9,8 +9,8 @@ A_i > 0: the update raises the probability of *not* stopping. The switches live 
 
 ``pressure`` measures the mechanism on sampled batches before any update: in groups that mix truncated and
 finished responses, how much more in-loss advantage the truncated ones get than their finished
-siblings. Positive: the loss pushes towards truncation; ≤ 0: it does not. ``train`` runs the variants and ``plot_training``
-draws them.
+siblings. Positive: the loss pushes towards truncation; ≤ 0: it does not. ``comparison.train_variants`` runs the variants
+and ``plot_training_bands`` draws them.
 """
 
 from __future__ import annotations
@@ -154,25 +154,6 @@ def plot_pressure(ax, measured: dict[str, dict]) -> None:
     ax.axhline(0, color=plots.NEUTRAL_COLOR, lw=0.8)
     ax.set_xticks(range(len(labels)), labels, rotation=15, fontsize=8)
     ax.set_ylabel("in-loss advantage: truncated − finished\n(mixed groups)")
-
-
-def plot_training(axes, histories: dict[str, list[dict]], window: int) -> None:
-    """EOS rate and reward (aligned moving averages) and the cumulative count of rewarded truncated responses."""
-    palette = colors(histories)
-    plots.plot_curves(axes[0], {k: [{**h, "eos_pct": 100 * h["finished_fraction"]} for h in v] for k, v in histories.items()},
-                      "eos_pct", "responses ending with EOS (%)", palette, window=window)
-    cumulative = {}
-    for label, history in histories.items():
-        total, rows = 0, []
-        for h in history:
-            total += h["truncated_rewarded"]
-            rows.append({"step": h["step"], "cumulative": total})
-        cumulative[label] = rows
-    plots.plot_curves(axes[1], cumulative, "cumulative", "truncated responses rewarded (cumulative)", palette)
-    plots.plot_curves(axes[2], histories, "reward", "mean reward as the trainer saw it", palette, window=window)
-    for ax in axes[1:]:
-        ax.get_legend().remove()
-    axes[0].legend(fontsize=8)
 
 
 # --- what notebook 11 shows: figures (each built from the ``ax`` functions above), its explorer, metrics ---
