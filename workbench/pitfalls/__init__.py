@@ -1,9 +1,22 @@
 """Pitfalls: one module per notebook, named like it (``nb12_logprob_mismatch`` ↔ ``notebooks/12_logprob_mismatch.ipynb``).
 
-Each holds the pitfall's pure measurements (which a user can also run against their own model or batch),
-the notebook's sweeps, its figures (functions taking an ``ax``), its explorer (an ``workbench.viz.explorer.Explorer``)
-and its ``verdict(...) -> (reproduced, fixed)``, a function of measured numbers (tests/test_verdicts.py).
-Pitfall modules never import each other (an import-linter contract in pyproject.toml).
+A notebook is parameters, calls and plots of its module (tests/test_notebooks.py checks it); each module holds,
+from the top:
+
+* measurements — pure functions a user can also run against their own model or batch;
+* sweeps — the measurements over the notebook's parameters (pad widths, micro-batch sizes, seeds, variants);
+* ``verdict(...) -> (reproduced, fixed)``, a function of measured numbers (tests/test_verdicts.py), and, where a
+  checkpoint may be unable to show the pitfall, ``not_shown(...)`` saying why;
+* figures — ``plot_*(ax, …)`` functions that draw on a given ``ax`` (or axes), and ``figure_*(…) -> Figure`` that
+  lay them out as the notebook shows them (the notebook saves the figure and calls ``plt.show()``);
+* printers — ``*_lines(…) -> str`` (and ``*_sentence``/``*_note``) with the text the notebook prints;
+* an explorer — ``*_explorer(…) -> workbench.viz.explorer.Explorer``, named for what it explores, shown under
+  ``if interactive:``;
+* ``metrics(…) -> dict`` — ``notebook_api.write_metrics``'s keyword arguments, so that a notebook's last cell is
+  ``notebook_api.write_metrics(out, **pitfall.metrics(…))``.
+
+Pitfall modules never import each other (an import-linter contract in pyproject.toml); notebook 00 (the quickstart)
+uses ``nb01_position_ids`` (``quickstart_metrics``).
 
 * ``nb01_position_ids`` — S1: left padding without explicit position ids.
 * ``nb02_right_padding_flash_attention`` — S2: right padding, Qwen2 + flash-attention, and padding-free batches.
