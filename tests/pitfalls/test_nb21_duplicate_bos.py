@@ -11,14 +11,13 @@ from helpers import written_metrics  # noqa: E402
 from workbench.experiments import checkpoints
 from workbench.pitfalls import nb21_duplicate_bos as p21  # noqa: E402
 from workbench.tasks import rl_problems  # noqa: E402
-from workbench.trainers import realistic_chat
 
 PROMPTS = [p.prompt for p in rl_problems(4)]
 
 
 @pytest.fixture(scope="module")
 def llama_shift():
-    model, tokenizer = checkpoints.load_hf(realistic_chat.resolve("realistic-llama-chat"))
+    model, tokenizer = checkpoints.load("realistic-llama-chat", dtype=None, device="cpu", pad_token="keep")
     return model, tokenizer, p21.response_shift(model, tokenizer, PROMPTS, max_new_tokens=6)
 
 
