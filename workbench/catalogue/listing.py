@@ -1,6 +1,6 @@
 """Reading the notebook catalogue: each notebook's purpose and ``parameters`` cell.
 
-A catalogue notebook follows three conventions, enforced by ``tests/test_notebooks.py``:
+A catalogue notebook follows three conventions, enforced by ``tests/integration/test_notebooks.py``:
 
 1. its first cell is markdown naming the pitfall;
 2. its second cell is tagged ``parameters`` and holds only ``name = <literal>`` assignments

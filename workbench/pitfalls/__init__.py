@@ -2,7 +2,7 @@
 
 Each holds the pitfall's pure measurements (which a user can also run against their own model or batch),
 the notebook's sweeps, its figures (functions taking an ``ax``), its explorer (an ``workbench.viz.explorer.Explorer``)
-and its ``verdict(...) -> (reproduced, fixed)``, a function of measured numbers (tests/test_verdicts.py).
+and its ``verdict(...) -> (reproduced, fixed)``, a function of measured numbers (tests/pitfalls/test_nb*.py).
 Pitfall modules never import each other (an import-linter contract in pyproject.toml).
 
 * ``nb01_position_ids`` — S1: left padding without explicit position ids.
