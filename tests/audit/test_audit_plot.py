@@ -6,7 +6,9 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
+from workbench.audit import result  # noqa: E402
 from workbench.audit.result import AuditResult  # noqa: E402
+from workbench.viz import plots  # noqa: E402
 
 
 def test_audit_plot_labels_zero_bars_floor_and_keeps_the_whole_title():
@@ -21,3 +23,7 @@ def test_audit_plot_labels_zero_bars_floor_and_keeps_the_whole_title():
     line.plot(ax2)
     assert any("exactly 0, drawn at 1e-09" in t.get_text() for t in ax2.texts)
     plt.close(fig)
+
+
+def test_audit_colours_are_the_plot_style_colours():
+    assert (result.FAIL_COLOR, result.PASS_COLOR, result.NEUTRAL_COLOR) == (plots.BUG_COLOR, plots.FIX_COLOR, plots.NEUTRAL_COLOR)
