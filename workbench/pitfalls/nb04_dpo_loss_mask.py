@@ -20,8 +20,12 @@ import torch
 
 from workbench.core.errors import PromptMaskError
 from workbench.experiments import comparison, statistics
+from workbench.experiments.checkpoints import load
 from workbench.experiments.statistics import Effect
-from workbench.trainers.preferences import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
+from workbench.modeling.scoring import token_logprobs
+from workbench.trainers.dpo import DPOConfig, DPOTrainer
+from workbench.trainers.preferences import PROMPT_MASK_MODES, PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
+from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
@@ -85,9 +89,6 @@ def train_by_mask_mode(model_name: str, pairs, modes=("both", "chosen_only", "no
                        precision: str = "fp32") -> tuple[dict, dict]:
     """One DPO run per ``prompt_mask`` mode from the same checkpoint, same pairs in the same order:
     ``(histories, trained_policies)`` keyed by mode (``device``, ``pad_token``: as for ``models.load``)."""
-    from workbench.experiments.checkpoints import load
-    from workbench.trainers.dpo import DPOConfig, DPOTrainer
-
     histories, trained = {}, {}
     for mode in modes:
         policy, tokenizer = load(model_name, device=device, pad_token=pad_token)
@@ -102,8 +103,6 @@ def train_by_mask_mode(model_name: str, pairs, modes=("both", "chosen_only", "no
 def hand_margin_gap(policy, reference, batch: PreferenceBatch, beta: float) -> float:
     """max |margin(both) − the margin computed by hand over response tokens only| (independent of
     ``build_loss_mask``: the response targets are the real targets that are not prompt targets)."""
-    from workbench.modeling.scoring import token_logprobs
-
     b = batch.num_pairs
     response_only = batch.attention_mask[:, 1:].bool() & ~prompt_target_mask(batch.attention_mask, batch.prompt_lengths)
 
@@ -144,8 +143,6 @@ def verdict(audits: dict, margin_gap_after: float, hand_gap: float, *, tolerance
 
 def plot_loss_mask(ax, batch: PreferenceBatch, mode: str) -> int:
     """The loss mask of one ``prompt_mask`` mode (chosen rows on top); returns how many rows count prompt tokens."""
-    from workbench.viz import plots
-
     mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, mode)
     audit = audit_loss_mask(batch.input_ids, mask, batch.prompt_lengths)
     b = batch.num_pairs
@@ -164,8 +161,6 @@ def plot_training_bands(axes, runs: dict) -> None:
     """``plot_training`` over seeds (``comparison.train_variants`` runs keyed by mode): mean ± std bands,
     'none' (coinciding with 'both') drawn on top, dotted, 'both' thick underneath; a fifth axis gets
     held-out greedy accuracy before/after (``plots.plot_heldout``) in the same colours."""
-    from workbench.viz import plots
-
     colors = {MODE_LABELS["both"]: plots.FIX_COLOR, MODE_LABELS["chosen_only"]: plots.BUG_COLOR,
               MODE_LABELS["none"]: plots.NEUTRAL_COLOR}
     styles = {MODE_LABELS["both"]: {"ls": "-", "lw": 3, "alpha": 0.6}, MODE_LABELS["chosen_only"]: {"ls": "-"},
@@ -198,8 +193,6 @@ def heldout_explanation(heldout: Effect, chosen: Effect, rejected: Effect) -> st
 
 def plot_training(axes, histories: dict) -> None:
     """Loss, margin, accuracy and log p(prompt) per mode; 'none' (coinciding with 'both') drawn on top, dotted."""
-    from workbench.viz import plots
-
     colors = {MODE_LABELS["both"]: plots.FIX_COLOR, MODE_LABELS["chosen_only"]: plots.BUG_COLOR,
               MODE_LABELS["none"]: plots.NEUTRAL_COLOR}
     styles = {MODE_LABELS["both"]: {"ls": "-", "lw": 3, "alpha": 0.6}, MODE_LABELS["chosen_only"]: {"ls": "-"},
@@ -213,8 +206,6 @@ def plot_training(axes, histories: dict) -> None:
 
 def dpo_mask_explorer(batch) -> Explorer:
     """The loss mask of a concatenated chosen+rejected batch for each prompt_mask mode."""
-    from workbench.trainers.preferences import PROMPT_MASK_MODES
-
     def draw(prompt_mask):
         fig, ax = plt.subplots(figsize=(7, 3))
         return {"rows_counting_prompt": plot_loss_mask(ax, batch, prompt_mask)}
