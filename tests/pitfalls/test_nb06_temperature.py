@@ -1,6 +1,5 @@
 """nb06_temperature: metrics(), figures and the temperature explorer."""
 
-import pytest
 from pitfall_fakes import axes, check_metrics, drew, fake_runs
 
 from workbench.experiments.checkpoints import load
@@ -39,11 +38,6 @@ def test_temperature_explorer_toggles_the_fix():
     assert explorer.last["max_ratio_deviation"] > 1e-2
     explorer.controls["rescale"].value = True
     assert explorer.last["max_ratio_deviation"] < 1e-4
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return load("tiny-arith-qwen2")
 
 
 PROMPTS = [p.prompt for p in rl_problems(32)]

@@ -1,10 +1,8 @@
 """nb09_kl_estimators: metrics(), figures and the estimator-gradient explorer."""
 
-import pytest
 import torch
 from pitfall_fakes import check_metrics, drew
 
-from workbench.experiments.checkpoints import load
 from workbench.modeling.perturbation import perturbed_copy
 from workbench.modeling.rollout import sample
 from workbench.pitfalls import nb09_kl_estimators as kl
@@ -40,11 +38,6 @@ def test_kl_estimator_gradient_explorer_follows_the_distance():
     assert explorer.last["k2 in loss"]["cosine"] == 0.5
     explorer.controls["scale_index"].value = 0
     assert explorer.last["k2 in loss"]["cosine"] == 1.0
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return load("tiny-arith-qwen2")
 
 
 PROMPTS = [p.prompt for p in rl_problems(32)]

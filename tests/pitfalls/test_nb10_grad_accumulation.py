@@ -1,11 +1,9 @@
 """nb10_grad_accumulation: metrics(), the figure and the accumulation explorer."""
 
-import pytest
 import torch
 from pitfall_fakes import check_metrics, drew
 
 from workbench.core.batching import pad_sequences
-from workbench.experiments.checkpoints import load
 from workbench.pitfalls import nb10_grad_accumulation as ga
 from workbench.pitfalls import nb10_grad_accumulation as grad_accumulation
 
@@ -32,11 +30,6 @@ def test_grad_accumulation_explorer_weights_tokens():
     assert explorer.last["tokens"] == [2, 4, 1, 3]
     explorer.controls["micro_batches"].value = 1
     assert explorer.last["bug_weights"] == [explorer.last["fix_weight"]]
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return load("tiny-arith-qwen2")
 
 
 def test_p10_accumulation_bug_and_fix(qwen):

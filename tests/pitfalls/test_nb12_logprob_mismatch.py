@@ -52,11 +52,6 @@ def test_log_ratio_explorer_switches_the_sampler():
     assert explorer.last["max_ratio_deviation"] == 0.0
 
 
-@pytest.fixture(scope="module")
-def qwen():
-    return load("tiny-arith-qwen2")
-
-
 PROMPTS = [p.prompt for p in rl_problems(32)]
 
 

@@ -55,11 +55,6 @@ def test_figure_and_metrics(rows_and_model, tmp_path):
     assert len(ts.sweep_lines(rows).splitlines()) == len(rows)
 
 
-@pytest.fixture(scope="module")
-def qwen():
-    return load("tiny-arith-qwen2")
-
-
 CATALOGUE_PROMPTS = [p.prompt for p in rl_problems(32)]  # the catalogue's checks ran on 32 prompts
 
 

@@ -11,16 +11,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from helpers import written_metrics  # noqa: E402
 
-from workbench.experiments.checkpoints import load  # noqa: E402
 from workbench.pitfalls import nb15_temperature_entropy as te  # noqa: E402
 from workbench.tasks import rl_problems  # noqa: E402
 
 PROMPTS = [p.prompt for p in rl_problems(8)]
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return load("tiny-arith-qwen2")
 
 
 def test_entropy_temperature_explorer_redraws_on_a_control_change(qwen):

@@ -11,7 +11,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from helpers import written_metrics  # noqa: E402
 
-from workbench.experiments.checkpoints import load  # noqa: E402
 from workbench.pitfalls import nb16_group_statistics as gs  # noqa: E402
 from workbench.tasks import rl_problems  # noqa: E402
 
@@ -55,11 +54,6 @@ def test_metrics_are_write_metrics_arguments(measured, tmp_path):
     assert written["headline"]["bug"] == pytest.approx(head["one-pass"])
     assert "rewards of 0.95 in fp32" in gs.cancellation_line(8)
     assert len(gs.sweep_lines(singleton, spreads, errors, partial).splitlines()) == len(singleton) + len(errors) + len(partial)
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return load("tiny-arith-qwen2")
 
 
 def test_p16_one_pass_vs_two_pass_std_by_hand():

@@ -8,12 +8,6 @@ import torch
 from workbench.experiments.checkpoints import load
 from workbench.tasks import rl_problems
 
-
-@pytest.fixture(scope="module")
-def qwen():
-    return load("tiny-arith-qwen2")
-
-
 PROMPTS = [p.prompt for p in rl_problems(32)]
 
 

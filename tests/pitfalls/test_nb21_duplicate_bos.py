@@ -9,7 +9,6 @@ import pytest  # noqa: E402
 from helpers import written_metrics  # noqa: E402
 
 from workbench.experiments import checkpoints
-from workbench.experiments.checkpoints import load  # noqa: E402
 from workbench.modeling import models  # noqa: E402
 from workbench.pitfalls import nb21_duplicate_bos as p21  # noqa: E402
 from workbench.tasks import rl_problems  # noqa: E402
@@ -52,11 +51,6 @@ def test_metrics_are_write_metrics_arguments(llama_shift, tmp_path):
     assert written["headline"]["bug"] == pytest.approx(shift["paths"][p21.BUG_PATH]["mean_abs_log_ratio"])
     assert "examples:" in p21.greedy_lines(greedy) and p21.shift_lines(shift).endswith("True")
     assert p21.encoding_lines(tokenizer).count("\n") == len(p21.ENCODINGS) - 1
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return load("tiny-arith-qwen2")
 
 
 def test_p21_bos_counting_and_guard_by_hand():

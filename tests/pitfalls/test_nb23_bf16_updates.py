@@ -11,7 +11,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from helpers import written_metrics  # noqa: E402
 
-from workbench.experiments.checkpoints import load  # noqa: E402
 from workbench.pitfalls import nb23_bf16_updates as bf16_updates  # noqa: E402
 from workbench.pitfalls import nb23_bf16_updates as p23  # noqa: E402
 
@@ -59,11 +58,6 @@ def test_metrics_are_write_metrics_arguments(tmp_path):
     assert "pure bf16 gets 10% of the fp32 drop" in p23.drop_lines(drop, 3)
     assert p23.sweep_lines(LRS, SWEEP).splitlines()[-1].startswith("largest excess over the prediction: lr 1e-06, 10.0%")
     assert "kept in bf16: False, kept in fp32: True" in p23.rounding_lines()
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return load("tiny-arith-qwen2")
 
 
 def test_p23_bf16_spacing_by_hand():
