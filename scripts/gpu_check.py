@@ -17,7 +17,7 @@ prints, then writes as JSON:
 3. **trainers on CUDA**: one step of PPO, GRPO and DPO per precision (``fp32``, ``bf16-mixed``,
    ``bf16``) on each realistic checkpoint with the default switches: ρ − 1, KL and clip fraction at
    step 0 must be exactly 0, DPO's step-0 margins exactly 0 (the invariances of
-   ``tests/test_invariances.py``, here on the GPU), with each step's wall time.
+   ``tests/trainers/test_invariances.py``, here on the GPU), with each step's wall time.
 
 Nothing here is a test (CI has no GPU); ``docs/GPU.md`` records what it printed, with the machine.
 """

@@ -6,6 +6,7 @@ from pitfall_fakes import axes, check_metrics, drew, fake_runs
 from workbench.core.batching import pad_sequences
 from workbench.modeling.tiny import ARCHITECTURES, tiny_model
 from workbench.pitfalls import nb01_position_ids as pid
+from workbench.pitfalls import nb01_position_ids as position_ids
 
 
 def fake_sweep(pad_lengths=(0, 4)):
@@ -57,3 +58,15 @@ def test_drift_explorer_redraws_when_the_fix_is_toggled():
     explorer.controls["position_ids"].value = "model"
     assert explorer.last["max_drift"] < 1e-4  # RoPE: float noise only
 
+
+def test_position_ids_verdict_needs_a_drift():
+    assert position_ids.verdict(0.4, 0.0) == (True, True)
+    assert position_ids.verdict(3e-7, 3e-7) == (False, True)  # RoPE in fp32: positions differ, no drift
+    assert position_ids.verdict(0.4, 0.3) == (True, False)
+
+
+def test_position_ids_bf16_conclusion_is_chosen_by_the_numbers():
+    sweep = {(a, "bf16", "left", m): [v] for a in ("llama", "qwen2") for m, v in (("model", 2e-3), ("mask", 2e-3))}
+    assert "changes nothing measurable" in position_ids.bf16_rope_conclusion(sweep)[2]
+    sweep = {(a, "bf16", "left", m): [v] for a in ("llama", "qwen2") for m, v in (("model", 2e-3), ("mask", 0.0))}
+    assert "visible above" in position_ids.bf16_rope_conclusion(sweep)[2]

@@ -37,3 +37,21 @@ def test_padding_side_explorer_counts_divergent_rows():
     assert explorer.last["divergent_rows"] > 0
     explorer.controls["side"].value = "left"
     assert explorer.last["divergent_rows"] == 0
+
+
+def test_padding_verdict_ignores_the_simulated_guard():
+    packed = {"m": {"packed": 1e-6}}
+    assert padding.verdict({"m": {"right_divergent_rows": 0, "left_divergent_rows": 0, "rows": 8}}, packed) == (False, True)
+    assert padding.verdict({"m": {"right_divergent_rows": 3, "left_divergent_rows": 1, "rows": 8}}, packed) == (True, False)
+    divergent = {"m": {"right_divergent_rows": 3, "left_divergent_rows": 0, "rows": 8}}
+    assert padding.verdict(divergent, {"m": {"packed": 0.2}})[1] is False
+
+
+def test_throughput_note_counts_tokens_and_entries():
+    from workbench.pitfalls import nb02_right_padding_flash_attention as padding
+
+    note = padding.throughput_note([10, 2, 2, 2], 2.5)  # padded: 40 tokens, 400 entries; packed: 16 tokens, 256 entries
+    assert "2.50× the tokens" in note and "0.64× the attention" in note and "dominates" not in note
+    note = padding.throughput_note([40] + [2] * 30, 2.0)  # padded 1240 tokens / 100 packed; entries 49600 vs 10000 → 0.2×
+    assert "12.40× the tokens" in note
+    assert "dominates" in padding.throughput_note([100] + [90] * 31, 1.2)  # dense packed mask has more entries

@@ -51,3 +51,27 @@ def test_eos_explorer_reports_cost_for_the_chosen_budget():
     explorer.controls["batch_size"].value = 4
     explorer.controls["max_new_tokens"].value = 10
     assert explorer.last["bug"]["decode_steps"] == 10 > explorer.last["fix"]["decode_steps"]
+
+
+def test_eos_verdict():
+    def cost(steps, generated, needed, longest):
+        return {"decode_steps": steps, "tokens_generated": generated, "tokens_needed": needed, "longest_response": longest}
+
+    stops = {8: {"bug": cost(5, 40, 30, 5), "fix": cost(5, 40, 30, 5)}}  # a bug-free "bug" run
+    assert eos.verdict(stops, 0.0) == (False, True)
+    wasteful = {8: {"bug": cost(32, 256, 30, 5), "fix": cost(5, 40, 30, 5)}}
+    assert eos.verdict(wasteful, 0.0) == (True, True)
+    assert eos.verdict(wasteful, 1e-3) == (True, False)
+
+
+def test_missing_eos_note_follows_the_counts():
+    import torch
+
+    from workbench.pitfalls import nb03_eos_termination as eos
+
+    finished = torch.tensor([True, True, False, False])
+    note = eos.missing_eos_note(torch.tensor([1.0, 0.0, 0.0, 0.0]), finished, 1.0)
+    assert "2/4 responses truncated" in note and "1 of them wrong" in note and "below the finished-but-wrong" in note
+    assert "not below" in eos.missing_eos_note(torch.tensor([1.0, 0.0, 0.0, 0.0]), finished, 0.0)
+    assert "no finished-but-wrong" in eos.missing_eos_note(torch.tensor([1.0, 1.0, 0.0, 0.0]), finished, 1.0)
+    assert "changes nothing" in eos.missing_eos_note(torch.tensor([1.0, 0.0]), torch.tensor([True, True]), 1.0)

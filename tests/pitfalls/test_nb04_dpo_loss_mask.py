@@ -46,3 +46,16 @@ def test_dpo_mask_explorer_counts_prompt_rows(batch):
     assert explorer.last["rows_counting_prompt"] == 0
     explorer.controls["prompt_mask"].value = "none"
     assert explorer.last["rows_counting_prompt"] == 4
+
+
+def test_dpo_mask_verdict():
+    clean = {"chosen_only": [], "both": []}
+    assert dpo_mask.verdict(clean, 0.0, 0.0) == (False, True)
+    buggy = {"chosen_only": [{"side": "rejected"}], "both": [{"side": "rejected"}]}
+    assert dpo_mask.verdict(buggy, 0.3, 0.0) == (True, False)
+
+
+def test_dpo_accuracy_conclusion():
+    text = dpo_mask.accuracy_conclusion(0.40, {"both": 0.23, "chosen_only": 0.22, "none": 0.23}, 300)
+    assert "every mode, the fix included, lowers it" in text and "not larger" in text
+    assert "no mode changes it" in dpo_mask.accuracy_conclusion(0.40, {"both": 0.41, "chosen_only": 0.39}, 300)

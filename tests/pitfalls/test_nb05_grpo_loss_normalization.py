@@ -1,9 +1,11 @@
 """nb05_grpo_loss_normalization: metrics(), figures, the weight check and the loss-mode explorer."""
 
+import pytest
 from pitfall_fakes import axes, check_metrics, drew, fake_runs
 
 from workbench.core import losses
 from workbench.pitfalls import nb05_grpo_loss_normalization as ln
+from workbench.pitfalls import nb05_grpo_loss_normalization as loss_normalization
 
 MODES = ["token-mean", "seq-mean-token-mean"]
 KEYS = ("reward", "length_correct", "length_incorrect")
@@ -40,3 +42,14 @@ def test_loss_mode_explorer_changes_weights_with_the_mode():
     assert len(set(round(w, 12) for w in token_mean)) == 1  # every token the same weight
     explorer.controls["mode"].value = "seq-mean-token-mean"
     assert explorer.last["weights"][0] > explorer.last["weights"][-1]  # short responses weigh more per token
+
+
+def test_loss_normalisation_verdict_measures_the_trainers_kl_mix():
+    probe = {"token-mean": {"loss": 0.11}, "seq-mean-token-mean": {"loss": 0.0}}
+    effective = loss_normalization.effective_beta_sweep([1, 4], 0.04)
+    assert effective["per_sequence"][1][0] == pytest.approx(0.04 * 5 / 2, rel=1e-5)  # β·mean(L)/L_short, L = 2 and 8
+    assert loss_normalization.verdict(probe, effective, 0.04) == (True, True)
+    uniform = {"per_sequence": [[0.04, 0.04]], "with_loss": [[0.04, 0.04]]}
+    assert loss_normalization.verdict(probe, uniform, 0.04) == (False, True)
+    mixed = {"per_sequence": [[0.1, 0.02]], "with_loss": [[0.1, 0.02]]}
+    assert loss_normalization.verdict(probe, mixed, 0.04)[1] is False

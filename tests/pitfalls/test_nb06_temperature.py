@@ -2,7 +2,11 @@
 
 from pitfall_fakes import axes, check_metrics, drew, fake_runs
 
+from workbench.experiments.checkpoints import load
 from workbench.pitfalls import nb06_temperature as temperature
+from workbench.pitfalls import nb07_dropout as dropout
+from workbench.tasks import rl_problems
+from workbench.trainers.ppo import PPOConfig, PPOTrainer
 
 TEMPERATURES = [0.5, 1.0, 2.0]
 RESULTS = {(t, fix): {"max_ratio_deviation": 0.0 if fix or t == 1.0 else abs(1 - t)} for t in TEMPERATURES for fix in (False, True)}
@@ -34,3 +38,31 @@ def test_temperature_explorer_toggles_the_fix():
     assert explorer.last["max_ratio_deviation"] > 1e-2
     explorer.controls["rescale"].value = True
     assert explorer.last["max_ratio_deviation"] < 1e-4
+
+
+PROMPTS = [p.prompt for p in rl_problems(32)]
+
+
+def test_p6_temperature_bug_and_fix(qwen):
+    model, tokenizer = qwen
+    bug = temperature.first_step_ratio(model, tokenizer, PROMPTS, temperature=0.7, rescale=False)
+    fix = temperature.first_step_ratio(model, tokenizer, PROMPTS, temperature=0.7, rescale=True)
+    assert bug["max_ratio_deviation"] > 0.1 and fix["max_ratio_deviation"] < 1e-4
+
+
+def test_p6_ppo_switch():
+    runs = {}
+    for rescale in (False, True):
+        model, tokenizer = load("tiny-arith-qwen2")
+        config = PPOConfig(steps=1, temperature=0.7, rescale_by_temperature=rescale, progress=False, prompts_per_step=8, mini_batches=1)
+        runs[rescale] = PPOTrainer(model, tokenizer, rl_problems(16), config).train()[0]
+    assert runs[False]["first_ratio_deviation"] > 0.1 and runs[True]["first_ratio_deviation"] < 1e-4
+
+
+def test_temperature_and_dropout_verdicts():
+    ok = {"max_ratio_deviation": 1e-7, "sequence_kl_k1": 0.0}
+    assert temperature.verdict({(0.7, False): ok, (0.7, True): ok, (1.0, False): ok, (1.0, True): ok}) == (False, True)
+    assert temperature.verdict({(1.0, False): {"max_ratio_deviation": 0.5}, (1.0, True): ok}) == (False, True)  # τ = 1 is no bug
+    assert dropout.verdict({(0.1, False): ok, (0.1, True): ok}) == (False, True)
+    assert dropout.verdict({(0.1, False): {"max_ratio_deviation": 0.4}, (0.1, True): {"max_ratio_deviation": 0.4,
+                                                                                     "sequence_kl_k1": 0.0}}) == (True, False)

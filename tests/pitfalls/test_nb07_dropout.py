@@ -1,8 +1,13 @@
 """nb07_dropout: metrics(), figures and the dropout explorer."""
 
+import torch
 from pitfall_fakes import axes, check_metrics, drew, fake_runs
 
+from workbench.experiments.checkpoints import load
+from workbench.modeling.dropout import disable_dropout
 from workbench.pitfalls import nb07_dropout as dropout
+from workbench.tasks import rl_problems
+from workbench.trainers.ppo import PPOConfig, PPOTrainer
 
 DROPOUTS = [0.0, 0.1]
 RESULTS = {(d, off): {"max_ratio_deviation": 0.0 if off or d == 0 else 0.3, "sequence_kl_k1": 0.0 if off or d == 0 else 0.2}
@@ -39,3 +44,45 @@ def test_dropout_explorer_toggles_the_fix():
     assert explorer.last["max_ratio_deviation"] > 1e-2
     explorer.controls["disable"].value = True
     assert explorer.last["max_ratio_deviation"] < 1e-4
+
+
+PROMPTS = [p.prompt for p in rl_problems(32)]
+
+
+def test_p7_dropout_bug_and_fix():
+    model, tokenizer = load("tiny-arith-gpt2")
+    bug = dropout.step0_mismatch(model, tokenizer, PROMPTS, dropout=0.1, disable=False)
+    fix = dropout.step0_mismatch(model, tokenizer, PROMPTS, dropout=0.1, disable=True)
+    assert bug["max_ratio_deviation"] > 0.1 and abs(bug["sequence_kl_k1"]) > 0.01
+    assert fix["max_ratio_deviation"] < 1e-4 and abs(fix["sequence_kl_k1"]) < 1e-4
+
+
+def test_p7_disable_dropout_switches_every_site_off():
+    model, _ = load("tiny-arith-gpt2")
+    dropout.set_dropout(model, 0.2)
+    assert disable_dropout(model) > 0
+    assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+
+
+def test_p7_ppo_switch():
+    runs = {}
+    for disable in (False, True):
+        model, tokenizer = load("tiny-arith-gpt2")
+        dropout.set_dropout(model, 0.1)
+        config = PPOConfig(steps=1, disable_dropout=disable, progress=False, prompts_per_step=8, mini_batches=1)
+        runs[disable] = PPOTrainer(model, tokenizer, rl_problems(16), config).train()[0]
+    assert runs[False]["train_ratio_deviation"] > 0.1 and runs[True]["train_ratio_deviation"] < 1e-4
+
+
+def test_dropout_step0_note_reads_median_and_max():
+    from workbench.pitfalls import nb07_dropout as dropout
+
+    def r(mx, med):
+        return {"max_ratio_deviation": mx, "median_abs_log_ratio": med, "tokens": 200}
+
+    jumpy = {(0.0, False): r(1e-6, 1e-7), (0.05, False): r(203.0, 0.08), (0.1, False): r(7.9, 0.9), (0.1, True): r(1e-6, 1e-7)}
+    note = dropout.step0_note(jumpy)
+    assert "(rises with" in note and "heavy-tail extreme" in note
+    steady = {(0.0, False): r(1e-6, 1e-7), (0.1, False): r(7.9, 0.9)}
+    assert "heavy-tail" not in dropout.step0_note(steady)
+    assert "does not rise" in dropout.step0_note({(0.0, False): r(1.0, 0.5), (0.1, False): r(2.0, 0.1)})

@@ -3,7 +3,9 @@
 import torch
 from pitfall_fakes import check_metrics, drew
 
+from workbench.core.batching import pad_sequences
 from workbench.pitfalls import nb10_grad_accumulation as ga
+from workbench.pitfalls import nb10_grad_accumulation as grad_accumulation
 
 COUNTS = [1, 2, 4]
 ERRORS = {"per_micro_batch": [0.0, 0.1, 0.3], "global": [0.0, 1e-8, 2e-8]}
@@ -28,3 +30,15 @@ def test_grad_accumulation_explorer_weights_tokens():
     assert explorer.last["tokens"] == [2, 4, 1, 3]
     explorer.controls["micro_batches"].value = 1
     assert explorer.last["bug_weights"] == [explorer.last["fix_weight"]]
+
+
+def test_p10_accumulation_bug_and_fix(qwen):
+    model, tokenizer = qwen
+    rows = [[1] + [5] * n for n in (2, 2, 3, 3, 20, 24, 30, 31)]
+    ids, mask = pad_sequences(rows, 0, side="right")
+    advantages = torch.tensor([1.0, -1.0] * 4)
+    full = grad_accumulation.full_batch_gradient(model, ids, mask, advantages)
+    bug = grad_accumulation.accumulated_gradient(model, ids, mask, advantages, micro_batches=4, normalization="per_micro_batch")
+    fix = grad_accumulation.accumulated_gradient(model, ids, mask, advantages, micro_batches=4, normalization="global")
+    assert grad_accumulation.relative_error(bug, full) > 0.1
+    assert grad_accumulation.relative_error(fix, full) < 1e-5

@@ -5,10 +5,18 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
 import torch  # noqa: E402
 from helpers import written_metrics  # noqa: E402
 
+from workbench.core import losses  # noqa: E402
+from workbench.experiments.checkpoints import load  # noqa: E402
 from workbench.pitfalls import nb13_whitening as whitening  # noqa: E402
+from workbench.tasks import rl_problems  # noqa: E402
+from workbench.trainers.ppo import (
+    PPOConfig,  # noqa: E402
+    PPOTrainer,  # noqa: E402
+)
 
 VALUES = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0]])
@@ -55,3 +63,25 @@ def test_metrics_are_write_metrics_arguments(tmp_path):
     worst = max(rows, key=lambda r: abs(r["naive_mean"]))
     assert written["headline"]["bug"] == worst["naive_mean"] and written["headline"]["fix"] == worst["masked_mean"]
     assert "+16 pads" in whitening.padding_lines(rows)
+
+
+def test_p13_whitening_over_padding_is_polluted():
+    values = torch.tensor([[1.0, 2.0, 3.0, 0.0, 0.0], [4.0, 0.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    naive = whitening.real_token_stats(losses.naive_whiten(values) * mask, mask)
+    masked = whitening.real_token_stats(losses.masked_whiten(values, mask), mask)
+    assert abs(naive["mean"]) > 0.5
+    assert abs(masked["mean"]) < 1e-6 and masked["std"] == pytest.approx(1.0, abs=1e-4)
+    rows = whitening.whitening_vs_padding(values, mask, [0, 10])
+    assert abs(rows[1]["naive_mean"]) > abs(rows[0]["naive_mean"])  # more padding, worse
+    assert rows[1]["masked_mean"] == pytest.approx(rows[0]["masked_mean"], abs=1e-6)
+
+
+def test_p13_ppo_switch():
+    runs = {}
+    for over in ("padded", "real"):
+        model, tokenizer = load("tiny-arith-qwen2")
+        config = PPOConfig(steps=1, whiten_over=over, progress=False, prompts_per_step=16, mini_batches=1)
+        runs[over] = PPOTrainer(model, tokenizer, rl_problems(32), config).train()[0]
+    assert abs(runs["padded"]["advantage_mean_real_tokens"]) > 1e-2
+    assert abs(runs["real"]["advantage_mean_real_tokens"]) < 1e-6

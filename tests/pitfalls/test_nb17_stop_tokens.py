@@ -8,8 +8,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from helpers import written_metrics  # noqa: E402
 
-from workbench.experiments import checkpoints
-from workbench.modeling.stop_ids import stop_id_sources
+from workbench.experiments import checkpoints  # noqa: E402
+from workbench.modeling.stop_ids import stop_id_sources, union_stop_ids  # noqa: E402
 from workbench.pitfalls import nb17_stop_tokens as p17  # noqa: E402
 
 PROMPTS = ["1+2=", "Say something.", "12+3=", "Say something."]
@@ -60,3 +60,47 @@ def test_metrics_are_write_metrics_arguments(tmp_path):
     assert "example" not in written["metrics"]["runs"]["union of all three (fix)"]
     assert written["metrics"]["sources"] == sources and "not_shown" not in written["metrics"]
     assert len(p17.run_lines(RUNS).splitlines()) == 3
+
+
+def test_p17_union_of_sources_by_hand():
+
+    sources = {"tokenizer": [0], "generation_config": [0], "template_turn_end": [2]}
+    assert union_stop_ids(sources) == [0, 2]
+    assert union_stop_ids(sources, ("generation_config",)) == [0]
+    with pytest.raises(ValueError, match="unknown stop-id sources"):
+        union_stop_ids(sources, ("vllm",))
+    with pytest.raises(ValueError, match="could never stop"):
+        union_stop_ids({"tokenizer": [], "generation_config": [], "template_turn_end": []})
+
+
+def test_p17_audit_flags_only_the_base_style_checkpoint():
+    from workbench.modeling import realistic
+    from workbench.pitfalls import nb17_stop_tokens as p17
+
+    base = p17.audit(realistic.checkpoint("qwen2-base"))
+    assert base["turn_end_covered_by"] == {"tokenizer": False, "generation_config": False}
+    instruct = p17.audit(realistic.checkpoint("qwen2"))
+    assert instruct["turn_end_covered_by"] == {"tokenizer": True, "generation_config": True} and len(instruct["union"]) == 2
+    assert p17.audit(realistic.checkpoint("gpt2"))["turn_end_covered_by"] == {"tokenizer": None, "generation_config": None}
+
+
+def test_p17_partial_stop_sets_truncate_everything_and_the_union_does_not():
+    from workbench.pitfalls import nb17_stop_tokens as p17
+    from workbench.tasks import rl_problems
+
+    model, tokenizer = checkpoints.load("realistic-qwen2-base-chat", dtype=None, device="cpu", pad_token="keep")
+    prompts = [p.prompt for p in rl_problems(8)]
+    runs = {name: p17.rollout_under(model, tokenizer, prompts, max_new_tokens=16, **ids)
+            for name, ids in p17.scenarios(stop_id_sources(model.generation_config, tokenizer)).items()}
+    never, miscounted, union = runs.values()
+    assert never["stopped_fraction"] == 0.0 and never["truncated_fraction"] == 1.0 and never["mean_length"] == 16
+    assert miscounted["stopped_fraction"] == 1.0 and miscounted["truncated_fraction"] == 1.0
+    assert union["truncated_fraction"] == 0.0 and union["mean_length"] < 8
+    assert p17.verdict(never["truncated_fraction"], union["truncated_fraction"]) == (True, True)
+
+
+def test_p17_verdict_false_on_bug_absent_numbers():
+    from workbench.pitfalls import nb17_stop_tokens as p17
+
+    assert p17.verdict(0.0, 0.0) == (False, True)
+    assert p17.verdict(1.0, 1.0) == (True, False)

@@ -9,6 +9,7 @@ import pytest  # noqa: E402
 from helpers import written_metrics  # noqa: E402
 
 from workbench.experiments import checkpoints
+from workbench.modeling import models  # noqa: E402
 from workbench.pitfalls import nb21_duplicate_bos as p21  # noqa: E402
 from workbench.tasks import rl_problems  # noqa: E402
 
@@ -49,3 +50,42 @@ def test_metrics_are_write_metrics_arguments(llama_shift, tmp_path):
     assert written["headline"]["bug"] == pytest.approx(shift["paths"][p21.BUG_PATH]["mean_abs_log_ratio"])
     assert "examples:" in p21.greedy_lines(greedy) and p21.shift_lines(shift).endswith("True")
     assert p21.encoding_lines(tokenizer).count("\n") == len(p21.ENCODINGS) - 1
+
+
+def test_p21_bos_counting_and_guard_by_hand():
+    from workbench.pitfalls import nb21_duplicate_bos as p21
+
+    assert p21.leading_bos([7, 7, 3, 7], 7) == 2 and p21.leading_bos([3, 7], 7) == 0 and p21.leading_bos([5], None) == 0
+    assert p21.strip_duplicate_bos([7, 7, 7, 3], 7) == [7, 3] and p21.strip_duplicate_bos([7, 3], 7) == [7, 3]
+
+
+def test_p21_audit_finds_the_two_bos_path_only_on_the_llama_like_tokenizer():
+    from workbench.modeling import realistic
+    from workbench.pitfalls import nb21_duplicate_bos as p21
+
+    llama = p21.bos_audit(models.load_tokenizer(realistic.checkpoint("llama")))
+    assert llama["tokenizer_adds_bos"] and llama["template_writes_bos"]
+    assert llama["leading_bos"] == {"template ids": 1, "text + tokenizer()": 2, "text + tokenizer(add_special_tokens=False)": 1}
+    qwen = p21.bos_audit(models.load_tokenizer(realistic.checkpoint("qwen2")))
+    assert set(qwen["leading_bos"].values()) == {0}
+
+
+def test_p21_two_bos_shift_the_log_probs_and_one_bos_does_not():
+    from workbench.pitfalls import nb21_duplicate_bos as p21
+    from workbench.tasks import rl_problems
+
+    model, tokenizer = checkpoints.load("realistic-llama-chat", dtype=None, device="cpu", pad_token="keep")
+    shift = p21.response_shift(model, tokenizer, [p.prompt for p in rl_problems(8)], max_new_tokens=8)
+    bug, fix = shift["paths"]["text + tokenizer()"], shift["paths"]["text + tokenizer(add_special_tokens=False)"]
+    assert bug["leading_bos"] == 2 and bug["mean_abs_log_ratio"] > 1e-2
+    assert fix["leading_bos"] == 1 and fix["max_ratio_deviation"] == 0.0 and shift["guard_recovers_template_ids"]
+    assert p21.verdict(bug, fix) == (True, True)
+
+
+def test_p21_verdict_false_on_bug_absent_numbers():
+    from workbench.pitfalls import nb21_duplicate_bos as p21
+
+    one_bos = {"leading_bos": 1, "mean_abs_log_ratio": 0.0, "max_ratio_deviation": 0.0}
+    assert p21.verdict(one_bos, one_bos) == (False, True)
+    two_bos_no_shift = {"leading_bos": 2, "mean_abs_log_ratio": 0.0, "max_ratio_deviation": 0.0}
+    assert p21.verdict(two_bos_no_shift, two_bos_no_shift) == (False, False)

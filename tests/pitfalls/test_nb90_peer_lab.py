@@ -1,5 +1,5 @@
 """Notebook 90's module (``workbench.peers.expectations``): its figures, explorer and the metrics the notebook writes,
-fed measured rows shaped like the adapters' (the released peers themselves: tests/test_peer_lab.py)."""
+fed measured rows shaped like the adapters' (the released peers themselves: tests/peers/test_peer_lab.py)."""
 
 import matplotlib
 

@@ -23,6 +23,12 @@ from workbench.core.jsonsafe import jsonable
 LOG_FLOOR = 1e-9  # where a log-axis figure draws an exact zero (on a labelled dotted line)
 REFERENCE_SHADES = ("#999999", "#CCCCCC")  # reference bars beside the measured one: two greys, the second hatched
 REFERENCE_HATCHES = ("", "//")
+# viz.plots' bug, fix and neutral colours, repeated here rather than imported: audit imports nothing above core so that
+# a peer's environment runs the checks with torch alone (and viz.plots loads matplotlib and numpy at import).
+# tests/audit/test_audit_plot.py checks that they equal viz.plots' BUG_COLOR, FIX_COLOR and NEUTRAL_COLOR.
+FAIL_COLOR = "#D55E00"
+PASS_COLOR = "#0072B2"
+NEUTRAL_COLOR = "#555555"
 
 
 def by_position_plot(values: list[float], label: str, xlabel: str, ylabel: str, threshold: float, title: str) -> dict:
@@ -83,16 +89,15 @@ class AuditResult:
         return cls.from_dict(json.loads(text))
 
     def plot(self, ax):
-        """Draw this check's figure (from ``details["plot"]``) on ``ax``; bug colour when it failed."""
-        from workbench.viz import plots
-        from workbench.viz.plots import draw_floor, label_zero_bars  # plotting only: peer envs need no numpy
+        """Draw this check's figure (from ``details["plot"]``) on ``ax``; bug colour when it failed.
 
+        Only ``ax``'s own methods: nothing of matplotlib is imported here, so the checks stay torch + stdlib."""
         spec = self.details.get("plot")
         if not spec:
             ax.text(0.5, 0.5, str(self), ha="center", va="center", transform=ax.transAxes, fontsize=8)
             ax.set_axis_off()
             return ax
-        color = plots.bug_fix_color(not self.passed)
+        color = PASS_COLOR if self.passed else FAIL_COLOR
         x = spec.get("x", [])
         series = spec.get("series", {})
         if spec.get("kind") == "bar":
@@ -103,19 +108,19 @@ class AuditResult:
                 shade = color if k == 0 else REFERENCE_SHADES[(k - 1) % len(REFERENCE_SHADES)]  # references: distinct greys
                 bars = ax.bar(positions, [float(v) for v in values], width=width, color=shade, label=label,
                               hatch=REFERENCE_HATCHES[(k - 1) % len(REFERENCE_HATCHES)] if k else None, edgecolor="white", lw=0)
-                label_zero_bars(ax, bars)
+                _write_zero_bars(ax, bars)
             ax.set_xticks(range(len(x)))
             ax.set_xticklabels([str(v) for v in x], fontsize=8)
         else:
             floor = LOG_FLOOR if spec.get("log") else None  # exact zeros sit on the floor of a log axis
             for k, (label, values) in enumerate(series.items()):
                 ys = [max(float(v), floor) if floor else float(v) for v in values]
-                ax.plot(x[: len(values)], ys, "o-", color=color if k == 0 else plots.NEUTRAL_COLOR, label=label, markersize=3)
+                ax.plot(x[: len(values)], ys, "o-", color=color if k == 0 else NEUTRAL_COLOR, label=label, markersize=3)
             low = [float(v) for values in series.values() for v in values if float(v) <= (floor or 0)]
             if floor and low:
-                draw_floor(ax, floor, f"≤ {floor:g}" if any(low) else "exactly 0")
+                _draw_floor(ax, floor, f"≤ {floor:g}" if any(low) else "exactly 0")
         if spec.get("threshold") is not None:
-            ax.axhline(float(spec["threshold"]), color=plots.NEUTRAL_COLOR, linestyle="--", linewidth=1, label="tolerance")
+            ax.axhline(float(spec["threshold"]), color=NEUTRAL_COLOR, linestyle="--", linewidth=1, label="tolerance")
         if spec.get("log"):
             ax.set_yscale("log")
         if spec.get("xlog"):
@@ -130,6 +135,21 @@ class AuditResult:
         elif series:
             ax.legend(fontsize=7)
         return ax
+
+
+def _write_zero_bars(ax, bars) -> None:
+    """A written "0" above each bar of height 0 (a linear axis: the log scale is set after the bars)."""
+    for bar in bars:
+        if bar.get_height() == 0:
+            ax.annotate("0", (bar.get_x() + bar.get_width() / 2, bar.get_y()), ha="center", va="bottom", fontsize=8,
+                        xytext=(0, 2), textcoords="offset points", color=bar.get_facecolor())
+
+
+def _draw_floor(ax, floor: float, what: str) -> None:
+    """A dotted grey line at ``floor`` on a log axis, labelled "<what>, drawn at <floor>"."""
+    ax.axhline(floor, color="#999999", ls=":", lw=1, zorder=0)
+    ax.annotate(f"{what}, drawn at {floor:g}", (0.01, floor), xycoords=("axes fraction", "data"), xytext=(0, 3),
+                textcoords="offset points", fontsize=7, color=NEUTRAL_COLOR, va="bottom")
 
 
 COLUMNS = ("check", "verdict", "convention", "metric", "value")

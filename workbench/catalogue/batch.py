@@ -36,6 +36,7 @@ from pathlib import Path
 
 from workbench.catalogue.listing import NotebookInfo, catalogue, find_notebook, resolve_parameters
 from workbench.catalogue.notebook_api import read_metrics
+from workbench.catalogue.report import write_report
 from workbench.core.errors import ParameterError
 from workbench.core.paths import REPO_ROOT
 from workbench.trainers.checkpointing import atomic_write_json
@@ -104,7 +105,7 @@ def plan(names: list[str] | None, overrides: dict, smoke: bool) -> list[tuple[No
 def ipc_kernel_manager():
     """A kernel manager whose kernels talk over local IPC sockets instead of TCP: no "Kernel is
     running over TCP without encryption" warning for every notebook, and nothing listening on a port."""
-    from jupyter_client.manager import KernelManager
+    from jupyter_client.manager import KernelManager  # jupyter_client: only when notebooks run
 
     class IPCKernelManager(KernelManager):
         def __init__(self, **kwargs):
@@ -139,8 +140,8 @@ def parameterized_notebook(info: NotebookInfo, parameters: dict):
     (``Passed unknown parameter: off_policy_steps`` for a line with ``=`` in its comment); the
     runner has already validated every name and type against the cell's real syntax tree.
     """
-    from papermill.iorw import load_notebook_node
-    from papermill.parameterize import parameterize_notebook
+    from papermill.iorw import load_notebook_node  # papermill: only when notebooks run
+    from papermill.parameterize import parameterize_notebook  # papermill: only when notebooks run
 
     notebook = load_notebook_node(str(info.path))
     return parameterize_notebook(notebook, parameters, kernel_name="python3", language="python")
@@ -148,8 +149,8 @@ def parameterized_notebook(info: NotebookInfo, parameters: dict):
 
 def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html: bool = True) -> NotebookResult:
     """Run one notebook with papermill into ``out_dir`` and collect what it wrote."""
-    import nbformat
-    import papermill
+    import nbformat  # nbformat: only when notebooks are read
+    import papermill  # papermill: only when notebooks run
 
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in (RESULT_FILE, "metrics.json"):  # an earlier run's files must not pass for this run's
@@ -236,8 +237,8 @@ def _short_error(exc: Exception) -> str:
 def render_notebook_html(notebook_path: Path, title: str | None = None) -> Path:
     """The executed notebook as a stand-alone HTML page next to it (images embedded), titled with
     ``title`` (default: the notebook's first heading, else its file name), with no external script."""
-    import nbformat
-    from nbconvert import HTMLExporter
+    import nbformat  # nbformat: only when notebooks are read
+    from nbconvert import HTMLExporter  # nbconvert: only when a report is written
 
     notebook = nbformat.read(str(notebook_path), as_version=4)
     exporter = HTMLExporter(template_name="lab")
@@ -309,7 +310,7 @@ def run_catalogue(
     Ctrl-C: the report and summary of the notebooks that finished are written, then ``KeyboardInterrupt``
     propagates.
     """
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # tqdm: optional progress bars
 
     jobs = plan(names, overrides or {}, smoke)
     out = Path(out_dir) if out_dir else default_out_dir()
@@ -337,8 +338,6 @@ def run_catalogue(
 
 
 def _write_outputs(out: Path, results: list[NotebookResult], total: float, smoke: bool) -> None:
-    from workbench.catalogue.report import write_report
-
     write_report(out, results, total_seconds=total, smoke=smoke)
     atomic_write_json(
         out / "summary.json",

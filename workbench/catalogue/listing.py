@@ -1,6 +1,6 @@
 """Reading the notebook catalogue: each notebook's purpose and ``parameters`` cell.
 
-A catalogue notebook follows three conventions, enforced by ``tests/test_notebooks.py``:
+A catalogue notebook follows three conventions, enforced by ``tests/integration/test_notebooks.py``:
 
 1. its first cell is markdown naming the pitfall;
 2. its second cell is tagged ``parameters`` and holds only ``name = <literal>`` assignments
@@ -29,7 +29,10 @@ import nbformat
 
 from workbench.core.config_options import convert_value
 from workbench.core.errors import ModelLoadError, ParameterError
+from workbench.core.losses import LOSS_AGG_ALIASES, LOSS_AGG_MODES
 from workbench.core.paths import REPO_ROOT
+from workbench.modeling.models import check_model_name, check_same_tokenizer
+from workbench.trainers.base import PRECISIONS
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 REQUIRED_PARAMETERS = ("model", "seed", "smoke", "out_dir")
@@ -155,7 +158,6 @@ def non_empty_list(item: Rule) -> Rule:
 def _model_problem(v) -> str | None:
     if not isinstance(v, str) or not v:
         return "is not a checkpoint name"
-    from workbench.modeling.models import check_model_name
 
     try:
         check_model_name(v)
@@ -165,20 +167,14 @@ def _model_problem(v) -> str | None:
 
 
 def _loss_agg_modes() -> tuple[str, ...]:
-    from workbench.core.losses import LOSS_AGG_ALIASES, LOSS_AGG_MODES
-
     return LOSS_AGG_MODES + tuple(LOSS_AGG_ALIASES)
 
 
 def _trl_loss_types() -> tuple[str, ...]:
-    from workbench.core.losses import LOSS_AGG_ALIASES
-
     return tuple(LOSS_AGG_ALIASES)
 
 
 def _precisions() -> tuple[str, ...]:
-    from workbench.trainers.base import PRECISIONS
-
     return PRECISIONS
 
 
@@ -259,8 +255,6 @@ def check_parameters(info: NotebookInfo, values: dict) -> None:
     for first, second in SHARED_TOKENIZER:
         a, b = values.get(first), values.get(second)
         if a is not None and b is not None and a != b:
-            from workbench.modeling.models import check_same_tokenizer
-
             try:
                 check_same_tokenizer(a, b)
             except ModelLoadError as exc:

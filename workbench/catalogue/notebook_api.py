@@ -16,15 +16,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from workbench.core.errors import NotebookStopped
 from workbench.core.jsonsafe import jsonable
 from workbench.core.paths import REPO_ROOT
 from workbench.trainers.checkpointing import atomic_write_json
+from workbench.viz import plots
 
 
 def prepare(stem: str, out_dir: str = "") -> Path:
     """The folder this notebook writes into (created), with the workbench plot style applied."""
-    from workbench.viz import plots
-
     plots.apply_style()
     folder = Path(out_dir) if out_dir else REPO_ROOT / "runs" / "interactive" / stem
     folder.mkdir(parents=True, exist_ok=True)
@@ -92,8 +92,6 @@ def stop_here(out_dir: str | Path, *, notebook: str, reason: str, metrics: dict 
     reason, write ``metrics.json`` with ``reproduced``/``fixed`` false, ``metrics["not_shown"]`` and
     ``metrics["stopped"]``, then raise ``NotebookStopped`` (the runner reports "cannot show", not a
     failure; opened by hand, the remaining cells are not meant to run)."""
-    from workbench.core.errors import NotebookStopped
-
     write_metrics(out_dir, notebook=notebook, reproduced=False, fixed=False,
                   metrics={**(metrics or {}), "stopped": reason}, not_shown=reason)
     raise NotebookStopped(f"{notebook}: {reason}")

@@ -29,7 +29,10 @@ import platform
 import re
 import tempfile
 from datetime import datetime
+from importlib import metadata
 from pathlib import Path
+
+from workbench.core.paths import REPO_ROOT
 
 VERDICT_CLASS = {"reproduced + fixed": "good", "failed": "bad"}
 
@@ -39,8 +42,6 @@ FIX_WORDS = ("fix", "with")
 
 def environment() -> dict[str, str]:
     """Versions and device of this process (the kernels inherit the same environment)."""
-    from importlib import metadata
-
     def version(package: str) -> str:
         try:
             return metadata.version(package)
@@ -117,8 +118,6 @@ _LOCAL_ROOTS: list[tuple[str, str]] = []  # (absolute path, placeholder), longes
 
 def local_roots(out: Path) -> list[tuple[str, str]]:
     """This machine's folders that may appear in error messages or metrics, and what the report writes instead."""
-    from workbench.core.paths import REPO_ROOT
-
     roots = {str(Path(out).resolve()): "<run>", str(Path(out).absolute()): "<run>", str(REPO_ROOT): "<repo>",
              str(Path(tempfile.gettempdir()).resolve()): "<tmp>", str(Path.home()): "~"}
     return sorted(((k, v) for k, v in roots.items() if len(k) > 1), key=lambda kv: -len(kv[0]))

@@ -22,6 +22,11 @@ import sys
 import traceback
 from pathlib import Path
 
+import workbench.audit as audit
+from workbench.audit.loading import load_callable
+from workbench.core.errors import AuditInputError
+from workbench.experiments.checkpoints import load
+
 CHECKS = {
     # name: (function name in workbench.audit, needs a model, what the callable looks like)
     "aggregation": ("check_aggregation", False),
@@ -87,10 +92,6 @@ def crash_message(exc: BaseException, frame: traceback.FrameSummary, target: str
 
 
 def main(args) -> int:
-    import workbench.audit as audit
-    from workbench.audit.loading import load_callable
-    from workbench.core.errors import AuditInputError
-
     function_name, needs_model = CHECKS[args.check]
     if needs_model and not args.model:
         return _error(f"--check {args.check} runs your function on a model: pass --model NAME_OR_PATH "
@@ -108,8 +109,6 @@ def main(args) -> int:
         kwargs["expected"] = args.expect
     positional = [fn]
     if needs_model:
-        from workbench.experiments.checkpoints import load
-
         try:
             model, tokenizer = load(args.model)
         except (ValueError, OSError) as exc:
@@ -117,7 +116,7 @@ def main(args) -> int:
         if args.dropout is not None:
             if not 0.0 <= args.dropout < 1.0:
                 return _error(f"--dropout {args.dropout}: a probability in [0, 1), e.g. --dropout 0.1")
-            from workbench.pitfalls.nb07_dropout import set_dropout
+            from workbench.pitfalls.nb07_dropout import set_dropout  # matplotlib, ipywidgets: --help loads this module
 
             set_dropout(model, args.dropout)
         positional += [model, tokenizer]

@@ -11,6 +11,8 @@ import argparse
 import sys
 
 from workbench.catalogue.listing import catalogue
+from workbench.cli import audit as audit_command
+from workbench.cli import train
 from workbench.core.errors import ParameterError
 
 
@@ -24,7 +26,7 @@ def _list(args) -> int:
 
 
 def _run(args) -> int:
-    from workbench.catalogue.batch import run_catalogue
+    from workbench.catalogue.batch import run_catalogue  # matplotlib behind it (the report): `--help` and `list` stay fast
 
     if args.resume and not args.out:
         print("error: --resume continues an earlier run: name its folder with --out DIR (e.g. --out runs/20250101-120000)",
@@ -70,13 +72,9 @@ def main(argv: list[str] | None = None) -> int:
                           "(same parameters), then report over all")
     run.add_argument("--no-html", action="store_true", help="skip rendering executed notebooks to HTML")
     run.set_defaults(func=_run)
-    from workbench.cli import train
-
     trainer = sub.add_parser("train", help="train with PPO, GRPO, DPO or SFT (resumes from --output-dir)")
     train.add_arguments(trainer)
     trainer.set_defaults(func=train.main)
-    from workbench.cli import audit as audit_command
-
     audit = sub.add_parser("audit", help="run a workbench.audit check on your own loss / log-prob / generate / step function")
     audit_command.add_arguments(audit)
     audit.set_defaults(func=audit_command.main)

@@ -19,9 +19,13 @@ import os
 import sys
 from pathlib import Path
 
+from workbench import tasks
 from workbench.core.config_options import add_config_arguments, config_values, convert_field
-from workbench.core.errors import InputError, ModelLoadError, ParameterError
+from workbench.core.errors import ConfigError, InputError, ModelLoadError, NonFiniteError, ParameterError
+from workbench.experiments.checkpoints import load
+from workbench.tasks import prompt_ids
 from workbench.trainers.checkpointing import atomic_write_json
+from workbench.trainers.distributed import Distributed
 from workbench.trainers.registry import TRAINERS, trainer_classes
 
 
@@ -47,7 +51,6 @@ def check_context_fits(model, tokenizer, prompts: list[str], max_new_tokens: int
     limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
     if limit is None:
         return
-    from workbench.tasks import prompt_ids
 
     longest = max(len(prompt_ids(tokenizer, p, chat_template)) for p in prompts)
     if longest + max_new_tokens > limit:
@@ -58,8 +61,6 @@ def check_context_fits(model, tokenizer, prompts: list[str], max_new_tokens: int
 
 
 def load_data(kind: str, path: str | None, limit: int | None):
-    from workbench import tasks
-
     if kind == "dpo":
         rows = tasks.load_preferences(path or tasks.TRAIN_PREFERENCES)
     else:
@@ -68,8 +69,6 @@ def load_data(kind: str, path: str | None, limit: int | None):
 
 
 def run(args) -> dict:
-    from workbench.experiments.checkpoints import load
-
     config_cls, trainer_cls = trainer_classes(args.trainer)
     config = build_config(config_cls, args.set or [], args.output_dir, config_values(args))
     config.progress = config.progress and not args.quiet
@@ -113,9 +112,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from workbench.core.errors import ConfigError, NonFiniteError
-    from workbench.trainers.distributed import Distributed
-
     try:
         summary = run(args)
         Distributed.current().close()

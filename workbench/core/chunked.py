@@ -46,7 +46,7 @@ def chunk_rows(vocab_size: int, chunk_size: int | None = None) -> int:
 def lm_head_of(model):
     """``(body, head)`` when ``model``'s logits are exactly ``head(body(...).last_hidden_state)``,
     else ``None`` (wrappers such as DDP, unknown architectures, logit scaling or soft-capping)."""
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel  # transformers: seconds to import; loaded where a model is
 
     if not isinstance(model, PreTrainedModel):
         return None

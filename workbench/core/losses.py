@@ -1,7 +1,7 @@
 """The maths of PPO, GRPO and DPO as pure functions on tensors.
 
 Every function here takes tensors and returns tensors — no models, no state — and each is
-tested against hand-computed values in ``tests/test_losses.py``. Conventions:
+tested against hand-computed values in ``tests/core/test_losses.py``. Conventions:
 
 * ``mask`` is 1 on real response tokens (EOS included) and 0 on padding / post-EOS tokens;
   masked positions never influence a result (statistics, sums and means skip them);

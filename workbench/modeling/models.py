@@ -100,7 +100,7 @@ def load_checkpoint(
     checkpoint brings (``describe``).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer  # transformers: on use (seconds), keeps the CLI's start light
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # transformers: seconds to import; loaded where a model is
 
     hf_logging.disable_progress_bar()  # no per-load "Loading weights" bars in notebooks and logs
     name = str(name_or_path)

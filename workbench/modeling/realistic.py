@@ -91,7 +91,7 @@ SPECS = {
 # Models
 # --------------------------------------------------------------------------------------------
 def build_config(spec: Spec, tokenizer, hidden: int = 64, layers: int = 2, heads: int = 4):
-    from transformers import GPT2Config, LlamaConfig, Qwen2Config
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config  # transformers: seconds to import; loaded where a model is
 
     ids = {"bos": tokenizer.convert_tokens_to_ids(spec.bos or spec.special_tokens[0]),
            "eos": tokenizer.convert_tokens_to_ids(spec.eos)}
@@ -109,7 +109,7 @@ def build_config(spec: Spec, tokenizer, hidden: int = 64, layers: int = 2, heads
 
 
 def generation_config(spec: Spec, tokenizer):
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig  # transformers: seconds to import; loaded where a model is
 
     stop = [tokenizer.convert_tokens_to_ids(t) for t in spec.generation_eos]
     kwargs = {"eos_token_id": stop if len(stop) > 1 else stop[0]}
@@ -124,8 +124,8 @@ def generation_config(spec: Spec, tokenizer):
 
 def write_checkpoint(flavour: str, folder: str | Path, *, seed: int = 0) -> Path:
     """Build ``flavour`` from scratch into ``folder`` (random weights, safetensors)."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
+    from transformers import AutoModelForCausalLM  # transformers: seconds to import; loaded where a model is
+    from transformers.utils import logging as hf_logging  # transformers: seconds to import; loaded where a model is
 
     hf_logging.disable_progress_bar()
     spec = spec_of(flavour)

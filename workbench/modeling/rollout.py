@@ -43,6 +43,7 @@ from workbench.core.batching import padding_side_of, position_ids_from_mask, rep
 from workbench.core.devices import generator_on, model_device
 from workbench.core.errors import NonFiniteError
 from workbench.core.losses import zero_masked
+from workbench.core.sampling_filters import check_filters, filter_logits
 
 
 def _stop_ids(eos_token_id: int | Sequence[int], device=None) -> torch.Tensor:
@@ -142,8 +143,6 @@ def sample(
     ``top_k`` (0 = off) and ``top_p`` (1.0 = off) truncate the distribution after the temperature.
     ``share_prefill``: one prompt forward per distinct prompt row (see module doc).
     """
-    from workbench.core.sampling_filters import check_filters
-
     check_filters(top_k, top_p)
     truncated = (top_k > 0 or top_p < 1.0) and not greedy
     if max_new_tokens < 1:
@@ -209,8 +208,6 @@ def _prefill(model, prompt_ids, attention_mask, position_ids, share: bool):
 def _sampling_loop(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_id, pad_token_id, temperature,
                    stop_at_eos, greedy, generator, truncated, top_k, top_p, share_prefill):
     """The cached decoding loop: the sampled tokens and their log-probs, one tensor per step."""
-    from workbench.core.sampling_filters import filter_logits
-
     stop_ids = _stop_ids(eos_token_id, prompt_ids.device)
     attention_mask = prompt_mask.clone()
     position_ids = position_ids_from_mask(attention_mask)
@@ -262,7 +259,7 @@ def _sample_with_generate(
     greedy, generator,
 ) -> Rollout:
     """The same rollout through ``model.generate`` (which always uses the global RNG)."""
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig  # transformers: seconds to import; loaded where a model is
 
     start = time.perf_counter()
     config = GenerationConfig(

@@ -10,6 +10,8 @@ the sources (``stop_id_sources``, ``union_stop_ids``) to show what each partial 
 
 from __future__ import annotations
 
+from workbench.core.errors import ModelLoadError
+
 SOURCES = ("tokenizer", "generation_config", "template_turn_end")
 
 
@@ -58,8 +60,6 @@ def union_stop_ids(sources: dict[str, list[int]], use: tuple[str, ...] = SOURCES
 def stop_token_ids(model, tokenizer, *, chat_template: bool = False) -> list[int]:
     """Every id that ends a response: the tokenizer's EOS ∪ the generation config's EOS ∪, when
     prompts go through the chat template, the template's turn end (pitfall P17)."""
-    from workbench.core.errors import ModelLoadError
-
     sources = stop_id_sources(getattr(model, "generation_config", None), tokenizer, chat_template=chat_template)
     try:
         return union_stop_ids(sources)

@@ -25,7 +25,7 @@ TOKENIZER_DIR = DATA_DIR / "tokenizer"
 
 def build_char_tokenizer():
     """Build the character tokenizer as a ``PreTrainedTokenizerFast`` (left padding, BOS added)."""
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # transformers: seconds to import; loaded where a model is
 
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + list(CHARACTERS))}
     assert len(vocab) == 64, len(vocab)
@@ -51,7 +51,7 @@ def build_char_tokenizer():
 
 def load_char_tokenizer():
     """Load the shipped tokenizer from ``data/tokenizer`` (no network)."""
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # transformers: seconds to import; loaded where a model is
 
     if not (TOKENIZER_DIR / "tokenizer.json").is_file():
         raise FileNotFoundError(

@@ -19,6 +19,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from workbench.audit import AuditResult
+from workbench.audit.aggregation import PROBE_LENGTHS
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
@@ -317,8 +318,6 @@ def plot_s5(ax, payloads: dict):
     same convention has the same colour in every release); 0.15.2 → 0.16.1 is the S5 change, named in the title.
     A seq-mean-token-sum-norm bar names its constant C = B × T: its loss scales with 1/T, so a probe with another
     max_completion_length (91 uses 16, the lab 8) reads another value."""
-    from workbench.audit.aggregation import PROBE_LENGTHS
-
     bars = s5_bars(payloads)
     if not bars:
         ax.text(0.5, 0.5, "S5: no measured release (skipped)", ha="center", transform=ax.transAxes)

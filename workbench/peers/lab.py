@@ -179,9 +179,6 @@ def summary_lines(rows: list[dict], payloads: dict) -> list[str]:
 def main(argv=None) -> int:
     """``python -m workbench.peers.lab``: create missing environments (soft-failing), run every probe,
     print the table. Exit 0 even when peers are skipped (they are reported, not failures)."""
-    import sys
-
-    from workbench.peers import envs
 
     args = list(argv if argv is not None else sys.argv[1:])
     if "--no-create" not in args:

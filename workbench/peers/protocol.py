@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import traceback
+from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -37,8 +38,6 @@ def emit(payload: dict) -> None:
 
 def environment(*packages: str) -> dict:
     """Versions of the given packages and every stand-in module that is imported (visible in the table)."""
-    from importlib import metadata
-
     # versions only, never paths: these dicts end up in metrics.json and the shareable run report
     info = {"python": sys.version.split()[0], "torch": torch.__version__}
     for name in packages:
@@ -84,7 +83,7 @@ def audit_row(probe: str, result, **measured) -> dict:
 
 def load_tokenizer(name: str = "tiny-arith-qwen2", padding_side: str = "left"):
     """The shipped character tokenizer through the peer's transformers (its config names a 5.x class)."""
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # transformers: seconds to import; loaded where a model is
 
     folder = CHECKPOINTS / name
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), bos_token="<bos>", eos_token="<eos>",
@@ -94,7 +93,7 @@ def load_tokenizer(name: str = "tiny-arith-qwen2", padding_side: str = "left"):
 
 def load_config(name: str = "tiny-arith-qwen2", **overrides):
     """The shipped config read by the peer's transformers (5.x field names mapped back for 4.x)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # transformers: seconds to import; loaded where a model is
 
     raw = json.loads((CHECKPOINTS / name / "config.json").read_text())
     rope = raw.pop("rope_parameters", None) or {}
@@ -111,8 +110,8 @@ def load_config(name: str = "tiny-arith-qwen2", **overrides):
 
 def load_model(name: str = "tiny-arith-qwen2", cls=None, **config_overrides):
     """The shipped tiny checkpoint in the peer's own model class (safetensors weights, no hub)."""
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
+    from safetensors.torch import load_file  # safetensors: only when a checkpoint is written
+    from transformers import AutoModelForCausalLM  # transformers: seconds to import; loaded where a model is
 
     config = load_config(name, **config_overrides)
     cls = cls or AutoModelForCausalLM

@@ -25,6 +25,7 @@ import torch
 from workbench.audit import AuditResult, check_aggregation, check_position_ids
 from workbench.modeling.models import save
 from workbench.peers.adapters import trl_grpo
+from workbench.trainers.preferences import build_loss_mask, collate_preferences, summed_logprobs
 
 TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
@@ -50,8 +51,8 @@ def model_folder(model, tokenizer) -> str:
 
 
 def grpo_trainer(folder: str, tokenizer, **config):
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from datasets import Dataset  # datasets: peer environments only (TRL's)
+    from trl import GRPOConfig, GRPOTrainer  # trl: peer environments only
 
     config = {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 8, "beta": 0.0, **config}
     trainer = GRPOTrainer(
@@ -118,10 +119,9 @@ def probe_dpo(model, tokenizer, pairs: list[dict]) -> dict:
     disk: TRL's reference log-probs then tell whether the reference is the live initial policy or
     was reloaded from ``config._name_or_path``.
     """
-    from datasets import Dataset
-    from trl import DPOConfig, DPOTrainer
+    from datasets import Dataset  # datasets: peer environments only (TRL's)
+    from trl import DPOConfig, DPOTrainer  # trl: peer environments only
 
-    from workbench.trainers.preferences import build_loss_mask, collate_preferences, summed_logprobs
 
     folder = model_folder(model, tokenizer)
     live = type(model).from_pretrained(folder)

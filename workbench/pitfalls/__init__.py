@@ -5,7 +5,7 @@ from the top:
 
 * measurements — pure functions a user can also run against their own model or batch;
 * sweeps — the measurements over the notebook's parameters (pad widths, micro-batch sizes, seeds, variants);
-* ``verdict(...) -> (reproduced, fixed)``, a function of measured numbers (tests/test_verdicts.py), and, where a
+* ``verdict(...) -> (reproduced, fixed)``, a function of measured numbers (tests/pitfalls/test_nb*.py), and, where a
   checkpoint may be unable to show the pitfall, ``not_shown(...)`` saying why;
 * figures — ``plot_*(ax, …)`` functions that draw on a given ``ax`` (or axes), and ``figure_*(…) -> Figure`` that
   lay them out as the notebook shows them (the notebook saves the figure and calls ``plt.show()``);

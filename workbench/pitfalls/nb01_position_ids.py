@@ -16,13 +16,17 @@ import math
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 
 from workbench.core.batching import pad_sequences, position_ids_from_mask
 from workbench.experiments import statistics
+from workbench.experiments.checkpoints import load
 from workbench.modeling.models import uses_rope
-from workbench.modeling.scoring import token_logprobs
-from workbench.modeling.tiny import ARCHITECTURES
+from workbench.modeling.rollout import sample
+from workbench.modeling.scoring import response_logprobs, token_logprobs
+from workbench.modeling.tiny import ARCHITECTURES, tiny_model
+from workbench.tasks import encode_prompts
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 from workbench.viz.plots import draw_floor
@@ -86,10 +90,6 @@ def first_step_mismatch(model, tokenizer, prompts: list[str], *, position_ids: s
     model identical to the policy, the importance ratio ρ = exp(logp_train − logp_rollout) should
     be exactly 1 and the per-token KL estimate (k1 = logp_rollout − logp_ref) exactly 0.
     """
-    from workbench.modeling.rollout import sample
-    from workbench.modeling.scoring import response_logprobs
-    from workbench.tasks import encode_prompts
-
     ids, mask = encode_prompts(tokenizer, prompts)
     rollout = sample(
         model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
@@ -120,8 +120,6 @@ def per_text_drift(model, rows, *, pad_token_id: int, extra_pad: int, position_i
 
 def drift_sweep(texts: list[str], pad_lengths, *, seed: int = 0, architectures=None, dtypes=("fp32", "bf16")) -> dict:
     """``drift_table`` for every tiny architecture × dtype: ``{(arch, dtype, side, mode): [drift per pad length]}``."""
-    from workbench.modeling.tiny import ARCHITECTURES, tiny_model
-
     sweep = {}
     for arch in architectures or ARCHITECTURES:
         for dtype in dtypes:
@@ -160,8 +158,6 @@ def verdict(drift_bug: float, drift_fix: float, *, threshold: float = 1e-2, tole
 def not_shown(model, drift_bug: float, *, threshold: float = 1e-2) -> str | None:
     """Why ``model`` cannot show S1 in this precision, or None: with rotary positions the shift
     cancels up to rounding, so the drift (or first-step |ρ − 1|) without position ids stays below ``threshold``."""
-    from workbench.modeling.models import uses_rope
-
     if drift_bug > threshold or not uses_rope(model):
         return None
     return (f"{model.config.model_type} has rotary positions: the left-padding shift cancels up to rounding (largest effect "
@@ -172,8 +168,6 @@ def not_shown(model, drift_bug: float, *, threshold: float = 1e-2) -> str | None
 def first_step_table(names, prompts: list[str], *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto") -> dict:
     """``first_step_mismatch`` for each model name × position-ids mode: ``{(name, mode): result}``
     (``device``, ``pad_token``: as for ``workbench.modeling.models.load``)."""
-    from workbench.experiments.checkpoints import load
-
     table = {}
     for name in names:
         model, tokenizer = load(name, device=device, pad_token=pad_token)
@@ -215,8 +209,6 @@ def plot_drift_per_text(ax, texts: list[str], drift: dict[str, list[float]]) -> 
 
 def plot_drift_heatmap(ax, sweep: dict, fig=None):
     """Median over pad lengths of the drift, per architecture × dtype (rows) and side × mode (columns)."""
-    import numpy as np
-
     archs = sorted({k[0] for k in sweep}, key=["llama", "qwen2", "gpt2"].index)
     dtypes = [d for d in DTYPES if any(k[1] == d for k in sweep)]
     columns = [(side, mode) for side in ("left", "right") for mode in ("model", "mask")]
@@ -275,8 +267,6 @@ def plot_first_step(ax, table: dict) -> None:
 
 def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
     """Per-token |Δ log p| between each text alone and in a left-padded batch."""
-    from workbench.modeling.tiny import ARCHITECTURES, tiny_model
-
     cache: dict = {}
 
     def model_for(arch, dtype):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import time
 from dataclasses import dataclass
 
@@ -25,9 +26,13 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
-from workbench.core.batching import pad_sequences, padding_side_of
+from workbench.core.batching import pack_sequences, pad_sequences, padding_side_of, unpack_token_values
 from workbench.core.errors import RightPaddingError
-from workbench.modeling.rollout import truncate_after_eos
+from workbench.experiments.checkpoints import load
+from workbench.modeling.attention import flash_attention_status
+from workbench.modeling.rollout import sample, truncate_after_eos
+from workbench.modeling.scoring import logprobs_from_logits, token_logprobs
+from workbench.tasks import encode_prompts
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
@@ -107,8 +112,6 @@ def generation_divergence(model, tokenizer, prompts: list[str], *, max_new_token
 
 def scoring_throughput(model, sequences: list[list[int]], *, packed: bool, pad_token_id: int, repeats: int = 5) -> float:
     """Real tokens scored per second (median of ``repeats``), padded (right) or packed."""
-    from workbench.modeling.scoring import token_logprobs
-
     ids, mask = pad_sequences(sequences, pad_token_id, side="right")
     real_tokens = int(mask.sum())
     times = []
@@ -164,9 +167,6 @@ def divergence_sweep(models: dict[str, tuple], prompts: list[str], *, max_new_to
 def packed_vs_alone(model, sequences: list[list[int]]) -> dict[str, float]:
     """max |Δ log p| of packed scoring vs each sequence alone: correct packing, packing with the
     cache left on, and (a term that should not exist) labels rolled across the packed row."""
-    from workbench.core.batching import pack_sequences, unpack_token_values
-    from workbench.modeling.scoring import logprobs_from_logits
-
     device = model.device
     alone = [logprobs_from_logits(model(input_ids=torch.tensor([s], device=device)).logits[0, :-1],
                                   torch.tensor(s[1:], device=device)) for s in sequences]
@@ -188,8 +188,6 @@ def ragged_sequences(tokenizer, n: int, *, seed: int = 0, lengths=(8, 16, 32, 64
                      max_length: int | None = None) -> list[list[int]]:
     """``n`` random token sequences of mixed lengths (a ragged batch for the throughput comparison),
     none longer than ``max_length`` (the model's context: learned positions end there)."""
-    import random
-
     if max_length:
         lengths = [length for length in lengths if length <= max_length] or [max_length]
     rng = random.Random(seed)
@@ -221,11 +219,6 @@ def throughput_note(lengths: list[int], speedup: float) -> str:
 
 def flash_vs_sdpa(model_name: str, tokenizer, prompts: list[str]) -> float | None:
     """max |Δ log p| between flash_attention_2 and sdpa (bf16, CUDA) on a left-padded batch; None without flash-attn."""
-    from workbench.experiments.checkpoints import load
-    from workbench.modeling.attention import flash_attention_status
-    from workbench.modeling.scoring import token_logprobs
-    from workbench.tasks import encode_prompts
-
     if not flash_attention_status()[0]:
         return None
     flash, _ = load(model_name, device="cuda", dtype=torch.bfloat16, attn_implementation="flash_attention_2")
@@ -301,9 +294,6 @@ def plot_throughput(ax, throughput: dict[str, float], entries: dict[str, int]) -
 def ppo_masks(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 8, seed: int = 0):
     """Sample responses to left-padded prompts and mask after EOS, as a PPO actor does: returns
     ``(ids, mask, prompt_width, report)`` with ``report = padding_guard(mask)`` (old Qwen2 flash check)."""
-    from workbench.modeling.rollout import sample
-    from workbench.tasks import encode_prompts
-
     device = model.device
     prompt_ids, prompt_mask = (t.to(device) for t in encode_prompts(tokenizer, prompts))
     rollout = sample(model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,

@@ -17,7 +17,8 @@ import matplotlib.pyplot as plt
 import torch
 
 from workbench.experiments import comparison, statistics
-from workbench.modeling.rollout import Rollout, sample
+from workbench.experiments.comparison import train_variants
+from workbench.modeling.rollout import Rollout, sample, truncate_after_eos
 from workbench.tasks import encode_prompts
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
@@ -88,8 +89,6 @@ def one_step_gap(model_name: str, *, max_new_tokens: int, seed: int = 0, prompts
     """One PPO step from the same weights with ``stop_at_eos`` True and False: both step records and
     the largest |difference| in reward, KL and losses (0 when masking after EOS is exact). ``loading``
     (``device``, ``pad_token``, ``precision``) goes to ``comparison.train_variants``."""
-    from workbench.experiments.comparison import train_variants
-
     runs = train_variants("ppo", model_name, {"fix": {"stop_at_eos": True}, "bug": {"stop_at_eos": False}}, steps=1,
                           seeds=(seed,), max_new_tokens=max_new_tokens, prompts_per_step=prompts_per_step, mini_batches=2,
                           **loading)
@@ -99,8 +98,6 @@ def one_step_gap(model_name: str, *, max_new_tokens: int, seed: int = 0, prompts
 
 def pad_equals_eos_masks(rollout: Rollout, eos_token_id: int) -> dict:
     """The loss masks of one rollout with pad ≠ EOS (explicit mask) and with pad = EOS (``ids != pad``)."""
-    from workbench.modeling.rollout import truncate_after_eos
-
     ids_pad_is_eos, _ = truncate_after_eos(rollout.response_ids, eos_token_id, eos_token_id)
     naive = mask_from_pad(ids_pad_is_eos, eos_token_id)
     return {"distinct": (rollout.response_ids, rollout.response_mask), "pad_is_eos": (ids_pad_is_eos, naive),
@@ -151,8 +148,6 @@ def not_shown(costs: dict) -> str | None:
 
 def plot_generation_cost(axes, costs: dict) -> None:
     """Decoding steps, wasted share and wall time vs batch size, bug and fix."""
-    from workbench.viz import plots
-
     sizes = sorted(costs)
     for name, bug in (("bug", True), ("fix", False)):
         kw = {"color": plots.bug_fix_color(bug), "marker": "o" if bug else "s", "ls": "-" if bug else "--",
@@ -170,8 +165,6 @@ def plot_generation_cost(axes, costs: dict) -> None:
 
 def plot_pad_eos_masks(axes, masks: dict, eos_token_id: int, rows: int = 16) -> None:
     """The two loss masks side by side, EOS cells in the EOS colour (hatched where the mask drops them)."""
-    from workbench.viz import plots
-
     for ax, key, title in ((axes[0], "distinct", "loss mask, pad ≠ EOS (EOS kept)"),
                            (axes[1], "pad_is_eos", "loss mask = ids != pad, pad = EOS")):
         ids, mask = masks[key]

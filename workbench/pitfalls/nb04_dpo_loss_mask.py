@@ -21,7 +21,9 @@ import torch
 from workbench.core.errors import PromptMaskError
 from workbench.experiments import comparison, statistics
 from workbench.experiments.statistics import Effect
-from workbench.trainers.preferences import PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
+from workbench.modeling.scoring import token_logprobs
+from workbench.trainers.preferences import PROMPT_MASK_MODES, PreferenceBatch, build_loss_mask, prompt_target_mask, summed_logprobs
+from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
@@ -84,8 +86,6 @@ MODE_LABELS = {"both": "both (fix)", "chosen_only": "chosen_only (bug)", "none":
 def hand_margin_gap(policy, reference, batch: PreferenceBatch, beta: float) -> float:
     """max |margin(both) − the margin computed by hand over response tokens only| (independent of
     ``build_loss_mask``: the response targets are the real targets that are not prompt targets)."""
-    from workbench.modeling.scoring import token_logprobs
-
     b = batch.num_pairs
     response_only = batch.attention_mask[:, 1:].bool() & ~prompt_target_mask(batch.attention_mask, batch.prompt_lengths)
 
@@ -126,8 +126,6 @@ def verdict(audits: dict, margin_gap_after: float, hand_gap: float, *, tolerance
 
 def plot_loss_mask(ax, batch: PreferenceBatch, mode: str) -> int:
     """The loss mask of one ``prompt_mask`` mode (chosen rows on top); returns how many rows count prompt tokens."""
-    from workbench.viz import plots
-
     mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, mode)
     audit = audit_loss_mask(batch.input_ids, mask, batch.prompt_lengths)
     b = batch.num_pairs
@@ -146,8 +144,6 @@ def plot_training_bands(axes, runs: dict) -> None:
     """Loss, margin, accuracy and log p(prompt) over seeds (``comparison.train_variants`` runs keyed by mode): mean ± std bands,
     'none' (coinciding with 'both') drawn on top, dotted, 'both' thick underneath; a fifth axis gets
     held-out greedy accuracy before/after (``plots.plot_heldout``) in the same colours."""
-    from workbench.viz import plots
-
     colors = {MODE_LABELS["both"]: plots.FIX_COLOR, MODE_LABELS["chosen_only"]: plots.BUG_COLOR,
               MODE_LABELS["none"]: plots.NEUTRAL_COLOR}
     styles = {MODE_LABELS["both"]: {"ls": "-", "lw": 3, "alpha": 0.6}, MODE_LABELS["chosen_only"]: {"ls": "-"},
@@ -180,8 +176,6 @@ def heldout_explanation(heldout: Effect, chosen: Effect, rejected: Effect) -> st
 
 def dpo_mask_explorer(batch) -> Explorer:
     """The loss mask of a concatenated chosen+rejected batch for each prompt_mask mode."""
-    from workbench.trainers.preferences import PROMPT_MASK_MODES
-
     def draw(prompt_mask):
         fig, ax = plt.subplots(figsize=(7, 3))
         return {"rows_counting_prompt": plot_loss_mask(ax, batch, prompt_mask)}

@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 
 from workbench.core import losses
 from workbench.core.batching import pad_sequences
 from workbench.experiments import statistics
+from workbench.experiments.statistics import tail_mean
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
+from workbench.trainers.grpo import grpo_loss
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
@@ -93,8 +96,6 @@ def measured_effective_beta(lengths: list[int], beta: float, loss_agg: str, kl_a
     """β as the GRPO trainer's own loss (``trainers.grpo.grpo_loss``) applies it to each sequence's
     tokens, measured by autograd: ∂loss/∂log π from the KL term (k1, advantages 0) divided by the
     policy term's (advantages 1, β = 0). Equal to β everywhere when both terms share one normalisation."""
-    from workbench.trainers.grpo import grpo_loss
-
     width = max(lengths)
     mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
 
@@ -131,8 +132,6 @@ def verdict(probe: dict, effective: dict, beta: float, *, tolerance: float = 1e-
 def plot_token_weights(ax_token, ax_total, lengths: list[int], modes=losses.LOSS_AGG_MODES) -> float:
     """Per-token (analytic lines, autograd markers) and whole-response weight by length, per mode;
     returns the largest |analytic − autograd| difference."""
-    from workbench.viz import plots
-
     error = 0.0
     for i, mode in enumerate(modes):
         color, style = plots.SERIES_COLORS[i], plots.LINE_STYLES[i % len(plots.LINE_STYLES)]
@@ -154,8 +153,6 @@ def plot_token_weights(ax_token, ax_total, lengths: list[int], modes=losses.LOSS
 
 def plot_effective_beta(ax, spreads, effective: dict, beta: float) -> None:
     """The β each sequence's tokens feel in the trainer's loss, per KL aggregation, vs the length ratio."""
-    from workbench.viz import plots
-
     bug, fix = effective["per_sequence"], effective["with_loss"]
     ax.plot(spreads, [b[0] for b in bug], "o-", color=plots.BUG_COLOR, label="short response, KL per sequence (bug)")
     ax.plot(spreads, [b[1] for b in bug], "s--", color=plots.BUG_COLOR, label="long response, KL per sequence (bug)")
@@ -173,9 +170,6 @@ def plot_effective_beta(ax, spreads, effective: dict, beta: float) -> None:
 
 def training_conclusion(runs: dict, fraction: float = 0.25) -> tuple[dict, str]:
     """Final reward per mode (mean ± std over seeds) and whether the spread between modes exceeds the seed noise."""
-    import numpy as np
-
-    from workbench.experiments.statistics import tail_mean
 
     summary = {}
     for mode, histories in runs.items():

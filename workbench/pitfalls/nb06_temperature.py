@@ -52,8 +52,6 @@ def verdict(results: dict, *, threshold: float = 1e-2, tolerance: float = 1e-4) 
 
 def plot_ratio_vs_temperature(ax, results: dict) -> None:
     """max |ρ − 1| before any update vs τ, bug and fix; exact zeros are listed in the title, not drawn."""
-    from workbench.viz import plots
-
     temperatures = sorted({t for t, _ in results})
     zeros = []
     for rescale in (False, True):

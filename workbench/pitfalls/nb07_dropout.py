@@ -99,8 +99,6 @@ def step0_note(results: dict) -> str:
 def plot_step0(axes, results: dict) -> None:
     """max |ρ − 1| and |KL| to an identical reference at step 0 vs the dropout probability; exact
     zeros are counted in the titles, not drawn."""
-    from workbench.viz import plots
-
     dropouts = sorted({d for d, _ in results})
     for ax, key, label in ((axes[0], "max_ratio_deviation", "max |ρ − 1| at step 0"),
                            (axes[1], "sequence_kl_k1", "|KL(k1)| to an identical reference (nats / response)")):

@@ -12,10 +12,12 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.experiments.checkpoints import load
 from workbench.modeling.rollout import sample
-from workbench.modeling.tiny import tiny_model
+from workbench.modeling.tiny import ARCHITECTURES, tiny_model
 from workbench.tasks import Problem, encode_prompts, score_responses
-from workbench.trainers.sft import SFTConfig, SFTTrainer
+from workbench.trainers.sft import SFTConfig, SFTTrainer, sft_batch
+from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
@@ -23,9 +25,6 @@ def starting_model(name: str, *, seed: int = 0, device: str = "auto", pad_token:
     """``(model, tokenizer)`` to fine-tune: ``tiny-<arch>`` (``tiny-qwen2``, ``tiny-llama``, ``tiny-gpt2``)
     or a bare architecture name is a tiny model built from scratch with ``seed``; any other name or
     folder goes to ``workbench.modeling.models.load``."""
-    from workbench.experiments.checkpoints import load
-    from workbench.modeling.tiny import ARCHITECTURES
-
     arch = name.removeprefix("tiny-")
     if arch in ARCHITECTURES:
         return tiny_model(arch, seed=seed)
@@ -57,8 +56,6 @@ def stopping_stats(model, tokenizer, problems: list[Problem], *, max_new_tokens:
 # ---- comparison, verdict and figures (notebook 08) --------------------------------------------
 def eos_targets_kept(tokenizer, problems: list[Problem], *, pad_equals_eos: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The SFT batch's ids and loss mask, and how many EOS targets the mask keeps."""
-    from workbench.trainers.sft import sft_batch
-
     ids, _, loss_mask = sft_batch(tokenizer, problems, pad_equals_eos=pad_equals_eos)
     return ids, loss_mask, int(((ids == tokenizer.eos_token_id) & loss_mask.bool()).sum())
 
@@ -92,8 +89,6 @@ def not_shown(stats: dict[bool, dict], *, high: float = 0.9) -> str | None:
 
 def plot_sft_mask(ax, tokenizer, problems: list[Problem], *, pad_equals_eos: bool) -> int:
     """The SFT loss mask with EOS cells marked (hatched where the mask drops them); returns the EOS targets kept."""
-    from workbench.viz import plots
-
     ids, loss_mask, kept = eos_targets_kept(tokenizer, problems, pad_equals_eos=pad_equals_eos)
     is_eos = ids == tokenizer.eos_token_id
     first_eos = is_eos & (is_eos.long().cumsum(-1) == 1)
@@ -104,8 +99,6 @@ def plot_sft_mask(ax, tokenizer, problems: list[Problem], *, pad_equals_eos: boo
 
 def plot_stopping(axes, stats: dict[bool, dict], max_new_tokens: int = 16) -> None:
     """Share of greedy answers that stop, and their mean length, bug vs fix (values written on the bars)."""
-    from workbench.viz import plots
-
     labels, colors = ["distinct pad (fix)", "pad = EOS (bug)"], [plots.FIX_COLOR, plots.BUG_COLOR]
     for ax, key, scale, ylabel in ((axes[0], "finished_fraction", 100, "greedy responses that stop (%)"),
                                    (axes[1], "mean_length", 1, f"mean response length (tokens, limit {max_new_tokens})")):

@@ -21,7 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from workbench.core.losses import kl_penalty
+from workbench.modeling.perturbation import perturbed_copy
+from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import forward
+from workbench.tasks import encode_prompts
+from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 ESTIMATORS = ("k1", "k2", "k3")
@@ -86,9 +90,6 @@ def gradient_comparison(policy, reference, input_ids, attention_mask, positions)
 def sampled_contexts(policy, tokenizer, prompts: list[str], *, max_new_tokens: int = 6, seed: int = 0):
     """Responses sampled from ``policy``: ``(ids, mask, positions)`` with ``positions`` the (row, column)
     of the context predicting each response token."""
-    from workbench.modeling.rollout import sample
-    from workbench.tasks import encode_prompts
-
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
     rollout = sample(policy, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
@@ -101,8 +102,6 @@ def sampled_contexts(policy, tokenizer, prompts: list[str], *, max_new_tokens: i
 def sweep(reference, tokenizer, prompts: list[str], noise_scales, *, seed: int = 0) -> tuple[dict, dict]:
     """For each noise scale, a perturbed copy of ``reference`` as the policy: ``(values, gradients)``
     keyed by scale (``value_stats`` and ``gradient_comparison`` at the policy's sampled contexts)."""
-    from workbench.modeling.perturbation import perturbed_copy
-
     values, gradients = {}, {}
     for scale in noise_scales:
         policy = perturbed_copy(reference, scale, seed)
@@ -138,8 +137,6 @@ def _line(ax, x, y, name, color, zorder):
 def plot_values(axes, values: dict) -> None:
     """Estimator mean (against the exact KL) and standard deviation over v ~ π, vs the exact KL.
     k1 and k3 are unbiased, so their means lie on the exact KL: hollow large markers keep them visible."""
-    from workbench.viz import plots
-
     scales = list(values)
     exact = [values[s]["exact_kl"] for s in scales]
     axes[0].plot(exact, exact, color="black", lw=4, alpha=0.25, label="exact KL", zorder=1)
@@ -158,8 +155,6 @@ def plot_values(axes, values: dict) -> None:
 def plot_gradients(axes, values: dict, gradients: dict, *, undefined_below: float = 1e-4) -> None:
     """Cosine with the exact ∇KL and norm ratio per variant. Where a variant's gradient is (numerically)
     zero — norm ratio below ``undefined_below`` — its cosine is undefined and is not drawn."""
-    from workbench.viz import plots
-
     scales = list(gradients)
     exact = [values[s]["exact_kl"] for s in scales]
     for i, name in enumerate(GRADIENT_VARIANTS):

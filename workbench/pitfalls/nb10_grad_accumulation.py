@@ -8,10 +8,13 @@ by the token count of the whole accumulated batch.
 
 from __future__ import annotations
 
+import random
+
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core.batching import pad_sequences
 from workbench.modeling.scoring import token_logprobs
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
@@ -57,9 +60,6 @@ def relative_error(gradient: torch.Tensor, reference: torch.Tensor) -> float:
 def length_sorted_batch(tokenizer, batch_size: int, *, seed: int = 0, lengths=(2, 3, 4, 8, 16, 32)):
     """A right-padded batch of random sequences sorted by length (as length-grouped samplers give),
     so micro-batches differ in token count, with advantages ±1: ``(ids, mask, advantages)``."""
-    import random
-
-    from workbench.core.batching import pad_sequences
 
     rng = random.Random(seed)
     sizes = sorted(rng.choice(lengths) for _ in range(batch_size))
@@ -85,8 +85,6 @@ def verdict(errors: dict[str, list[float]], *, threshold: float = 1e-2, toleranc
 
 def plot_gradient_error(ax, micro_batch_counts, errors: dict[str, list[float]]) -> None:
     """Relative gradient error vs the number of micro-batches; exact zeros are written at the bottom, not drawn."""
-    from workbench.viz import plots
-
     for normalization, bug in (("per_micro_batch", True), ("global", False)):
         values = errors[normalization]
         ax.plot(micro_batch_counts, [v if v > 0 else float("nan") for v in values], "o-" if bug else "s--",

@@ -99,8 +99,6 @@ def tis_reading(harm, tis_change, tis_vs_fp32) -> str:
 
 def plot_mismatch(axes, results: dict, cap: float, caps=None) -> None:
     """Left: histogram of the per-token log-ratio per rollout dtype. Right: share of tokens TIS clips vs the cap."""
-    from workbench.viz import plots
-
     colors = {"bf16 rollout": plots.BUG_COLOR, "fp16 rollout": plots.SERIES_COLORS[4], "fp32 rollout": plots.FIX_COLOR}
     for i, (name, r) in enumerate(results.items()):
         axes[0].hist(r["log_ratio"].numpy(), bins=60, histtype="step", color=colors.get(name), label=name, log=True,

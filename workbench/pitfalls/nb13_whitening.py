@@ -12,8 +12,12 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import losses
 from workbench.core.losses import masked_mean, masked_var, masked_whiten, naive_whiten
 from workbench.experiments import statistics
+from workbench.experiments.checkpoints import load
+from workbench.tasks import rl_problems
+from workbench.trainers.ppo import PPOConfig, PPOTrainer, last_token_rewards
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
@@ -44,11 +48,6 @@ def rollout_advantages(model_name: str, *, seed: int = 0, gamma: float = 1.0, la
                        pad_token: str | None = "auto"):
     """GAE advantages of one PPO rollout of ``model_name`` (sparse score on the last token, V = 0):
     ``(advantages, mask)``, both (B, T) with real padding."""
-    from workbench.core import losses
-    from workbench.experiments.checkpoints import load
-    from workbench.tasks import rl_problems
-    from workbench.trainers.ppo import PPOConfig, PPOTrainer, last_token_rewards
-
     policy, tokenizer = load(model_name, device=device, pad_token=pad_token)
     trainer = PPOTrainer(policy, tokenizer, rl_problems(64), PPOConfig(steps=1, seed=seed, progress=False))
     _, rollout, scores = trainer.rollout(0)

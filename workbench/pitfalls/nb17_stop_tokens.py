@@ -24,6 +24,7 @@ import torch
 
 from workbench.core.batching import pad_sequences
 from workbench.modeling import realistic
+from workbench.modeling.models import load_tokenizer
 from workbench.modeling.rollout import sample
 from workbench.modeling.stop_ids import SOURCES, stop_id_sources, union_stop_ids
 from workbench.viz import plots
@@ -33,9 +34,8 @@ from workbench.viz.explorer import Explorer
 def audit(folder) -> dict:
     """For a checkpoint folder: the sources, their union, and whether the template's turn end is a
     stop id of the tokenizer / the generation config (None without a template)."""
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig  # transformers: seconds to import; loaded where a model is
 
-    from workbench.modeling.models import load_tokenizer
 
     sources = stop_id_sources(GenerationConfig.from_pretrained(str(folder), local_files_only=True), load_tokenizer(folder))
     turn_end = sources["template_turn_end"]

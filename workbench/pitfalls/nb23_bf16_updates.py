@@ -20,6 +20,10 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core.devices import model_device
+from workbench.modeling.scoring import logprobs_from_logits
+from workbench.tasks import TRAIN_PROMPTS, load_problems
+from workbench.trainers.sft import sft_batch
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
@@ -51,17 +55,11 @@ def predicted_lost_fraction(weights: torch.Tensor, step_size: float) -> float:
 
 def sft_batch_for(tokenizer, n: int = 64, seed: int = 0):
     """``(ids, attention_mask, loss_mask)`` of ``n`` arithmetic examples for a few SFT steps."""
-    from workbench.tasks import TRAIN_PROMPTS, load_problems
-    from workbench.trainers.sft import sft_batch
-
     problems = load_problems(TRAIN_PROMPTS)
     return sft_batch(tokenizer, random.Random(seed).sample(problems, n))
 
 
 def _loss(model, ids, attention_mask, loss_mask, precision: str) -> torch.Tensor:
-    from workbench.core.devices import model_device
-    from workbench.modeling.scoring import logprobs_from_logits
-
     device = model_device(model)
     ids, attention_mask, loss_mask = ids.to(device), attention_mask.to(device), loss_mask.to(device)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):

@@ -27,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.core.errors import ConfigError, NonFiniteError, ResumeError
+from workbench.modeling.dropout import disable_dropout
 from workbench.modeling.models import count_parameters
 from workbench.trainers.checkpointing import latest_valid_checkpoint, load_checkpoint, save_checkpoint
 
@@ -134,8 +135,6 @@ def apply_dropout_switch(models, disable: bool) -> bool:
     is set to 0; otherwise dropout stays on and the models stay in train mode, as in a loop that
     never calls ``eval()``. One mode for the whole run: switching it every step would walk all
     modules for nothing. Returns whether dropout is on. ``None`` entries are skipped."""
-    from workbench.modeling.dropout import disable_dropout
-
     for model in models:
         if model is None:
             continue

@@ -30,7 +30,7 @@ class Distributed:
         self.accelerator = None
         self.rank = 0
         if self.world_size > 1:
-            from accelerate import Accelerator
+            from accelerate import Accelerator  # accelerate: peer environments only
 
             self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
             self.rank = self.accelerator.process_index

@@ -14,7 +14,7 @@ both trainers take the same way:
   in one row under a prefix-tree attention mask);
 * ``score_in_layout`` — the same, computed mini-batch by mini-batch in the layout the optimiser
   steps will see, so that π_old and the reference are scored by exactly the forward that trains
-  (ρ = 1 and KL = 0 before any update, also in bf16: see ``tests/test_invariances.py``).
+  (ρ = 1 and KL = 0 before any update, also in bf16: see ``tests/trainers/test_invariances.py``).
 """
 
 from __future__ import annotations

@@ -56,9 +56,8 @@ def plot_mask(ax, mask, title: str = "", xlabel: str = "token position", ylabel:
     """A 0/1 mask as an image with one cell per token: integer ticks, a key, and (``eos``, a
     boolean array of the same shape) EOS cells in ``EOS_COLOR`` whatever their mask value, hatched
     when the mask drops them."""
-    import numpy as np
-    from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Patch
+    from matplotlib.colors import ListedColormap  # matplotlib: only when a figure is drawn
+    from matplotlib.patches import Patch  # matplotlib: only when a figure is drawn
 
     array = np.asarray(mask.detach().cpu() if hasattr(mask, "detach") else mask).astype(float)
     cells = (array > 0).astype(float)
@@ -89,7 +88,7 @@ def plot_mask(ax, mask, title: str = "", xlabel: str = "token position", ylabel:
 
 
 def _hatched_cell(row, col):
-    from matplotlib.patches import Rectangle
+    from matplotlib.patches import Rectangle  # matplotlib: only when a figure is drawn
 
     return Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, hatch="///", edgecolor="black", lw=0)
 
@@ -103,8 +102,6 @@ def integer_ticks(ax, shape, max_ticks: int = 12) -> None:
 
 def plot_positions(ax, positions, mask, title: str = "") -> None:
     """Position ids as a grid: real tokens coloured and numbered, pad cells left blank."""
-    import numpy as np
-
     positions = np.asarray(positions.detach().cpu() if hasattr(positions, "detach") else positions)
     mask = np.asarray(mask.detach().cpu() if hasattr(mask, "detach") else mask).astype(bool)
     ax.imshow(np.ma.masked_where(~mask, positions), cmap="Blues", vmin=-2, vmax=max(1, positions[mask].max()) + 2,
@@ -134,8 +131,6 @@ def _enumerate_2d(values):
 def smooth(values, window: int) -> tuple[list[float], list[float]]:
     """Trailing moving average: ``(x, y)`` with y[i] the mean of values[i−window+1 .. i] and x the
     index of the last value in each window, so a smoothed curve stays aligned with its raw steps."""
-    import numpy as np
-
     values = np.asarray(values, dtype=float)
     window = max(1, min(int(window), len(values)))
     if not len(values):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from workbench.audit import check_aggregation, check_dpo_mask, check_position_ids, check_temperature
 from workbench.peers import protocol
 
 TEMPERATURE = 0.7
@@ -37,8 +38,8 @@ def gpt2(temperature: float = 1.0):
     no remote code: OpenRLHF's own path-loading branch passes ``trust_remote_code=True``, which the
     workbench never does, so the model object is handed to ``Actor`` instead — its documented other
     branch). fp32 for exact checks."""
-    from openrlhf.models import Actor
-    from transformers import AutoModelForCausalLM
+    from openrlhf.models import Actor  # openrlhf: its peer environment only
+    from transformers import AutoModelForCausalLM  # transformers: seconds to import; loaded where a model is
 
     model = AutoModelForCausalLM.from_pretrained(str(protocol.CHECKPOINTS / "tiny-arith-gpt2"), attn_implementation="eager",
                                                  use_safetensors=True)
@@ -48,9 +49,8 @@ def gpt2(temperature: float = 1.0):
 
 
 def dpo_row(tokenizer) -> dict:
-    from openrlhf.trainer.dpo_trainer import DPOTrainer
+    from openrlhf.trainer.dpo_trainer import DPOTrainer  # openrlhf: its peer environment only
 
-    from workbench.audit import check_dpo_mask
 
     trainer = DPOTrainer.__new__(DPOTrainer)  # only self.tokenizer is used by the two methods probed
     trainer.tokenizer = tokenizer
@@ -67,8 +67,6 @@ def dpo_row(tokenizer) -> dict:
 
 
 def position_row(tokenizer) -> dict:
-    from workbench.audit import check_position_ids
-
     actor = gpt2()
 
     def logprob_fn(model, input_ids, attention_mask):
@@ -79,8 +77,6 @@ def position_row(tokenizer) -> dict:
 
 
 def temperature_row(tokenizer) -> dict:
-    from workbench.audit import check_temperature
-
     actor = gpt2(temperature=TEMPERATURE)
 
     def logprob_fn(model, input_ids, attention_mask):  # ``model`` is the HF model inside the actor
@@ -91,9 +87,8 @@ def temperature_row(tokenizer) -> dict:
 
 
 def aggregation_rows() -> list[dict]:
-    from openrlhf.models import PolicyLoss, aggregate_loss
+    from openrlhf.models import PolicyLoss, aggregate_loss  # openrlhf: its peer environment only
 
-    from workbench.audit import check_aggregation
 
     rows = []
     for token_level in (True, False):
@@ -115,7 +110,7 @@ def aggregation_rows() -> list[dict]:
 
 
 def kl_row() -> dict:
-    from openrlhf.models.utils import compute_approx_kl
+    from openrlhf.models.utils import compute_approx_kl  # openrlhf: its peer environment only
 
     r = torch.linspace(-30, 30, 241)
     forms = {"k1": r, "k2": 0.5 * r.square(), "k3": torch.expm1(-r.double()).float() + r}
@@ -131,7 +126,7 @@ def kl_row() -> dict:
 
 
 def entropy_row(tokenizer) -> dict:
-    from openrlhf.models.utils import compute_entropy
+    from openrlhf.models.utils import compute_entropy  # openrlhf: its peer environment only
 
     actor = gpt2(temperature=TEMPERATURE)
     batch = tokenizer(["12+34=46", "56+21=77"], return_tensors="pt", padding=True)  # equal lengths: no padding, so

@@ -16,6 +16,8 @@ logits are compared with the eager model's on the real tokens (stand-in exactnes
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from workbench.peers import protocol
@@ -30,11 +32,9 @@ def import_peer():
 
 def flash_model(eager):
     """A copy of ``eager`` running the release's own Qwen2FlashAttention2 layers on stand-in kernels."""
-    import copy
-
-    import flash_attn
-    import flash_attn.bert_padding as padding
-    from transformers.models.qwen2 import modeling_qwen2
+    import flash_attn  # flash_attn: CUDA machines only
+    import flash_attn.bert_padding as padding  # flash_attn: CUDA machines only
+    from transformers.models.qwen2 import modeling_qwen2  # transformers: seconds to import; loaded where a model is
 
     for name in KERNEL_NAMES:
         setattr(modeling_qwen2, name, getattr(flash_attn, name))
@@ -69,8 +69,8 @@ def forward(model, batch, use_cache=True) -> tuple[bool, str, torch.Tensor | Non
 
 
 def probes(args) -> list[dict]:
-    import flash_attn
-    import transformers
+    import flash_attn  # flash_attn: CUDA machines only
+    import transformers  # transformers: seconds to import; loaded where a model is
 
     tokenizer = protocol.load_tokenizer()
     eager = protocol.load_model(attn_implementation="eager")

@@ -73,9 +73,9 @@ def summary(log: dict, eos_id: int, max_new_tokens: int, **extra) -> dict:
 
 
 def ppo_v2_rollout(stop_token) -> dict:
-    from datasets import Dataset
-    from transformers import AutoModelForSequenceClassification
-    from trl import PPOv2Config, PPOv2Trainer
+    from datasets import Dataset  # datasets: peer environments only (TRL's)
+    from transformers import AutoModelForSequenceClassification  # transformers: seconds to import; loaded where a model is
+    from trl import PPOv2Config, PPOv2Trainer  # trl: peer environments only
 
     tokenizer = protocol.load_tokenizer()
     policy, ref = protocol.load_model(), protocol.load_model()
@@ -101,8 +101,8 @@ def ppo_v2_rollout(stop_token) -> dict:
 
 
 def grpo_rollout() -> dict:
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from datasets import Dataset  # datasets: peer environments only (TRL's)
+    from trl import GRPOConfig, GRPOTrainer  # trl: peer environments only
 
     tokenizer = protocol.load_tokenizer()
     model = protocol.load_model()
@@ -122,7 +122,7 @@ def grpo_rollout() -> dict:
 
 
 def probes(args) -> list[dict]:
-    import trl
+    import trl  # trl: peer environments only
 
     if hasattr(trl, "PPOv2Trainer"):
         return [protocol.audit_row("s3_eos_stopping", None, trainer="PPOv2Trainer", **ppo_v2_rollout(None)),

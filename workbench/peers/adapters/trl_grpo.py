@@ -22,6 +22,7 @@ import tempfile
 
 import torch
 
+from workbench.audit import check_aggregation, check_position_ids
 from workbench.peers import protocol
 
 PROMPT = "12+34="
@@ -35,14 +36,14 @@ def import_peer():
 
 
 def trl_version() -> tuple[int, ...]:
-    import trl
+    import trl  # trl: peer environments only
 
     return tuple(int(p) for p in trl.__version__.split(".")[:2])
 
 
 def make_trainer(folder: str, tokenizer, beta: float, width: int, loss_type: str | None = None):
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from datasets import Dataset  # datasets: peer environments only (TRL's)
+    from trl import GRPOConfig, GRPOTrainer  # trl: peer environments only
 
     config = {"output_dir": tempfile.mkdtemp(prefix="peer-grpo-"), "use_cpu": True, "bf16": False, "report_to": "none",
               "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": width, "beta": beta,
@@ -92,8 +93,6 @@ def trainer_loss(trainer, tokenizer, advantages_or_losses, mask, beta):
 
 def position_result(tokenizer_name: str = "tiny-arith-gpt2"):
     """``check_position_ids`` on the trainer's own log-prob forward (GPT-2: learned absolute positions)."""
-    from workbench.audit import check_position_ids
-
     tokenizer = protocol.load_tokenizer(tokenizer_name)
     model = protocol.load_model(tokenizer_name)
     folder = protocol.save_model_folder(model, tokenizer, tempfile.mkdtemp(prefix="peer-model-"))
@@ -112,9 +111,8 @@ def group_advantages(rewards) -> torch.Tensor:
 
 
 def probes(args) -> list[dict]:
-    from transformers import __version__ as tf_version
+    from transformers import __version__ as tf_version  # transformers: seconds to import; loaded where a model is
 
-    from workbench.audit import check_aggregation
 
     tokenizer = protocol.load_tokenizer()
     model = protocol.load_model()

@@ -14,10 +14,12 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
 
+from workbench.audit import check_aggregation
 from workbench.peers import protocol
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -29,9 +31,8 @@ def import_peer():
 
 
 def aggregation_rows() -> list[dict]:
-    from verl.trainer.ppo.core_algos import agg_loss
+    from verl.trainer.ppo.core_algos import agg_loss  # verl: its peer environment only
 
-    from workbench.audit import check_aggregation
 
     rows = []
     for mode in AGG_MODES:
@@ -43,7 +44,7 @@ def aggregation_rows() -> list[dict]:
 
 
 def grpo_advantage(rewards, norm=True, epsilon=None):
-    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # verl: its peer environment only
 
     n = len(rewards)
     scores = torch.zeros(n, 3)
@@ -74,7 +75,7 @@ def advantage_row() -> dict:
 
 
 def kl_row() -> dict:
-    from verl.trainer.ppo.core_algos import kl_penalty
+    from verl.trainer.ppo.core_algos import kl_penalty  # verl: its peer environment only
 
     r = torch.linspace(-30, 30, 241, dtype=torch.float32)
     logprob, ref = r.clone(), torch.zeros_like(r)
@@ -94,7 +95,7 @@ def kl_row() -> dict:
 
 
 def dual_clip_row() -> dict:
-    from verl.trainer.ppo.core_algos import compute_policy_loss
+    from verl.trainer.ppo.core_algos import compute_policy_loss  # verl: its peer environment only
 
     ratios = [0.1, 0.5, 0.8, 1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 100.0]
     curves = {}
@@ -114,8 +115,6 @@ def dual_clip_row() -> dict:
 
 
 def probes(args) -> list[dict]:
-    import warnings
-
     warnings.filterwarnings("ignore")
     return aggregation_rows() + [advantage_row(), kl_row(), dual_clip_row()]
 

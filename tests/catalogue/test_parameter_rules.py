@@ -4,7 +4,7 @@ applied to the values a run will use; a bad value exits 2 naming the parameter a
 import pytest
 
 from workbench.catalogue.listing import PARAMETER_RULES, SHARED_TOKENIZER, TYPE_ONLY_PARAMETERS, catalogue, resolve_parameters
-from workbench.cli import main
+from workbench.cli.main import main
 from workbench.core.errors import ParameterError
 
 

@@ -114,3 +114,30 @@ def test_documented_conventions(key):
     rows, _ = _run_or_skip(key)
     differing = [r for r in rows.values() if r["role"] == "convention" and r["verdict"] != peer_lab.AS_EXPECTED]
     assert not differing, differing
+
+
+def test_peer_lab_s5_panel_draws_one_probe_coloured_by_convention():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from workbench.viz import plots
+
+    def row(probe, mode, value, loss_type=None, norm=None):
+        details = {"mode": mode, "value": value, **({"norm_constant": norm} if norm else {})}
+        return {"probe": probe, "measured": {"loss_type": loss_type}, "audit": {"details": details}}
+
+    payloads = {"trl-0.15.2": {"rows": [row("s5_zero_loss", "", 0.0), row("aggregation", "seq-mean-token-mean", 0.0)]},
+                "trl-0.16.1": {"rows": [row("s5_zero_loss", "", 0.278), row("aggregation", "token-mean", 0.3824)]},
+                "trl-1.16": {"rows": [row("aggregation", "token-mean", 0.3824, "dapo"),
+                                      row("aggregation", "seq-mean-token-sum-norm", 0.2031, "dr_grpo", 32.0)]}}
+    bars = peer_lab.s5_bars(payloads)
+    assert [b["value"] for b in bars] == [0.0, 0.3824, 0.3824, 0.2031]  # the s5_zero_loss rows are not mixed in
+    fig, ax = plt.subplots()
+    peer_lab.plot_s5(ax, payloads)
+    colors = [p.get_facecolor() for p in ax.patches]
+    assert colors[1] == colors[2] != colors[3]  # 0.16.1 and 1.16 dapo: same convention, same colour
+    assert matplotlib.colors.to_rgba(plots.BUG_COLOR) not in colors
+    assert any("C = B × 8" in t.get_text() for t in ax.texts)
+    plt.close(fig)

@@ -16,6 +16,8 @@ from workbench.core.chunked import head_logprobs_and_entropy, lm_head_of, logpro
 from workbench.modeling.scoring import entropy_from_logits, forward, logprobs_from_logits, response_logprobs, token_logprobs
 from workbench.modeling.tiny import tiny_model
 
+pytestmark = pytest.mark.numeric  # held to AVX2 in .ci/run (docs/CPU_PORTABILITY.md)
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

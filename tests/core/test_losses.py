@@ -7,6 +7,8 @@ import torch
 
 from workbench.core import losses
 
+pytestmark = pytest.mark.numeric  # held to AVX2 in .ci/run (docs/CPU_PORTABILITY.md)
+
 T = torch.tensor
 
 

@@ -30,7 +30,9 @@ from workbench.core.errors import AuditInputError
 from workbench.experiments.checkpoints import load
 from workbench.pitfalls.nb07_dropout import set_dropout
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+pytestmark = pytest.mark.numeric  # held to AVX2 in .ci/run (docs/CPU_PORTABILITY.md)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 buggy = load_module(str(EXAMPLES / "buggy_trainers.py"))
 correct = load_module(str(EXAMPLES / "correct_trainers.py"))
 
@@ -275,7 +277,7 @@ def test_the_readme_example_of_wrapping_a_trainer_loss_for_check_aggregation_run
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     block = re.search(r"<!-- aggregation-example .*?-->\n```python\n(.*?)```", readme, re.DOTALL)
     assert block is not None, "the README lost its check_aggregation example"
     namespace: dict = {}

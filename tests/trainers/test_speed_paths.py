@@ -22,6 +22,8 @@ from workbench.trainers.dpo import DPOConfig, DPOTrainer
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 from workbench.trainers.preferences import collate_encoded, collate_preferences
 
+pytestmark = pytest.mark.numeric  # held to AVX2 in .ci/run (docs/CPU_PORTABILITY.md)
+
 RAGGED = [Problem("1+2=", "3"), Problem("12+34=", "46"), Problem("3*4=", "12"), Problem("56-7=", "49")]
 
 

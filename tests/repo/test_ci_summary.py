@@ -3,7 +3,7 @@
 import importlib.util
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ci_summary.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ci_summary.py"
 spec = importlib.util.spec_from_file_location("ci_summary", SCRIPT)
 ci_summary = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ci_summary)

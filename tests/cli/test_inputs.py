@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from workbench.cli import main
+from workbench.cli.main import main
 from workbench.core.errors import InputError
 from workbench.tasks import load_preferences, load_problems, read_jsonl
 

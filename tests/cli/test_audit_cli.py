@@ -11,7 +11,7 @@ import pytest
 from workbench.audit import AuditResult
 from workbench.cli.main import main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BUGGY = "examples/buggy_trainers.py"
 
 

@@ -20,6 +20,8 @@ from workbench.modeling.tiny import tiny_model
 from workbench.trainers.dpo import DPOConfig, DPOTrainer
 from workbench.trainers.preferences import collate_preferences
 
+pytestmark = pytest.mark.numeric  # held to AVX2 in .ci/run (docs/CPU_PORTABILITY.md)
+
 PAIRS = [{"prompt": "1+2=", "chosen": "3", "rejected": "41"}, {"prompt": "12+34=", "chosen": "46", "rejected": "4"},
          {"prompt": "3*4=", "chosen": "12", "rejected": "7"}, {"prompt": "56-7=", "chosen": "49", "rejected": "509"}]
 

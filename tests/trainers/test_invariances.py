@@ -28,6 +28,8 @@ from workbench.trainers.grpo import GRPOConfig, GRPOTrainer, grpo_loss
 from workbench.trainers.ppo import PPOConfig, PPOTrainer
 from workbench.trainers.preferences import build_loss_mask, collate_preferences
 
+pytestmark = pytest.mark.numeric  # held to AVX2 in .ci/run (docs/CPU_PORTABILITY.md)
+
 # Prompts of different lengths, so left-padded batches really hold pads.
 RAGGED = [Problem("1+2=", "3"), Problem("12+34=", "46"), Problem("3*4=", "12"), Problem("56-7=", "49"),
           Problem("9-99=", "-90"), Problem("7+8=", "15"), Problem("80-80=", "0"), Problem("2*2=", "4")]

@@ -14,6 +14,8 @@ from workbench.modeling.tiny import ARCHITECTURES, tiny_model
 from workbench.pitfalls.nb02_right_padding_flash_attention import assert_not_right_padded, generation_divergence, padding_guard
 from workbench.tasks import encode_prompts, rl_problems
 
+pytestmark = pytest.mark.numeric  # held to AVX2 in .ci/run (docs/CPU_PORTABILITY.md)
+
 
 def test_guard_reproduces_the_transformers_check():
     left = torch.tensor([[0, 1, 1], [1, 1, 1]])

@@ -12,6 +12,8 @@ import torch
 
 from workbench.core import losses
 
+pytestmark = pytest.mark.numeric  # held to AVX2 in .ci/run (docs/CPU_PORTABILITY.md)
+
 torch.manual_seed(0)
 B, T = 5, 7
 LOSS = torch.randn(B, T)
