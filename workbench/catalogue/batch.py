@@ -27,6 +27,8 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
+import tempfile
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -110,7 +112,16 @@ def ipc_kernel_manager():
     class IPCKernelManager(KernelManager):
         def __init__(self, **kwargs):
             kwargs.setdefault("transport", "ipc")
+            # IPC sockets are files named <ip>-<port>; the default <ip> ("kernel-ipc" in the working folder)
+            # would be shared by a kernel of an interrupted run still shutting down in the same notebook
+            # folder, whose messages then fail the new kernel's signature check. A fresh folder per kernel.
+            kwargs.setdefault("ip", str(Path(tempfile.mkdtemp(prefix="workbench-kernel-")) / "kernel"))
             super().__init__(**kwargs)
+
+        def cleanup_resources(self, restart: bool = False) -> None:
+            super().cleanup_resources(restart=restart)  # removes the socket files
+            if not restart:
+                shutil.rmtree(Path(self.ip).parent, ignore_errors=True)
 
         async def _async_interrupt_kernel(self) -> None:
             # jupyter_client interrupts every kernel before its shutdown request; nbclient shuts it down

@@ -229,6 +229,7 @@ PARAMETER_RULES: dict[str, Rule] = {
     "vocab": integer(2),
     "held_out": integer(0),
     "extra_pad": integer(0),
+    "long_prompts": integer(0),
     # numbers
     "beta": NON_NEGATIVE,
     "missing_eos_penalty": NON_NEGATIVE,
