@@ -23,3 +23,10 @@ def test_heldout_gains_is_gain_per_label():
     runs = {"bug": run(0.2, 0.2), "fix": run(0.2, 0.8)}
     assert statistics.heldout_gains(runs) == {k: vars(statistics.gain(runs, k)) for k in runs}
     assert list(statistics.heldout_gains(runs, ["fix"])) == ["fix"]
+
+
+def test_bug_fix_by_setting_reads_each_side_of_a_sweep():
+    results = {(0.5, False): {"gap": 3.0}, (0.5, True): {"gap": 0.0}, (2, False): {"gap": 7.0}, (2, True): {"gap": 1.0}}
+    entry = statistics.bug_fix_by_setting(results, [0.5, 2], "gap")
+    assert entry == {"gap_bug": {"0.5": 3.0, "2": 7.0}, "gap_fix": {"0.5": 0.0, "2": 1.0}}
+    assert list(entry) == ["gap_bug", "gap_fix"]

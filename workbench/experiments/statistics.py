@@ -145,6 +145,12 @@ def heldout_gains(runs: dict[str, list[list[dict]]], labels=None) -> dict[str, d
     return {label: vars(gain(runs, label)) for label in (runs if labels is None else labels)}
 
 
+def bug_fix_by_setting(results: dict, settings, key: str) -> dict[str, dict[str, float]]:
+    """``{"<key>_bug": {setting: value, …}, "<key>_fix": {…}}`` read from sweep records ``results[setting, fixed]``
+    (``fixed`` False: the bug): a sweep's bug and fix entries of a notebook's metrics, settings as strings."""
+    return {f"{key}_{side}": {str(s): results[s, fixed][key] for s in settings} for side, fixed in (("bug", False), ("fix", True))}
+
+
 def learnt_gap(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, fraction: float = 0.25,
                factor: float | None = None) -> Effect:
     """The part of the bug − fix gap in ``key`` that training added: per seed, the gap over the final

@@ -120,8 +120,7 @@ def metrics(*, results: dict, temperatures, runs: dict, effects: dict, settings:
     worst = max((t for t in temperatures if t != 1.0), key=lambda t: results[t, False]["max_ratio_deviation"])
     return {
         "notebook": "06_temperature", "reproduced": reproduced, "fixed": fixed,
-        "metrics": {"max_ratio_deviation_bug": {str(t): results[t, False]["max_ratio_deviation"] for t in temperatures},
-                    "max_ratio_deviation_fix": {str(t): results[t, True]["max_ratio_deviation"] for t in temperatures},
+        "metrics": {**statistics.bug_fix_by_setting(results, temperatures, "max_ratio_deviation"),
                     "ppo_first_ratio_deviation": {k: h[0][0]["first_ratio_deviation"] for k, h in runs.items()},
                     "ppo_effects": {k: vars(e) for k, e in effects.items()},
                     "heldout_gain": statistics.heldout_gains(runs, PPO_VARIANTS), "training_settings": settings},

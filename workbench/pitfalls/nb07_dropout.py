@@ -185,8 +185,7 @@ def metrics(*, results: dict, dropouts, runs: dict, effects: dict, settings: dic
     worst = max(d for d in dropouts if d > 0) if any(d > 0 for d in dropouts) else dropouts[0]
     return {
         "notebook": "07_dropout", "reproduced": reproduced, "fixed": fixed,
-        "metrics": {"max_ratio_deviation_bug": {str(d): results[d, False]["max_ratio_deviation"] for d in dropouts},
-                    "max_ratio_deviation_fix": {str(d): results[d, True]["max_ratio_deviation"] for d in dropouts},
+        "metrics": {**statistics.bug_fix_by_setting(results, dropouts, "max_ratio_deviation"),
                     "sequence_kl_bug": {str(d): results[d, False]["sequence_kl_k1"] for d in dropouts},
                     "ppo_train_ratio_deviation": {k: h[0][0]["train_ratio_deviation"] for k, h in runs.items()},
                     "ppo_effects": {k: vars(e) for k, e in effects.items()},

@@ -135,6 +135,7 @@ def figure_ratio_vs_kept_mass(rows: list[dict]):
 
 # ---- what the notebook prints and writes -------------------------------------------------------
 def sweep_lines(rows: list[dict]) -> str:
+    """One line per filter setting: its kept mass S, the bug's mean ρ and clip share, the fix's largest |ρ − 1|."""
     return "\n".join(f"top_k={r['top_k']:>2} top_p={r['top_p']:.2f}: S = {r['kept_mass']:.4f}, mean ρ bug = {r['bug']['mean_ratio']:.4f} "
                      f"(max |ρ−S| {r['max_ratio_minus_mass']:.1e}, clipped {r['bug']['clip_fraction']:.1%}), "
                      f"fix max |ρ−1| = {r['fix']['max_ratio_deviation']:.1e}" for r in rows)

@@ -168,9 +168,7 @@ def plot_log_ratio(ax, shift: dict, how: str = BUG_PATH) -> None:
 
 def figure_log_ratio(shift: dict):
     """The notebook's figure: ``plot_log_ratio`` of the two-BOS path."""
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    plot_log_ratio(ax, shift)
-    return fig
+    return plots.figure_panels((7, 3.6), lambda ax: plot_log_ratio(ax, shift))
 
 
 def log_ratio_explorer(shift: dict) -> Explorer:

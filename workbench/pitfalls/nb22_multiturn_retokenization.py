@@ -171,9 +171,8 @@ def plot_turn_log_ratio(ax, stats: dict, highlight: int | None = None) -> None:
 
 
 def figure_turn_log_ratio(stats: dict):
-    fig, ax = plt.subplots(figsize=(9, 3.6))
-    plot_turn_log_ratio(ax, stats)
-    return fig
+    """The notebook's figure: ``plot_turn_log_ratio`` of every episode."""
+    return plots.figure_panels((9, 3.6), lambda ax: plot_turn_log_ratio(ax, stats))
 
 
 def stats_lines(stats: dict, tokenizer) -> str:

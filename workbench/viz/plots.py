@@ -345,5 +345,5 @@ def figure_row(draw, ncols: int, figsize: tuple[float, float]):
 
 
 def figure_panels(figsize: tuple[float, float], *draws):
-    """``figure_row`` of one axis per ``draw(ax)`` callable, left to right."""
-    return figure_row(lambda axes: [draw(ax) for draw, ax in zip(draws, axes, strict=True)], len(draws), figsize)
+    """``figure_row`` of one axis per ``draw(ax)`` callable, left to right (one callable: a one-axis figure)."""
+    return figure_row(lambda axes: [draw(ax) for draw, ax in zip(draws, np.atleast_1d(axes), strict=True)], len(draws), figsize)
