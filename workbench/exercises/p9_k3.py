@@ -60,7 +60,7 @@ def _nonnegative(fn) -> Outcome:
     logp, ref = _inputs(1, 3e-5, shape=(8, 64))
     out = _call(fn, logp, ref)
     low = float(out.min())
-    mistake = "" if low >= 0 else diagnose(out, MISTAKES, (logp, ref)) or (
+    mistake = "" if low >= 0 else (  # tiny values: every estimator is close to every other, no diagnosis by value
         f"float32 rounding makes exp(r) − r − 1 slightly negative for tiny gaps (min {low:.3g}): compute it as "
         f"torch.expm1(r) − r and clamp at 0 — see {SEE}")
     return Outcome(f"min {low:.3g}", low >= 0, mistake)
