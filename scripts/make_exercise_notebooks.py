@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the exercise texts are long string literals)
 """Write the exercise notebooks ``notebooks/exercises/NN_<exercise>.ipynb`` from the exercises' definitions.
 
 Each notebook: the pitfall in a paragraph with a link to its lesson, the tagged ``parameters`` cell, the stub

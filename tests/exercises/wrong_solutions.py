@@ -111,8 +111,10 @@ WRONG = {
     "p13_whiten": {
         "over padding": ("def whiten(values, mask):\n    return (values - values.mean()) / (values.std() + 1e-8)\n",
                          "whitening over padding"),
-        "per row": ("def whiten(values, mask):\n    n = mask.sum(-1, keepdim=True)\n    mean = (values * mask).sum(-1, keepdim=True) / n\n"
-                    "    var = (((values - mean) * mask) ** 2).sum(-1, keepdim=True) / n\n    return (values - mean) / (var + 1e-8).sqrt()\n",
+        "per row": ("def whiten(values, mask):\n    n = mask.sum(-1, keepdim=True)\n"
+                    "    mean = (values * mask).sum(-1, keepdim=True) / n\n"
+                    "    var = (((values - mean) * mask) ** 2).sum(-1, keepdim=True) / n\n"
+                    "    return (values - mean) / (var + 1e-8).sqrt()\n",
                     "per-row statistics"),
         "B·T denominator": ("def whiten(values, mask):\n    mean = (values * mask).sum() / mask.numel()\n"
                             "    var = (((values - mean) * mask) ** 2).sum() / mask.numel()\n"

@@ -72,6 +72,7 @@ def _batch_case(ids_rows, mask_rows, what: str):
 
 RIGHT_IDS = [[11, 12, 13, 14], [21, 22, PAD, PAD], [31, PAD, PAD, PAD]]
 RIGHT_MASK = [[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]]
+LEFT_MASK = reference(torch.tensor(RIGHT_IDS), torch.tensor(RIGHT_MASK), PAD)[1].tolist()
 TEXTS = ("12+34=", "5*5=", "1+2=")
 
 
@@ -102,7 +103,7 @@ EXERCISE = Exercise(
     needs_model=True,
     cases=[
         CaseSpec("tokens", f"a right-padded batch {RIGHT_IDS} (pad_id {PAD})",
-                 f"each row's tokens in order at the right end, mask {reference(torch.tensor(RIGHT_IDS), torch.tensor(RIGHT_MASK), PAD)[1].tolist()}",
+                 f"each row's tokens in order at the right end, mask {LEFT_MASK}",
                  _batch_case(RIGHT_IDS, RIGHT_MASK, "tokens")),
         CaseSpec("pad_id", f"the same batch, pad_id {PAD}", f"padding slots hold {PAD}", _batch_case(RIGHT_IDS, RIGHT_MASK, "all")),
         CaseSpec("no_padding", "a batch without padding", "unchanged",

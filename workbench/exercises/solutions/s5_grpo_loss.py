@@ -1,6 +1,3 @@
-import torch
-
-
 def grpo_loss(per_token_loss, mask):
     """The GRPO paper's loss: each response's mean over its real tokens, then the mean over responses.
 
