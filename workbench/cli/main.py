@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench list`` and ``python -m workbench run``.
+"""Command line: ``python -m workbench list``, ``run``, ``train``, ``audit`` and ``grade``.
 
 Exit codes: 0 success, 1 a notebook failed, 2 bad input (unknown notebook or parameter, wrong
 type) — the message names the problem and the valid choices, 130 interrupted (Ctrl-C; the report of
@@ -78,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     audit = sub.add_parser("audit", help="run a workbench.audit check on your own loss / log-prob / generate / step function")
     audit_command.add_arguments(audit)
     audit.set_defaults(func=audit_command.main)
+    from workbench.cli import grade as grade_command
+
+    grader = sub.add_parser("grade", help="grade submitted exercise notebooks: grades.csv and one feedback page each")
+    grade_command.add_arguments(grader)
+    grader.set_defaults(func=grade_command.main)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
