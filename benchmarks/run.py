@@ -22,6 +22,11 @@ Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or 
   recomputes the forward in the backward pass), a third process in the same rotation;
 * ``GRPO, larger model`` — a random Qwen2 configuration of ~12M parameters with a 32k
   vocabulary, where compute rather than Python overhead dominates;
+* ``Sampler`` — the workbench's decode loop (``sample`` as the trainers call it: shared prefill,
+  static KV cache) vs ``model.generate`` on the same model, prompts (GRPO's groups), seed and
+  sampling settings (temperature 1, no top-k/top-p), tokens per CPU-second, at the tiny size and on
+  the larger model; a third side on the larger model draws by inverse CDF (``draw="inverse_cdf"``,
+  other tokens for the same seed);
 * ``Packed vs padded`` — scoring a ragged batch (8–200 tokens) bin-packed vs padded;
 * ``Scoring memory`` — peak memory of one scoring call (log-probs + entropy) on a random Qwen2 with
   Qwen2.5's 151,936-token vocabulary, the naive full-logits path vs the chunked one;
@@ -405,6 +410,72 @@ def run_memory(args) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# ---- the sampler vs model.generate ------------------------------------------------------------
+SAMPLER = {"tiny": dict(prompts=2, num_generations=8, max_new_tokens=8, calls=40),
+           "large": dict(prompts=2, num_generations=4, max_new_tokens=16, calls=3)}
+
+
+def sampler_worker(size: str, rounds: int, device: str) -> dict:
+    """Tokens per CPU-second (wall clock on a GPU) of each side, rounds alternating the sides."""
+    import torch
+
+    from workbench.experiments.checkpoints import load
+    from workbench.modeling.rollout import sample
+    from workbench.modeling.tiny import tiny_model
+    from workbench.tasks import encode_prompts, rl_problems
+
+    settings = SAMPLER[size]
+    model, tok = load("tiny-arith-qwen2") if size == "tiny" else tiny_model("qwen2", seed=0, **LARGE_MODEL)
+    model.to(device).eval()
+    ids, mask = (t.to(device) for t in encode_prompts(tok, [p.prompt for p in rl_problems(settings["prompts"])
+                                                             for _ in range(settings["num_generations"])]))
+    common = dict(max_new_tokens=settings["max_new_tokens"], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+    def workbench(seed, draw="multinomial"):
+        r = sample(model, ids, mask, generator=torch.Generator(device).manual_seed(seed), share_prefill=True, static_cache=True,
+                   draw=draw, **common)
+        return r.tokens_generated
+
+    def generate(seed):
+        torch.manual_seed(seed)
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             max_new_tokens=settings["max_new_tokens"], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        return (out.shape[1] - ids.shape[1]) * ids.shape[0]
+
+    sides = {"workbench": workbench, "generate": generate}
+    if size == "large":
+        sides["inverse_cdf"] = lambda seed: workbench(seed, "inverse_cdf")
+    rates: dict[str, list[float]] = {side: [] for side in sides}
+    for fn in sides.values():
+        fn(0)  # warm-up
+    for r in range(rounds):
+        for side, fn in sides.items():
+            start, tokens = _timer(device), 0
+            for call in range(settings["calls"]):
+                tokens += fn(1000 * r + call)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            rates[side].append(tokens / (_timer(device) - start))
+    return {"settings": settings, "rates": rates}
+
+
+def run_sampler(size: str, rounds: int, args) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--sampler-worker", size, "--repeats", str(rounds), "--device", args.device,
+                           "--threads", str(args.threads)], capture_output=True, text=True, env=_worker_env(args))
+    if done.returncode != 0:
+        raise RuntimeError(f"sampler worker failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _sampler_line(label: str, result: dict, side: str = "workbench") -> str:
+    rates, s = result["rates"], result["settings"]
+    pairs = [a / b for a, b in zip(rates[side], rates["generate"], strict=True)]
+    ratio = statistics.median(rates[side]) / statistics.median(rates["generate"])
+    return (f"{label} ({s['prompts']}×{s['num_generations']} rows, ≤ {s['max_new_tokens']} tokens, {s['calls']} calls per round): "
+            f"{statistics.median(rates[side]):.0f} vs model.generate {statistics.median(rates['generate']):.0f} tokens per "
+            f"{'second' if 'cuda' in label else 'CPU-second'}, per-round ratios {', '.join(f'{p:.2f}' for p in pairs)} → {ratio:.2f}×")
+
+
 # ---- packing and EOS -------------------------------------------------------------------------
 def _timer(device: str) -> float:
     """Wall clock on a GPU; this process's CPU time on a CPU (immune to other processes' load)."""
@@ -503,6 +574,8 @@ def main() -> int:
     parser.add_argument("--folder", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--settings", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sampler-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--only-sampler", action="store_true", help="run the sampler lines only")
     args = parser.parse_args()
     steps = args.steps or (20 if args.quick else 40)
     repeats = args.repeats or (3 if args.quick else 5)
@@ -511,6 +584,13 @@ def main() -> int:
         return 0
     if args.memory_worker:
         print(json.dumps(memory_worker(args.device)))
+        return 0
+    if args.sampler_worker:
+        if args.device == "cpu":
+            import torch
+
+            torch.set_num_threads(args.threads)
+        print(json.dumps(sampler_worker(args.sampler_worker, repeats, args.device)))
         return 0
     if args.device == "cuda":
         import torch
@@ -531,6 +611,15 @@ def main() -> int:
     large_folder = _save_model(f"{base}/large", large, large_tok)
     del large
 
+    results["sampler"] = {size: run_sampler(size, max(3, repeats), args) for size in SAMPLER}
+    lines.append(_sampler_line("Sampler, tiny model", results["sampler"]["tiny"]))
+    lines.append(_sampler_line(f"Sampler, larger model ({large_params / 1e6:.1f}M parameters, {LARGE_MODEL['vocab_size']} vocabulary)",
+                               results["sampler"]["large"]))
+    lines.append(_sampler_line("Sampler, larger model, draw='inverse_cdf' (other tokens per seed)", results["sampler"]["large"],
+                               side="inverse_cdf"))
+    if args.only_sampler:
+        print("\n".join(lines))
+        return 0
     results["grpo"] = paired("grpo", tiny_folder, GRPO, steps, repeats, args, no_gc=True)
     lines.append(_comparison_line("GRPO", results["grpo"], "reward"))
     lines.append(_comparison_line("GRPO (TRL without gradient checkpointing)", results["grpo"]["no_gc"], "reward"))
