@@ -224,6 +224,7 @@ PARAMETER_RULES: dict[str, Rule] = {
     "spreads": non_empty_list(POSITIVE),
     "values": non_empty_list(POSITIVE),
     "long_lengths": non_empty_list(COUNT),
+    "lams": non_empty_list(PROBABILITY),
     "texts": non_empty_list(TEXT),
     # counts
     **{name: COUNT for name in ("train_steps", "ppo_steps", "sft_steps", "adam_steps", "curve_steps", "n_prompts",
@@ -236,6 +237,8 @@ PARAMETER_RULES: dict[str, Rule] = {
     "extra_pad": integer(0),
     # numbers
     "beta": NON_NEGATIVE,
+    "gamma": PROBABILITY,
+    "lam": PROBABILITY,
     "missing_eos_penalty": NON_NEGATIVE,
     "tis_cap": POSITIVE,
     "temperature": POSITIVE,

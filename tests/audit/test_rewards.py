@@ -1,0 +1,35 @@
+"""Audit checks of reward code: where the score lands (P25) and which token a reward model pools (P24)."""
+
+import pytest
+import torch
+
+from workbench.audit import check_reward_placement
+from workbench.core.errors import AuditSignatureError
+from workbench.trainers.ppo import last_token_rewards
+
+
+def _trl_style(scores, mask):
+    """TRL's PPO before #3750: the score at first pad, kept (GAE over every position)."""
+    rewards = torch.zeros(mask.shape)
+    last = mask.sum(-1) - 1
+    end = torch.where(last + 1 < mask.shape[-1], last + 1, last)
+    rewards[torch.arange(mask.shape[0]), end] = scores
+    return rewards
+
+
+def test_reward_placement_passes_on_the_eos_and_fails_one_late():
+    good = check_reward_placement(lambda s, m: last_token_rewards(s, m))
+    assert good.passed and good.value == 0 and good.details["offsets"] == [0, 0, 0, 0]
+    late = check_reward_placement(_trl_style)
+    assert not late.passed and late.details["offsets"] == [1, 1, 1, 0] and "after the EOS" in late.convention
+
+
+def test_reward_placement_names_a_dropped_score():
+    dropped = check_reward_placement(lambda s, m: last_token_rewards(s, m, "first_pad"))  # written on a pad, then masked
+    assert not dropped.passed and dropped.value == -1 and dropped.details["offsets"][:3] == [None, None, None]
+    assert "missing" in dropped.convention
+
+
+def test_reward_placement_refuses_a_wrong_shape():
+    with pytest.raises(AuditSignatureError, match="shape"):
+        check_reward_placement(lambda s, m: s)
