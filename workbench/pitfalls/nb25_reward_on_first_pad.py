@@ -111,8 +111,8 @@ def verdict(batch: dict, *, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed) from ``placement``.
 
     Reproduced: every row with a pad gets its score one token late (offset +1) and the EOS carries
-    less than the whole score under one estimator at least (masked GAE drops it; TRL's discounts it by γλ); fixed: every offset is 0 and the EOS carries
-    the whole score (within ``tolerance``).
+    less than the whole score under one estimator at least (masked GAE drops it; TRL's discounts it
+    by γλ); fixed: every offset is 0 and the EOS carries the whole score (within ``tolerance``).
     """
     padded = batch["rows"] - batch["full_length_rows"]
     bug, fix = batch["first_pad"], batch["eos"]
