@@ -33,3 +33,30 @@ def test_reward_placement_names_a_dropped_score():
 def test_reward_placement_refuses_a_wrong_shape():
     with pytest.raises(AuditSignatureError, match="shape"):
         check_reward_placement(lambda s, m: s)
+
+
+class _ToyTokenizer:
+    eos_token_id, pad_token_id = 2, 0
+
+    def encode(self, text, add_special_tokens=False):
+        return [3 + (ord(c) % 20) for c in text]
+
+
+def _toy_score_fn(rule):
+    """A 'reward model' whose score is the pooled token id times 0.1 (pooling is all it does)."""
+    from workbench.pitfalls.nb24_reward_model_pooling import pool_index
+
+    def score_fn(ids, mask, pad_id=2):
+        return ids[torch.arange(ids.shape[0]), pool_index(ids, mask, pad_id, rule)].float() * 0.1
+
+    return score_fn
+
+
+def test_reward_pooling_fails_first_pad_minus_one_with_pad_equal_eos():
+    from workbench.audit import check_reward_pooling
+
+    tok = _ToyTokenizer()
+    bug = check_reward_pooling(_toy_score_fn("first pad − 1"), tok, pad_id=tok.eos_token_id)
+    assert not bug.passed and bug.value > 0.05 and max(bug.details["deltas"]["left"]) > 0 and bug.details["pad_is_eos"]
+    fix = check_reward_pooling(_toy_score_fn("rightmost attended"), tok, pad_id=tok.eos_token_id)
+    assert fix.passed and fix.value == 0.0

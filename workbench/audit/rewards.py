@@ -59,3 +59,42 @@ def check_reward_placement(reward_fn) -> AuditResult:
                         "series": {"score index − EOS index": [o if o is not None else -1 for o in offsets]},
                         "xlabel": "response (width 6)", "ylabel": "offset (−1: missing)", "title": convention}}
     return AuditResult("reward_placement", passed, convention, details)
+
+
+def _padded(rows: list[list[int]], pad_id: int, side: str):
+    width = max(len(r) for r in rows)
+    ids = [[pad_id] * (width - len(r)) + r if side == "left" else r + [pad_id] * (width - len(r)) for r in rows]
+    mask = [[0] * (width - len(r)) + [1] * len(r) if side == "left" else [1] * len(r) + [0] * (width - len(r)) for r in rows]
+    return torch.tensor(ids), torch.tensor(mask)
+
+
+def check_reward_pooling(score_fn, tokenizer, *, texts=("1+2=3", "12+34=46 and 46-4=42"), pad_id: int | None = None,
+                         tolerance: float = 1e-4) -> AuditResult:
+    """Pass when each text scores the same alone and inside left- and right-padded batches with a longer text.
+
+    ``score_fn(input_ids, attention_mask)`` returns your reward model's scores; ``tokenizer`` encodes the
+    ``texts`` (each followed by its EOS). Padding uses ``pad_id`` (default: the tokenizer's pad id; pass
+    ``tokenizer.eos_token_id`` to test the pad = EOS set-up that transformers < 4.49 mis-pooled).
+    ``value``: the largest |score alone − score in a batch|; ``tolerance`` is float noise.
+    """
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if pad_id is None else pad_id
+    rows = [list(tokenizer.encode(t, add_special_tokens=False)) + [eos] for t in texts]
+
+    def scores(ids, mask):
+        out = first_call(score_fn, "check_reward_pooling", POOLING_EXPECTED, ids, mask)
+        out = require_tensor(out, "check_reward_pooling", POOLING_EXPECTED)
+        return out.detach().float().reshape(ids.shape[0]).cpu()
+
+    alone = torch.cat([scores(torch.tensor([r]), torch.ones(1, len(r), dtype=torch.long)) for r in rows])
+    deltas = {side: (scores(*_padded(rows, pad, side)) - alone).abs().tolist() for side in ("left", "right")}
+    worst = max(max(v) for v in deltas.values())
+    passed = worst <= tolerance
+    moved = [side for side, v in deltas.items() if max(v) > tolerance]
+    convention = ("a text scores the same alone and in a padded batch" if passed else
+                  f"a text's score changes with its batch under {' and '.join(moved)} padding (pooling at 'first pad − 1'?)")
+    details = {"metric": "max |score alone − in batch|", "value": worst, "pad_is_eos": pad == eos, "deltas": deltas,
+               "plot": {"kind": "bar", "x": [f"{side} pad, text {i}" for side in deltas for i in range(len(rows))],
+                        "series": {"|Δ score|": [d for v in deltas.values() for d in v]}, "threshold": tolerance,
+                        "xlabel": "batch", "ylabel": "|score alone − in batch|", "title": convention}}
+    return AuditResult("reward_pooling", passed, convention, details)
