@@ -170,12 +170,12 @@ def _bars(ax, rows: list[dict], key: str, ylabel: str) -> None:
 
 
 def figure_pooling(rows: list[dict], inside: list[dict]):
-    """The notebook's figure: |score alone − in a batch|, and the share of texts pooled at another token
-    (plain texts, and texts with an EOS closing the prompt)."""
+    """The notebook's figure: |score alone − in a batch|, the share of texts pooled at another token, and
+    how far from the last real token the head reads when an EOS closes the prompt."""
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.2))
     _bars(axes[0], rows, "max_abs_score_delta", "max |score alone − score in batch|")
     _bars(axes[1], rows, "wrong_token_share", "texts pooled off the last real token")
-    _bars(axes[2], inside, "wrong_token_share", "same, with an EOS closing the prompt")
+    _bars(axes[2], inside, "mean_abs_offset", "mean |pooled − last real index|,\nEOS closing the prompt")
     fig.tight_layout()
     return fig
 
