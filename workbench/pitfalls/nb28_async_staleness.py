@@ -197,7 +197,7 @@ def headline_sentence(rows: list[dict], clip: float) -> str:
     return (f"after {stale['lag']} updates {stale['true_clip_fraction']:.1%} of the tokens lie outside the ε = {clip:g} window of the "
             f"policy that sampled them; a recomputed denominator shows the loss {stale['clip_fraction_recomputed']:.0%} and drops "
             f"importance weights up to {stale['max_weight_error_recomputed']:.2f} away from 1"
-            + ("; the sampler's log-probs show the true ratio." if fixed else "; the sampler's log-probs did not match (check the sampler)."))
+            + ("; the sampler's log-probs show the true ratio." if fixed else "; the sampler's log-probs did not match (check its dtype)."))
 
 
 def metrics(rows: list[dict], clip: float) -> dict:
