@@ -245,6 +245,7 @@ PARAMETER_RULES: dict[str, Rule] = {
     "train_prompts": COUNT,
     "learning_rate": POSITIVE,
     "clip_epsilon": number(lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "logit_stds": non_empty_list(POSITIVE),
 }
 # Parameters whose default's type is all there is to check (any bool, any string, any seed).
 TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",
