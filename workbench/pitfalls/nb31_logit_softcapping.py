@@ -117,7 +117,7 @@ def plot_cap_curves(ax, cap: float, limit: float) -> None:
     z = torch.linspace(-limit, limit, 401)
     for mode in CAP_MODES:
         color, style, label = MODE_STYLES[mode]
-        ax.plot(z, softcap(z, cap, mode), style.rstrip("os^"), color=color, label=label)
+        ax.plot(z, softcap(z, cap, mode), "--" if "--" in style else "-", color=color, label=label)
     ax.axhline(cap, color=plots.NEUTRAL_COLOR, ls=":")
     ax.axhline(-cap, color=plots.NEUTRAL_COLOR, ls=":")
     ax.set_xlabel("raw logit z")
