@@ -241,6 +241,12 @@ PARAMETER_RULES: dict[str, Rule] = {
     "temperature": POSITIVE,
     "headline_temperature": POSITIVE,
     "headline_lr": POSITIVE,
+    # third wave, notebooks 28-31
+    "lags": non_empty_list(integer(0)),
+    "train_prompts": COUNT,
+    "learning_rate": POSITIVE,
+    "clip_epsilon": number(lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "logit_stds": non_empty_list(POSITIVE),
 }
 # Parameters whose default's type is all there is to check (any bool, any string, any seed).
 TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",
