@@ -240,6 +240,8 @@ PARAMETER_RULES: dict[str, Rule] = {
     "temperature": POSITIVE,
     "headline_temperature": POSITIVE,
     "headline_lr": POSITIVE,
+    # notebooks 32–35
+    "world_sizes": non_empty_list(COUNT),
 }
 # Parameters whose default's type is all there is to check (any bool, any string, any seed).
 TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",
