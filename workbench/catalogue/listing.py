@@ -242,6 +242,10 @@ PARAMETER_RULES: dict[str, Rule] = {
     "headline_lr": POSITIVE,
     # notebooks 32–35
     "world_sizes": non_empty_list(COUNT),
+    "imbalances": non_empty_list(number(lambda v: v >= 1, "a number ≥ 1")),
+    "sequences_per_rank": COUNT,
+    "short_length": COUNT,
+    "max_norm_fraction": POSITIVE,
 }
 # Parameters whose default's type is all there is to check (any bool, any string, any seed).
 TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",

@@ -16,6 +16,7 @@ noise. Only the main process writes checkpoints and histories.
 from __future__ import annotations
 
 import os
+import pickle
 
 import torch
 
@@ -105,7 +106,9 @@ def _group_worker(rank: int, world_size: int, port: int, fn, args, results) -> N
     try:
         torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
         try:
-            results.put((rank, fn(rank, world_size, *args), None))
+            # plain pickle bytes: a tensor put on the queue as is would travel as a shared-memory handle
+            # that dies with this process
+            results.put((rank, pickle.dumps(fn(rank, world_size, *args)), None))
         finally:
             torch.distributed.destroy_process_group()
     except Exception as error:  # reported to the parent, which raises it
@@ -118,7 +121,7 @@ def run_cpu_group(fn, world_size: int = 2, *args, timeout: float = 60.0) -> list
 
     The processes are forked, so they inherit the caller's loaded models and imports and start in well
     under a second (accelerate launch would cost seconds per process); ``fn`` and its results must be
-    picklable only on the way back. CPU only: a forked process cannot use an initialised CUDA context.
+    picklable (only on the way back). CPU only: a forked process cannot use an initialised CUDA context.
     """
     import multiprocessing
 
@@ -139,4 +142,4 @@ def run_cpu_group(fn, world_size: int = 2, *args, timeout: float = 60.0) -> list
     errors = [f"rank {rank}: {error}" for rank, _, error in collected if error]
     if errors:
         raise RuntimeError("a process of the CPU group failed: " + "; ".join(errors))
-    return [value for _, value, _ in collected]
+    return [pickle.loads(value) for _, value, _ in collected]
