@@ -246,6 +246,8 @@ PARAMETER_RULES: dict[str, Rule] = {
     "sequences_per_rank": COUNT,
     "short_length": COUNT,
     "max_norm_fraction": POSITIVE,
+    "n_segments": integer(2),
+    "pack_sizes": non_empty_list(COUNT),
 }
 # Parameters whose default's type is all there is to check (any bool, any string, any seed).
 TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",
