@@ -165,7 +165,7 @@ def plot_weights(ax, rows: list[dict]) -> None:
     ax.set_xlabel("tokens on the long rank / tokens on the short rank")
     ax.set_ylabel("token weight × N")
     plots.note_coinciding(ax)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below: the lines fill the axes
 
 
 def plot_clipping(ax, row: dict) -> None:
@@ -185,7 +185,7 @@ def plot_clipping(ax, row: dict) -> None:
 
 def figure_rank_normalisation(rows: list[dict]):
     """The notebook's figure: token weights across imbalances, and the clip coefficients at the headline row."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.0))
     plot_weights(axes[0], rows)
     plot_clipping(axes[1], headline_row(rows))
     fig.tight_layout()
