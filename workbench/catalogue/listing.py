@@ -247,6 +247,19 @@ PARAMETER_RULES: dict[str, Rule] = {
     "learning_rate": POSITIVE,
     "clip_epsilon": number(lambda v: 0 < v < 1, "a number in (0, 1)"),
     "logit_stds": non_empty_list(POSITIVE),
+    # notebooks 32–35
+    "world_sizes": non_empty_list(COUNT),
+    "imbalances": non_empty_list(number(lambda v: v >= 1, "a number ≥ 1")),
+    "sequences_per_rank": COUNT,
+    "max_norm_fraction": POSITIVE,
+    "n_segments": integer(2),
+    "pack_sizes": non_empty_list(COUNT),
+    "n_turns": integer(2),
+    "turn_length": COUNT,
+    "tool_length": integer(0),
+    "tool_lengths": non_empty_list(integer(0)),
+    "max_response_length": COUNT,
+    "overlong_buffer": COUNT,
 }
 # Parameters whose default's type is all there is to check (any bool, any string, any seed).
 TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",
