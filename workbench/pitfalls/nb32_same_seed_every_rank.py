@@ -71,7 +71,7 @@ def group_statistics(shares: list[dict]) -> dict:
     share of rank-1 slots whose completion equals rank 0's in the same slot (1.0 when the seeds are equal)."""
     completions, rewards = gathered_groups(shares)
     group_size = len(completions[0])
-    distinct = [len(set(group)) for group in completions]
+    distinct = [len({tuple(c) for c in group}) for group in completions]  # completions travel home as lists
     slots = [a == b for s0, s1 in zip(shares[0]["completions"], shares[-1]["completions"], strict=True)
              for a, b in zip(s0, s1, strict=True)] if len(shares) > 1 else [False]
     return {"world_size": len(shares), "group_size": group_size,
