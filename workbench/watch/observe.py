@@ -133,15 +133,16 @@ def differentiated_distribution(hidden: torch.Tensor, hidden_grad: torch.Tensor,
     weight = head_weight.float()
     logits = h @ weight.T
     project = lambda d: d @ weight  # noqa: E731 (W^T d, row-wise)
-    fits = torch.stack([_cosines(g, project(_gradient_directions(logits, y, t))).mean() for t in TEMPERATURE_GRID])
+    # the median over positions: robust to the few whose gradient mixes two labels (a shared prompt's last token)
+    fits = torch.stack([_cosines(g, project(_gradient_directions(logits, y, t))).median() for t in TEMPERATURE_GRID])
     best = int(fits.argmax())
     tau = float(sampling.get("temperature") or 1.0)
-    at_sampling = float(_cosines(g, project(_gradient_directions(logits, y, tau))).mean())
+    at_sampling = float(_cosines(g, project(_gradient_directions(logits, y, tau))).median())
     out = {"positions": int(keep.sum()), "temperature_fit": TEMPERATURE_GRID[best], "fit": float(fits[best]),
            "fit_at_sampling_temperature": at_sampling}
     top_k, top_p = int(sampling.get("top_k") or 0), float(sampling.get("top_p") or 1.0)
     if top_k or top_p < 1.0:
-        out["fit_filtered"] = float(_cosines(g, project(_gradient_directions(logits, y, tau, top_k, top_p))).mean())
+        out["fit_filtered"] = float(_cosines(g, project(_gradient_directions(logits, y, tau, top_k, top_p))).median())
         kept = _filtered(logits / tau, top_k, top_p).isfinite()
         out["kept_mass"] = float(((logits / tau).softmax(-1) * kept).sum(-1).mean())
     return out

@@ -28,7 +28,7 @@ from workbench.core import observers
 from workbench.watch import observe
 from workbench.watch.report import Finding, Report
 
-_OWN_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,) if getattr(m, "__file__", None)) + (os.path.dirname(__file__) + os.sep,)
+_OWN_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep, observers.__file__)
 _OWN_NAMES = (os.sep + "transformers" + os.sep, os.sep + "torch" + os.sep, os.sep + "accelerate" + os.sep, "<frozen ", "contextlib.py",
               "functools.py")
 
@@ -164,8 +164,8 @@ class Watch:
             self._check_rows(role, model, ids, mask, kwargs, grad)
         elif ids is not None and ids.dim() == 2 and mask is None:
             self._check_rows(role, model, ids, None, kwargs, grad)
-        if self.deep and grad and role == "policy" and isinstance(mask, torch.Tensor) and mask.dim() == 2:
-            self._pending_deep = (ids, mask)
+        if self.deep and grad and role == "policy" and isinstance(mask, torch.Tensor) and mask.dim() in (2, 4) and ids is not None:
+            self._pending_deep = (ids, mask)  # a 4-D mask: the workbench's prefix-tree rows (S4 is not decided there)
         if role == "policy" and self._sampling is not None and self._sampling.get("p12") and grad:
             self._resolve_p12()
         return None
@@ -353,9 +353,13 @@ class Watch:
     # ---- deep: gradient of the body's last hidden state -------------------------------------------------------
     def _hidden_grad(self, model, ids, mask, hidden, where, grad):
         moved = grad.detach().float().abs().sum(-1) > 0  # (B, T): positions whose logits are in the loss
-        self._check_pairs(ids, mask, moved, where)
+        if mask.dim() == 2:
+            self._check_pairs(ids, mask, moved, where)
+            follows = mask[:, 1:].bool()  # position t's label is token t + 1 of the same row
+        else:  # prefix-tree rows: t + 1 continues t's sequence when it may attend to t
+            follows = torch.diagonal(mask[:, 0].bool(), offset=-1, dim1=-2, dim2=-1)
         if self._sampling is not None:
-            self._check_distribution(model, ids, hidden, grad, moved, where)
+            self._check_distribution(model, ids, hidden, grad, moved[:, :-1] & follows, where)
         return None
 
     def _check_pairs(self, ids, mask, moved, where):
@@ -385,7 +389,7 @@ class Watch:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         if head is None or getattr(head, "weight", None) is None or ids.shape[1] < 2:
             return
-        chosen = moved[:, :-1].nonzero()[:32]
+        chosen = moved.nonzero()[:32]
         if chosen.numel() == 0:
             return
         rows, cols = chosen[:, 0], chosen[:, 1]
