@@ -401,15 +401,20 @@ class Watch:
         self.observed["distribution_checks"] = self.observed.get("distribution_checks", 0) + 1
         tau = self._sampling["temperature"]
         filtered = "fit_filtered" in fit
-        if filtered and fit["fit_at_sampling_temperature"] > fit["fit_filtered"] + 0.01:
+        if filtered and misfit(fit["fit_filtered"]) > 10 * misfit(fit["fit_at_sampling_temperature"]) + 1e-4:
             self._flag("P14", "error", f"sampling truncated the distribution (top_k={self._sampling['top_k']}, "
                        f"top_p={self._sampling['top_p']}) but the loss differentiates the full softmax: the ratio's numerator and "
                        "the sampler disagree by the kept mass. Apply the same filters in the training forward (or sample without).",
                        where=where, **fit)
-        elif not filtered and abs(fit["temperature_fit"] / tau - 1) > 0.1 and fit["fit_at_sampling_temperature"] < fit["fit"] - 0.005:
+        elif not filtered and abs(fit["temperature_fit"] / tau - 1) > 0.1 and misfit(fit["fit_at_sampling_temperature"]) > 10 * misfit(fit["fit"]) + 1e-4:
             self._flag("P6", "error", f"sampled at temperature {tau:g} but the loss differentiates softmax(z / {fit['temperature_fit']:.2f}): "
                        "the training forward does not divide the logits by the sampling temperature. Score logits / τ.",
                        where=where, sampling_temperature=tau, **fit)
+
+
+def misfit(cosine: float) -> float:
+    """1 − |cos|: how far an observed gradient is from a predicted direction (0: exactly along it)."""
+    return max(0.0, 1.0 - cosine)
 
 
 def observe_severity(severity: str) -> int:
