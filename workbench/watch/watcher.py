@@ -406,8 +406,10 @@ class Watch:
                        f"top_p={self._sampling['top_p']}) but the loss differentiates the full softmax: the ratio's numerator and "
                        "the sampler disagree by the kept mass. Apply the same filters in the training forward (or sample without).",
                        where=where, **fit)
-        elif not filtered and abs(fit["temperature_fit"] / tau - 1) > 0.1 and misfit(fit["fit_at_sampling_temperature"]) > 10 * misfit(fit["fit"]) + 1e-4:
-            self._flag("P6", "error", f"sampled at temperature {tau:g} but the loss differentiates softmax(z / {fit['temperature_fit']:.2f}): "
+        elif (not filtered and abs(fit["temperature_fit"] / tau - 1) > 0.1
+              and misfit(fit["fit_at_sampling_temperature"]) > 10 * misfit(fit["fit"]) + 1e-4):
+            fitted = fit["temperature_fit"]
+            self._flag("P6", "error", f"sampled at temperature {tau:g} but the loss differentiates softmax(z / {fitted:.2f}): "
                        "the training forward does not divide the logits by the sampling temperature. Score logits / τ.",
                        where=where, sampling_temperature=tau, **fit)
 
