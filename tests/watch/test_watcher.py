@@ -2,6 +2,7 @@
 finding of error severity with the switch at its fix; a user-style trainer's planted bugs found from one
 ``with`` line; the report's JSON schema; and the core staying torch + standard library only."""
 
+import functools
 import json
 import subprocess
 import sys
@@ -48,15 +49,15 @@ def model_of(name: str):
     return load(name)
 
 
-def watched_step(kind: str, name: str, switches: dict, deep: bool, prompts: int = 4):
+def watched_step(kind: str, name: str, switches: dict, deep: bool, prompts: int = 4, problems=RAGGED):
     model, tokenizer = model_of(name)
     if kind == "dpo":
         trainer = DPOTrainer(model, tokenizer, PAIRS, DPOConfig(**{"steps": 1, "progress": False, "batch_size": 4, **switches}))
     elif kind == "ppo":
-        trainer = PPOTrainer(model, tokenizer, RAGGED, PPOConfig(**{"steps": 1, "progress": False, "prompts_per_step": 4,
+        trainer = PPOTrainer(model, tokenizer, problems, PPOConfig(**{"steps": 1, "progress": False, "prompts_per_step": 4,
                                                                      "max_new_tokens": 6, **switches}))
     else:
-        trainer = GRPOTrainer(model, tokenizer, RAGGED, GRPOConfig(**{"steps": 1, "progress": False, "prompts_per_step": prompts,
+        trainer = GRPOTrainer(model, tokenizer, problems, GRPOConfig(**{"steps": 1, "progress": False, "prompts_per_step": prompts,
                                                                        "num_generations": 4, "max_new_tokens": 6, **switches}))
     optimizer = getattr(trainer, "optimizer", None) or trainer.policy_optimizer
     with watch(model, tokenizer=tokenizer, optimizer=optimizer, deep=deep) as w:
@@ -156,19 +157,31 @@ def test_importing_the_watch_loads_no_transformers():
     assert out.strip() == "[]"
 
 
+def test_no_padding_no_s1():
+    """position_ids="model" on prompts of one length: no pads, so the positions are right and nothing is flagged."""
+    same_length = [Problem("1+2=", "3"), Problem("3*4=", "12"), Problem("7+8=", "15"), Problem("2*2=", "4")]
+    report = watched_step("grpo", "tiny-gpt2", {"position_ids": "model"}, False, problems=same_length)
+    assert "S1" not in report.pitfalls() and report.observed["training_forwards"] > 0, str(report)
+
+
 REALISTIC = ["realistic-gpt2", "realistic-qwen2", "realistic-llama"]
+# RAGGED is ragged for the tiny character-level tokenizers, but the realistic BPE tokenizers of gpt2 and llama
+# encode seven of its eight prompts ("12", "34", "-90" are single tokens) to one length: a step that did not pick
+# "80-80=" had no padding at all, so no S1 to see. These prompts differ in length under all three tokenizers.
+RAGGED_BPE = [Problem("1+2=", "3"), Problem("567-89=", "478"), Problem("9-999=", "-990"), Problem("8000-8000=", "0"),
+              Problem("123456+7=", "123463"), Problem("1+1+1+1=", "4"), Problem("1234+5678=", "6912"), Problem("3*4=", "12")]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", REALISTIC)
 @pytest.mark.parametrize("pitfall", ["S1", "P7", "S4", "P23"])
 def test_switches_on_realistic_checkpoints(name, pitfall):
-    if pitfall == "S1" and name != "realistic-qwen2":  # open question, see the branch's report
-        pytest.xfail("no S1 finding yet on realistic-gpt2/llama GRPO (one training forward seen): check their prompts pad on the left")
     kind, _, bug, shared, deep = SWITCHES[pitfall]
-    # all eight prompts (of different lengths) in the batch, so left padding is certain
-    on, fixed = watched_step(kind, name, {**shared, **bug}, deep, prompts=8), watched_step(kind, name, shared, deep, prompts=8)
+    run = functools.partial(watched_step, kind, name, deep=deep, prompts=8, problems=RAGGED_BPE)
+    on, fixed = run({**shared, **bug}), run(shared)
     assert not fixed.errors, str(fixed)
     assert pitfall in on.pitfalls(), str(on)
     if pitfall == "S1":
-        assert {f.severity for f in on.findings if f.pitfall == "S1"} == ({"error"} if name.endswith("gpt2") else {"warning"})
+        s1 = [f for f in on.findings if f.pitfall == "S1"]
+        assert {f.severity for f in s1} == ({"error"} if name.endswith("gpt2") else {"warning"})
+        assert all(f.evidence["left_padded_rows"] > 0 for f in s1)
