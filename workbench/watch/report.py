@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 from dataclasses import dataclass, field
 
 from workbench.core.jsonsafe import jsonable
@@ -117,3 +118,29 @@ class Report:
 
     def _repr_html_(self) -> str:
         return self.html()
+
+    def page(self, title: str = "workbench.watch report") -> str:
+        """A standalone HTML page around ``html()`` (what ``write`` saves as report.html)."""
+        style = ("body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:4px;vertical-align:top}"
+                 "table{border-collapse:collapse}")
+        return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title><style>{style}</style></head>"
+                f"<body><h1>{html.escape(title)}</h1>{self.html()}</body></html>\n")
+
+    def write(self, folder, title: str = "workbench.watch report") -> tuple[str, str]:
+        """Write ``report.json`` and ``report.html`` into ``folder`` (created); returns their paths."""
+        os.makedirs(folder, exist_ok=True)
+        paths = os.path.join(folder, "report.json"), os.path.join(folder, "report.html")
+        for path, text in zip(paths, (self.to_json() + "\n", self.page(title)), strict=True):
+            with open(path + ".tmp", "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(path + ".tmp", path)
+        return paths
+
+    def scalars(self, prefix: str = "watch/") -> dict[str, float]:
+        """Numbers a training logger can plot: every counter, findings by severity, and per pitfall the
+        number of call sites flagged."""
+        out = {f"{prefix}{k}": float(v) for k, v in self.observed.items() if isinstance(v, (int, float))}
+        out.update({f"{prefix}{severity}s": float(sum(f.severity == severity for f in self.findings)) for severity in SEVERITIES})
+        for f in self.findings:
+            out[f"{prefix}{f.pitfall}"] = out.get(f"{prefix}{f.pitfall}", 0.0) + 1.0
+        return out
