@@ -1,6 +1,7 @@
 """A trainer written the way a user writes one (a dict batch of strings, its own names, ``step()`` returning
 scalars) with four planted bugs, each switchable, to show ``workbench.watch`` finding them from one ``with``
-line — no adapters. Run: ``python examples/watch_user_trainer.py`` (buggy, then fixed).
+line — no adapters. Run: ``python examples/watch_user_trainer.py [--fixed]`` (a plain script), under
+``python -m workbench watch -- python examples/watch_user_trainer.py``, or with ``--with-watch`` (in-process).
 
 Planted bugs (``PLANTED``): S1 the loss forward passes no position_ids on a left-padded batch of a GPT-2
 (learned absolute positions); S3 ``generate`` without an EOS id; P7 sampling with the model in train mode and
@@ -62,12 +63,32 @@ def tiny_gpt2_with_dropout():
     return tiny_model("gpt2", seed=1, resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
 
 
-if __name__ == "__main__":
-    from workbench import watch
+def main(argv=None) -> dict:
+    """A plain training script: ``python examples/watch_user_trainer.py [--fixed] [--steps N] [--with-watch]``.
+    Without ``--with-watch`` nothing here knows about the workbench's watch: run it under
+    ``python -m workbench watch -- python examples/watch_user_trainer.py`` to watch it from outside."""
+    import argparse
 
-    for buggy in (True, False):
-        model, tok = tiny_gpt2_with_dropout()
-        trainer = LittleGRPO(model, tok, buggy=buggy)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fixed", action="store_true", help="the same trainer with its four bugs fixed")
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--with-watch", action="store_true", help="watch in-process with one `with` line and print the report")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    model, tok = tiny_gpt2_with_dropout()
+    trainer = LittleGRPO(model, tok, buggy=not args.fixed)
+    batch = {"prompts": ["1+2=", "12+34="], "n": 4}
+    if args.with_watch:
+        from workbench import watch
+
         with watch(model, tokenizer=tok, deep=True) as w:
-            trainer.step({"prompts": ["1+2=", "12+34="], "n": 4})
-        print("buggy" if buggy else "fixed", "\n", w.report(), "\n")
+            logs = [trainer.step(batch) for _ in range(args.steps)]
+        print(w.report())
+    else:
+        logs = [trainer.step(batch) for _ in range(args.steps)]
+    print("fixed" if args.fixed else "buggy", logs[-1])
+    return logs[-1]
+
+
+if __name__ == "__main__":
+    main()

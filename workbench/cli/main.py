@@ -1,4 +1,5 @@
-"""Command line: ``python -m workbench list`` and ``python -m workbench run``.
+"""Command line: ``python -m workbench list`` and ``python -m workbench run`` (and ``train``, ``audit``, ``watch``,
+each in its own module of this folder).
 
 Exit codes: 0 success, 1 a notebook failed, 2 bad input (unknown notebook or parameter, wrong
 type) — the message names the problem and the valid choices, 130 interrupted (Ctrl-C; the report of
@@ -80,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     audit = sub.add_parser("audit", help="run a workbench.audit check on your own loss / log-prob / generate / step function")
     audit_command.add_arguments(audit)
     audit.set_defaults(func=audit_command.main)
+    from workbench.cli import watch as watch_command
+
+    watch = sub.add_parser("watch", help="run a training script with every Hugging Face model it builds watched (workbench.watch)")
+    watch_command.add_arguments(watch)
+    watch.set_defaults(func=watch_command.main)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
