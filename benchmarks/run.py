@@ -30,7 +30,10 @@ Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or 
 * ``Packed vs padded`` — scoring a ragged batch (8–200 tokens) bin-packed vs padded;
 * ``Scoring memory`` — peak memory of one scoring call (log-probs + entropy) on a random Qwen2 with
   Qwen2.5's 151,936-token vocabulary, the naive full-logits path vs the chunked one;
-* ``EOS stopping`` — the rollout time saved by stopping at EOS (pitfall S3).
+* ``EOS stopping`` — the rollout time saved by stopping at EOS (pitfall S3);
+* ``Watch overhead`` — the workbench's GRPO step (the ``GRPO`` configuration) without a watch, inside the light
+  ``workbench.watch`` and inside the deep one, three processes alternating; time per step with ÷ without
+  (target for light: ≤ 1.05×). ``--watch-only`` runs just this line.
 
 ``--write`` appends the lines, the machine, the load average and the settings to
 benchmarks/RESULTS.md.
@@ -105,6 +108,8 @@ def _train_with_clock(trainer) -> dict:
 
 
 def _grpo_workbench(folder, settings, steps, seed, device):
+    import contextlib
+
     from workbench.experiments.checkpoints import load
     from workbench.tasks import rl_problems
     from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
@@ -122,7 +127,17 @@ def _grpo_workbench(folder, settings, steps, seed, device):
         state["tokens"] += out["response_length"] * settings["prompts"] * settings["num_generations"]
         state["rewards"].append(out["reward"])
 
-    return {**_timed(step, steps), "tokens_per_step": state["tokens"] / state["step"], "values": state["rewards"]}
+    mode = settings.get("watch")  # None, "light" or "deep": the same steps inside workbench.watch (the watch benchmark)
+    if mode:
+        from workbench.watch import watch
+
+        optimizer = getattr(trainer, "optimizer", None)
+        observer = watch(model, tokenizer=tok, reference=getattr(trainer, "reference", None),
+                         optimizer=getattr(optimizer, "optimizer", optimizer), deep=mode == "deep")
+    with observer if mode else contextlib.nullcontext():
+        result = _timed(step, steps)
+    findings = len(observer.report().findings) if mode else 0
+    return {**result, "tokens_per_step": state["tokens"] / state["step"], "values": state["rewards"], "findings": findings}
 
 
 def _grpo_trl(folder, settings, steps, seed, device):
@@ -197,7 +212,8 @@ def _dpo_trl(folder, settings, steps, seed, device):
 
 
 RUNNERS = {"grpo-workbench": _grpo_workbench, "grpo-trl": _grpo_trl, "dpo-workbench": _dpo_workbench, "dpo-trl": _dpo_trl,
-           "grpo-trl_no_gc": _grpo_trl, "dpo-trl_no_gc": _dpo_trl}
+           "grpo-trl_no_gc": _grpo_trl, "dpo-trl_no_gc": _dpo_trl,
+           **{f"watch-{mode}": _grpo_workbench for mode in ("none", "light", "deep")}}
 NO_GC = {"trl_gradient_checkpointing": False}  # the settings of the TRL side without gradient checkpointing
 
 
@@ -211,6 +227,7 @@ def serve(kind: str, folder: str, settings: dict, steps: int, device: str, threa
 
     import workbench.trainers.dpo  # noqa: F401
     import workbench.trainers.grpo  # noqa: F401
+    import workbench.watch  # noqa: F401
 
     print(MARK + json.dumps({"ready": kind}), flush=True)
     for line in sys.stdin:
@@ -283,6 +300,44 @@ def paired(name: str, folder: str, settings: dict, steps: int, repeats: int, arg
     if no_gc:
         summary["no_gc"] = _summary(runs["workbench"], runs["trl_no_gc"], repeats, args)
     return summary
+
+
+def watch_overhead(folder: str, steps: int, repeats: int, args) -> dict:
+    """The workbench's GRPO step on the benchmark configuration without a watch, under the light watch and under the
+    deep one: three processes, all ready before the first timing, repeats alternating none, light, deep."""
+    modes = ("none", "light", "deep")
+    workers = {mode: Worker(f"watch-{mode}", folder, {**GRPO, "watch": None if mode == "none" else mode}, steps, args)
+               for mode in modes}
+    for worker in workers.values():
+        worker.ready()
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+    try:
+        for seed in range(repeats):
+            for mode, worker in workers.items():
+                runs[mode].append(worker.run(seed))
+    finally:
+        for worker in workers.values():
+            worker.close()
+    key = "steps_per_s" if args.device == "cuda" else "steps_per_cpu_s"
+    rates = {mode: [r[key] for r in runs[mode]] for mode in modes}
+    return {"key": key, "rates": rates, "wall": {mode: statistics.median(r["steps_per_s"] for r in runs[mode]) for mode in modes},
+            "median": {mode: statistics.median(rates[mode]) for mode in modes},
+            # time per step with the watch ÷ without, per repeat (the same seed, adjacent in time) and of the medians
+            "pair_ratios": {mode: [a / b for a, b in zip(rates["none"], rates[mode], strict=True)] for mode in ("light", "deep")},
+            "ratio": {mode: statistics.median(rates["none"]) / statistics.median(rates[mode]) for mode in ("light", "deep")},
+            "findings": {mode: max(r["findings"] for r in runs[mode]) for mode in modes}}
+
+
+def _watch_line(w: dict) -> str:
+    unit = "steps/s" if w["key"] == "steps_per_s" else "steps per CPU-second"
+    m, pairs = w["median"], {mode: ", ".join(f"{r:.3f}" for r in rs) for mode, rs in w["pair_ratios"].items()}
+    light, deep = (100 * (w["ratio"][mode] - 1) for mode in ("light", "deep"))
+    return (f"Watch overhead (workbench GRPO step, {GRPO['prompts']}×{GRPO['num_generations']}×{GRPO['max_new_tokens']} tokens): "
+            f"without {m['none']:.2f} vs light watch {m['light']:.2f} vs deep watch {m['deep']:.2f} {unit} (wall clock "
+            f"{w['wall']['none']:.2f} / {w['wall']['light']:.2f} / {w['wall']['deep']:.2f} steps/s); time per step with ÷ "
+            f"without, per repeat: light {pairs['light']}; deep {pairs['deep']}; findings light {w['findings']['light']}, "
+            f"deep {w['findings']['deep']} → light {w['ratio']['light']:.3f}× ({light:+.1f} %, target ≤ +5 %), "
+            f"deep {w['ratio']['deep']:.3f}× ({deep:+.1f} %)")
 
 
 def _summary(workbench: list[dict], trl: list[dict], repeats: int, args) -> dict:
@@ -570,6 +625,7 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads per process on a CPU (both sides)")
     parser.add_argument("--write", action="store_true", help="append the results to benchmarks/RESULTS.md")
+    parser.add_argument("--watch-only", action="store_true", help="only the watch-overhead line (GRPO with vs without workbench.watch)")
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--folder", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--settings", default=None, help=argparse.SUPPRESS)
@@ -606,27 +662,31 @@ def main() -> int:
     lines, results = [], {}
     base = tempfile.mkdtemp()
     tiny_folder = _save_model(f"{base}/tiny", *load("tiny-arith-qwen2"))
-    large, large_tok = tiny_model("qwen2", seed=0, **LARGE_MODEL)
-    large_params = sum(p.numel() for p in large.parameters())
-    large_folder = _save_model(f"{base}/large", large, large_tok)
-    del large
+    results["watch"] = watch_overhead(tiny_folder, steps, repeats, args)
+    lines.append(_watch_line(results["watch"]))
+    large_steps = 3 if args.quick else 8
+    if not args.watch_only:
+        large, large_tok = tiny_model("qwen2", seed=0, **LARGE_MODEL)
+        large_params = sum(p.numel() for p in large.parameters())
+        large_folder = _save_model(f"{base}/large", large, large_tok)
+        del large
 
-    results["sampler"] = {size: run_sampler(size, max(3, repeats), args) for size in SAMPLER}
-    lines.append(_sampler_line("Sampler, tiny model", results["sampler"]["tiny"]))
-    lines.append(_sampler_line(f"Sampler, larger model ({large_params / 1e6:.1f}M parameters, {LARGE_MODEL['vocab_size']} vocabulary)",
-                               results["sampler"]["large"]))
-    lines.append(_sampler_line("Sampler, larger model, draw='inverse_cdf' (other tokens per seed)", results["sampler"]["large"],
-                               side="inverse_cdf"))
-    if args.only_sampler:
+        results["sampler"] = {size: run_sampler(size, max(3, repeats), args) for size in SAMPLER}
+        lines.append(_sampler_line("Sampler, tiny model", results["sampler"]["tiny"]))
+        lines.append(_sampler_line(f"Sampler, larger model ({large_params / 1e6:.1f}M parameters, "
+                                   f"{LARGE_MODEL['vocab_size']} vocabulary)", results["sampler"]["large"]))
+        lines.append(_sampler_line("Sampler, larger model, draw='inverse_cdf' (other tokens per seed)", results["sampler"]["large"],
+                                   side="inverse_cdf"))
+    if args.only_sampler or args.watch_only:
         print("\n".join(lines))
         return 0
+    # the trainers against TRL, the larger model, packing, memory and EOS stopping
     results["grpo"] = paired("grpo", tiny_folder, GRPO, steps, repeats, args, no_gc=True)
     lines.append(_comparison_line("GRPO", results["grpo"], "reward"))
     lines.append(_comparison_line("GRPO (TRL without gradient checkpointing)", results["grpo"]["no_gc"], "reward"))
     results["dpo"] = paired("dpo", tiny_folder, DPO, steps, repeats, args, no_gc=True)
     lines.append(_comparison_line("DPO", results["dpo"], "loss"))
     lines.append(_comparison_line("DPO (TRL without gradient checkpointing)", results["dpo"]["no_gc"], "loss"))
-    large_steps = 3 if args.quick else 8
     results["grpo_large"] = paired("grpo", large_folder, GRPO_LARGE, large_steps, max(3, repeats - 2), args)
     lines.append(_comparison_line(
         f"GRPO, larger model (random Qwen2, {large_params / 1e6:.1f}M parameters, {LARGE_MODEL['vocab_size']} vocabulary, "

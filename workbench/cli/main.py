@@ -1,4 +1,5 @@
-"""Command line: ``python -m workbench list``, ``run``, ``train``, ``audit`` and ``grade``.
+"""Command line: ``python -m workbench list``, ``run``, ``train``, ``audit``, ``grade`` and ``watch`` (each
+sub-command in its own module of this folder).
 
 Exit codes: 0 success, 1 a notebook failed, 2 bad input (unknown notebook or parameter, wrong
 type) — the message names the problem and the valid choices, 130 interrupted (Ctrl-C; the report of
@@ -83,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     grader = sub.add_parser("grade", help="grade submitted exercise notebooks: grades.csv and one feedback page each")
     grade_command.add_arguments(grader)
     grader.set_defaults(func=grade_command.main)
+    from workbench.cli import watch as watch_command
+
+    watch = sub.add_parser("watch", help="run a training script with every Hugging Face model it builds watched (workbench.watch)")
+    watch_command.add_arguments(watch)
+    watch.set_defaults(func=watch_command.main)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

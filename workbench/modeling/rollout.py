@@ -55,6 +55,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 import torch.nn.functional as F
 
+from workbench.core import observers
 from workbench.core.batching import padding_side_of, position_ids_from_mask, repeated_rows
 from workbench.core.devices import generator_on, model_device
 from workbench.core.errors import NonFiniteError
@@ -216,6 +217,9 @@ def sample(
         tokens_generated=len(tokens) * prompt_ids.shape[0],
         seconds=time.perf_counter() - start,
     )
+    if observers.listening():  # a workbench.watch sees the sampler's settings, as it sees generate's config
+        observers.emit("sample", model=model, temperature=1.0 if greedy else temperature, top_k=top_k, top_p=top_p,
+                       stop_ids=_stop_ids(eos_token_id).tolist(), stop_at_eos=stop_at_eos, rollout=rollout)
     return rollout.to(home)
 
 
