@@ -26,3 +26,23 @@ def test_plot_bands_draws_mean_and_band():
     assert [line.get_label() for line in lines] == ["bug (n=2)", "fix (n=1)"]
     assert list(lines[0].get_ydata()) == [1.5, 2.5, 3.5, 4.5] and len(ax.collections) == 1  # one band: the 2-seed run
     plt.close(fig)
+
+
+def test_figure_row_and_panels_draw_each_axis_and_band_panels_end_with_heldout():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = [{"reward": float(s), "kl": 0.1 * s, "heldout_accuracy_start": 0.2, "heldout_accuracy": 0.5} for s in range(3)]
+    runs = {"bug": [history], "fix": [history]}
+    fig = plots.figure_row(lambda axes: plots.plot_band_panels(axes, runs, (("reward", "r"), ("kl", "k")), log_key="kl"), 3, (9, 3))
+    axes = fig.axes
+    assert len(axes) == 3 and fig.get_size_inches().tolist() == [9, 3]
+    assert axes[0].get_ylabel().startswith("r") and axes[1].get_yscale() == "log" and axes[0].get_yscale() == "linear"
+    assert axes[2].get_ylabel().startswith("held-out")
+    plt.close(fig)
+    seen = []
+    fig = plots.figure_panels((6, 2), lambda ax: seen.append(("a", ax)), lambda ax: seen.append(("b", ax)))
+    assert [name for name, _ in seen] == ["a", "b"] and [ax for _, ax in seen] == fig.axes
+    plt.close(fig)

@@ -340,16 +340,11 @@ def figure_first_step(table: dict):
 def plot_ppo(axes, runs: dict) -> None:
     """Reward, KL and sampler-vs-trainer |ρ − 1| bands per variant (bug, fix), and held-out accuracy (4 axes)."""
     colors = dict(zip(runs, (plots.BUG_COLOR, plots.FIX_COLOR), strict=True))
-    for ax, (key, label) in zip(axes, PPO_PANELS, strict=False):
-        plots.plot_bands(ax, runs, key, label, colors, log=key == "first_ratio_deviation")
-    plots.plot_heldout(axes[len(PPO_PANELS)], runs, colors)
+    plots.plot_band_panels(axes, runs, PPO_PANELS, colors, log_key="first_ratio_deviation")
 
 
 def figure_ppo(runs: dict):
-    fig, axes = plt.subplots(1, 4, figsize=(20, 3.8))
-    plot_ppo(axes, runs)
-    fig.tight_layout()
-    return fig
+    return plots.figure_row(lambda axes: plot_ppo(axes, runs), 4, (20, 3.8))
 
 
 def ppo_effects(runs: dict) -> dict:

@@ -202,10 +202,7 @@ PPO_PANELS = (("reward", "mean task reward"), ("tokens_generated", "tokens gener
 
 
 def figure_generation_cost(costs: dict):
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    plot_generation_cost(axes, costs)
-    fig.tight_layout()
-    return fig
+    return plots.figure_row(lambda axes: plot_generation_cost(axes, costs), 3, (14, 3.8))
 
 
 def cost_lines(costs: dict) -> str:

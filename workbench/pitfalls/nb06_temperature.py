@@ -104,16 +104,11 @@ def ratio_lines(results: dict, temperatures) -> str:
 def plot_ppo(axes, runs: dict, window: int) -> None:
     """First-step |ρ − 1|, clipped share and reward bands, bug and fix, and held-out accuracy (4 axes)."""
     colors = dict(zip(PPO_VARIANTS, (plots.BUG_COLOR, plots.FIX_COLOR), strict=True))
-    for ax, (key, label) in zip(axes, PPO_PANELS, strict=False):
-        plots.plot_bands(ax, runs, key, label, colors, window=window, log=key == "first_ratio_deviation")
-    plots.plot_heldout(axes[len(PPO_PANELS)], runs, colors)
+    plots.plot_band_panels(axes, runs, PPO_PANELS, colors, window=window, log_key="first_ratio_deviation")
 
 
 def figure_ppo(runs: dict, ppo_steps: int):
-    fig, axes = plt.subplots(1, 4, figsize=(20, 3.8))
-    plot_ppo(axes, runs, window=max(1, ppo_steps // 10))
-    fig.tight_layout()
-    return fig
+    return plots.figure_row(lambda axes: plot_ppo(axes, runs, window=max(1, ppo_steps // 10)), 4, (20, 3.8))
 
 
 def ppo_effects(runs: dict) -> dict:

@@ -142,10 +142,7 @@ PPO_PANELS = (("train_ratio_deviation", "max |ρ − 1|, first mini-batch"), ("k
 
 
 def figure_step0(results: dict):
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-    plot_step0(axes, results)
-    fig.tight_layout()
-    return fig
+    return plots.figure_row(lambda axes: plot_step0(axes, results), 2, (12, 3.8))
 
 
 def step0_lines(results: dict, dropouts) -> str:
@@ -159,16 +156,11 @@ def step0_lines(results: dict, dropouts) -> str:
 def plot_ppo(axes, runs: dict) -> None:
     """First-mini-batch |ρ − 1|, KL and reward bands, bug and fix, and held-out accuracy (4 axes)."""
     colors = dict(zip(PPO_VARIANTS, (plots.BUG_COLOR, plots.FIX_COLOR), strict=True))
-    for ax, (key, label) in zip(axes, PPO_PANELS, strict=False):
-        plots.plot_bands(ax, runs, key, label, colors, log=key == "train_ratio_deviation")
-    plots.plot_heldout(axes[len(PPO_PANELS)], runs, colors)
+    plots.plot_band_panels(axes, runs, PPO_PANELS, colors, log_key="train_ratio_deviation")
 
 
 def figure_ppo(runs: dict):
-    fig, axes = plt.subplots(1, 4, figsize=(20, 3.8))
-    plot_ppo(axes, runs)
-    fig.tight_layout()
-    return fig
+    return plots.figure_row(lambda axes: plot_ppo(axes, runs), 4, (20, 3.8))
 
 
 def ppo_effects(runs: dict) -> dict:

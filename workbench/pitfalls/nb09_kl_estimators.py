@@ -205,10 +205,7 @@ def values_line(values: dict, largest: float) -> str:
 
 
 def figure_gradients(values: dict, gradients: dict):
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-    plot_gradients(axes, values, gradients)
-    fig.tight_layout()
-    return fig
+    return plots.figure_row(lambda axes: plot_gradients(axes, values, gradients), 2, (12, 3.8))
 
 
 def gradient_lines(gradients: dict, largest: float) -> str:

@@ -182,10 +182,7 @@ def plot_training_bands(axes, runs: dict, window: int) -> None:
 
 
 def figure_training_bands(runs: dict, train_steps: int):
-    fig, axes = plt.subplots(1, 3, figsize=(18, 3.8))
-    plot_training_bands(axes, runs, window=max(1, train_steps // 8))
-    fig.tight_layout()
-    return fig
+    return plots.figure_row(lambda axes: plot_training_bands(axes, runs, window=max(1, train_steps // 8)), 3, (18, 3.8))
 
 
 def training_effects(runs: dict) -> dict:

@@ -149,10 +149,7 @@ def ppo_variants(tis_cap: float) -> dict[str, dict]:
 
 
 def figure_mismatch(results: dict, cap: float):
-    fig, axes = plt.subplots(1, 2, figsize=(13, 3.8))
-    plot_mismatch(axes, results, cap)
-    fig.tight_layout()
-    return fig
+    return plots.figure_row(lambda axes: plot_mismatch(axes, results, cap), 2, (13, 3.8))
 
 
 def mismatch_lines(results: dict, cap: float) -> str:
@@ -170,10 +167,7 @@ def plot_ppo(axes, runs: dict, window: int) -> None:
 
 
 def figure_ppo(runs: dict, ppo_steps: int):
-    fig, axes = plt.subplots(1, 3, figsize=(18, 3.8))
-    plot_ppo(axes, runs, window=max(1, ppo_steps // 10))
-    fig.tight_layout()
-    return fig
+    return plots.figure_row(lambda axes: plot_ppo(axes, runs, window=max(1, ppo_steps // 10)), 3, (18, 3.8))
 
 
 def ppo_effects(runs: dict) -> dict:

@@ -130,11 +130,7 @@ def plot_clip_fraction(ax, rows: list[dict], clip_eps: float = 0.2) -> None:
 
 def figure_ratio_vs_kept_mass(rows: list[dict]):
     """The notebook's figure: ``plot_ratio_vs_kept_mass`` and ``plot_clip_fraction`` side by side."""
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
-    plot_ratio_vs_kept_mass(axes[0], rows)
-    plot_clip_fraction(axes[1], rows)
-    fig.tight_layout()
-    return fig
+    return plots.figure_panels((13, 4.2), lambda ax: plot_ratio_vs_kept_mass(ax, rows), lambda ax: plot_clip_fraction(ax, rows))
 
 
 # ---- what the notebook prints and writes -------------------------------------------------------

@@ -118,11 +118,7 @@ def plot_step0_kl(ax, rows: list[dict], floor: float = 1e-9) -> None:
 
 def figure_entropy_vs_temperature(rows: list[dict]):
     """The notebook's figure: ``plot_entropy`` and ``plot_step0_kl`` side by side."""
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
-    plot_entropy(axes[0], rows)
-    plot_step0_kl(axes[1], rows)
-    fig.tight_layout()
-    return fig
+    return plots.figure_panels((13, 4.2), lambda ax: plot_entropy(ax, rows), lambda ax: plot_step0_kl(ax, rows))
 
 
 # ---- what the notebook prints and writes -------------------------------------------------------

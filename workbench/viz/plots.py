@@ -317,3 +317,28 @@ def plot_heldout(ax, runs: dict[str, list[list[dict]]], colors: dict | None = No
             ax.scatter(np.full(len(values), x + 0.06), values, s=10, color=color or "0.3", alpha=0.6, zorder=2)
     ax.set_xticks(range(len(runs)), [f"{label}\n(start □ → end ●)" for label in runs], fontsize=8)
     ax.set_ylabel("held-out greedy accuracy" + (" (mean ± std, dots: seeds)" if max(len(h) for h in runs.values()) > 1 else ""))
+
+
+def plot_band_panels(axes, runs: dict[str, list[list[dict]]], panels, colors: dict | None = None, *,
+                     window: int = 1, log_key: str | None = None) -> None:
+    """``plot_bands`` of each ``(key, label)`` of ``panels`` on its axis (a log axis for ``log_key``), then
+    ``plot_heldout`` on the next axis: the training figure of a bug-vs-fix comparison."""
+    for ax, (key, label) in zip(axes, panels, strict=False):
+        plot_bands(ax, runs, key, label, colors, window=window, log=key == log_key)
+    plot_heldout(axes[len(panels)], runs, colors)
+
+
+def figure_row(draw, ncols: int, figsize: tuple[float, float]):
+    """A figure of one row of ``ncols`` axes drawn by ``draw(axes)``, laid out tight: what a ``figure_*`` of a
+    pitfall module builds from its ``plot_*(axes, …)`` function."""
+    import matplotlib.pyplot as plt  # matplotlib: only when a figure is drawn
+
+    fig, axes = plt.subplots(1, ncols, figsize=figsize)
+    draw(axes)
+    fig.tight_layout()
+    return fig
+
+
+def figure_panels(figsize: tuple[float, float], *draws):
+    """``figure_row`` of one axis per ``draw(ax)`` callable, left to right."""
+    return figure_row(lambda axes: [draw(ax) for draw, ax in zip(draws, axes, strict=True)], len(draws), figsize)
