@@ -161,8 +161,8 @@ def token_logprobs(
     return (logprobs.to(home), entropy.to(home)) if with_entropy else logprobs.to(home)
 
 
-# response_logprobs shares token_logprobs' keyword options on purpose (the one justified pair that
-# ``duplicates`` reports): two public entry points, one for whole rows and one for prompt+response.
+# response_logprobs shares token_logprobs' keyword options on purpose (a justified repetition):
+# two public entry points, one for whole rows and one for prompt+response.
 def response_logprobs(
     model,
     prompt_ids: torch.Tensor,
