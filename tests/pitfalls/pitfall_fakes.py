@@ -44,3 +44,15 @@ def drew(fig) -> bool:
 def axes(n: int = 1):
     fig, ax = plt.subplots(1, n)
     return fig, ax
+
+
+def check_explorer_fix(make_explorer, checkpoint: str, control: str) -> None:
+    """``make_explorer(model, tokenizer, prompts)`` on the ``checkpoint`` shows |ρ − 1| > 1e-2 at its defaults
+    and < 1e-4 once the ``control`` checkbox (the fix) is ticked."""
+    from workbench.experiments.checkpoints import load  # transformers: only the explorer tests load a checkpoint
+
+    model, tokenizer = load(checkpoint)
+    explorer = make_explorer(model, tokenizer, ["1+2=", "12+34=", "5*5=", "99-3="])
+    assert explorer.last["max_ratio_deviation"] > 1e-2
+    explorer.controls[control].value = True
+    assert explorer.last["max_ratio_deviation"] < 1e-4

@@ -1,6 +1,6 @@
 """nb06_temperature: metrics(), figures and the temperature explorer."""
 
-from pitfall_fakes import axes, check_metrics, drew, fake_runs
+from pitfall_fakes import axes, check_explorer_fix, check_metrics, drew, fake_runs
 
 from workbench.experiments.checkpoints import load
 from workbench.pitfalls import nb06_temperature as temperature
@@ -31,13 +31,7 @@ def test_figures_draw():
 
 
 def test_temperature_explorer_toggles_the_fix():
-    from workbench.experiments.checkpoints import load
-
-    model, tokenizer = load("tiny-arith-qwen2")
-    explorer = temperature.temperature_explorer(model, tokenizer, ["1+2=", "12+34=", "5*5=", "99-3="])
-    assert explorer.last["max_ratio_deviation"] > 1e-2
-    explorer.controls["rescale"].value = True
-    assert explorer.last["max_ratio_deviation"] < 1e-4
+    check_explorer_fix(temperature.temperature_explorer, "tiny-arith-qwen2", "rescale")
 
 
 PROMPTS = [p.prompt for p in rl_problems(32)]

@@ -1,7 +1,7 @@
 """nb07_dropout: metrics(), figures and the dropout explorer."""
 
 import torch
-from pitfall_fakes import axes, check_metrics, drew, fake_runs
+from pitfall_fakes import axes, check_explorer_fix, check_metrics, drew, fake_runs
 
 from workbench.experiments.checkpoints import load
 from workbench.modeling.dropout import disable_dropout
@@ -37,13 +37,7 @@ def test_figures_draw():
 
 
 def test_dropout_explorer_toggles_the_fix():
-    from workbench.experiments.checkpoints import load
-
-    gpt2, tokenizer = load("tiny-arith-gpt2")
-    explorer = dropout.dropout_explorer(gpt2, tokenizer, ["1+2=", "12+34=", "5*5=", "99-3="])
-    assert explorer.last["max_ratio_deviation"] > 1e-2
-    explorer.controls["disable"].value = True
-    assert explorer.last["max_ratio_deviation"] < 1e-4
+    check_explorer_fix(dropout.dropout_explorer, "tiny-arith-gpt2", "disable")
 
 
 PROMPTS = [p.prompt for p in rl_problems(32)]
