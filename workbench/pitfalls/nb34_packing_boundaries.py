@@ -119,30 +119,29 @@ STYLES = {BUG: (plots.BUG_COLOR, "o-", " (bug)"), FIX: (plots.FIX_COLOR, "s-", "
           MASKS[2]: (plots.SERIES_COLORS[2], "^--", " (fix, explicit)")}
 
 
-def plot_segments(ax, errors: dict, floor: float = 1e-8) -> None:
-    """Max |Δ log p| of each segment of one pack, per mask (an exact zero drawn at ``floor``)."""
-    for mask, per_segment in errors.items():
+def _plot_per_mask(ax, points: dict, floor: float, xlabel: str, ylabel: str) -> None:
+    """One line per mask from ``points[mask] = (x, y)`` in its ``STYLES``, on a log axis (an exact zero drawn at ``floor``)."""
+    for mask, (x, y) in points.items():
         color, style, tag = STYLES[mask]
-        ax.plot(range(len(per_segment)), [max(s["max"], floor) for s in per_segment], style, color=color, label=mask + tag)
+        ax.plot(x, [max(v, floor) for v in y], style, color=color, label=mask + tag)
     ax.set_yscale("log")
     plots.draw_floor(ax, floor)
-    ax.set_xlabel("segment index in the pack")
-    ax.set_ylabel("max |log p in pack − log p alone|")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     plots.note_coinciding(ax)
     ax.legend(fontsize=8)
+
+
+def plot_segments(ax, errors: dict, floor: float = 1e-8) -> None:
+    """Max |Δ log p| of each segment of one pack, per mask (an exact zero drawn at ``floor``)."""
+    points = {mask: (range(len(per_segment)), [s["max"] for s in per_segment]) for mask, per_segment in errors.items()}
+    _plot_per_mask(ax, points, floor, "segment index in the pack", "max |log p in pack − log p alone|")
 
 
 def plot_sweep(ax, rows: list[dict], floor: float = 1e-8) -> None:
     """The last segment's mean |Δ log p| vs the number of segments packed."""
-    for mask in MASKS:
-        color, style, tag = STYLES[mask]
-        ax.plot([r["segments"] for r in rows], [max(r[mask]["mean"], floor) for r in rows], style, color=color, label=mask + tag)
-    ax.set_yscale("log")
-    plots.draw_floor(ax, floor)
-    ax.set_xlabel("segments in the pack")
-    ax.set_ylabel("last segment: mean |Δ log p|")
-    plots.note_coinciding(ax)
-    ax.legend(fontsize=8)
+    points = {mask: ([r["segments"] for r in rows], [r[mask]["mean"] for r in rows]) for mask in MASKS}
+    _plot_per_mask(ax, points, floor, "segments in the pack", "last segment: mean |Δ log p|")
 
 
 def figure_packing(errors: dict, rows: list[dict]):
