@@ -278,6 +278,22 @@ def _worker_env(args) -> dict:
     return env
 
 
+def alternate(workers: dict[str, Worker], repeats: int) -> dict[str, list[dict]]:
+    """``{name: [result per repeat]}``: every worker ready before the first timing, then repeats alternating
+    the workers in order (the same seed adjacent in time); the workers are closed whatever happens."""
+    for worker in workers.values():
+        worker.ready()
+    runs: dict[str, list[dict]] = {name: [] for name in workers}
+    try:
+        for seed in range(repeats):
+            for name, worker in workers.items():
+                runs[name].append(worker.run(seed))
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return runs
+
+
 def paired(name: str, folder: str, settings: dict, steps: int, repeats: int, args, no_gc: bool = False) -> dict:
     """Repeats alternating workbench and TRL (all processes ready before the first timing). With
     ``no_gc``, a third process runs TRL with gradient checkpointing off, in the same rotation, and
@@ -286,16 +302,7 @@ def paired(name: str, folder: str, settings: dict, steps: int, repeats: int, arg
                "trl": Worker(f"{name}-trl", folder, settings, steps, args)}
     if no_gc:
         workers["trl_no_gc"] = Worker(f"{name}-trl_no_gc", folder, {**settings, **NO_GC}, steps, args)
-    for worker in workers.values():
-        worker.ready()
-    runs: dict[str, list[dict]] = {side: [] for side in workers}
-    try:
-        for seed in range(repeats):
-            for side, worker in workers.items():
-                runs[side].append(worker.run(seed))
-    finally:
-        for worker in workers.values():
-            worker.close()
+    runs = alternate(workers, repeats)
     summary = _summary(runs["workbench"], runs["trl"], repeats, args)
     if no_gc:
         summary["no_gc"] = _summary(runs["workbench"], runs["trl_no_gc"], repeats, args)
@@ -308,16 +315,7 @@ def watch_overhead(folder: str, steps: int, repeats: int, args) -> dict:
     modes = ("none", "light", "deep")
     workers = {mode: Worker(f"watch-{mode}", folder, {**GRPO, "watch": None if mode == "none" else mode}, steps, args)
                for mode in modes}
-    for worker in workers.values():
-        worker.ready()
-    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
-    try:
-        for seed in range(repeats):
-            for mode, worker in workers.items():
-                runs[mode].append(worker.run(seed))
-    finally:
-        for worker in workers.values():
-            worker.close()
+    runs = alternate(workers, repeats)
     key = "steps_per_s" if args.device == "cuda" else "steps_per_cpu_s"
     rates = {mode: [r[key] for r in runs[mode]] for mode in modes}
     return {"key": key, "rates": rates, "wall": {mode: statistics.median(r["steps_per_s"] for r in runs[mode]) for mode in modes},
