@@ -36,6 +36,7 @@ def test_figure_row_and_panels_draw_each_axis_and_band_panels_end_with_heldout()
 
     history = [{"reward": float(s), "kl": 0.1 * s, "heldout_accuracy_start": 0.2, "heldout_accuracy": 0.5} for s in range(3)]
     runs = {"bug": [history], "fix": [history]}
+    assert plots.bug_fix_colors(runs) == {"bug": plots.BUG_COLOR, "fix": plots.FIX_COLOR}
     fig = plots.figure_row(lambda axes: plots.plot_band_panels(axes, runs, (("reward", "r"), ("kl", "k")), log_key="kl"), 3, (9, 3))
     axes = fig.axes
     assert len(axes) == 3 and fig.get_size_inches().tolist() == [9, 3]

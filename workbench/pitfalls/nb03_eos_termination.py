@@ -220,7 +220,7 @@ def figure_pad_eos_masks(masks: dict, eos_token_id: int):
 
 def plot_ppo(axes, runs: dict) -> None:
     """Reward, tokens generated and rollout time per step of the first seed, bug and fix (3 axes)."""
-    colors = dict(zip(PPO_VARIANTS, (plots.BUG_COLOR, plots.FIX_COLOR), strict=True))
+    colors = plots.bug_fix_colors(PPO_VARIANTS)
     for ax, (key, label) in zip(axes, PPO_PANELS, strict=True):
         plots.plot_curves(ax, comparison.first_seed(runs), key, label, colors)
 

@@ -103,7 +103,7 @@ def ratio_lines(results: dict, temperatures) -> str:
 
 def plot_ppo(axes, runs: dict, window: int) -> None:
     """First-step |ρ − 1|, clipped share and reward bands, bug and fix, and held-out accuracy (4 axes)."""
-    colors = dict(zip(PPO_VARIANTS, (plots.BUG_COLOR, plots.FIX_COLOR), strict=True))
+    colors = plots.bug_fix_colors(PPO_VARIANTS)
     plots.plot_band_panels(axes, runs, PPO_PANELS, colors, window=window, log_key="first_ratio_deviation")
 
 

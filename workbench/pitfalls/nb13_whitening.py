@@ -102,7 +102,7 @@ def padding_lines(rows: list[dict]) -> str:
 
 def figure_ppo_whitening(runs: dict, ppo_steps: int):
     """Part 2's figure: mean advantage on real tokens and reward per step (seed bands), and held-out accuracy."""
-    colors = dict(zip(PPO_VARIANTS, (plots.BUG_COLOR, plots.FIX_COLOR), strict=True))
+    colors = plots.bug_fix_colors(PPO_VARIANTS)
     fig, axes = plt.subplots(1, 3, figsize=(17, 3.8))
     panels = (("advantage_mean_real_tokens", "mean advantage on real tokens"), ("reward", "mean task reward"))
     for ax, (key, label) in zip(axes[:2], panels, strict=True):

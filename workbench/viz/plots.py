@@ -51,6 +51,11 @@ def bug_fix_color(bug: bool) -> str:
     return BUG_COLOR if bug else FIX_COLOR
 
 
+def bug_fix_colors(labels) -> dict:
+    """``{bug label: BUG_COLOR, fix label: FIX_COLOR}`` for the two ``labels`` (bug first) of a comparison."""
+    return dict(zip(labels, (BUG_COLOR, FIX_COLOR), strict=True))
+
+
 def plot_mask(ax, mask, title: str = "", xlabel: str = "token position", ylabel: str = "row", *, eos=None,
               key: bool = True, labels: tuple[str, str] = ("masked (0)", "in the mask (1)")):
     """A 0/1 mask as an image with one cell per token: integer ticks, a key, and (``eos``, a
