@@ -339,8 +339,7 @@ def figure_first_step(table: dict):
 
 def plot_ppo(axes, runs: dict) -> None:
     """Reward, KL and sampler-vs-trainer |ρ − 1| bands per variant (bug, fix), and held-out accuracy (4 axes)."""
-    colors = plots.bug_fix_colors(runs)
-    plots.plot_band_panels(axes, runs, PPO_PANELS, colors, log_key="first_ratio_deviation")
+    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(runs), log_key="first_ratio_deviation")
 
 
 def figure_ppo(runs: dict):

@@ -103,8 +103,7 @@ def ratio_lines(results: dict, temperatures) -> str:
 
 def plot_ppo(axes, runs: dict, window: int) -> None:
     """First-step |ρ − 1|, clipped share and reward bands, bug and fix, and held-out accuracy (4 axes)."""
-    colors = plots.bug_fix_colors(PPO_VARIANTS)
-    plots.plot_band_panels(axes, runs, PPO_PANELS, colors, window=window, log_key="first_ratio_deviation")
+    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(PPO_VARIANTS), window=window, log_key="first_ratio_deviation")
 
 
 def figure_ppo(runs: dict, ppo_steps: int):

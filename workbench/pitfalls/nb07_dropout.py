@@ -155,8 +155,7 @@ def step0_lines(results: dict, dropouts) -> str:
 
 def plot_ppo(axes, runs: dict) -> None:
     """First-mini-batch |ρ − 1|, KL and reward bands, bug and fix, and held-out accuracy (4 axes)."""
-    colors = plots.bug_fix_colors(PPO_VARIANTS)
-    plots.plot_band_panels(axes, runs, PPO_PANELS, colors, log_key="train_ratio_deviation")
+    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(PPO_VARIANTS), log_key="train_ratio_deviation")
 
 
 def figure_ppo(runs: dict):
