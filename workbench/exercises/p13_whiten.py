@@ -130,10 +130,8 @@ def _padding_finite(fn) -> Outcome:
 
 
 EXERCISE = Exercise(
-    name="p13_whiten",
-    function="whiten",
+    name="p13_whiten", function="whiten", lesson=LESSON,
     signature="whiten(values: Tensor[B, T], mask: Tensor[B, T]) -> Tensor[B, T]",
-    lesson=LESSON,
     summary="advantage whitening with the mean and variance of the real tokens of the batch",
     cases=[
         CaseSpec("statistics", "a ragged batch (lengths 12, 3, 9, 7, 1, 10), padding holding 3.0",

@@ -94,10 +94,8 @@ def _bf16(fn) -> Outcome:
 
 
 EXERCISE = Exercise(
-    name="p6_logprobs",
-    function="logprobs",
+    name="p6_logprobs", function="logprobs", lesson=LESSON,
     signature="logprobs(logits: Tensor[B, T, V], ids: LongTensor[B, T], temperature: float) -> Tensor[B, T]",
-    lesson=LESSON,
     summary="the log-probs of the sampling distribution softmax(logits / τ), computed in float32",
     needs_model=True,
     cases=[

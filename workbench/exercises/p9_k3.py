@@ -85,10 +85,8 @@ def _large_gap(fn) -> Outcome:
 
 
 EXERCISE = Exercise(
-    name="p9_k3",
-    function="k3",
+    name="p9_k3", function="k3", lesson=LESSON,
     signature="k3(logp: Tensor[B, T], ref_logp: Tensor[B, T]) -> Tensor[B, T]",
-    lesson=LESSON,
     summary="the k3 KL estimator per token: exp(r) − r − 1 with r = ref_logp − logp",
     cases=[
         CaseSpec("values", "random log-probs, gaps of about 1 nat", "exp(r) − r − 1, r = ref_logp − logp", _values),

@@ -87,10 +87,8 @@ def _log_probs(fn) -> Outcome:
 
 
 EXERCISE = Exercise(
-    name="s1_position_ids",
-    function="position_ids",
+    name="s1_position_ids", function="position_ids", lesson=LESSON,
     signature="position_ids(attention_mask: Tensor[B, T]) -> LongTensor[B, T]",
-    lesson=LESSON,
     summary="position ids that follow the attention mask: the first real token of every row at 0",
     needs_model=True,
     cases=[

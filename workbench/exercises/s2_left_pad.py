@@ -95,10 +95,8 @@ def _generation(fn) -> Outcome:
 
 
 EXERCISE = Exercise(
-    name="s2_left_pad",
-    function="left_pad",
+    name="s2_left_pad", function="left_pad", lesson=LESSON,
     signature="left_pad(input_ids: LongTensor[B, T], attention_mask: Tensor[B, T], pad_id: int) -> (input_ids, attention_mask)",
-    lesson=LESSON,
     summary="right padding turned into left padding: every row's real tokens end in the last column",
     needs_model=True,
     cases=[

@@ -77,10 +77,8 @@ def _case(ids: list[list[int]], stop_ids: list[int]):
 
 
 EXERCISE = Exercise(
-    name="s3_mask_after_eos",
-    function="mask_after_eos",
+    name="s3_mask_after_eos", function="mask_after_eos", lesson=LESSON,
     signature="mask_after_eos(response_ids: LongTensor[B, R], stop_ids: list[int]) -> Tensor[B, R]",
-    lesson=LESSON,
     summary="the loss mask of sampled responses: 1 up to and including the first stop id, 0 after",
     cases=[
         CaseSpec("one_stop", f"stop_ids=[{EOS}], rows stopping at positions 3 and 1",

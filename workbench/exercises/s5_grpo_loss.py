@@ -96,10 +96,8 @@ def _differentiable(fn) -> Outcome:
 
 
 EXERCISE = Exercise(
-    name="s5_grpo_loss",
-    function="grpo_loss",
+    name="s5_grpo_loss", function="grpo_loss", lesson=LESSON,
     signature="grpo_loss(per_token_loss: Tensor[B, T], mask: Tensor[B, T]) -> Tensor[]",
-    lesson=LESSON,
     summary="the GRPO paper's loss: mean over each response's real tokens, then mean over responses",
     cases=[
         CaseSpec("aggregation", "check_aggregation on ragged batches (lengths 1, 3, 5, 8 …)",
