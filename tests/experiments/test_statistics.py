@@ -14,3 +14,12 @@ def test_effect_against_noise():
     assert one.seeds == 1 and one.difference == 0 and not one.larger_than_noise and "one seed" in one.sentence()
     assert comparison.first_divergence(flat, flat, "x") is None
     assert comparison.first_divergence(flat, flat[:3] + [{"x": 5.0}] + flat[4:], "x") == 3
+
+
+def test_heldout_gains_is_gain_per_label():
+    def run(start, end):
+        return [[{"heldout_accuracy_start": start, "heldout_accuracy": end}] for _ in range(3)]
+
+    runs = {"bug": run(0.2, 0.2), "fix": run(0.2, 0.8)}
+    assert statistics.heldout_gains(runs) == {k: vars(statistics.gain(runs, k)) for k in runs}
+    assert list(statistics.heldout_gains(runs, ["fix"])) == ["fix"]

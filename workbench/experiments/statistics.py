@@ -139,6 +139,12 @@ def gain(runs: dict[str, list[list[dict]]], label: str, key: str = "heldout_accu
                    _threshold(len(records), factor))
 
 
+def heldout_gains(runs: dict[str, list[list[dict]]], labels=None) -> dict[str, dict]:
+    """``{label: vars(gain(runs, label))}`` for each of ``labels`` (default: every variant of ``runs``): the
+    ``heldout_gain`` entry of a notebook's metrics."""
+    return {label: vars(gain(runs, label)) for label in (runs if labels is None else labels)}
+
+
 def learnt_gap(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, fraction: float = 0.25,
                factor: float | None = None) -> Effect:
     """The part of the bug − fix gap in ``key`` that training added: per seed, the gap over the final

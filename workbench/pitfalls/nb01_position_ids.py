@@ -399,7 +399,7 @@ def metrics(*, sweep: dict, mismatch: dict, policy, names: tuple[str, str], runs
             "first_epoch_ratio_deviation_without": {n: mismatch[n, "model"]["max_ratio_deviation"] for n in names},
             "first_epoch_ratio_deviation_with": {n: mismatch[n, "mask"]["max_ratio_deviation"] for n in names},
             "ppo_effects": {k: vars(e) for k, e in effects.items()},
-            "heldout_gain": {k: vars(statistics.gain(runs, k)) for k in PPO_VARIANTS}, "training_settings": settings,
+            "heldout_gain": statistics.heldout_gains(runs, PPO_VARIANTS), "training_settings": settings,
         },
         "headline": {"what": "max |Δ log p|, GPT-2 fp32, padded vs alone", "unit": "nats",
                      "bug": worst(sweep, "gpt2"), "fix": worst(sweep, "gpt2", mode="mask")},

@@ -124,7 +124,7 @@ def metrics(*, results: dict, temperatures, runs: dict, effects: dict, settings:
                     "max_ratio_deviation_fix": {str(t): results[t, True]["max_ratio_deviation"] for t in temperatures},
                     "ppo_first_ratio_deviation": {k: h[0][0]["first_ratio_deviation"] for k, h in runs.items()},
                     "ppo_effects": {k: vars(e) for k, e in effects.items()},
-                    "heldout_gain": {k: vars(statistics.gain(runs, k)) for k in PPO_VARIANTS}, "training_settings": settings},
+                    "heldout_gain": statistics.heldout_gains(runs, PPO_VARIANTS), "training_settings": settings},
         "headline": {"what": f"max |ρ − 1| before any update, sampling at τ = {worst}", "unit": "ratio",
                      "bug": results[worst, False]["max_ratio_deviation"], "fix": results[worst, True]["max_ratio_deviation"]},
     }

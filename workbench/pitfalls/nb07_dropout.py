@@ -190,7 +190,7 @@ def metrics(*, results: dict, dropouts, runs: dict, effects: dict, settings: dic
                     "sequence_kl_bug": {str(d): results[d, False]["sequence_kl_k1"] for d in dropouts},
                     "ppo_train_ratio_deviation": {k: h[0][0]["train_ratio_deviation"] for k, h in runs.items()},
                     "ppo_effects": {k: vars(e) for k, e in effects.items()},
-                    "heldout_gain": {k: vars(statistics.gain(runs, k)) for k in PPO_VARIANTS}, "training_settings": settings},
+                    "heldout_gain": statistics.heldout_gains(runs, PPO_VARIANTS), "training_settings": settings},
         "headline": {"what": f"max |ρ − 1| at step 0 with dropout {worst}", "unit": "ratio",
                      "bug": results[worst, False]["max_ratio_deviation"], "fix": results[worst, True]["max_ratio_deviation"]},
     }

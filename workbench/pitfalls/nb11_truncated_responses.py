@@ -214,7 +214,7 @@ def metrics(*, measured: dict[str, dict], runs: dict, effects: dict, settings: d
                     "truncated_rewarded": {n: int(sum(h["truncated_rewarded"] for h in hs)) for n, hs in histories.items()},
                     "eos_rate_end": {n: statistics.tail_mean(hs, "finished_fraction") for n, hs in histories.items()},
                     "effects": {k: vars(e) for k, e in effects.items()},
-                    "heldout_gain": {k: vars(statistics.gain(runs, k)) for k in runs}, "training_settings": settings},
+                    "heldout_gain": statistics.heldout_gains(runs), "training_settings": settings},
         "headline": {"what": "step-0 pressure towards truncation: in-loss advantage of truncated − finished responses (bug vs zero reward)",
                      "unit": "advantage", "bug": measured[BUG]["pressure"], "fix": measured["zero reward without EOS"]["pressure"]},
     }

@@ -189,7 +189,7 @@ def metrics(*, results: dict, runs: dict, effects: dict, settings: dict) -> dict
         "metrics": {**{n: {k: v for k, v in r.items() if not hasattr(v, "shape")} for n, r in results.items()},
                     "ppo_first_ratio_deviation": {k: h[0][0]["first_ratio_deviation"] for k, h in runs.items()},
                     "ppo_effects": {f"{key} vs {b}" if a == BUG else f"{key}: {a} vs {b}": vars(e) for (key, a, b), e in effects.items()},
-                    "heldout_gain": {k: vars(statistics.gain(runs, k)) for k in runs}, "training_settings": settings},
+                    "heldout_gain": statistics.heldout_gains(runs), "training_settings": settings},
         "headline": {"what": "max |ρ − 1| between trainer (fp32) and rollout log-probs before any update: bf16 vs fp32 rollout",
                      "unit": "ratio", "bug": results["bf16 rollout"]["max_ratio_deviation"],
                      "fix": results["fp32 rollout"]["max_ratio_deviation"]},

@@ -128,7 +128,7 @@ def metrics(rows: list[dict], runs: dict, effects: dict, settings: dict) -> dict
                  "masked_mean_by_padding": {str(r["extra_pads"]): r["masked_mean"] for r in rows},
                  "ppo_advantage_mean_real_tokens": {k: h[0][0]["advantage_mean_real_tokens"] for k, h in runs.items()},
                  "ppo_effects": {k: vars(e) for k, e in effects.items()},
-                 "heldout_gain": {k: vars(statistics.gain(runs, k)) for k in PPO_VARIANTS}, "training_settings": settings},
+                 "heldout_gain": statistics.heldout_gains(runs, PPO_VARIANTS), "training_settings": settings},
         headline={"what": f"mean of whitened advantages on real tokens at {worst['padding_fraction']:.0%} padding", "unit": "advantage",
                   "bug": worst["naive_mean"], "fix": worst["masked_mean"]},
     )
