@@ -22,10 +22,18 @@ Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or 
   recomputes the forward in the backward pass), a third process in the same rotation;
 * ``GRPO, larger model`` — a random Qwen2 configuration of ~12M parameters with a 32k
   vocabulary, where compute rather than Python overhead dominates;
+* ``Sampler`` — the workbench's decode loop (``sample`` as the trainers call it: shared prefill,
+  static KV cache) vs ``model.generate`` on the same model, prompts (GRPO's groups), seed and
+  sampling settings (temperature 1, no top-k/top-p), tokens per CPU-second, at the tiny size and on
+  the larger model; a third side on the larger model draws by inverse CDF (``draw="inverse_cdf"``,
+  other tokens for the same seed);
 * ``Packed vs padded`` — scoring a ragged batch (8–200 tokens) bin-packed vs padded;
 * ``Scoring memory`` — peak memory of one scoring call (log-probs + entropy) on a random Qwen2 with
   Qwen2.5's 151,936-token vocabulary, the naive full-logits path vs the chunked one;
-* ``EOS stopping`` — the rollout time saved by stopping at EOS (pitfall S3).
+* ``EOS stopping`` — the rollout time saved by stopping at EOS (pitfall S3);
+* ``Watch overhead`` — the workbench's GRPO step (the ``GRPO`` configuration) without a watch, inside the light
+  ``workbench.watch`` and inside the deep one, three processes alternating; time per step with ÷ without
+  (target for light: ≤ 1.05×). ``--watch-only`` runs just this line.
 
 ``--write`` appends the lines, the machine, the load average and the settings to
 benchmarks/RESULTS.md.
@@ -100,6 +108,8 @@ def _train_with_clock(trainer) -> dict:
 
 
 def _grpo_workbench(folder, settings, steps, seed, device):
+    import contextlib
+
     from workbench.experiments.checkpoints import load
     from workbench.tasks import rl_problems
     from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
@@ -117,7 +127,17 @@ def _grpo_workbench(folder, settings, steps, seed, device):
         state["tokens"] += out["response_length"] * settings["prompts"] * settings["num_generations"]
         state["rewards"].append(out["reward"])
 
-    return {**_timed(step, steps), "tokens_per_step": state["tokens"] / state["step"], "values": state["rewards"]}
+    mode = settings.get("watch")  # None, "light" or "deep": the same steps inside workbench.watch (the watch benchmark)
+    if mode:
+        from workbench.watch import watch
+
+        optimizer = getattr(trainer, "optimizer", None)
+        observer = watch(model, tokenizer=tok, reference=getattr(trainer, "reference", None),
+                         optimizer=getattr(optimizer, "optimizer", optimizer), deep=mode == "deep")
+    with observer if mode else contextlib.nullcontext():
+        result = _timed(step, steps)
+    findings = len(observer.report().findings) if mode else 0
+    return {**result, "tokens_per_step": state["tokens"] / state["step"], "values": state["rewards"], "findings": findings}
 
 
 def _grpo_trl(folder, settings, steps, seed, device):
@@ -192,7 +212,8 @@ def _dpo_trl(folder, settings, steps, seed, device):
 
 
 RUNNERS = {"grpo-workbench": _grpo_workbench, "grpo-trl": _grpo_trl, "dpo-workbench": _dpo_workbench, "dpo-trl": _dpo_trl,
-           "grpo-trl_no_gc": _grpo_trl, "dpo-trl_no_gc": _dpo_trl}
+           "grpo-trl_no_gc": _grpo_trl, "dpo-trl_no_gc": _dpo_trl,
+           **{f"watch-{mode}": _grpo_workbench for mode in ("none", "light", "deep")}}
 NO_GC = {"trl_gradient_checkpointing": False}  # the settings of the TRL side without gradient checkpointing
 
 
@@ -206,6 +227,7 @@ def serve(kind: str, folder: str, settings: dict, steps: int, device: str, threa
 
     import workbench.trainers.dpo  # noqa: F401
     import workbench.trainers.grpo  # noqa: F401
+    import workbench.watch  # noqa: F401
 
     print(MARK + json.dumps({"ready": kind}), flush=True)
     for line in sys.stdin:
@@ -256,6 +278,22 @@ def _worker_env(args) -> dict:
     return env
 
 
+def alternate(workers: dict[str, Worker], repeats: int) -> dict[str, list[dict]]:
+    """``{name: [result per repeat]}``: every worker ready before the first timing, then repeats alternating
+    the workers in order (the same seed adjacent in time); the workers are closed whatever happens."""
+    for worker in workers.values():
+        worker.ready()
+    runs: dict[str, list[dict]] = {name: [] for name in workers}
+    try:
+        for seed in range(repeats):
+            for name, worker in workers.items():
+                runs[name].append(worker.run(seed))
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return runs
+
+
 def paired(name: str, folder: str, settings: dict, steps: int, repeats: int, args, no_gc: bool = False) -> dict:
     """Repeats alternating workbench and TRL (all processes ready before the first timing). With
     ``no_gc``, a third process runs TRL with gradient checkpointing off, in the same rotation, and
@@ -264,20 +302,40 @@ def paired(name: str, folder: str, settings: dict, steps: int, repeats: int, arg
                "trl": Worker(f"{name}-trl", folder, settings, steps, args)}
     if no_gc:
         workers["trl_no_gc"] = Worker(f"{name}-trl_no_gc", folder, {**settings, **NO_GC}, steps, args)
-    for worker in workers.values():
-        worker.ready()
-    runs: dict[str, list[dict]] = {side: [] for side in workers}
-    try:
-        for seed in range(repeats):
-            for side, worker in workers.items():
-                runs[side].append(worker.run(seed))
-    finally:
-        for worker in workers.values():
-            worker.close()
+    runs = alternate(workers, repeats)
     summary = _summary(runs["workbench"], runs["trl"], repeats, args)
     if no_gc:
         summary["no_gc"] = _summary(runs["workbench"], runs["trl_no_gc"], repeats, args)
     return summary
+
+
+def watch_overhead(folder: str, steps: int, repeats: int, args) -> dict:
+    """The workbench's GRPO step on the benchmark configuration without a watch, under the light watch and under the
+    deep one: three processes, all ready before the first timing, repeats alternating none, light, deep."""
+    modes = ("none", "light", "deep")
+    workers = {mode: Worker(f"watch-{mode}", folder, {**GRPO, "watch": None if mode == "none" else mode}, steps, args)
+               for mode in modes}
+    runs = alternate(workers, repeats)
+    key = "steps_per_s" if args.device == "cuda" else "steps_per_cpu_s"
+    rates = {mode: [r[key] for r in runs[mode]] for mode in modes}
+    return {"key": key, "rates": rates, "wall": {mode: statistics.median(r["steps_per_s"] for r in runs[mode]) for mode in modes},
+            "median": {mode: statistics.median(rates[mode]) for mode in modes},
+            # time per step with the watch ÷ without, per repeat (the same seed, adjacent in time) and of the medians
+            "pair_ratios": {mode: [a / b for a, b in zip(rates["none"], rates[mode], strict=True)] for mode in ("light", "deep")},
+            "ratio": {mode: statistics.median(rates["none"]) / statistics.median(rates[mode]) for mode in ("light", "deep")},
+            "findings": {mode: max(r["findings"] for r in runs[mode]) for mode in modes}}
+
+
+def _watch_line(w: dict) -> str:
+    unit = "steps/s" if w["key"] == "steps_per_s" else "steps per CPU-second"
+    m, pairs = w["median"], {mode: ", ".join(f"{r:.3f}" for r in rs) for mode, rs in w["pair_ratios"].items()}
+    light, deep = (100 * (w["ratio"][mode] - 1) for mode in ("light", "deep"))
+    return (f"Watch overhead (workbench GRPO step, {GRPO['prompts']}×{GRPO['num_generations']}×{GRPO['max_new_tokens']} tokens): "
+            f"without {m['none']:.2f} vs light watch {m['light']:.2f} vs deep watch {m['deep']:.2f} {unit} (wall clock "
+            f"{w['wall']['none']:.2f} / {w['wall']['light']:.2f} / {w['wall']['deep']:.2f} steps/s); time per step with ÷ "
+            f"without, per repeat: light {pairs['light']}; deep {pairs['deep']}; findings light {w['findings']['light']}, "
+            f"deep {w['findings']['deep']} → light {w['ratio']['light']:.3f}× ({light:+.1f} %, target ≤ +5 %), "
+            f"deep {w['ratio']['deep']:.3f}× ({deep:+.1f} %)")
 
 
 def _summary(workbench: list[dict], trl: list[dict], repeats: int, args) -> dict:
@@ -405,6 +463,72 @@ def run_memory(args) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# ---- the sampler vs model.generate ------------------------------------------------------------
+SAMPLER = {"tiny": dict(prompts=2, num_generations=8, max_new_tokens=8, calls=40),
+           "large": dict(prompts=2, num_generations=4, max_new_tokens=16, calls=3)}
+
+
+def sampler_worker(size: str, rounds: int, device: str) -> dict:
+    """Tokens per CPU-second (wall clock on a GPU) of each side, rounds alternating the sides."""
+    import torch
+
+    from workbench.experiments.checkpoints import load
+    from workbench.modeling.rollout import sample
+    from workbench.modeling.tiny import tiny_model
+    from workbench.tasks import encode_prompts, rl_problems
+
+    settings = SAMPLER[size]
+    model, tok = load("tiny-arith-qwen2") if size == "tiny" else tiny_model("qwen2", seed=0, **LARGE_MODEL)
+    model.to(device).eval()
+    ids, mask = (t.to(device) for t in encode_prompts(tok, [p.prompt for p in rl_problems(settings["prompts"])
+                                                             for _ in range(settings["num_generations"])]))
+    common = dict(max_new_tokens=settings["max_new_tokens"], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+    def workbench(seed, draw="multinomial"):
+        r = sample(model, ids, mask, generator=torch.Generator(device).manual_seed(seed), share_prefill=True, static_cache=True,
+                   draw=draw, **common)
+        return r.tokens_generated
+
+    def generate(seed):
+        torch.manual_seed(seed)
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             max_new_tokens=settings["max_new_tokens"], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        return (out.shape[1] - ids.shape[1]) * ids.shape[0]
+
+    sides = {"workbench": workbench, "generate": generate}
+    if size == "large":
+        sides["inverse_cdf"] = lambda seed: workbench(seed, "inverse_cdf")
+    rates: dict[str, list[float]] = {side: [] for side in sides}
+    for fn in sides.values():
+        fn(0)  # warm-up
+    for r in range(rounds):
+        for side, fn in sides.items():
+            start, tokens = _timer(device), 0
+            for call in range(settings["calls"]):
+                tokens += fn(1000 * r + call)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            rates[side].append(tokens / (_timer(device) - start))
+    return {"settings": settings, "rates": rates}
+
+
+def run_sampler(size: str, rounds: int, args) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--sampler-worker", size, "--repeats", str(rounds), "--device", args.device,
+                           "--threads", str(args.threads)], capture_output=True, text=True, env=_worker_env(args))
+    if done.returncode != 0:
+        raise RuntimeError(f"sampler worker failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _sampler_line(label: str, result: dict, side: str = "workbench") -> str:
+    rates, s = result["rates"], result["settings"]
+    pairs = [a / b for a, b in zip(rates[side], rates["generate"], strict=True)]
+    ratio = statistics.median(rates[side]) / statistics.median(rates["generate"])
+    return (f"{label} ({s['prompts']}×{s['num_generations']} rows, ≤ {s['max_new_tokens']} tokens, {s['calls']} calls per round): "
+            f"{statistics.median(rates[side]):.0f} vs model.generate {statistics.median(rates['generate']):.0f} tokens per "
+            f"{'second' if 'cuda' in label else 'CPU-second'}, per-round ratios {', '.join(f'{p:.2f}' for p in pairs)} → {ratio:.2f}×")
+
+
 # ---- packing and EOS -------------------------------------------------------------------------
 def _timer(device: str) -> float:
     """Wall clock on a GPU; this process's CPU time on a CPU (immune to other processes' load)."""
@@ -499,10 +623,13 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads per process on a CPU (both sides)")
     parser.add_argument("--write", action="store_true", help="append the results to benchmarks/RESULTS.md")
+    parser.add_argument("--watch-only", action="store_true", help="only the watch-overhead line (GRPO with vs without workbench.watch)")
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--folder", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--settings", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sampler-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--only-sampler", action="store_true", help="run the sampler lines only")
     args = parser.parse_args()
     steps = args.steps or (20 if args.quick else 40)
     repeats = args.repeats or (3 if args.quick else 5)
@@ -511,6 +638,13 @@ def main() -> int:
         return 0
     if args.memory_worker:
         print(json.dumps(memory_worker(args.device)))
+        return 0
+    if args.sampler_worker:
+        if args.device == "cpu":
+            import torch
+
+            torch.set_num_threads(args.threads)
+        print(json.dumps(sampler_worker(args.sampler_worker, repeats, args.device)))
         return 0
     if args.device == "cuda":
         import torch
@@ -526,18 +660,31 @@ def main() -> int:
     lines, results = [], {}
     base = tempfile.mkdtemp()
     tiny_folder = _save_model(f"{base}/tiny", *load("tiny-arith-qwen2"))
-    large, large_tok = tiny_model("qwen2", seed=0, **LARGE_MODEL)
-    large_params = sum(p.numel() for p in large.parameters())
-    large_folder = _save_model(f"{base}/large", large, large_tok)
-    del large
+    results["watch"] = watch_overhead(tiny_folder, steps, repeats, args)
+    lines.append(_watch_line(results["watch"]))
+    large_steps = 3 if args.quick else 8
+    if not args.watch_only:
+        large, large_tok = tiny_model("qwen2", seed=0, **LARGE_MODEL)
+        large_params = sum(p.numel() for p in large.parameters())
+        large_folder = _save_model(f"{base}/large", large, large_tok)
+        del large
 
+        results["sampler"] = {size: run_sampler(size, max(3, repeats), args) for size in SAMPLER}
+        lines.append(_sampler_line("Sampler, tiny model", results["sampler"]["tiny"]))
+        lines.append(_sampler_line(f"Sampler, larger model ({large_params / 1e6:.1f}M parameters, "
+                                   f"{LARGE_MODEL['vocab_size']} vocabulary)", results["sampler"]["large"]))
+        lines.append(_sampler_line("Sampler, larger model, draw='inverse_cdf' (other tokens per seed)", results["sampler"]["large"],
+                                   side="inverse_cdf"))
+    if args.only_sampler or args.watch_only:
+        print("\n".join(lines))
+        return 0
+    # the trainers against TRL, the larger model, packing, memory and EOS stopping
     results["grpo"] = paired("grpo", tiny_folder, GRPO, steps, repeats, args, no_gc=True)
     lines.append(_comparison_line("GRPO", results["grpo"], "reward"))
     lines.append(_comparison_line("GRPO (TRL without gradient checkpointing)", results["grpo"]["no_gc"], "reward"))
     results["dpo"] = paired("dpo", tiny_folder, DPO, steps, repeats, args, no_gc=True)
     lines.append(_comparison_line("DPO", results["dpo"], "loss"))
     lines.append(_comparison_line("DPO (TRL without gradient checkpointing)", results["dpo"]["no_gc"], "loss"))
-    large_steps = 3 if args.quick else 8
     results["grpo_large"] = paired("grpo", large_folder, GRPO_LARGE, large_steps, max(3, repeats - 2), args)
     lines.append(_comparison_line(
         f"GRPO, larger model (random Qwen2, {large_params / 1e6:.1f}M parameters, {LARGE_MODEL['vocab_size']} vocabulary, "

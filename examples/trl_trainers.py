@@ -8,7 +8,8 @@ on the check's crafted inputs (nothing here re-implements what is being audited)
 * ``dpo_batch_logps()``: the mask TRL's ``DataCollatorForPreference`` builds, summed over completion
   tokens as ``DPOTrainer`` sums its per-token log-probs.
 
-``grpo_trainer(model, tokenizer, **config)`` builds a CPU GRPOTrainer on a saved copy of the model.
+``grpo_trainer(model, tokenizer, **config)`` builds a CPU GRPOTrainer on a saved copy of the model;
+``watched_grpo_step(model, tokenizer)`` runs one GRPOTrainer step with ``workbench.watch.WatchCallback``.
 """
 
 from __future__ import annotations
@@ -102,3 +103,24 @@ def audit(model, tokenizer, *, temperature: float, loss_types=("grpo", "bnpo", "
     dpo = check_dpo_mask(dpo_batch_logps)
     dpo.details["label"] = "trl DataCollatorForPreference"
     return results + [dpo]
+
+
+def watched_grpo_step(model, tokenizer, *, deep: bool = False, prompts=("1+2=", "12+34=", "3*4=", "567-8=")):
+    """One ``GRPOTrainer`` step on CPU with ``workbench.watch.WatchCallback`` in its callbacks (no adapter: the
+    callback attaches at train begin); returns the callback's report. Prompts of different lengths, so TRL pads them
+    on the left."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from workbench.watch import WatchCallback
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    callback = WatchCallback(deep=deep, write_report=False)
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="watch-trl-"), use_cpu=True, bf16=False, report_to="none",
+                      logging_steps=1, max_steps=1, per_device_train_batch_size=len(prompts) * 2, num_generations=2,
+                      max_completion_length=6, beta=0.0)
+    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions], args=args,
+                          train_dataset=Dataset.from_list([{"prompt": p} for p in prompts] * 4), processing_class=tokenizer,
+                          callbacks=[callback])
+    trainer.train()
+    return callback.report()

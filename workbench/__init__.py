@@ -12,7 +12,8 @@ on first use (so ``import workbench.audit`` still loads only torch):
   (``workbench.modeling.models``) — models;
 * ``PPOConfig``, ``PPOTrainer``, ``GRPOConfig``, ``GRPOTrainer``, ``DPOConfig``, ``DPOTrainer``,
   ``SFTConfig``, ``SFTTrainer`` — the trainers (``workbench.trainers.*``);
-* ``audit`` — check your own trainer's functions (``workbench.audit``).
+* ``audit`` — check your own trainer's functions (``workbench.audit``);
+* ``watch`` — observe a real training run and report the pitfalls it shows (``workbench.watch``, callable).
 
 The library's own modules import each name from its home, never through this file.
 """
@@ -34,7 +35,7 @@ _PUBLIC = {
     "SFTConfig": "workbench.trainers.sft",
     "SFTTrainer": "workbench.trainers.sft",
 }
-_SUBMODULES = ("audit",)
+_SUBMODULES = ("audit", "watch")
 
 __all__ = sorted(_PUBLIC) + list(_SUBMODULES)
 

@@ -28,6 +28,8 @@ import multiprocessing
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -313,13 +315,15 @@ def run_catalogue(
     jobs_in_parallel: int = 1,
     resume: bool = False,
     log=print,
+    exercises: bool = True,
 ) -> tuple[Path, list[NotebookResult]]:
     """Execute notebooks, then write ``index.html`` and ``summary.json`` into ``out_dir``.
 
     ``resume``: keep the notebooks already complete in ``out_dir`` (module doc), run the others, and
     report over all of them; ``log`` receives one line per notebook saying which and why.
     Ctrl-C: the report and summary of the notebooks that finished are written, then ``KeyboardInterrupt``
-    propagates.
+    propagates. ``exercises``: grade the exercises' reference solutions in a process beside the notebooks
+    (a few seconds of CPU) for the report's Exercises section.
     """
     from tqdm.auto import tqdm  # tqdm: optional progress bars
 
@@ -333,26 +337,61 @@ def run_catalogue(
             results[i], why = completed_result(info, parameters, out / info.stem)
             log(f"resume: {info.stem}: " + ("complete, kept" if results[i] else f"{why}; running it"))
     todo = [i for i in range(len(jobs)) if results[i] is None]
+    grading = start_exercise_grading(out) if exercises else None
     bar = tqdm(total=len(todo), desc="notebooks", disable=not progress, unit="nb")
     try:
         _run_jobs(jobs, todo, results, out, render_html, jobs_in_parallel, bar)
     except KeyboardInterrupt:
         bar.close()
+        if grading is not None:
+            grading.kill()
+            grading.wait()
         _write_outputs(out, [r for r in results if r is not None], time.perf_counter() - start, smoke)
         log(f"interrupted: {sum(r is not None for r in results)} of {len(jobs)} notebooks complete in {out}; "
             f"run the rest with --out {out} --resume")
         raise
     bar.close()
     results = [r for r in results if r is not None]
-    _write_outputs(out, results, time.perf_counter() - start, smoke)
+    graded = collect_exercise_grading(grading, out) if grading is not None else None
+    _write_outputs(out, results, time.perf_counter() - start, smoke, graded)
     return out, results
 
 
-def _write_outputs(out: Path, results: list[NotebookResult], total: float, smoke: bool) -> None:
-    write_report(out, results, total_seconds=total, smoke=smoke)
+EXERCISES_JSON = "exercises.json"
+
+
+def start_exercise_grading(out: Path) -> subprocess.Popen:
+    """Grade the exercises' reference solutions in a process beside the notebooks (``python -m workbench.exercises``)."""
+    log = open(out / "exercises.log", "w")
+    try:
+        return subprocess.Popen([sys.executable, "-m", "workbench.exercises", str(out / EXERCISES_JSON)],
+                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        log.close()
+
+
+def collect_exercise_grading(process: subprocess.Popen, out: Path, timeout_s: float = 300.0) -> dict:
+    """The solutions' grades (``{"grades": [...]}``) or why there are none (``{"error": ...}``)."""
+    try:
+        code = process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return {"error": f"grading the solutions took longer than {timeout_s:.0f} s"}
+    path = out / EXERCISES_JSON
+    if code != 0 or not path.is_file():
+        tail = (out / "exercises.log").read_text(errors="replace")[-300:] if (out / "exercises.log").is_file() else ""
+        return {"error": f"grading the solutions exited with code {code}: {tail}"}
+    return {"grades": json.loads(path.read_text())}
+
+
+def _write_outputs(out: Path, results: list[NotebookResult], total: float, smoke: bool, exercises: dict | None = None) -> None:
+
+    write_report(out, results, total_seconds=total, smoke=smoke, exercises=exercises)
     atomic_write_json(
         out / "summary.json",
-        {"smoke": smoke, "total_seconds": total, "notebooks": [{**asdict(r), "verdict": r.verdict} for r in results]},
+        {"smoke": smoke, "total_seconds": total, "notebooks": [{**asdict(r), "verdict": r.verdict} for r in results],
+         **({"exercises": exercises} if exercises is not None else {})},
     )
 
 

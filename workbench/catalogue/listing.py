@@ -219,12 +219,14 @@ PARAMETER_RULES: dict[str, Rule] = {
     "off_policy_steps": non_empty_list(NON_NEGATIVE),
     "spreads": non_empty_list(POSITIVE),
     "values": non_empty_list(POSITIVE),
+    "long_lengths": non_empty_list(COUNT),
+    "lams": non_empty_list(PROBABILITY),
     "texts": non_empty_list(TEXT),
     # counts
     **{name: COUNT for name in ("train_steps", "ppo_steps", "sft_steps", "adam_steps", "curve_steps", "n_prompts",
                                 "n_episodes", "n_texts", "batch_size", "trials", "eval_prompts", "examples",
                                 "step0_batches", "throughput_rows", "train_micro_batch", "workers", "processes",
-                                "max_new_tokens", "short_budget")},
+                                "max_new_tokens", "short_budget", "short_length")},
     "group_size": integer(2),
     "vocab": integer(2),
     "held_out": integer(0),
@@ -232,15 +234,36 @@ PARAMETER_RULES: dict[str, Rule] = {
     "long_prompts": integer(0),
     # numbers
     "beta": NON_NEGATIVE,
+    "gamma": PROBABILITY,
+    "lam": PROBABILITY,
     "missing_eos_penalty": NON_NEGATIVE,
     "tis_cap": POSITIVE,
     "temperature": POSITIVE,
     "headline_temperature": POSITIVE,
     "headline_lr": POSITIVE,
+    # third wave, notebooks 28-31
+    "lags": non_empty_list(integer(0)),
+    "train_prompts": COUNT,
+    "learning_rate": POSITIVE,
+    "clip_epsilon": number(lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "logit_stds": non_empty_list(POSITIVE),
+    # notebooks 32–35
+    "world_sizes": non_empty_list(COUNT),
+    "imbalances": non_empty_list(number(lambda v: v >= 1, "a number ≥ 1")),
+    "sequences_per_rank": COUNT,
+    "max_norm_fraction": POSITIVE,
+    "n_segments": integer(2),
+    "pack_sizes": non_empty_list(COUNT),
+    "n_turns": integer(2),
+    "turn_length": COUNT,
+    "tool_length": integer(0),
+    "tool_lengths": non_empty_list(integer(0)),
+    "max_response_length": COUNT,
+    "overlong_buffer": COUNT,
 }
 # Parameters whose default's type is all there is to check (any bool, any string, any seed).
 TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",
-                        "reuse_results", "run_trl")
+                        "reuse_results", "run_trl", "deep")
 # Parameter pairs whose checkpoints must share a tokenizer (one scores the other's token ids).
 SHARED_TOKENIZER = (("model", "reference_model"),)
 

@@ -10,7 +10,9 @@ the claim, named in the notebook's metadata, embedded as a data URI), the key nu
 ``metrics.json`` grouped into bug/fix pairs with their units where the names pair up
 (``*_bug``/``*_fix``, ``*_without_*``/``*_with_*``, ``…bug…``/``…fix…`` keys), the other numbers
 after them, and the effective parameters the runner injected (seeds, steps; no temporary paths).
-No external assets: the file reads the same offline.
+No external assets: the file reads the same offline. The page ends with the Exercises section: the reference
+solutions of the graded exercises, graded beside the notebooks (``batch.start_exercise_grading``), each of which
+must score 1.
 
 A headline that was not measured (NaN: the notebook skipped its measurement, e.g. no peer
 environments) reads "not run: `make peers`" — the command named in the notebook's ``skipped`` reason —
@@ -219,11 +221,31 @@ figcaption{font-size:.8em;color:#555}nav a{margin-right:1em}
 """
 
 
-def write_report(out: Path, results: list, *, total_seconds: float, smoke: bool) -> Path:
+def exercises_html(exercises: dict | None) -> str:
+    """The Exercises section: the reference solutions graded by ``workbench.exercises`` (CI proves the graders)."""
+    if exercises is None:
+        return ""
+    if "error" in exercises:
+        return (f"<section id='exercises'><h2>Exercises <span class='verdict bad'>not graded</span></h2>"
+                f"<pre class='error'>{html.escape(shareable(str(exercises['error'])))}</pre></section>")
+    grades = exercises.get("grades", [])
+    passed = sum(1 for g in grades if g.get("passed"))
+    rows = [[html.escape(g["exercise"]), f"{g['score']:.2f}", f"{sum(c['passed'] for c in g['cases'])}/{len(g['cases'])}",
+             html.escape("; ".join(f"{c['name']}: {c['got']}" for c in g["cases"] if not c["passed"]) or "—")] for g in grades]
+    verdict = "good" if passed == len(grades) and grades else "bad"
+    return (f"<section id='exercises'><h2>Exercises <span class='verdict {verdict}'>{passed}/{len(grades)} solutions pass"
+            "</span></h2><p>The reference solutions of the graded exercises (<code>notebooks/exercises/</code>), graded by "
+            "<code>workbench.exercises</code>: every one must score 1, or a grader is broken.</p>"
+            + _table(["exercise", "score", "cases passed", "failed cases"], rows) + "</section>")
+
+
+def write_report(out: Path, results: list, *, total_seconds: float, smoke: bool, exercises: dict | None = None) -> Path:
     _LOCAL_ROOTS[:] = local_roots(out)
     failed = sum(1 for r in results if r.verdict == "failed")
     summed = sum(r.seconds for r in results)
     nav = " ".join(f'<a href="#{html.escape(r.stem)}">{html.escape(r.stem)}</a>' for r in results)
+    if exercises is not None:
+        nav += ' <a href="#exercises">exercises</a>'
 
     def headline_cell(r) -> str:
         h = (r.metrics or {}).get("headline")
@@ -248,6 +270,7 @@ wall time of the run: <b>{total_seconds:.0f} s</b> · summed notebook time: <b>{
 <nav>{nav}</nav>
 {summary}
 {''.join(_section(r, out) for r in results)}
+{exercises_html(exercises)}
 <script type="application/json" id="summary">{html.escape(json.dumps([r.stem for r in results]))}</script>
 </body></html>
 """

@@ -1,4 +1,5 @@
-"""Command line: ``python -m workbench list`` and ``python -m workbench run``.
+"""Command line: ``python -m workbench list``, ``run``, ``train``, ``audit``, ``grade`` and ``watch`` (each
+sub-command in its own module of this folder).
 
 Exit codes: 0 success, 1 a notebook failed, 2 bad input (unknown notebook or parameter, wrong
 type) — the message names the problem and the valid choices, 130 interrupted (Ctrl-C; the report of
@@ -56,6 +57,13 @@ def _run(args) -> int:
     return 0
 
 
+def _add_command(sub, name: str, help_text: str, module) -> None:
+    """Sub-command ``name`` from a module of this folder: its ``add_arguments(parser)`` and ``main(args)``."""
+    command = sub.add_parser(name, help=help_text)
+    module.add_arguments(command)
+    command.set_defaults(func=module.main)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workbench", description="RLHF pitfalls workbench")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,12 +80,13 @@ def main(argv: list[str] | None = None) -> int:
                           "(same parameters), then report over all")
     run.add_argument("--no-html", action="store_true", help="skip rendering executed notebooks to HTML")
     run.set_defaults(func=_run)
-    trainer = sub.add_parser("train", help="train with PPO, GRPO, DPO or SFT (resumes from --output-dir)")
-    train.add_arguments(trainer)
-    trainer.set_defaults(func=train.main)
-    audit = sub.add_parser("audit", help="run a workbench.audit check on your own loss / log-prob / generate / step function")
-    audit_command.add_arguments(audit)
-    audit.set_defaults(func=audit_command.main)
+    _add_command(sub, "train", "train with PPO, GRPO, DPO or SFT (resumes from --output-dir)", train)
+    _add_command(sub, "audit", "run a workbench.audit check on your own loss / log-prob / generate / step function", audit_command)
+    from workbench.cli import grade as grade_command
+    from workbench.cli import watch as watch_command
+
+    _add_command(sub, "grade", "grade submitted exercise notebooks: grades.csv and one feedback page each", grade_command)
+    _add_command(sub, "watch", "run a training script with every Hugging Face model it builds watched (workbench.watch)", watch_command)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -9,6 +9,11 @@ a key (``FILE:LINE: problem. fix``, read before the output folder is touched), a
 A run writes checkpoints atomically into ``--output-dir``; running the same command again resumes
 from the latest one (weights, optimiser, RNG and history), so a killed run finishes with exactly the
 numbers an uninterrupted run would have given. The final history goes to ``history.json``.
+
+``--watch`` runs the training inside ``workbench.watch`` (policy, reference, optimiser) and writes its
+``report.json`` / ``report.html`` into ``--output-dir`` (under DDP each rank watches, rank 0 merges and writes);
+``--report-to tensorboard`` writes every step's history (``train/…``) and, with ``--watch``, the watch's counters
+(``watch/…``) as TensorBoard scalars into ``--output-dir/tensorboard``, step by step.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from workbench.tasks import prompt_ids
 from workbench.trainers.checkpointing import atomic_write_json
 from workbench.trainers.distributed import Distributed
 from workbench.trainers.registry import TRAINERS, trainer_classes
+from workbench.watch.ranks import merged
+from workbench.watch.watcher import watch
+
+REPORT_TO = ("none", "tensorboard")
 
 
 def build_config(config_cls, assignments: list[str], output_dir: str | None, options: dict | None = None):
@@ -79,11 +88,65 @@ def run(args) -> dict:
     trainer = trainer_cls(policy, tokenizer, data, config)
     if not args.quiet and hasattr(trainer, "learning_rate") and isinstance(trainer.learning_rate, float):
         print(f"learning rate {trainer.learning_rate:.3g} (config: {config.learning_rate!r}); precision {config.precision}")
-    history = trainer.train()
+    writer = tensorboard_writer(config.output_dir) if args.report_to == "tensorboard" and trainer.is_main_process else None
+    observer = watched(trainer, policy, tokenizer) if args.watch else None
+    if writer is not None:
+        log_each_step(trainer, writer, observer)
+    try:
+        if observer is None:
+            history = trainer.train()
+        else:
+            with observer:
+                history = trainer.train()
+    finally:
+        if writer is not None:
+            writer.close()
     summary = {"trainer": args.trainer, "model": args.model, "config": config.to_dict(), "history": history}
     if config.output_dir and trainer.is_main_process:
         atomic_write_json(Path(config.output_dir) / "history.json", summary)
+    if observer is not None:
+        report = merged(observer.report())  # every rank calls it; rank 0 gets the merged report
+        if report is not None:
+            summary["watch"] = report.to_dict()
+            if not args.quiet:
+                print(report)
+            if config.output_dir:
+                print(f"watch report: {report.write(config.output_dir, title=f'workbench.watch: train {args.trainer}')[1]}")
     return summary
+
+
+def watched(trainer, policy, tokenizer):
+    """A ``watch`` of the trainer's policy, reference and optimiser (accelerate's wrapper unwrapped)."""
+    optimizer = getattr(trainer, "optimizer", None) or getattr(trainer, "policy_optimizer", None)
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    return watch(policy, tokenizer=tokenizer, reference=getattr(trainer, "reference", None), optimizer=optimizer)
+
+
+def tensorboard_writer(output_dir: str | None):
+    if not output_dir:
+        raise InputError("--report-to tensorboard writes into --output-dir/tensorboard: give --output-dir DIR")
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # tensorboard: only with --report-to tensorboard
+    except ImportError as exc:
+        raise InputError(f"--report-to tensorboard needs the tensorboard package ({exc}); pip install -e .") from exc
+    return SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
+
+
+def log_each_step(trainer, writer, observer=None) -> None:
+    """After every ``train_step``: its numbers as ``train/<name>`` and the watch's counters as ``watch/<name>``."""
+    step_once = trainer.train_step
+
+    def train_step(step: int) -> dict:
+        metrics = step_once(step)
+        scalars = {f"train/{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if observer is not None:
+            scalars.update(observer.report().scalars("watch/"))
+        for tag, value in scalars.items():
+            writer.add_scalar(tag, float(value), global_step=step)
+        writer.flush()
+        return metrics
+
+    trainer.train_step = train_step
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,6 +159,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="use only the first N rows of the data")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config field (repeatable; same as --KEY VALUE)")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--watch", action="store_true",
+                        help="run inside workbench.watch; its report.json/report.html go into --output-dir")
+    parser.add_argument("--report-to", choices=REPORT_TO, default="none",
+                        help="tensorboard: the history (and --watch's counters) as scalars in --output-dir/tensorboard")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -28,6 +28,22 @@ prompt forward once per *distinct* prompt and copies its KV cache to the repeate
 distribution is the same; the logits differ from a prefill of every row by matmul float noise
 (~1e-7 in fp32: a kernel may sum in another order for another number of rows), so it is off by
 default and turned on only by the trainers' group sampling.
+
+``static_cache=True`` runs the decode steps of a Llama/Qwen2 model under sdpa without
+``model(...)``: ``workbench.modeling.decode.StaticDecoder`` copies the prefill's KV cache into
+buffers preallocated for the batch and runs the layers' maths inline, op for op as
+``transformers`` does, so its logits equal ``model(...)``'s (bitwise on the models tested; the
+tests hold tokens equal and log-probs within 1e-5). Any other model, attention back-end, a model
+with forward hooks or with dropout active goes through ``model(...)`` as before. Off by default in
+``sample`` (the prefill's LM head runs on the last position only: log-probs move by ≤ ~1e-6, float
+noise; the tests hold the tokens equal); the trainers turn it on (``RolloutConfig.static_cache``).
+
+``draw="inverse_cdf"`` (default ``"multinomial"``) samples each token from one uniform per row
+against the cumulative probabilities instead of ``torch.multinomial``, which draws an exponential
+variate per vocabulary entry (Gumbel-max in disguise: ~6 ms per step for 8 rows × 32k tokens on one
+CPU core, against ~0.5 ms). The distribution is the same, the tokens for a given seed are not: a
+different algorithm, its own switch, off everywhere by default (tests/modeling/test_decode.py checks
+its frequencies against the probabilities).
 """
 
 from __future__ import annotations
@@ -39,11 +55,15 @@ from dataclasses import dataclass, fields, replace
 import torch
 import torch.nn.functional as F
 
+from workbench.core import observers
 from workbench.core.batching import padding_side_of, position_ids_from_mask, repeated_rows
 from workbench.core.devices import generator_on, model_device
 from workbench.core.errors import NonFiniteError
 from workbench.core.losses import zero_masked
 from workbench.core.sampling_filters import check_filters, filter_logits
+from workbench.modeling.decode import StaticDecoder, unsupported_reason
+
+DRAWS = ("multinomial", "inverse_cdf")
 
 
 def _stop_ids(eos_token_id: int | Sequence[int], device=None) -> torch.Tensor:
@@ -137,11 +157,16 @@ def sample(
     top_k: int = 0,
     top_p: float = 1.0,
     share_prefill: bool = False,
+    static_cache: bool = False,
+    draw: str = "multinomial",
 ) -> Rollout:
     """Sample up to ``max_new_tokens`` tokens for each left-padded prompt (see module doc).
 
     ``top_k`` (0 = off) and ``top_p`` (1.0 = off) truncate the distribution after the temperature.
     ``share_prefill``: one prompt forward per distinct prompt row (see module doc).
+    ``static_cache``: decode steps by ``workbench.modeling.decode.StaticDecoder`` where it supports the model
+    (see module doc); False always calls ``model(...)``.
+    ``draw``: ``"multinomial"`` (``torch.multinomial``) or ``"inverse_cdf"`` (see module doc).
     """
     check_filters(top_k, top_p)
     truncated = (top_k > 0 or top_p < 1.0) and not greedy
@@ -156,8 +181,11 @@ def sample(
         )
     home, device = prompt_ids.device, model_device(model)  # see workbench.core.devices
     prompt_ids, prompt_mask, generator = prompt_ids.to(device), prompt_mask.to(device), generator_on(generator, device)
-    if engine == "hf" and truncated:
-        raise ValueError("top_k/top_p are implemented by engine='workbench' only; drop them or use the workbench engine")
+    if draw not in DRAWS:
+        raise ValueError(f"draw={draw!r}; use one of {DRAWS}")
+    if engine == "hf" and (truncated or draw != "multinomial"):
+        raise ValueError("top_k/top_p and draw='inverse_cdf' are implemented by engine='workbench' only; "
+                         "drop them or use the workbench engine")
     if engine == "hf":
         return _sample_with_generate(
             model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
@@ -172,6 +200,7 @@ def sample(
             model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
             pad_token_id=pad_token_id, temperature=temperature, stop_at_eos=stop_at_eos, greedy=greedy,
             generator=generator, truncated=truncated, top_k=top_k, top_p=top_p, share_prefill=share_prefill,
+            static_cache=static_cache, draw=draw,
         )
     # clones made outside inference mode: ordinary tensors that autograd may use later
     raw_response = torch.stack(tokens, dim=1).clone()
@@ -188,7 +217,19 @@ def sample(
         tokens_generated=len(tokens) * prompt_ids.shape[0],
         seconds=time.perf_counter() - start,
     )
+    if observers.listening():  # a workbench.watch sees the sampler's settings, as it sees generate's config
+        observers.emit("sample", model=model, temperature=1.0 if greedy else temperature, top_k=top_k, top_p=top_p,
+                       stop_ids=_stop_ids(eos_token_id).tolist(), stop_at_eos=stop_at_eos, rollout=rollout)
     return rollout.to(home)
+
+
+def _inverse_cdf_draw(probs: torch.Tensor, generator) -> torch.Tensor:
+    """One token per row by inverse-CDF sampling: one uniform per row against the cumulative sum of the
+    probabilities (the first index whose cumulative mass exceeds it). The same distribution as
+    ``torch.multinomial``, other draws for the same seed (see module doc)."""
+    cumulative = probs.cumsum(-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=probs.dtype) * cumulative[:, -1:]
+    return torch.searchsorted(cumulative, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def _prefill(model, prompt_ids, attention_mask, position_ids, share: bool):
@@ -206,13 +247,18 @@ def _prefill(model, prompt_ids, attention_mask, position_ids, share: bool):
 
 
 def _sampling_loop(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_id, pad_token_id, temperature,
-                   stop_at_eos, greedy, generator, truncated, top_k, top_p, share_prefill):
+                   stop_at_eos, greedy, generator, truncated, top_k, top_p, share_prefill, static_cache, draw):
     """The cached decoding loop: the sampled tokens and their log-probs, one tensor per step."""
     stop_ids = _stop_ids(eos_token_id, prompt_ids.device)
     attention_mask = prompt_mask.clone()
     position_ids = position_ids_from_mask(attention_mask)
-    last_logits, cache = _prefill(model, prompt_ids, attention_mask, position_ids, share_prefill)
     next_position = position_ids[:, -1:] + 1
+    decoder = None
+    if static_cache and unsupported_reason(model) is None:
+        decoder = StaticDecoder(model, prompt_ids, prompt_mask, position_ids, max_new_tokens - 1, share_prefill=share_prefill)
+        last_logits = decoder.first_logits
+    else:
+        last_logits, cache = _prefill(model, prompt_ids, attention_mask, position_ids, share_prefill)
     finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
     tokens, logprobs = [], []
     for step in range(max_new_tokens):
@@ -231,6 +277,8 @@ def _sampling_loop(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_
         step_logprobs = F.log_softmax(scores, dim=-1)
         if greedy:
             token = scores.argmax(-1)
+        elif draw == "inverse_cdf":
+            token = _inverse_cdf_draw(step_logprobs.exp(), generator)
         else:
             token = torch.multinomial(step_logprobs.exp(), 1, generator=generator).squeeze(-1)
         logprob = step_logprobs.gather(-1, token[:, None]).squeeze(-1)
@@ -241,6 +289,9 @@ def _sampling_loop(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_
         finished |= torch.isin(token, stop_ids)
         if (stop_at_eos and bool(finished.all())) or step == max_new_tokens - 1:
             break  # (no forward for a token that is never sampled from)
+        if decoder is not None:
+            last_logits = decoder.step(token)
+            continue
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=1)
         output = model(
             input_ids=token[:, None],

@@ -1,4 +1,4 @@
-"""The tiny models: randomly initialised Llama, Qwen2 and GPT-2 built from configs, and the names of
+"""The tiny models: randomly initialised Llama, Qwen2, GPT-2 (and a Gemma-2-style one, P31) built from configs, and the names of
 the built-in ones (random ``tiny-<arch>`` and the shipped trained ``tiny-arith-*`` checkpoints).
 
 Small enough for a laptop CPU (~0.1M parameters, the 64-token character tokenizer). Llama and Qwen2
@@ -22,7 +22,9 @@ TRAINED_CHECKPOINTS = {
     "tiny-arith-qwen2": DATA_DIR / "checkpoints" / "tiny-arith-qwen2",
     "tiny-arith-gpt2": DATA_DIR / "checkpoints" / "tiny-arith-gpt2",
 }
-RANDOM_BUILTINS = {f"tiny-{arch}": arch for arch in ARCHITECTURES}
+# Gemma-2 style (final-logit soft-capping; pitfall P31) is built in but outside ARCHITECTURES, which the S1 sweeps walk.
+SOFTCAP_ARCHITECTURE = "gemma2"
+RANDOM_BUILTINS = {f"tiny-{arch}": arch for arch in (*ARCHITECTURES, SOFTCAP_ARCHITECTURE)}
 
 
 def tiny_config(arch: str, **overrides):
@@ -31,7 +33,12 @@ def tiny_config(arch: str, **overrides):
     Dropout is 0 everywhere by default (dropout left on during RL is pitfall P7; pass e.g.
     ``resid_pdrop=0.1`` for GPT-2 or ``attention_dropout=0.1`` for Llama/Qwen2 to switch it on).
     """
-    from transformers import GPT2Config, LlamaConfig, Qwen2Config  # transformers: on use (seconds), keeps the CLI's start light
+    from transformers import (  # transformers: on use (seconds), keeps the CLI's start light
+        Gemma2Config,
+        GPT2Config,
+        LlamaConfig,
+        Qwen2Config,
+    )
 
     tokenizer = load_char_tokenizer()
     special = dict(
@@ -68,8 +75,24 @@ def tiny_config(arch: str, **overrides):
             attn_pdrop=overrides.pop("attn_pdrop", 0.0),
             **special,
         )
+    elif arch == SOFTCAP_ARCHITECTURE:
+        config = Gemma2Config(  # final logits soft-capped at 30 as in Gemma 2; the attention cap (eager-only) is left off
+            hidden_size=hidden,
+            intermediate_size=overrides.pop("intermediate_size", 2 * hidden),
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=overrides.pop("num_key_value_heads", max(1, heads // 2)),
+            head_dim=overrides.pop("head_dim", hidden // heads),
+            max_position_embeddings=max_positions,
+            sliding_window=overrides.pop("sliding_window", max_positions),
+            final_logit_softcapping=overrides.pop("final_logit_softcapping", 30.0),
+            attn_logit_softcapping=overrides.pop("attn_logit_softcapping", None),
+            tie_word_embeddings=overrides.pop("tie_word_embeddings", False),
+            attention_dropout=overrides.pop("attention_dropout", 0.0),
+            **special,
+        )
     else:
-        raise ValueError(f"Unknown architecture {arch!r}; choose one of {ARCHITECTURES}")
+        raise ValueError(f"Unknown architecture {arch!r}; choose one of {(*ARCHITECTURES, SOFTCAP_ARCHITECTURE)}")
     for key, value in overrides.items():
         if not hasattr(config, key):
             raise ValueError(f"{type(config).__name__} has no field {key!r}; check the spelling of the override")
@@ -94,6 +117,8 @@ def tiny_model(
 
     config = tiny_config(arch, **config_overrides)
     config._attn_implementation = resolve_attn_implementation(attn_implementation)
+    if arch == SOFTCAP_ARCHITECTURE:  # transformers' Gemma 2 runs eager attention only
+        config._attn_implementation = "eager"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)

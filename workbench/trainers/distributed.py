@@ -15,6 +15,7 @@ noise. Only the main process writes checkpoints and histories.
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -89,3 +90,81 @@ class Distributed:
         if self.enabled and torch.distributed.is_initialized():
             torch.distributed.barrier()
             torch.distributed.destroy_process_group()
+
+
+# ---- a real CPU process group, for measurements (pitfalls P32, P33) -------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _to_plain(value):
+    """A result as JSON-ready data: tensors as ``{"__tensor__": nested list, "dtype": name}``, tuples as lists."""
+    if isinstance(value, torch.Tensor):
+        return {"__tensor__": value.detach().cpu().tolist(), "dtype": str(value.dtype).removeprefix("torch.")}
+    if isinstance(value, dict):
+        return {key: _to_plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(item) for item in value]
+    return value
+
+
+def _from_plain(value):
+    """``_to_plain``'s inverse (tuples come back as lists)."""
+    if isinstance(value, dict):
+        if "__tensor__" in value:
+            return torch.tensor(value["__tensor__"], dtype=getattr(torch, value["dtype"]))
+        return {key: _from_plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_from_plain(item) for item in value]
+    return value
+
+
+def _group_worker(rank: int, world_size: int, port: int, fn, args, results) -> None:
+    """One forked process: join the gloo group, run ``fn(rank, world_size, *args)``, send its result home."""
+    # A forked child must not use the OpenMP thread pool its parent started (GNU OpenMP is not fork-safe: the
+    # first parallel region can hang, seen when the parent had sampled before forking): one thread per rank.
+    torch.set_num_threads(1)
+    try:
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+        try:
+            # JSON text: a tensor put on the queue as is would travel as a shared-memory handle that dies with
+            # this process, and nothing is unpickled on the way home
+            results.put((rank, json.dumps(_to_plain(fn(rank, world_size, *args))), None))
+        finally:
+            torch.distributed.destroy_process_group()
+    except Exception as error:  # reported to the parent, which raises it
+        results.put((rank, None, f"{type(error).__name__}: {error}"))
+
+
+def run_cpu_group(fn, world_size: int = 2, *args, timeout: float = 60.0) -> list:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` real processes joined by a gloo process group
+    on the CPU (``torch.distributed`` collectives work inside ``fn``); return the results in rank order.
+
+    The processes are forked, so they inherit the caller's loaded models and imports and start in well
+    under a second (accelerate launch would cost seconds per process); ``fn``'s results travel home as JSON
+    (numbers, strings, lists, dicts, tensors). CPU only: a forked process cannot use an initialised CUDA context.
+    """
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    port = _free_port()
+    processes = [context.Process(target=_group_worker, args=(rank, world_size, port, fn, args, results), daemon=True)
+                 for rank in range(world_size)]
+    for process in processes:
+        process.start()
+    try:
+        collected = sorted((results.get(timeout=timeout) for _ in processes), key=lambda item: item[0])
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+    errors = [f"rank {rank}: {error}" for rank, _, error in collected if error]
+    if errors:
+        raise RuntimeError("a process of the CPU group failed: " + "; ".join(errors))
+    return [_from_plain(json.loads(value)) for _, value, _ in collected]

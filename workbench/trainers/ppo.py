@@ -33,6 +33,9 @@ switch                      bug value           pitfall
                                                 bf16: a bf16 engine feeding an fp32 trainer);
                                                 ``tis_cap`` is the correction
 ``whiten_over``             ``"padded"``        P13 whitening statistics over padded positions
+``reward_position``         ``"first_pad"``     P25 the score placed one token after the EOS (TRL
+                                                #3750): masked out, the score never reaches the
+                                                advantages (only full-length rows keep it)
 ==========================  ==================  ===============================================
 """
 
@@ -99,6 +102,10 @@ class PPOConfig(RolloutConfig):
     feeding an fp32 trainer)."""
     whiten_over: str = "real"
     """P13: whiten advantages/rewards over real tokens only (fix) or over every padded position (bug)."""
+    reward_position: str = "eos"
+    """P25: the score goes on the last real response token, the EOS (fix), or on the position after it,
+    the first pad (``first_pad``, TRL's PPO before #3750 / PR #5338; a full-length row keeps its last
+    token). The pad is masked, so under the bug the score is dropped from the advantages."""
 
     def validate(self) -> None:
         super().validate()
@@ -115,12 +122,26 @@ class PPOConfig(RolloutConfig):
         require(self, "tis_cap", self.tis_cap == 0 or (self.tis_cap >= 1 and self.old_logprobs == "recompute"),
                 "must be 0 (off) or ≥ 1 with old_logprobs='recompute' (TIS reweights rollout samples to π_old)")
         require_choice(self, "whiten_over", ("real", "padded"))
+        require_choice(self, "reward_position", REWARD_POSITIONS)
 
 
-def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(B, R) zeros with each row's score on its last real response token."""
-    rewards = torch.zeros_like(mask, dtype=torch.float32)
+REWARD_POSITIONS = ("eos", "first_pad")
+
+
+def reward_index(mask: torch.Tensor, position: str = "eos") -> torch.Tensor:
+    """(B,) index of the token that receives the score: the last real response token (``"eos"``), or
+    the one after it when it exists (``"first_pad"``, P25: TRL's ``sequence_lengths + 1``)."""
     last = (mask.sum(-1).long() - 1).clamp_min(0)
+    if position == "first_pad":
+        return torch.where(last + 1 < mask.shape[-1], last + 1, last)
+    return last
+
+
+def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor, position: str = "eos") -> torch.Tensor:
+    """(B, R) zeros with each row's score on its last real response token (``position="first_pad"``:
+    one token later, then zeroed by the mask — the P25 bug)."""
+    rewards = torch.zeros_like(mask, dtype=torch.float32)
+    last = reward_index(mask, position)
     rewards[torch.arange(mask.shape[0]), last] = scores.float()
     return losses.zero_masked(rewards, mask)
 
@@ -197,7 +218,7 @@ class PPOTrainer(RolloutTrainer):
             ref_logp = self.score_in_layout(self.reference, r, first_epoch)
             old_values = losses.zero_masked(self._values(r), mask)
             kl = losses.zero_masked(losses.kl_penalty(old_logp, ref_logp, c.kl_kind), mask)
-            rewards = -c.kl_coef * kl + last_token_rewards(penalised, mask)
+            rewards = -c.kl_coef * kl + last_token_rewards(penalised, mask, c.reward_position)
             if c.whiten_rewards:
                 rewards = whiten(rewards, mask, shift_mean=False)
             # 4. Advantages.

@@ -1,0 +1,105 @@
+"""The sampler's static-cache decode path and its inverse-CDF draw against the plain paths.
+
+* ``static_cache=True`` (``modeling.decode.StaticDecoder``) samples the tokens ``model(...)``
+  samples for the same seed, log-probs within 1e-5, padded or not, with or without the shared
+  prefill, on Qwen2 (GQA) and Llama; its logits step by step equal ``model(...)``'s within 1e-5;
+* models it does not run (GPT-2, eager attention, forward hooks) take ``model(...)``;
+* ``draw="inverse_cdf"`` draws tokens with the frequencies of the probabilities and never a token
+  the top-k filter removed.
+"""
+
+import pytest
+import torch
+
+from workbench.core.batching import position_ids_from_mask
+from workbench.experiments.checkpoints import load
+from workbench.modeling.decode import StaticDecoder, unsupported_reason
+from workbench.modeling.rollout import _inverse_cdf_draw, sample
+from workbench.modeling.tiny import tiny_model
+from workbench.tasks import encode_prompts, rl_problems
+
+
+def _model(name):
+    if name == "tiny-arith-qwen2":
+        model, tokenizer = load(name)
+    else:
+        model, tokenizer = tiny_model(name, seed=1)
+    return model.eval(), tokenizer
+
+
+def _prompts(tokenizer, layout):
+    texts = [p.prompt for p in rl_problems(3)]
+    texts = {"padded": texts, "unpadded": [texts[0]] * 3, "groups": [t for t in texts for _ in range(4)]}[layout]
+    return encode_prompts(tokenizer, texts)
+
+
+@pytest.mark.parametrize("name", ["tiny-arith-qwen2", "llama"])
+@pytest.mark.parametrize("layout", ["padded", "unpadded", "groups"])
+@pytest.mark.parametrize("share", [False, True])
+def test_static_cache_samples_the_plain_tokens(name, layout, share):
+    model, tokenizer = _model(name)
+    ids, mask = _prompts(tokenizer, layout)
+    rollouts = [sample(model, ids, mask, max_new_tokens=10, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       generator=torch.Generator().manual_seed(5), share_prefill=share, static_cache=static) for static in (False, True)]
+    assert torch.equal(rollouts[0].response_ids, rollouts[1].response_ids)
+    assert rollouts[0].decode_steps == rollouts[1].decode_steps
+    assert (rollouts[0].rollout_logprobs - rollouts[1].rollout_logprobs).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("layout", ["padded", "unpadded"])
+def test_static_decoder_logits_follow_the_model_step_by_step(layout):
+    model, tokenizer = tiny_model("qwen2", seed=3, vocab_size=300)
+    model.eval()
+    ids, mask = _prompts(tokenizer, layout)
+    positions = position_ids_from_mask(mask)
+    tokens = torch.randint(4, 300, (5, ids.shape[0]), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        decoder = StaticDecoder(model, ids, mask, positions, max_new_tokens=5)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        assert (decoder.first_logits - out.logits[:, -1]).abs().max() <= 1e-5
+        cache, attention, position = out.past_key_values, mask, positions[:, -1:] + 1
+        for token in tokens:
+            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
+            expected = model(input_ids=token[:, None], attention_mask=attention, position_ids=position, past_key_values=cache,
+                             use_cache=True).logits[:, -1]
+            position = position + 1
+            assert (decoder.step(token) - expected).abs().max() <= 1e-5
+
+
+def test_unsupported_models_take_the_model_forward():
+    assert "GPT2" in unsupported_reason(tiny_model("gpt2")[0])
+    eager, _ = tiny_model("qwen2", attn_implementation="eager")
+    assert "eager" in unsupported_reason(eager)
+    model, tokenizer = _model("tiny-arith-qwen2")
+    assert unsupported_reason(model) is None
+    calls = []
+    handle = model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        assert "hooks" in unsupported_reason(model)
+        ids, mask = _prompts(tokenizer, "padded")
+        r = sample(model, ids, mask, max_new_tokens=3, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                   stop_at_eos=False, generator=torch.Generator().manual_seed(0), static_cache=True)
+    finally:
+        handle.remove()
+    assert r.decode_steps == 3 and len(calls) == 3  # the hooked model ran through model(...): prefill + 2 decode forwards
+
+
+def test_inverse_cdf_draws_follow_the_probabilities():
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2], [0.0, 0.0, 0.0, 1.0]]).repeat(2000, 1)
+    tokens = _inverse_cdf_draw(probs, torch.Generator().manual_seed(0)).view(2000, 2)
+    assert set(tokens[:, 1].tolist()) == {3}
+    frequencies = torch.bincount(tokens[:, 0], minlength=4).float() / 2000
+    # binomial standard error ≤ 0.0112 at n = 2000: 4 of them
+    assert (frequencies - probs[0]).abs().max() <= 0.045 and frequencies[1] == 0
+
+
+def test_inverse_cdf_sampling_respects_top_k():
+    model, tokenizer = _model("tiny-arith-qwen2")
+    ids, mask = _prompts(tokenizer, "groups")
+    r = sample(model, ids, mask, max_new_tokens=6, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+               generator=torch.Generator().manual_seed(1), top_k=1, draw="inverse_cdf", static_cache=True)
+    greedy = sample(model, ids, mask, max_new_tokens=6, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                    greedy=True)
+    assert torch.equal(r.response_ids, greedy.response_ids)  # top-1 leaves one token: the draw must take it
+    with pytest.raises(ValueError, match="draw"):
+        sample(model, ids, mask, max_new_tokens=2, eos_token_id=2, pad_token_id=0, draw="gumbel")

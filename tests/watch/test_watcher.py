@@ -1,0 +1,187 @@
+"""``workbench.watch`` on the workbench's own trainers: every pitfall switch flagged with its id when on, no
+finding of error severity with the switch at its fix; a user-style trainer's planted bugs found from one
+``with`` line; the report's JSON schema; and the core staying torch + standard library only."""
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbench import watch
+from workbench.core.batching import position_ids_from_mask
+from workbench.core.sampling_filters import filter_logits
+from workbench.experiments.checkpoints import load
+from workbench.modeling.rollout import sample
+from workbench.modeling.tiny import tiny_model
+from workbench.tasks import Problem
+from workbench.trainers.dpo import DPOConfig, DPOTrainer
+from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
+from workbench.trainers.ppo import PPOConfig, PPOTrainer
+
+ROOT = Path(__file__).resolve().parents[2]
+RAGGED = [Problem("1+2=", "3"), Problem("12+34=", "46"), Problem("3*4=", "12"), Problem("56-7=", "49"),
+          Problem("9-99=", "-90"), Problem("7+8=", "15"), Problem("80-80=", "0"), Problem("2*2=", "4")]
+PAIRS = [{"prompt": "1+2=", "chosen": "3", "rejected": "4"}, {"prompt": "12+34=", "chosen": "46", "rejected": "406"},
+         {"prompt": "3*4=", "chosen": "12", "rejected": "7"}, {"prompt": "56-7=", "chosen": "49", "rejected": "-1"}]
+DROPOUT = {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
+
+# pitfall id → (trainer, model, the switch at its bug value, extra settings both runs share, deep mode)
+SWITCHES = {
+    "S1": ("grpo", "tiny-gpt2", {"position_ids": "model"}, {}, False),
+    "S3": ("grpo", "tiny-arith-gpt2", {"stop_at_eos": False}, {"max_new_tokens": 12}, False),
+    "P6": ("grpo", "tiny-arith-qwen2", {"rescale_by_temperature": False}, {"temperature": 0.7}, True),
+    "P7": ("grpo", "tiny-gpt2-dropout", {"disable_dropout": False}, {}, False),
+    "S4": ("dpo", "tiny-gpt2", {"prompt_mask": "chosen_only"}, {"share_prompts": False}, True),
+    "P12": ("ppo", "tiny-arith-gpt2", {"old_logprobs": "rollout", "rollout_dtype": "bfloat16"}, {}, False),
+    "P23": ("grpo", "tiny-gpt2", {"precision": "bf16"}, {}, False),
+}
+
+
+def model_of(name: str):
+    if name == "tiny-gpt2-dropout":
+        return tiny_model("gpt2", seed=1, **DROPOUT)
+    if name == "tiny-gpt2":
+        return tiny_model("gpt2", seed=1)
+    return load(name)
+
+
+def watched_step(kind: str, name: str, switches: dict, deep: bool, prompts: int = 4, problems=RAGGED):
+    model, tokenizer = model_of(name)
+    if kind == "dpo":
+        trainer = DPOTrainer(model, tokenizer, PAIRS, DPOConfig(**{"steps": 1, "progress": False, "batch_size": 4, **switches}))
+    elif kind == "ppo":
+        trainer = PPOTrainer(model, tokenizer, problems, PPOConfig(**{"steps": 1, "progress": False, "prompts_per_step": 4,
+                                                                     "max_new_tokens": 6, **switches}))
+    else:
+        trainer = GRPOTrainer(model, tokenizer, problems, GRPOConfig(**{"steps": 1, "progress": False, "prompts_per_step": prompts,
+                                                                       "num_generations": 4, "max_new_tokens": 6, **switches}))
+    optimizer = getattr(trainer, "optimizer", None) or trainer.policy_optimizer
+    with watch(model, tokenizer=tokenizer, optimizer=optimizer, deep=deep) as w:
+        trainer.train()
+    return w.report()
+
+
+@pytest.mark.parametrize("pitfall", sorted(SWITCHES))
+def test_switch_on_is_flagged_with_its_id(pitfall):
+    kind, name, bug, shared, deep = SWITCHES[pitfall]
+    report = watched_step(kind, name, {**shared, **bug}, deep)
+    assert pitfall in report.pitfalls(), str(report)
+    finding = next(f for f in report.findings if f.pitfall == pitfall)
+    assert finding.evidence and ":" in finding.where, finding
+
+
+# the fix runs share configurations (GRPO's defaults three times): two in the default suite, the rest under -m slow
+FIX_RUNS = [p if p in ("S1", "S4") else pytest.param(p, marks=pytest.mark.slow) for p in sorted(SWITCHES)]
+
+
+@pytest.mark.parametrize("pitfall", FIX_RUNS)
+def test_switch_at_its_fix_has_no_error(pitfall):
+    kind, name, _, shared, deep = SWITCHES[pitfall]
+    report = watched_step(kind, name, shared, deep)
+    assert not report.errors, str(report)
+    assert report.observed["forwards"] > 0
+
+
+def test_s1_is_a_warning_only_on_a_rotary_model():
+    report = watched_step("grpo", "tiny-arith-qwen2", {"position_ids": "model"}, False)
+    s1 = [f for f in report.findings if f.pitfall == "S1"]
+    assert s1 and all(f.severity == "warning" for f in s1) and "fp32 hides" in s1[0].message
+
+
+def test_p7_is_a_warning_when_dropout_is_zero():
+    report = watched_step("grpo", "tiny-arith-qwen2", {"disable_dropout": False}, False)
+    p7 = [f for f in report.findings if f.pitfall == "P7"]
+    assert p7 and all(f.severity == "warning" for f in p7) and "harmless here" in p7[0].message
+
+
+@pytest.mark.parametrize("filtered_loss", [False, True])
+def test_p14_full_softmax_under_a_top_k_sampler(filtered_loss):
+    """Sampled with top_k = 5; the loss differentiates the full softmax (bug) or the same filtered one (fix)."""
+    model, tokenizer = load("tiny-arith-qwen2")
+    prompts = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]]).repeat_interleave(4, 0)
+    mask = (torch.arange(5) >= torch.tensor([2, 0]).repeat_interleave(4)[:, None]).long()
+    with watch(model, tokenizer=tokenizer, deep=True) as w:
+        r = sample(model, prompts, mask, max_new_tokens=6, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                   temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(0))
+        ids, full_mask = r.sequences()
+        logits = model(input_ids=ids, attention_mask=full_mask, position_ids=position_ids_from_mask(full_mask)).logits[:, 4:-1].float()
+        if filtered_loss:
+            logits = filter_logits(logits, top_k=5, top_p=1.0)
+        logp = logits.log_softmax(-1).gather(-1, r.response_ids[..., None])[..., 0]
+        advantage = torch.linspace(-1, 1, ids.shape[0])[:, None]
+        (-(advantage * logp * r.response_mask).sum()).backward()
+    assert ("P14" in w.report().pitfalls()) is not filtered_loss, str(w.report())
+
+
+def test_user_style_trainer_findings_match_its_planted_bugs():
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from watch_user_trainer import PLANTED, LittleGRPO, tiny_gpt2_with_dropout
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    for buggy in (True, False):
+        torch.manual_seed(0)
+        model, tokenizer = tiny_gpt2_with_dropout()
+        trainer = LittleGRPO(model, tokenizer, buggy=buggy)
+        with watch(model, tokenizer=tokenizer, deep=True) as w:
+            trainer.step({"prompts": ["1+2=", "12+34="], "n": 4})
+        found = w.report().pitfalls("error")
+        assert found == (set(PLANTED) if buggy else set()), str(w.report())
+
+
+def test_report_schema_is_json_safe_and_names_what_to_audit():
+    report = watched_step("grpo", "tiny-gpt2", {"position_ids": "model"}, False)
+    d = json.loads(json.dumps(report.to_dict()))
+    assert set(d) == {"findings", "observed", "not_observable"}
+    assert set(d["findings"][0]) == {"pitfall", "severity", "message", "evidence", "where"}
+    assert {n["pitfall"]: n["check"] for n in d["not_observable"]} == {"S5": "check_aggregation", "P10": "check_grad_accumulation"}
+    assert "S1" in report.html() and "S1" in str(report)
+
+
+def test_hooks_are_removed_after_the_block():
+    model, tokenizer = tiny_model("gpt2", seed=1)
+    with watch(model, tokenizer=tokenizer) as w:
+        pass
+    ids = torch.tensor([[0, 5, 6]])
+    model(input_ids=ids, attention_mask=torch.tensor([[0, 1, 1]]))
+    assert w.report().observed["forwards"] == 0 and "generate" not in model.__dict__
+
+
+def test_importing_the_watch_loads_no_transformers():
+    code = "import sys, workbench.watch; print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
+
+
+def test_no_padding_no_s1():
+    """position_ids="model" on prompts of one length: no pads, so the positions are right and nothing is flagged."""
+    same_length = [Problem("1+2=", "3"), Problem("3*4=", "12"), Problem("7+8=", "15"), Problem("2*2=", "4")]
+    report = watched_step("grpo", "tiny-gpt2", {"position_ids": "model"}, False, problems=same_length)
+    assert "S1" not in report.pitfalls() and report.observed["training_forwards"] > 0, str(report)
+
+
+REALISTIC = ["realistic-gpt2", "realistic-qwen2", "realistic-llama"]
+# RAGGED is ragged for the tiny character-level tokenizers, but the realistic BPE tokenizers of gpt2 and llama
+# encode seven of its eight prompts ("12", "34", "-90" are single tokens) to one length: a step that did not pick
+# "80-80=" had no padding at all, so no S1 to see. These prompts differ in length under all three tokenizers.
+RAGGED_BPE = [Problem("1+2=", "3"), Problem("567-89=", "478"), Problem("9-999=", "-990"), Problem("8000-8000=", "0"),
+              Problem("123456+7=", "123463"), Problem("1+1+1+1=", "4"), Problem("1234+5678=", "6912"), Problem("3*4=", "12")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", REALISTIC)
+@pytest.mark.parametrize("pitfall", ["S1", "P7", "S4", "P23"])
+def test_switches_on_realistic_checkpoints(name, pitfall):
+    kind, _, bug, shared, deep = SWITCHES[pitfall]
+    run = functools.partial(watched_step, kind, name, deep=deep, prompts=8, problems=RAGGED_BPE)
+    on, fixed = run({**shared, **bug}), run(shared)
+    assert not fixed.errors, str(fixed)
+    assert pitfall in on.pitfalls(), str(on)
+    if pitfall == "S1":
+        s1 = [f for f in on.findings if f.pitfall == "S1"]
+        assert {f.severity for f in s1} == ({"error"} if name.endswith("gpt2") else {"warning"})
+        assert all(f.evidence["left_padded_rows"] > 0 for f in s1)

@@ -1,0 +1,169 @@
+"""Grading submitted notebooks: ``python -m workbench grade SUBMISSIONS… --out DIR``.
+
+A submission is an exercise notebook, or a folder of them (one learner's work). Each notebook is executed
+headless in the sandbox: its code cells, without IPython magics and without the grading cells (tagged
+``grade``, which a learner may have changed), run in a fresh interpreter with a time limit, and the
+exercise's cases run on the function they define. The exercise comes from the notebook's metadata
+(``workbench.exercise``) or its file name. Written into ``DIR``: ``grades.csv`` (one row per submission and
+exercise: score, points, cases passed, mistakes) and one feedback page ``<submission>.html`` per submission.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.core.errors import InputError
+from workbench.exercises.grading import DEFAULT_TIME_LIMIT_S, Grade, grade
+from workbench.exercises.registry import EXERCISES
+
+CSV_COLUMNS = ("submission", "notebook", "exercise", "score", "points", "max_points", "passed", "cases_passed", "cases", "mistakes")
+
+
+@dataclass
+class Graded:
+    submission: str
+    notebook: str
+    grade: Grade
+    points: float
+
+
+def read_notebook(path: Path) -> dict:
+    try:
+        nb = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not a readable notebook ({exc}); submit the .ipynb file as saved by Jupyter") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise InputError(f"{path}: no 'cells' list: not a Jupyter notebook")
+    return nb
+
+
+def exercise_of(nb: dict, path: Path) -> str:
+    """The exercise a notebook answers: its metadata, else an exercise name in its file name."""
+    name = (nb.get("metadata", {}).get("workbench") or {}).get("exercise")
+    if name in EXERCISES:
+        return name
+    found = [n for n in EXERCISES if n in path.stem]
+    if len(found) == 1:
+        return found[0]
+    raise InputError(f"{path}: cannot tell which exercise this notebook answers (no metadata workbench.exercise and no "
+                     f"exercise name in the file name); the exercises are: {', '.join(EXERCISES)}")
+
+
+def _text(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def code_of(nb: dict) -> str:
+    """The code a headless run executes: every code cell except the grading ones."""
+    cells = [c for c in nb["cells"] if c.get("cell_type") == "code"]
+    keep = [c for c in cells if "grade" not in (c.get("metadata", {}).get("tags") or [])
+            and not (c.get("metadata", {}).get("nbgrader") or {}).get("grade")]
+    return "\n\n".join(_text(c) for c in keep)
+
+
+def points_of(nb: dict) -> float:
+    return float((nb.get("metadata", {}).get("workbench") or {}).get("points", 1))
+
+
+def notebooks_of(path: Path) -> list[Path]:
+    if path.is_dir():
+        found = sorted(p for p in path.glob("*.ipynb") if not p.name.startswith("."))
+        if not found:
+            raise InputError(f"{path}: a folder without notebooks (*.ipynb); pass exercise notebooks or folders of them")
+        return found
+    if path.is_file() and path.suffix == ".ipynb":
+        return [path]
+    raise InputError(f"{path}: " + ("no such file or folder" if not path.exists() else "not a notebook (.ipynb) or a folder"))
+
+
+def submission_name(path: Path) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem if path.is_file() else path.name) or "submission"
+
+
+def plan(paths: list[Path]) -> list[tuple[str, Path, dict, str]]:
+    """(submission, notebook, parsed notebook, exercise) for every notebook; ``InputError`` before anything runs."""
+    jobs, names = [], set()
+    for path in paths:
+        name = submission_name(path)
+        if name in names:
+            raise InputError(f"{path}: two submissions named {name!r}; rename one (the name is the feedback page's)")
+        names.add(name)
+        for notebook in notebooks_of(path):
+            nb = read_notebook(notebook)
+            jobs.append((name, notebook, nb, exercise_of(nb, notebook)))
+    return jobs
+
+
+def grade_submissions(paths: list[Path], out: Path, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, log=print) -> list[Graded]:
+    """Grade every notebook of ``paths``; write ``grades.csv`` and one feedback page per submission into ``out``."""
+    jobs = plan([Path(p) for p in paths])
+    out.mkdir(parents=True, exist_ok=True)
+    graded = []
+    for submission, notebook, nb, name in jobs:
+        result = grade(name, source=code_of(nb), time_limit_s=time_limit_s)
+        points = points_of(nb)
+        graded.append(Graded(submission, notebook.name, result, points))
+        log(f"{submission}  {name:<18} {result.score * points:.2f}/{points:g}")
+    write_csv(out / "grades.csv", graded)
+    for submission in dict.fromkeys(g.submission for g in graded):
+        write_feedback(out / f"{submission}.html", submission, [g for g in graded if g.submission == submission])
+    return graded
+
+
+def write_csv(path: Path, graded: list[Graded]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_COLUMNS)
+        for g in graded:
+            r = g.grade
+            writer.writerow([g.submission, g.notebook, r.exercise, f"{r.score:.4f}", f"{r.score * g.points:.4f}", f"{g.points:g}",
+                             r.passed, sum(c.passed for c in r.cases), len(r.cases), " | ".join(r.mistakes)])
+
+
+def _figure(result: Grade) -> str:
+    if not any(c.plot for c in result.cases):
+        return ""
+    import base64
+    import io
+
+    import matplotlib  # matplotlib: the feedback page's figure only
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = result.plot()
+    buffer = io.BytesIO()
+    ax.figure.savefig(buffer, format="png", dpi=90)
+    plt.close(ax.figure)
+    return f'<img alt="figure" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
+
+
+def write_feedback(path: Path, submission: str, graded: list[Graded]) -> None:
+    total = sum(g.grade.score * g.points for g in graded)
+    possible = sum(g.points for g in graded)
+    sections = []
+    for g in graded:
+        r = g.grade
+        rows = "".join(
+            f"<tr class='{'ok' if c.passed else 'bad'}'><td>{'✓' if c.passed else '✗'} {html.escape(c.name)}</td>"
+            f"<td>{html.escape(c.tried)}</td><td>{html.escape(c.expected)}</td><td>{html.escape(c.got)}</td>"
+            f"<td>{html.escape(c.mistake)}</td></tr>" for c in r.cases)
+        sections.append(f"<h2>{html.escape(r.exercise)} · {r.score * g.points:.2f}/{g.points:g} "
+                        f"<small>({html.escape(g.notebook)})</small></h2>"
+                        f"<pre>{html.escape(r.feedback)}</pre>{_figure(r)}"
+                        "<details><summary>cases</summary><table><tr><th>case</th><th>tried</th><th>expected</th><th>got</th>"
+                        f"<th>mistake</th></tr>{rows}</table></details>")
+    page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Feedback · {html.escape(submission)}</title>"
+            "<style>body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em}"
+            "pre{background:#f6f8fa;padding:.6em;white-space:pre-wrap}table{border-collapse:collapse;font-size:.85em}"
+            "td,th{border:1px solid #ddd;padding:.2em .4em;text-align:left}.bad td:first-child{color:#D55E00}"
+            ".ok td:first-child{color:#0072B2}img{max-width:100%}</style></head><body>"
+            f"<h1>Feedback · {html.escape(submission)}</h1><p>total <b>{total:.2f}/{possible:g}</b> points</p>"
+            f"{''.join(sections)}</body></html>")
+    path.write_text(page)

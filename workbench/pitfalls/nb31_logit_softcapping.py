@@ -1,0 +1,180 @@
+"""Pitfall P31: final-logit soft-capping wrong or missing in the RL log-prob path.
+
+Gemma 2, 3 and 4 bound their final logits: logits = c · tanh(z / c) with c = ``final_logit_softcapping``
+(30). The model's own forward applies it, so the sampler and a reference scored by ``model(...)`` see
+capped logits. RL trainers often skip ``model(...).logits`` and compute log-probs from the hidden states
+and the LM head in chunks (to avoid the (B, T, V) logits tensor); that path must repeat the cap. In
+unsloth-zoo (``chunked_hidden_states_selective_log_softmax``, fixed by PR #593, April 2026) it read
+z · tanh(z / c): for |z| ≫ c tanh saturates to ±1 and the "cap" returns z itself. On a Gemma-4 model whose
+raw logits reach ~124, the policy's log-probs were computed from uncapped logits while the reference's
+were capped (and z · tanh(z / c) is even: a large negative logit became a large positive
+one): GRPO's step-1 KL to an identical reference was ~0.24 instead of ~1e-5. Missing the cap
+altogether (Keras-Hub PR #1712: ``score()`` without it; TRL PR #5691 adding it to the async GRPO path)
+does the same.
+
+The fix: c · tanh(z / c), applied after any logit scale and before the temperature, on every path. Here
+the tiny Gemma-2-style model's LM head is rescaled so its raw logits have a chosen spread (a random
+model's are far below the cap, a real Gemma's reach 4c), and the step-0 KL between the model's own capped logits (the
+reference) and the hidden-state path with each cap (the policy, identical weights) is measured.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+
+from workbench.tasks import encode_prompts
+from workbench.viz import plots
+from workbench.viz.explorer import Explorer
+from workbench.viz.plots import draw_floor
+
+CAP_MODES = ("c·tanh(z/c)", "z·tanh(z/c)", "none")  # the fix; unsloth-zoo before PR #593; the cap left out
+MODE_STYLES = {"c·tanh(z/c)": (plots.FIX_COLOR, "s-", "c·tanh(z/c) (fix)"),
+               "z·tanh(z/c)": (plots.BUG_COLOR, "o-", "z·tanh(z/c) (bug, unsloth-zoo < PR #593)"),
+               "none": (plots.SERIES_COLORS[0], "^--", "no cap (bug)")}
+
+
+# ---- measurements -------------------------------------------------------------------------------
+def softcap(logits: torch.Tensor, cap: float | None, mode: str = "c·tanh(z/c)") -> torch.Tensor:
+    """The final-logit soft-cap of the RL log-prob path: ``mode`` is the switch (the first of ``CAP_MODES`` is the fix)."""
+    if mode not in CAP_MODES:
+        raise ValueError(f"mode={mode!r}; use one of {CAP_MODES} ({CAP_MODES[0]!r} is the fix)")
+    if cap is None or mode == "none":
+        return logits
+    return (cap if mode == "c·tanh(z/c)" else logits) * torch.tanh(logits / cap)
+
+
+def with_logit_spread(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, spread: float):
+    """A copy of ``model`` whose LM head is rescaled so the raw logits on ``input_ids`` have std ``spread``."""
+    scaled = copy.deepcopy(model)
+    with torch.no_grad():
+        raw = scaled.lm_head(scaled.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state)
+        scaled.lm_head.weight.mul_(spread / float(raw[attention_mask.bool()].std()))
+    return scaled
+
+
+@torch.no_grad()
+def step0_kl(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mode: str, *, seed: int = 0) -> dict:
+    """The reference: ``model(...)``'s own (capped) logits. The policy: the same weights, log-probs from the hidden
+    states through the LM head and ``softcap(mode)``. Per real position: exact KL(ref ‖ policy) over the vocabulary,
+    and GRPO's k3 estimate on one token sampled from the reference."""
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    ref = torch.log_softmax(model(input_ids=input_ids, attention_mask=attention_mask).logits.float(), -1)
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    raw = model.lm_head(hidden).float()
+    pol = torch.log_softmax(softcap(raw, cap, mode), -1)
+    m = attention_mask.bool()
+    ref, pol = ref[m], pol[m]
+    kl = (ref.exp() * (ref - pol)).sum(-1)
+    token = torch.multinomial(ref.exp(), 1, generator=torch.Generator().manual_seed(seed))
+    log_r = (ref.gather(-1, token) - pol.gather(-1, token)).squeeze(-1)  # log π_ref − log π
+    k3 = log_r.exp() - log_r - 1
+    return {"mode": mode, "cap": cap, "kl": float(kl.mean()), "k3": float(k3.mean()), "max_raw_logit": float(raw[m].abs().max()),
+            "min_logprob_policy": float(pol.gather(-1, token).min()), "min_logprob_reference": float(ref.gather(-1, token).min())}
+
+
+def spread_sweep(model, tokenizer, prompts: list[str], spreads: list[float], *, seed: int = 0) -> list[dict]:
+    """``step0_kl`` for every cap mode at every raw-logit spread: ``[{"spread", mode: result, ...}]``."""
+    ids, mask = encode_prompts(tokenizer, prompts)
+    rows = []
+    for spread in spreads:
+        scaled = with_logit_spread(model, ids, mask, spread)
+        rows.append({"spread": spread, **{mode: step0_kl(scaled, ids, mask, mode, seed=seed) for mode in CAP_MODES}})
+    return rows
+
+
+def verdict(rows: list[dict], *, kl_threshold: float = 1e-3, tolerance: float = 1e-6) -> tuple[bool, bool]:
+    """(reproduced, fixed): at the widest spread the step-0 KL to an identical reference exceeds ``kl_threshold``
+    with the cap missing and with z·tanh(z/c); with c·tanh(z/c) it is ≤ ``tolerance`` at every spread."""
+    widest = max(rows, key=lambda r: r["spread"])
+    reproduced = all(widest[mode]["kl"] > kl_threshold for mode in CAP_MODES[1:])
+    fixed = all(r[CAP_MODES[0]]["kl"] <= tolerance for r in rows)
+    return reproduced, fixed
+
+
+# ---- figures (take axes) ------------------------------------------------------------------------
+def plot_kl(ax, rows: list[dict], key: str = "kl", floor: float = 1e-12) -> None:
+    """Step-0 KL to an identical reference against the raw-logit spread, per cap; an exact 0 drawn at ``floor``."""
+    spreads = [r["spread"] for r in rows]
+    for mode in CAP_MODES:
+        color, style, label = MODE_STYLES[mode]
+        ax.plot(spreads, [max(r[mode][key], floor) for r in rows], style, color=color, label=label, ms=4)
+    if any(r[mode][key] <= floor for r in rows for mode in CAP_MODES):
+        draw_floor(ax, floor)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"std of the raw logits z (cap c = {rows[0][CAP_MODES[0]]['cap']:g})")
+    ax.set_ylabel("step-0 KL(ref ‖ policy), nats / token" if key == "kl" else "GRPO's k3 at step 0")
+    plots.note_coinciding(ax)
+    ax.legend(fontsize=8)
+
+
+def plot_cap_curves(ax, cap: float, limit: float) -> None:
+    """The three caps as functions of the raw logit z."""
+    z = torch.linspace(-limit, limit, 401)
+    for mode in CAP_MODES:
+        color, style, label = MODE_STYLES[mode]
+        ax.plot(z, softcap(z, cap, mode), "--" if "--" in style else "-", color=color, label=label)
+    ax.axhline(cap, color=plots.NEUTRAL_COLOR, ls=":")
+    ax.axhline(-cap, color=plots.NEUTRAL_COLOR, ls=":")
+    ax.set_xlabel("raw logit z")
+    ax.set_ylabel("logit the log-softmax sees")
+    ax.legend(fontsize=8)
+
+
+def figure_softcapping(rows: list[dict]):
+    """The notebook's figure: the caps as functions, the exact step-0 KL and GRPO's k3 against the spread."""
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4))
+    widest = max(rows, key=lambda r: r["spread"])
+    plot_cap_curves(axes[0], widest[CAP_MODES[0]]["cap"], max(widest[CAP_MODES[0]]["max_raw_logit"], 2 * widest[CAP_MODES[0]]["cap"]))
+    plot_kl(axes[1], rows, "kl")
+    plot_kl(axes[2], rows, "k3")
+    fig.tight_layout()
+    return fig
+
+
+def softcap_explorer(cap: float = 30.0) -> Explorer:
+    """Sliders for the cap c and a range of raw logits: the three caps redrawn."""
+
+    def draw(c, limit):
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        plot_cap_curves(ax, c, limit)
+        return {mode: float(softcap(torch.tensor(limit), c, mode)) for mode in CAP_MODES}
+
+    return Explorer({"c": widgets.FloatSlider(value=cap, min=5, max=60, step=1, description="cap c"),
+                     "limit": widgets.FloatSlider(value=4 * cap, min=5, max=250, step=5, description="max |z|")},
+                    draw, title="P31: what each cap makes of a raw logit")
+
+
+# ---- what the notebook prints and writes -------------------------------------------------------
+def sweep_lines(rows: list[dict]) -> str:
+    return "\n".join(f"raw logit std {r['spread']:g} (max |z| {r[CAP_MODES[0]]['max_raw_logit']:.1f}): "
+                     + "; ".join(f"{mode} KL {r[mode]['kl']:.2e}, k3 {r[mode]['k3']:.2e}, min log p {r[mode]['min_logprob_policy']:.1f}"
+                                 for mode in CAP_MODES) for r in rows)
+
+
+def headline_sentence(rows: list[dict]) -> str:
+    widest = max(rows, key=lambda r: r["spread"])
+    reproduced, fixed = verdict(rows)
+    bug, fix = widest[CAP_MODES[1]], widest[CAP_MODES[0]]
+    if not reproduced:
+        return (f"raw logits up to {bug['max_raw_logit']:.1f} stay below the cap's knee: every path agrees here (KL ≤ 1e-3); "
+                "widen the spread")
+    return (f"raw logits up to {bug['max_raw_logit']:.1f} (cap {bug['cap']:g}): step-0 KL to an identical reference {bug['kl']:.3g} with "
+            f"z·tanh(z/c), {widest['none']['kl']:.3g} with no cap, {fix['kl']:.1e} with c·tanh(z/c)"
+            + ("." if fixed else " — the fixed path is not exact here (above 1e-6)."))
+
+
+def metrics(rows: list[dict]) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 31."""
+    reproduced, fixed = verdict(rows)
+    widest = max(rows, key=lambda r: r["spread"])
+    return dict(
+        notebook="31_logit_softcapping", reproduced=reproduced, fixed=fixed,
+        metrics={"spreads": [{"spread": r["spread"], **{mode: r[mode] for mode in CAP_MODES}} for r in rows]},
+        headline={"what": f"step-0 KL to an identical reference, raw logit std {widest['spread']:g}, cap {widest[CAP_MODES[0]]['cap']:g}",
+                  "unit": "nats / token", "bug": widest[CAP_MODES[1]]["kl"], "fix": widest[CAP_MODES[0]]["kl"]},
+    )

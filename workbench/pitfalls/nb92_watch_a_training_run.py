@@ -1,0 +1,128 @@
+"""Notebook 92 (watch a training run): a user's trainer run under ``workbench.watch``, its findings as a figure,
+a table and an explorer, and ``metrics()`` for ``metrics.json``.
+
+Not a pitfall: like notebook 91 (the audit) it shows a tool that finds the catalogue's pitfalls in someone else's
+code — here by observing the trainer's own forward and generate calls, with one ``with`` line and no adapters.
+The trainer is a module passed in (``examples/watch_user_trainer.py``: a library module does not import the
+examples), so the notebook can point the same functions at another one.
+"""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from workbench.viz.explorer import Explorer
+from workbench.watch import Report, watch
+from workbench.watch.report import SEVERITIES
+
+SEVERITY_COLOURS = {"error": "#D55E00", "warning": "#E69F00", "info": "#0072B2"}
+PROMPTS = ["1+2=", "12+34="]  # different lengths: the trainer pads them on the left
+CLI_LINE = "python -m workbench watch --out runs/watch -- python my_train.py ARGS…"
+
+
+def run_user_trainer(user, *, buggy: bool, steps: int = 1, deep: bool = True, watched: bool = True, seed: int = 0):
+    """``user.LittleGRPO`` (buggy or fixed) for ``steps`` steps on a fresh ``user.tiny_gpt2_with_dropout()``, inside
+    ``with watch(model, tokenizer=tok, deep=deep)`` when ``watched``; returns (report or None, the last step's logs)."""
+    torch.manual_seed(seed)
+    model, tokenizer = user.tiny_gpt2_with_dropout()
+    trainer = user.LittleGRPO(model, tokenizer, buggy=buggy)
+    batch = {"prompts": PROMPTS, "n": 4}
+    if not watched:
+        return None, [trainer.step(batch) for _ in range(steps)][-1]
+    with watch(model, tokenizer=tokenizer, deep=deep) as w:
+        logs = [trainer.step(batch) for _ in range(steps)]
+    return w.report(), logs[-1]
+
+
+def counts_by_pitfall(report: Report) -> dict[str, dict[str, int]]:
+    """``{pitfall: {severity: call sites flagged}}``, pitfalls in the order first found."""
+    counts: dict[str, dict[str, int]] = {}
+    for f in report.findings:
+        counts.setdefault(f.pitfall, dict.fromkeys(SEVERITIES, 0))[f.severity] += 1
+    return counts
+
+
+def _draw_counts(ax, report: Report, title: str, severities=SEVERITIES) -> dict[str, dict[str, int]]:
+    counts = counts_by_pitfall(report)
+    pitfalls = list(counts) or ["none"]
+    bottom = np.zeros(len(pitfalls))
+    for severity in severities:
+        heights = np.array([counts.get(p, {}).get(severity, 0) for p in pitfalls], dtype=float)
+        ax.bar(pitfalls, heights, bottom=bottom, color=SEVERITY_COLOURS[severity], label=severity)
+        bottom += heights
+    ax.set_title(title, fontsize=10)
+    ax.set_ylabel("call sites flagged")
+    ax.set_ylim(0, max(1.0, bottom.max()) * 1.2)
+    ax.legend(fontsize=8)
+    return counts
+
+
+def figure_findings(reports: dict[str, Report]):
+    """One panel per watched run: findings by pitfall, stacked by severity."""
+    fig, axes = plt.subplots(1, len(reports), figsize=(5 * len(reports), 3.6), squeeze=False)
+    for ax, (label, report) in zip(axes[0], reports.items(), strict=True):
+        _draw_counts(ax, report, f"{label}: {len(report.errors)} error finding(s)")
+    fig.tight_layout()
+    return fig
+
+
+def findings_table(reports: dict[str, Report]) -> str:
+    """Every finding of every run, one line each: run, severity, pitfall, where, evidence."""
+    lines = [f"{'run':<14} {'severity':<8} {'pitfall':<7} {'where':<34} evidence"]
+    for label, report in reports.items():
+        if not report.findings:
+            lines.append(f"{label:<14} {'—':<8} {'—':<7} {'—':<34} no pitfall observed")
+        for f in report.findings:
+            evidence = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in f.evidence.items())
+            lines.append(f"{label:<14} {f.severity:<8} {f.pitfall:<7} {f.where[-34:]:<34} {evidence[:90]}")
+    return "\n".join(lines)
+
+
+def planted_lines(report: Report, planted) -> str:
+    """Each planted bug: found (with its severities) or missed; and what was found that was not planted."""
+    counts = counts_by_pitfall(report)
+    lines = [f"planted {p}: " + (", ".join(f"{n} {s}" for s, n in counts[p].items() if n) if p in counts else "MISSED")
+             for p in planted]
+    extra = sorted(set(counts) - set(planted))
+    return "\n".join(lines + ([f"also found: {', '.join(extra)}"] if extra else []))
+
+
+def trl_lines(report: Report | None, reason: str) -> str:
+    """The TRL run's report, or why it was not shown."""
+    return f"TRL not shown: {reason}" if report is None else f"{reason}, one GRPOTrainer step with WatchCallback:\n{report}"
+
+
+def watch_explorer(reports: dict[str, Report]) -> Explorer:
+    """A run dropdown and a severity filter: that run's findings by pitfall, redrawn, and its findings printed."""
+    def draw(run, severity):
+        report = reports[run]
+        shown = SEVERITIES if severity == "all" else (severity,)
+        fig, ax = plt.subplots(figsize=(6, 3.4))
+        counts = _draw_counts(ax, report, f"{run}: {severity}", shown)
+        for f in report.findings:
+            if f.severity in shown:
+                print(f)
+        return {"run": run, "severity": severity,
+                "flagged": sum(n for c in counts.values() for s, n in c.items() if s in shown)}
+
+    controls = {"run": widgets.Dropdown(options=list(reports), description="run"),
+                "severity": widgets.Dropdown(options=["all", *SEVERITIES], description="severity")}
+    return Explorer(controls, draw, title="Watch: the findings of one run")
+
+
+def metrics(bug: Report, fix: Report, planted, trl_report: Report | None, trl_reason: str, same_loss_unwatched: bool) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 92: reproduced = every planted bug found,
+    fixed = the fixed trainer has no finding of error severity."""
+    found = bug.pitfalls()
+    return dict(
+        notebook="92_watch_a_training_run", reproduced=set(planted) <= found, fixed=not fix.errors,
+        metrics={"planted": list(planted), "found_buggy": sorted(found), "found_fixed": sorted(fix.pitfalls()),
+                 "errors_buggy": len(bug.errors), "errors_fixed": len(fix.errors),
+                 "same_loss_unwatched": same_loss_unwatched,
+                 "not_shown": [] if trl_report is not None else [f"TRL: {trl_reason}"],
+                 "buggy": bug.to_dict(), "fixed": fix.to_dict(), "trl": None if trl_report is None else trl_report.to_dict()},
+        headline={"what": "watch findings of error severity", "unit": "findings", "bug": len(bug.errors), "fix": len(fix.errors)},
+    )
