@@ -6,7 +6,7 @@ import nbformat
 import pytest
 
 from workbench.catalogue.batch import run_catalogue
-from workbench.catalogue.listing import NOTEBOOKS_DIR, REQUIRED_PARAMETERS, catalogue, parse_parameters
+from workbench.catalogue.listing import DECLARED_ABSENCES, NOTEBOOKS_DIR, catalogue, parse_parameters, read_notebook_info
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 STEMS = [p.stem for p in NOTEBOOKS]
@@ -27,7 +27,9 @@ def test_first_cell_names_the_pitfall_second_is_the_literal_parameters_cell(path
     second = notebook.cells[1]
     assert "parameters" in second.metadata.get("tags", [])
     parameters = parse_parameters(second.source)  # raises on anything but literals
-    assert set(REQUIRED_PARAMETERS) <= set(parameters)
+    info = read_notebook_info(path)
+    assert info.missing_required() == [], f"{path.name}: add {info.missing_required()} or say why in its metadata ({DECLARED_ABSENCES})"
+    assert not set(info.absences) & set(parameters), f"{path.name}: declares no {sorted(info.absences)} but has the parameter"
     meta = notebook.metadata["workbench"]
     assert meta["purpose"]
     assert set(meta.get("smoke_parameters", {})) <= set(parameters)

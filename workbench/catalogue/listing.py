@@ -4,7 +4,8 @@ A catalogue notebook follows three conventions, enforced by ``tests/integration/
 
 1. its first cell is markdown naming the pitfall;
 2. its second cell is tagged ``parameters`` and holds only ``name = <literal>`` assignments
-   (at least ``model``, ``seed``, ``smoke``, ``out_dir``);
+   (at least ``model``, ``seed``, ``smoke``, ``out_dir``; a notebook that runs no model or draws nothing
+   at random leaves ``model`` or ``seed`` out and says why in its metadata, ``no_model``/``no_seed``);
 3. its metadata ``workbench`` entry gives ``purpose`` (one line), ``smoke_parameters`` (the
    small/fast values ``--smoke`` passes) and optionally ``main_figure``.
 
@@ -36,6 +37,8 @@ from workbench.trainers.base import PRECISIONS
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 REQUIRED_PARAMETERS = ("model", "seed", "smoke", "out_dir")
+# a required parameter a notebook may leave out, and the metadata key that must then say why
+DECLARED_ABSENCES = {"model": "no_model", "seed": "no_seed"}
 
 
 @dataclass
@@ -46,6 +49,11 @@ class NotebookInfo:
     parameters: dict
     smoke_parameters: dict = field(default_factory=dict)
     main_figure: str | None = None
+    absences: dict = field(default_factory=dict)  # {"model"/"seed": why the notebook has none}
+
+    def missing_required(self) -> list[str]:
+        """Required parameters that are neither in the parameters cell nor declared absent with a reason."""
+        return [name for name in REQUIRED_PARAMETERS if name not in self.parameters and not self.absences.get(name)]
 
 
 def parameters_cell_source(notebook) -> str:
@@ -85,6 +93,7 @@ def read_notebook_info(path: str | Path) -> NotebookInfo:
         parameters=parse_parameters(parameters_cell_source(notebook)),
         smoke_parameters=dict(meta.get("smoke_parameters", {})),
         main_figure=meta.get("main_figure"),
+        absences={name: meta[key] for name, key in DECLARED_ABSENCES.items() if meta.get(key)},
     )
 
 
