@@ -1,5 +1,11 @@
 """experiments.statistics and comparison.first_divergence: an effect against the seeds' noise."""
 
+import json
+import math
+
+import pytest
+
+from workbench.core.errors import ParameterError
 from workbench.experiments import comparison, statistics
 
 
@@ -30,3 +36,51 @@ def test_bug_fix_by_setting_reads_each_side_of_a_sweep():
     entry = statistics.bug_fix_by_setting(results, [0.5, 2], "gap")
     assert entry == {"gap_bug": {"0.5": 3.0, "2": 7.0}, "gap_fix": {"0.5": 0.0, "2": 1.0}}
     assert list(entry) == ["gap_bug", "gap_fix"]
+
+
+def _diffs_effect(diffs):
+    """An effect whose paired per-seed differences (bug − fix) are ``diffs``."""
+    runs = {"bug": [[{"x": d}] for d in diffs], "fix": [[{"x": 0.0}] for _ in diffs]}
+    return statistics.effect(runs, "x", "bug", "fix")
+
+
+def test_minimum_detectable_effect_by_hand():
+    # differences 1, 2, 3: std 1 → s.e. 1/√3; t(2 dof) = 4.303 → MDE 4.303/√3 = 2.484; the mean 2 is below it
+    e = _diffs_effect([1.0, 2.0, 3.0])
+    assert math.isclose(e.noise, 1 / math.sqrt(3)) and math.isclose(e.threshold, 4.303)
+    assert math.isclose(e.mde, 4.303 / math.sqrt(3)) and math.isclose(e.mde, 2.4843, abs_tol=1e-4)
+    assert not e.larger_than_noise and vars(e)["mde"] == e.mde  # metrics store vars(Effect): the MDE goes with it
+    assert e.sentence("tokens").endswith("not larger than seed noise — no effect larger than 2.5 tokens could be seen")
+    clear = _diffs_effect([2.0, 2.1, 2.2])  # s.e. 0.0577 → MDE 0.248 < 2.1
+    assert clear.larger_than_noise and math.isclose(clear.mde, 4.303 * 0.1 / math.sqrt(3))
+    assert clear.sentence().endswith("= 0.25): larger than seed noise") and "no effect larger" not in clear.sentence()
+    one = _diffs_effect([1.0])  # one value per run: no noise estimate
+    assert math.isnan(one.mde) and "without a noise estimate" in one.sentence()
+    # an Effect built by hand derives its MDE from threshold × noise
+    assert math.isclose(statistics.Effect("k", 1.0, 0.0, 1.0, 0.5, 3, False, threshold=4.303).mde, 2.1515)
+    assert math.isnan(statistics.Effect("k", 1.0, 0.0, 1.0, 0.5, 3, False).mde)  # no threshold, no MDE
+
+
+def test_prediction_record():
+    e = _diffs_effect([2.0, 2.1, 2.2])
+    record = statistics.prediction(e, "length of wrong answers grows", "+", "scratchpad")
+    assert set(record) == {"consequence", "direction", "effect", "se", "threshold", "mde", "larger", "seeds", "task",
+                           "measure", "agrees"}
+    assert record["consequence"] == "length of wrong answers grows" and record["task"] == "scratchpad"
+    assert record["direction"] == "+" and record["seeds"] == 3 and record["measure"] == "x"
+    assert math.isclose(record["effect"], 2.1) and math.isclose(record["se"], 0.1 / math.sqrt(3))
+    assert math.isclose(record["threshold"], 4.303) and math.isclose(record["mde"], e.mde)
+    assert record["larger"] is True and record["agrees"] is True
+    json.dumps(record, allow_nan=False)  # JSON-safe
+    opposite = statistics.prediction(e, "length of wrong answers shrinks", "-", "scratchpad")
+    assert opposite["larger"] is True and opposite["agrees"] is False  # larger, but the sign is the other one
+    null = statistics.prediction(_diffs_effect([1.0, 2.0, 3.0]), "c", "+", "arith")
+    assert null["larger"] is False and null["agrees"] is False  # right sign, not larger: no agreement
+    nan = statistics.prediction(_diffs_effect([1.0]), "c", "+", "arith")
+    assert nan["se"] == "nan" and nan["mde"] == "nan" and nan["agrees"] is False
+    json.dumps(nan, allow_nan=False)
+
+
+def test_prediction_with_a_bad_direction_names_it_and_the_fix():
+    with pytest.raises(ParameterError, match=r"direction='up'.*'\+'.*'-'"):
+        statistics.prediction(_diffs_effect([1.0, 2.0, 3.0]), "c", "up", "arith")

@@ -12,6 +12,12 @@ values and says whether the gap is larger than the noise:
 ``gain`` says whether a variant's held-out accuracy rose by more than the seed noise, ``learnt_gap``
 which part of a gap training added, ``drift`` how far a metric moved. The conclusion is chosen by the
 numbers (``Effect.larger_than_noise``), never typed in a notebook.
+
+Every ``Effect`` carries its power: ``mde``, the minimum detectable effect (threshold × noise, the
+smallest |effect| these seeds could call larger), so a null reads "no effect larger than X could be
+seen" rather than "nothing". ``prediction`` turns the effect a pitfall's mechanism predicts into the
+``metrics["prediction"]`` record of a training notebook (issue 29), which the report's "Does it
+matter?" table reads.
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from workbench.core.errors import ParameterError
+from workbench.core.jsonsafe import jsonable
 
 # Two-sided 95 % critical values of Student's t by degrees of freedom (n seeds → n − 1): with 3 seeds an
 # effect needs |mean difference| > 4.30 standard errors, not 2. Between listed values the smaller dof's
@@ -52,7 +61,11 @@ def tail_mean(history: list[dict], key: str, fraction: float = 0.25) -> float:
 
 @dataclass
 class Effect:
-    """bug − fix of one metric over the final steps (or at the first step), against the noise."""
+    """bug − fix of one metric over the final steps (or at the first step), against the noise.
+
+    ``mde`` (minimum detectable effect) is ``threshold × noise``: the smallest |effect| these seeds could
+    call larger than the noise at that threshold (NaN without a noise estimate); computed from the
+    other fields when not given, so every ``Effect`` and every ``vars(effect)`` record carries it."""
 
     key: str
     bug: float
@@ -63,16 +76,26 @@ class Effect:
     larger_than_noise: bool
     names: tuple[str, str] = ("bug", "fix")
     threshold: float = float("nan")  # how many ``noise`` units the effect had to exceed
+    mde: float = float("nan")  # threshold × noise: the smallest |effect| that could be called larger
+
+    def __post_init__(self):
+        if not math.isfinite(self.mde):
+            self.mde = float(self.threshold * self.noise)
 
     def sentence(self, unit: str = "") -> str:
+        """One line: both sides, the effect ± noise, the threshold and the verdict; a null names the
+        largest effect it rules out ("no effect larger than <mde> could be seen")."""
         unit = f" {unit}" if unit else ""
         if self.seeds > 1:
-            source = f"s.e. over {self.seeds} seeds; 95 % needs |effect| > {self.threshold:.2f} s.e. = {self.threshold * self.noise:.2g}"
+            source = f"s.e. over {self.seeds} seeds; 95 % needs |effect| > {self.threshold:.2f} s.e. = {self.mde:.2g}"
         else:
-            source = (f"one seed, step-to-step std; needs > {self.threshold:.0f} std" if math.isfinite(self.noise)
+            source = (f"one seed, step-to-step std; needs > {self.threshold:.0f} std = {self.mde:.2g}" if math.isfinite(self.noise)
                       else "one seed: no noise estimate")
         verdict = "larger than" if self.larger_than_noise else "not larger than"
         verdict += " seed noise" if self.seeds > 1 else " the noise"
+        if not self.larger_than_noise:
+            verdict += (f" — no effect larger than {self.mde:.2g}{unit} could be seen" if math.isfinite(self.mde)
+                        else " — without a noise estimate no effect can be called larger")
         a, b = self.names
         return (f"{self.key}: {a} {self.bug:.3g}, {b} {self.fix:.3g}{unit}; effect {self.difference:+.3g} ± {self.noise:.2g} "
                 f"({source}): {verdict}")
@@ -87,7 +110,8 @@ def _paired(key: str, a, b, names: tuple[str, str], threshold: float, noise: flo
         noise = float(np.std(a - b, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
     difference = float(np.mean(a - b))
     return Effect(key=key, bug=float(np.mean(a)), fix=float(np.mean(b)), difference=difference, noise=noise, seeds=n,
-                  larger_than_noise=bool(np.isfinite(noise) and abs(difference) > threshold * noise), threshold=threshold, names=names)
+                  larger_than_noise=bool(np.isfinite(noise) and abs(difference) > threshold * noise), threshold=threshold, names=names,
+                  mde=float(threshold * noise))
 
 
 def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, fraction: float = 0.25,
@@ -174,3 +198,25 @@ def drift(runs: dict[str, list[list[dict]]], label: str, key: str, *, fraction: 
 def learning_sentence(runs: dict[str, list[list[dict]]]) -> str:
     """One line per variant: does its held-out greedy accuracy rise by more than the seed noise?"""
     return "\n".join(gain(runs, label).sentence() for label in runs)
+
+
+DIRECTIONS = ("+", "-")
+
+
+def prediction(effect: Effect, consequence: str, direction: str, task: str) -> dict:
+    """The ``metrics["prediction"]`` record of a training notebook (issue 29): the consequence its mechanism
+    predicts, stated before the run, with the measured ``effect`` (bug − fix) and its power.
+
+    ``direction`` is the predicted sign of bug − fix ("+": the bug raises the measure, "-": it lowers it);
+    ``agrees`` is true when the effect is larger than the noise *and* has that sign. ``measure`` names the
+    ``Effect``'s key. JSON-safe (``core.jsonsafe``: NaN becomes the string "nan").
+    """
+    if direction not in DIRECTIONS:
+        raise ParameterError(f"prediction(direction={direction!r}): the predicted sign of bug − fix must be "
+                             "'+' (the bug raises the measure) or '-' (the bug lowers it)")
+    sign = 1.0 if direction == "+" else -1.0
+    agrees = bool(effect.larger_than_noise and sign * effect.difference > 0)
+    return jsonable({"consequence": str(consequence), "direction": direction, "effect": float(effect.difference),
+                     "se": float(effect.noise), "threshold": float(effect.threshold), "mde": float(effect.mde),
+                     "larger": bool(effect.larger_than_noise), "seeds": int(effect.seeds), "task": str(task),
+                     "measure": effect.key, "agrees": agrees})
