@@ -4,7 +4,7 @@
 ``ParameterError``, exit code 2 on the command line), executes each notebook into
 ``<out>/<stem>/`` (executed ``.ipynb``, its HTML rendering, PNG figures, ``metrics.json``),
 keeps going when one fails, and finishes with ``<out>/index.html`` (see ``report.py``) and
-``<out>/summary.json``.
+``<out>/summary.json`` (mode, times, when it finished, the environment, each notebook's result).
 
 A notebook is **complete** in ``<out>`` when its folder holds ``result.json`` — the runner's record,
 written atomically as the last step of that notebook, after ``metrics.json`` and the executed
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from workbench.catalogue.listing import NotebookInfo, catalogue, find_notebook, resolve_parameters
 from workbench.catalogue.notebook_api import read_metrics
-from workbench.catalogue.report import write_report
+from workbench.catalogue.report import environment, write_report
 from workbench.core.errors import ParameterError
 from workbench.core.paths import REPO_ROOT
 from workbench.trainers.checkpointing import atomic_write_json
@@ -390,7 +390,8 @@ def _write_outputs(out: Path, results: list[NotebookResult], total: float, smoke
     write_report(out, results, total_seconds=total, smoke=smoke, exercises=exercises)
     atomic_write_json(
         out / "summary.json",
-        {"smoke": smoke, "total_seconds": total, "notebooks": [{**asdict(r), "verdict": r.verdict} for r in results],
+        {"smoke": smoke, "total_seconds": total, "finished": datetime.now().isoformat(timespec="seconds"),
+         "environment": environment(), "notebooks": [{**asdict(r), "verdict": r.verdict} for r in results],
          **({"exercises": exercises} if exercises is not None else {})},
     )
 

@@ -1,9 +1,11 @@
 """The batch report: one self-contained ``index.html`` for a catalogue run.
 
 The page opens with what was run where: the environment (Python, torch, transformers, TRL,
-device), the wall time of the whole run and the summed time of its notebooks (they differ when
+device, CPU cores), the wall time of the whole run and the summed time of its notebooks (they differ when
 notebooks run in parallel), and one table row per notebook with its verdict and its **headline**
-— the one number a reader should remember, measured with the bug and with the fix.
+— the one number a reader should remember, measured with the bug and with the fix. Then "Does it
+matter?": one row per training consequence a notebook predicted (``metrics["prediction"]``), with its
+effect ± s.e., minimum detectable effect and verdict (rows built by ``consequences.py``).
 
 Each notebook's section then leads with that headline, shows the main figure (the one that shows
 the claim, named in the notebook's metadata, embedded as a data URI), the key numbers of
@@ -34,9 +36,13 @@ from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 
+from workbench.catalogue.consequences import HEADER as CONSEQUENCE_HEADER
+from workbench.catalogue.consequences import cells as consequence_cells
+from workbench.catalogue.consequences import consequence_rows, tally
 from workbench.core.paths import REPO_ROOT
 
 VERDICT_CLASS = {"reproduced + fixed": "good", "failed": "bad"}
+CONSEQUENCE_CLASS = {"as predicted": "good", "opposite": "bad", "null": "warn"}
 
 BUG_WORDS = ("bug", "without")
 FIX_WORDS = ("fix", "with")
@@ -59,7 +65,7 @@ def environment() -> dict[str, str]:
     except ImportError:
         pass
     return {"Python": platform.python_version(), "torch": version("torch"), "transformers": version("transformers"),
-            "TRL": version("trl"), "device": device, "platform": platform.platform(terse=True)}
+            "TRL": version("trl"), "device": device, "CPU cores": str(os.cpu_count()), "platform": platform.platform(terse=True)}
 
 
 def _flatten(metrics: dict, prefix: str = "") -> list[tuple[str, object]]:
@@ -239,6 +245,25 @@ def exercises_html(exercises: dict | None) -> str:
             + _table(["exercise", "score", "cases passed", "failed cases"], rows) + "</section>")
 
 
+def consequences_html(results: list) -> str:
+    """The "Does it matter?" section: one row per predicted consequence (``consequences.consequence_rows``);
+    empty when no notebook recorded a prediction."""
+    rows = consequence_rows({r.stem: r.metrics for r in results if r.metrics})
+    if not rows:
+        return ""
+    body = []
+    for row in rows:
+        text = [html.escape(shareable(c)) for c in consequence_cells(row)]
+        text[0] = f"<a href='#{html.escape(row['notebook'])}'>{text[0]}</a>"
+        text[-1] = f"<span class='verdict {CONSEQUENCE_CLASS[row['verdict']]}'>{text[-1]}</span>"
+        body.append(text)
+    return ("<section id='does-it-matter'><h2>Does it matter?</h2><p>The training consequence each notebook's mechanism "
+            "predicts, stated before the run: effect = bug − fix over seeds ± its standard error; it counts as larger when "
+            "|effect| exceeds the 95 % t threshold × s.e., whose product is the <b>minimum detectable effect</b> (MDE): "
+            "a null reads “no effect &gt; MDE”, the largest effect these seeds rule out. "
+            f"{html.escape(tally(rows))}.</p>" + _table(CONSEQUENCE_HEADER, body) + "</section>")
+
+
 def write_report(out: Path, results: list, *, total_seconds: float, smoke: bool, exercises: dict | None = None) -> Path:
     _LOCAL_ROOTS[:] = local_roots(out)
     failed = sum(1 for r in results if r.verdict == "failed")
@@ -246,6 +271,9 @@ def write_report(out: Path, results: list, *, total_seconds: float, smoke: bool,
     nav = " ".join(f'<a href="#{html.escape(r.stem)}">{html.escape(r.stem)}</a>' for r in results)
     if exercises is not None:
         nav += ' <a href="#exercises">exercises</a>'
+    matter = consequences_html(results)
+    if matter:
+        nav = '<a href="#does-it-matter">does it matter?</a> ' + nav
 
     def headline_cell(r) -> str:
         h = (r.metrics or {}).get("headline")
@@ -269,6 +297,7 @@ wall time of the run: <b>{total_seconds:.0f} s</b> · summed notebook time: <b>{
 <details open><summary>environment</summary>{env}</details>
 <nav>{nav}</nav>
 {summary}
+{matter}
 {''.join(_section(r, out) for r in results)}
 {exercises_html(exercises)}
 <script type="application/json" id="summary">{html.escape(json.dumps([r.stem for r in results]))}</script>
