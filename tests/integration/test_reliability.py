@@ -83,6 +83,7 @@ TRAIN = [sys.executable, "-m", "workbench", "train", "grpo", "--limit", "64", "-
          "--set", "steps=12", "--set", "checkpoint_every=1", "--set", "prompts_per_step=4", "--set", "beta=0.05"]
 
 
+@pytest.mark.slow  # full training / realistic checkpoints: make test-all
 def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(tmp_path):
     straight = subprocess.run(TRAIN + ["--output-dir", str(tmp_path / "straight")], capture_output=True, text=True)
     assert straight.returncode == 0, straight.stderr

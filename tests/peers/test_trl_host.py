@@ -19,6 +19,7 @@ def checkpoint():
     return model, tokenizer, probes.model_folder(model, tokenizer)
 
 
+@pytest.mark.slow  # full training / realistic checkpoints: make test-all
 def test_trl_loss_types_are_classified_as_the_audit_modes(checkpoint):
     _, tokenizer, folder = checkpoint
     results = probes.probe_grpo_aggregation(folder, tokenizer)

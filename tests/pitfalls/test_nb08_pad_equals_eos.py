@@ -1,5 +1,6 @@
 """nb08_pad_equals_eos: metrics(), figures and the SFT-mask explorer."""
 
+import pytest
 from pitfall_fakes import check_metrics, drew
 
 from workbench.pitfalls import nb08_pad_equals_eos as pad_eos
@@ -32,6 +33,7 @@ def test_pad_eos_explorer_counts_eos_targets(tokenizer):
     assert explorer.last["eos_kept"] == 2
 
 
+@pytest.mark.slow  # full training / realistic checkpoints: make test-all
 def test_p8_pad_equals_eos_never_learns_to_stop():
     problems, test = load_problems(TRAIN_PROMPTS), load_problems(TEST_PROMPTS)[:32]
     stats = {}

@@ -81,6 +81,7 @@ def test_none_and_both_give_the_same_training():
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
 
 
+@pytest.mark.slow  # full training / realistic checkpoints: make test-all
 def test_dpo_raises_the_reward_accuracy():
     history = train("both", steps=60)
     first = sum(h["rewards/accuracies"] for h in history[1:11]) / 10  # step 0: margins are exactly 0

@@ -69,6 +69,7 @@ def test_first_iteration_ratio_is_exactly_one():
     assert step["clip_fraction"] == 0.0
 
 
+@pytest.mark.slow  # full training / realistic checkpoints: make test-all
 def test_grpo_raises_the_reward():
     model, tokenizer = load("tiny-arith-qwen2")
     config = GRPOConfig(steps=120, seed=0, progress=False)

@@ -69,6 +69,7 @@ def test_last_token_rewards_puts_the_score_on_the_last_real_token():
     assert rewards.tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]]
 
 
+@pytest.mark.slow  # full training / realistic checkpoints: make test-all
 def test_ppo_raises_the_reward():
     model, tokenizer = load("tiny-arith-qwen2")
     config = PPOConfig(steps=60, seed=0, progress=False)
