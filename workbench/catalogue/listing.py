@@ -260,6 +260,7 @@ PARAMETER_RULES: dict[str, Rule] = {
     "gradient_accumulation_steps": COUNT,
     "micro_steps": COUNT,
     "prompts_per_slice": COUNT,
+    "updates": non_empty_list(integer(0)),
     # notebooks 32–35
     "world_sizes": non_empty_list(COUNT),
     "imbalances": non_empty_list(number(lambda v: v >= 1, "a number ≥ 1")),
