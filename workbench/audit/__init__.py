@@ -18,6 +18,7 @@ from workbench.audit.generation import check_eos_stopping
 from workbench.audit.logprobs import check_position_ids, check_temperature
 from workbench.audit.result import AuditResult, report, report_html
 from workbench.audit.rewards import check_reward_placement, check_reward_pooling
+from workbench.audit.schedules import check_old_logprob_guard
 from workbench.audit.step0 import check_step0
 from workbench.audit.suite import CHECK_NAMES, run_checks, verdict
 from workbench.core.errors import AuditSignatureError
@@ -30,6 +31,7 @@ __all__ = [
     "check_dpo_mask",
     "check_eos_stopping",
     "check_grad_accumulation",
+    "check_old_logprob_guard",
     "check_position_ids",
     "check_reward_placement",
     "check_reward_pooling",

@@ -250,12 +250,17 @@ PARAMETER_RULES: dict[str, Rule] = {
     "temperature": POSITIVE,
     "headline_temperature": POSITIVE,
     "headline_lr": POSITIVE,
-    # third wave, notebooks 28-31
+    # third wave, notebooks 27-31
     "lags": non_empty_list(integer(0)),
     "train_prompts": COUNT,
     "learning_rate": POSITIVE,
     "clip_epsilon": number(lambda v: 0 < v < 1, "a number in (0, 1)"),
     "logit_stds": non_empty_list(POSITIVE),
+    "steps_per_generation": non_empty_list(COUNT),
+    "gradient_accumulation_steps": COUNT,
+    "micro_steps": COUNT,
+    "prompts_per_slice": COUNT,
+    "updates": non_empty_list(integer(0)),
     # notebooks 32–35
     "world_sizes": non_empty_list(COUNT),
     "imbalances": non_empty_list(number(lambda v: v >= 1, "a number ≥ 1")),

@@ -1,0 +1,344 @@
+"""Pitfall P27: the off-policy remainder of a generation batch trained with ρ ≡ 1.
+
+TRL's GRPOTrainer generates one *generation batch* every ``steps_per_generation`` micro-steps and trains
+on it one slice per micro-step, while the optimiser steps every ``gradient_accumulation_steps`` (GA)
+micro-steps. When an optimiser step fires *inside* a generation batch, the slices after it are trained
+by a newer policy than the one that sampled them: they are off-policy, and PPO's ratio π_θ / π_old needs
+π_old = the policy at generation time. TRL 0.18.0–0.19.1 kept that snapshot only when
+``num_iterations > 1 or steps_per_generation > gradient_accumulation_steps``; otherwise the loss took
+``per_token_logps.detach()`` — the current policy's own log-probs — as π_old. With
+``steps_per_generation < GA`` and GA not a multiple of it (3 and 4, say) the remainder slices came after
+``optimizer.step()`` and were trained with ratio exactly 1: no importance weight, nothing clipped (TRL PR
+#3493, which first proposed a ``ValueError`` in ``GRPOConfig``; TRL 0.20.0 snapshots whenever
+``GA % (steps_per_generation × num_iterations) != 0``; PR #5757 later proposed a tighter per-window test).
+
+The fix: keep π_old from generation time for every generation batch that an optimiser step can split.
+
+This module runs the schedule on the tiny model: GRPO with a clipped ratio, one generation batch per
+``steps_per_generation`` micro-steps, an optimiser step every GA micro-steps, π_old chosen by either
+guard. Every slice records the ratio the loss saw and the true one against the sampler's log-probs μ.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+
+from workbench.core.losses import group_advantages, ppo_policy_loss
+from workbench.modeling.rollout import sample
+from workbench.modeling.scoring import response_logprobs
+from workbench.tasks import decode_responses, encode_prompts, reward
+from workbench.viz import plots
+from workbench.viz.explorer import Explorer
+from workbench.viz.plots import label_zero_bars
+
+GUARDS = ("trl-0.20", "trl-0.19")  # the fix, the bug: when the trainer keeps a generation-time π_old
+
+
+# ---- the schedule (arithmetic only) -------------------------------------------------------------
+def snapshots_old_logprobs(steps_per_generation: int, gradient_accumulation_steps: int, num_iterations: int = 1,
+                           guard: str = "trl-0.20") -> bool:
+    """Whether the trainer computes π_old at generation time (else the loss uses the current log-probs, detached).
+
+    ``"trl-0.19"`` (TRL 0.18.0–0.19.1, the bug): ``num_iterations > 1 or steps_per_generation > GA``.
+    ``"trl-0.20"`` (TRL ≥ 0.20.0, the fix): ``GA % (steps_per_generation × num_iterations) != 0``.
+    """
+    if guard not in GUARDS:
+        raise ValueError(f"guard={guard!r}; use one of {GUARDS} ('trl-0.20' is the fix)")
+    if min(steps_per_generation, gradient_accumulation_steps, num_iterations) < 1:
+        raise ValueError(f"steps_per_generation={steps_per_generation}, gradient_accumulation_steps="
+                         f"{gradient_accumulation_steps}, num_iterations={num_iterations}: each must be ≥ 1")
+    if guard == "trl-0.19":
+        return num_iterations > 1 or steps_per_generation > gradient_accumulation_steps
+    return gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0
+
+
+def schedule(steps_per_generation: int, gradient_accumulation_steps: int, micro_steps: int) -> list[dict]:
+    """One row per micro-step t: the generation batch and slice it trains on, the policy version that sampled
+    it (the optimiser steps after micro-steps GA−1, 2GA−1, …) and the version that trains on it; lag = their gap."""
+    rows = []
+    for t in range(micro_steps):
+        generated_at = t - t % steps_per_generation
+        generated_by, trained_by = generated_at // gradient_accumulation_steps, t // gradient_accumulation_steps
+        rows.append({"micro_step": t, "generation": t // steps_per_generation, "slice": t % steps_per_generation,
+                     "generated_by": generated_by, "trained_by": trained_by, "lag": trained_by - generated_by})
+    return rows
+
+
+def off_policy_share(steps_per_generation: int, gradient_accumulation_steps: int) -> float:
+    """Share of micro-steps trained by a newer policy than the one that sampled them, over one period
+    (lcm of the two): 0 exactly when GA is a multiple of ``steps_per_generation``."""
+    period = math.lcm(steps_per_generation, gradient_accumulation_steps)
+    return sum(r["lag"] > 0 for r in schedule(steps_per_generation, gradient_accumulation_steps, period)) / period
+
+
+# ---- measurements on the tiny model -------------------------------------------------------------
+def outside_window(log_ratio: torch.Tensor, clip: float) -> float:
+    """Share of tokens whose ratio lies outside [1 − ε, 1 + ε] (0 for an empty selection)."""
+    return float(((log_ratio.exp() - 1).abs() > clip).float().mean()) if log_ratio.numel() else 0.0
+
+
+@torch.no_grad()
+def generation_batch(actor, tokenizer, problems, *, group_size: int, seed: int, max_new_tokens: int) -> dict:
+    """``group_size`` responses per problem sampled from ``actor`` (groups contiguous), the sampler's log-probs μ,
+    rewards and group advantages."""
+    prompts = [p for p in problems for _ in range(group_size)]
+    ids, mask = encode_prompts(tokenizer, [p.prompt for p in prompts])
+    rollout = sample(actor, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
+    texts = decode_responses(tokenizer, rollout.response_ids, rollout.response_mask)
+    rewards = torch.tensor([reward(t, bool(f), p) for t, f, p in zip(texts, rollout.finished.tolist(), prompts, strict=True)])
+    return {"rollout": rollout, "advantages": group_advantages(rewards.float(), group_size)}
+
+
+def step_row(micro_step: int, generated_by: int, trained_by: int, logp: torch.Tensor, old_logp: torch.Tensor,
+             sampler_logp: torch.Tensor, mask: torch.Tensor, clip: float, logged_clip_fraction: float) -> dict:
+    """What one micro-step's loss saw: the ratio against its π_old vs the true ratio against the sampler's μ."""
+    m = mask.bool()
+    seen, true = (logp - old_logp)[m].detach(), (logp - sampler_logp)[m].detach()
+    return {"micro_step": micro_step, "generated_by": generated_by, "trained_by": trained_by, "lag": trained_by - generated_by,
+            "seen_log_ratio": seen, "true_log_ratio": true,
+            "seen_clip_fraction": outside_window(seen, clip), "true_clip_fraction": outside_window(true, clip),
+            "logged_clip_fraction": logged_clip_fraction,
+            "max_weight_error": float((seen.exp() - true.exp()).abs().max()) if seen.numel() else 0.0}
+
+
+def train_generation_batches(model, tokenizer, problems, *, steps_per_generation: int, gradient_accumulation_steps: int,
+                             micro_steps: int, guard: str, prompts_per_slice: int = 4, group_size: int = 4,
+                             lr: float = 1e-3, clip: float = 0.2, seed: int = 0, max_new_tokens: int = 6) -> list[dict]:
+    """GRPO on a copy of ``model`` for ``micro_steps`` micro-steps: a generation batch of
+    ``steps_per_generation × prompts_per_slice`` problems (``group_size`` responses each) every
+    ``steps_per_generation`` micro-steps, one slice per micro-step, Adam every ``gradient_accumulation_steps``;
+    π_old from generation time where ``guard`` keeps it, else the current log-probs detached. One ``step_row``
+    per micro-step."""
+    spg, ga = steps_per_generation, gradient_accumulation_steps
+    keep_old = snapshots_old_logprobs(spg, ga, 1, guard)
+    actor = copy.deepcopy(model).train(False)
+    optimizer = torch.optim.Adam(actor.parameters(), lr=lr)
+    rows_per_slice, version, rows = prompts_per_slice * group_size, 0, []
+    for t in range(micro_steps):
+        if t % spg == 0:
+            start = (t // spg) * spg * prompts_per_slice
+            chosen = [problems[(start + i) % len(problems)] for i in range(spg * prompts_per_slice)]
+            batch = generation_batch(actor, tokenizer, chosen, group_size=group_size, seed=seed + t, max_new_tokens=max_new_tokens)
+            r, generated_by = batch["rollout"], version
+            with torch.no_grad():
+                old = response_logprobs(actor, r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask) if keep_old else None
+        part = slice((t % spg) * rows_per_slice, (t % spg + 1) * rows_per_slice)
+        mask = r.response_mask[part]
+        logp = response_logprobs(actor, r.prompt_ids[part], r.prompt_mask[part], r.response_ids[part], mask)
+        old_logp = old[part] if old is not None else logp.detach()  # the bug's π_old: the current policy itself
+        loss, stats = ppo_policy_loss(logp, old_logp, batch["advantages"][part].unsqueeze(-1), mask, clip_low=clip)
+        (loss / ga).backward()
+        rows.append(step_row(t, generated_by, version, logp, old_logp, r.rollout_logprobs[part], mask, clip, stats["clip_fraction"]))
+        if (t + 1) % ga == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+            version += 1
+    return rows
+
+
+def summarise(steps: list[dict], steps_per_generation: int, gradient_accumulation_steps: int, guard: str, clip: float) -> dict:
+    """One run in numbers: the off-policy micro-steps' tokens, the share outside the clip window seen by the
+    loss vs true (``with_clip_fractions``), and the largest |ρ_seen − ρ_true| anywhere."""
+    off = [s for s in steps if s["lag"] > 0]
+    seen = torch.cat([s["seen_log_ratio"] for s in off]) if off else torch.zeros(0)
+    true = torch.cat([s["true_log_ratio"] for s in off]) if off else torch.zeros(0)
+    return with_clip_fractions({"steps_per_generation": steps_per_generation, "gradient_accumulation_steps": gradient_accumulation_steps,
+            "remainder": gradient_accumulation_steps % steps_per_generation, "guard": guard,
+            "snapshot": snapshots_old_logprobs(steps_per_generation, gradient_accumulation_steps, 1, guard),
+            "off_policy_share": len(off) / len(steps), "off_policy_tokens": int(true.numel()),
+            "seen_log_ratio": seen, "true_log_ratio": true,
+            "mean_abs_log_ratio": float(true.abs().mean()) if true.numel() else 0.0,
+            "max_weight_error": max(s["max_weight_error"] for s in steps), "steps": steps}, clip)
+
+
+def steps_per_generation_sweep(model, tokenizer, problems, steps_per_generation: list[int], *, gradient_accumulation_steps: int,
+                               micro_steps: int, clip: float = 0.2, **train) -> list[dict]:
+    """For each ``steps_per_generation`` and each guard, ``train_generation_batches`` and its ``summarise`` row (one
+    run per distinct π_old choice: where both guards agree, their rows share it)."""
+    rows, runs = [], {}
+    for spg in steps_per_generation:
+        for guard in GUARDS:
+            # both guards choose the same π_old unless the setting is the bug's: the run is then the same (same seeds)
+            key = (spg, snapshots_old_logprobs(spg, gradient_accumulation_steps, 1, guard))
+            if key not in runs:
+                runs[key] = train_generation_batches(model, tokenizer, problems, steps_per_generation=spg, guard=guard, clip=clip,
+                                                     gradient_accumulation_steps=gradient_accumulation_steps,
+                                                     micro_steps=micro_steps, **train)
+            rows.append(summarise(runs[key], spg, gradient_accumulation_steps, guard, clip))
+    return rows
+
+
+def with_clip_fractions(row: dict, clip: float) -> dict:
+    """``row`` with the shares outside the ε window over its off-policy tokens: true, seen by the loss, logged."""
+    off = [s for s in row["steps"] if s["lag"] > 0]
+    logged = sum(s["logged_clip_fraction"] for s in off) / len(off) if off else 0.0
+    return {**row, "clip": clip, "true_clip_fraction": outside_window(row["true_log_ratio"], clip),
+            "seen_clip_fraction": outside_window(row["seen_log_ratio"], clip), "logged_clip_fraction": logged}
+
+
+def headline_row(rows: list[dict], guard: str = "trl-0.19") -> dict:
+    """The ``guard`` run of the setting the bug hits hardest: off-policy micro-steps and no snapshot under the
+    bug's guard, the largest off-policy share (first such ``steps_per_generation``); else the first row."""
+    hit = [r for r in rows if r["guard"] == "trl-0.19" and not r["snapshot"] and r["off_policy_share"] > 0]
+    if not hit:
+        return next(r for r in rows if r["guard"] == guard)
+    spg = max(hit, key=lambda r: r["off_policy_share"])["steps_per_generation"]
+    return next(r for r in rows if r["guard"] == guard and r["steps_per_generation"] == spg)
+
+
+def verdict(rows: list[dict], *, tolerance: float = 1e-4) -> tuple[bool, bool]:
+    """(reproduced, fixed) from ``steps_per_generation_sweep`` rows.
+
+    Reproduced: under TRL 0.19's guard some setting trains off-policy micro-steps without a snapshot, the true
+    ratio of their tokens leaves the clip window (true clip fraction > 0), and the loss sees none of it (ratio
+    ≡ 1: seen clip fraction 0, logged clip fraction 0). Fixed: under TRL 0.20's guard every micro-step's loss
+    sees the true ratio (max |ρ_seen − ρ_true| ≤ ``tolerance``).
+    """
+    reproduced = any(r["guard"] == "trl-0.19" and not r["snapshot"] and r["off_policy_share"] > 0 and r["true_clip_fraction"] > 0
+                     and r["seen_clip_fraction"] == 0 and r["logged_clip_fraction"] == 0 for r in rows)
+    fix = [r for r in rows if r["guard"] == "trl-0.20"]
+    fixed = bool(fix) and all(r["max_weight_error"] <= tolerance for r in fix)
+    return reproduced, fixed
+
+
+# ---- figures (take axes) ------------------------------------------------------------------------
+def plot_timeline(ax, row: dict) -> None:
+    """One run, micro-step by micro-step: the true share of tokens outside the clip window (bars, dark where the
+    slice is off-policy), what the loss saw (dots), optimiser steps (dashed) and generations (ticks)."""
+    steps, ga, spg = row["steps"], row["gradient_accumulation_steps"], row["steps_per_generation"]
+    bug = row["guard"] == "trl-0.19"
+    x = [s["micro_step"] for s in steps]
+    ax.bar(x, [s["true_clip_fraction"] for s in steps], 0.7, color=[plots.NEUTRAL_COLOR if s["lag"] else "#BBBBBB" for s in steps],
+           label="true (vs the sampler's μ); dark: off-policy slice")
+    ax.plot(x, [s["seen_clip_fraction"] for s in steps], "o", color=plots.bug_fix_color(bug),
+            label=f"seen by the loss, {row['guard']} guard" + (" (bug)" if bug else " (fix)"))
+    top = max([s["true_clip_fraction"] for s in steps] + [0.05])
+    for t in range(ga - 1, len(steps) - 1, ga):
+        ax.axvline(t + 0.5, color=plots.NEUTRAL_COLOR, ls="--", lw=1)
+    ax.plot([t for t in x if t % spg == 0], [1.08 * top] * len(range(0, len(steps), spg)), "v", color=plots.SERIES_COLORS[2],
+            label="generation")
+    ax.set_ylim(0, 1.2 * top)
+    ax.set_xlabel(f"micro-step (dashed: optimiser step, GA = {ga}; steps_per_generation = {spg})")
+    ax.set_ylabel("tokens with |ratio − 1| > ε")
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
+
+
+def plot_sweep(ax, rows: list[dict]) -> None:
+    """Share of off-policy tokens outside the clip window as seen by the loss, per ``steps_per_generation``:
+    TRL 0.19's guard (bug) vs TRL 0.20's (fix); a cross where no micro-step is off-policy."""
+    spgs = sorted({r["steps_per_generation"] for r in rows})
+    by = {(r["steps_per_generation"], r["guard"]): r for r in rows}
+    x = list(range(len(spgs)))
+    fix = ax.bar([i - 0.2 for i in x], [by[s, "trl-0.20"]["seen_clip_fraction"] for s in spgs], 0.4, color=plots.FIX_COLOR,
+                 label="seen by the loss, TRL 0.20 guard (fix) = true")
+    bug = ax.bar([i + 0.2 for i in x], [by[s, "trl-0.19"]["seen_clip_fraction"] for s in spgs], 0.4, color=plots.BUG_COLOR,
+                 label="seen by the loss, TRL 0.19 guard (bug)")
+    off = [i for i, s in enumerate(spgs) if by[s, "trl-0.19"]["off_policy_share"] > 0]
+    label_zero_bars(ax, [b for i, b in enumerate(bug) if i in off])
+    label_zero_bars(ax, [b for i, b in enumerate(fix) if i in off])
+    for i in x:
+        if i not in off:
+            ax.text(i, 0.0, "on-policy", ha="center", va="bottom", fontsize=7, rotation=90, color=plots.NEUTRAL_COLOR)
+    ga = rows[0]["gradient_accumulation_steps"]
+    ax.set_xticks(x, [f"{s}\nr = {ga % s}" for s in spgs], fontsize=8)
+    ax.set_xlabel(f"steps_per_generation (r = GA mod steps_per_generation, GA = {ga})")
+    ax.set_ylabel("off-policy tokens with |ratio − 1| > ε")
+    ax.set_ylim(0, 1.5 * max([r["true_clip_fraction"] for r in rows] + [0.05]))
+    ax.legend(fontsize=7, loc="upper left")
+
+
+def plot_log_ratio(ax, bug: dict, fix: dict, clip: float) -> None:
+    """Histogram of log ρ on the off-policy tokens: what the loss saw with each guard, and the clip window."""
+    edges = torch.linspace(-1.0, 1.0, 51).numpy()
+    if fix["seen_log_ratio"].numel():
+        ax.hist(fix["seen_log_ratio"].clamp(-1, 1).numpy(), bins=edges, color=plots.FIX_COLOR, alpha=0.6,
+                label=f"seen, {fix['guard']} guard (fix) = log π_θ − log μ")
+    if bug["seen_log_ratio"].numel():
+        ax.hist(bug["seen_log_ratio"].clamp(-1, 1).numpy(), bins=edges, color=plots.BUG_COLOR, alpha=0.6,
+                label=f"seen, {bug['guard']} guard (bug): exactly 0")
+    for edge in (math.log(1 - clip), math.log(1 + clip)):
+        ax.axvline(edge, color=plots.NEUTRAL_COLOR, ls="--")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"log ratio per off-policy token, clamped to ±1 (steps_per_generation = {bug['steps_per_generation']}; "
+                  f"dashed: ε = {clip:g})")
+    ax.set_ylabel("tokens")
+    ax.legend(fontsize=7, loc="upper left")
+
+
+def figure_remainder(rows: list[dict], clip: float):
+    """The notebook's figure: the bug's timeline, the sweep over steps_per_generation, the log-ratio histogram."""
+    bug, fix = headline_row(rows, "trl-0.19"), headline_row(rows, "trl-0.20")
+    return plots.figure_panels((18, 4.2), lambda ax: plot_timeline(ax, bug), lambda ax: plot_sweep(ax, rows),
+                               lambda ax: plot_log_ratio(ax, bug, fix, clip))
+
+
+def remainder_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
+    """Controls for steps_per_generation, the guard and ε: that run's timeline, redrawn."""
+
+    def draw(steps_per_generation, guard, epsilon):
+        row = next(r for r in rows if r["steps_per_generation"] == steps_per_generation and r["guard"] == guard)
+        row = with_clip_fractions(row, epsilon)
+        row = {**row, "steps": [{**s, "true_clip_fraction": outside_window(s["true_log_ratio"], epsilon),
+                                 "seen_clip_fraction": outside_window(s["seen_log_ratio"], epsilon)} for s in row["steps"]]}
+        fig, ax = plt.subplots(figsize=(7, 3.4))
+        plot_timeline(ax, row)
+        ax.set_title(f"{row['off_policy_share']:.0%} of micro-steps off-policy; outside ε: true {row['true_clip_fraction']:.1%}, "
+                     f"seen {row['seen_clip_fraction']:.1%}", fontsize=9)
+        return {"steps_per_generation": steps_per_generation, "guard": guard,
+                "true_clip_fraction": row["true_clip_fraction"], "seen_clip_fraction": row["seen_clip_fraction"]}
+
+    spgs = sorted({r["steps_per_generation"] for r in rows})
+    start = headline_row(rows)["steps_per_generation"]
+    return Explorer({"steps_per_generation": widgets.SelectionSlider(options=spgs, value=start, description="steps/gen"),
+                     "guard": widgets.ToggleButtons(options=list(GUARDS), value="trl-0.19", description="guard"),
+                     "epsilon": widgets.FloatSlider(value=clip, min=0.01, max=0.5, step=0.01, description="ε")},
+                    draw, title="P27: the remainder of a generation batch after optimizer.step()")
+
+
+# ---- what the notebook prints and writes -------------------------------------------------------
+def sweep_lines(rows: list[dict]) -> str:
+    return "\n".join(
+        f"steps_per_generation {r['steps_per_generation']} (GA {r['gradient_accumulation_steps']}, "
+        f"r = GA mod {r['steps_per_generation']} = {r['remainder']}), "
+        f"{r['guard']} guard: π_old {'from generation time' if r['snapshot'] else '= current, detached'}; "
+        f"{r['off_policy_share']:.0%} of micro-steps off-policy ({r['off_policy_tokens']} tokens, mean |log ρ| "
+        f"{r['mean_abs_log_ratio']:.3f}); outside ε = {r['clip']:g}: true {r['true_clip_fraction']:.1%}, seen "
+        f"{r['seen_clip_fraction']:.1%}, logged clip fraction {r['logged_clip_fraction']:.1%}; max |ρ_seen − ρ_true| "
+        f"{r['max_weight_error']:.1e}" for r in rows)
+
+
+def headline_sentence(rows: list[dict]) -> str:
+    reproduced, fixed = verdict(rows)
+    bug, fix = headline_row(rows, "trl-0.19"), headline_row(rows, "trl-0.20")
+    if not reproduced:
+        return ("no setting showed the bug: either every steps_per_generation divides GA (nothing is off-policy) or the "
+                "policy moved too little in one optimiser step for a token to leave the clip window — raise the learning "
+                "rate or pick steps_per_generation < GA that does not divide it")
+    return (f"with GA = {bug['gradient_accumulation_steps']} and steps_per_generation = {bug['steps_per_generation']}, "
+            f"{bug['off_policy_share']:.0%} of the micro-steps train on data of an older policy; {bug['true_clip_fraction']:.1%} "
+            f"of their tokens lie outside the ε = {bug['clip']:g} window, but TRL 0.19's guard shows the loss "
+            f"{bug['seen_clip_fraction']:.0%} (ratio ≡ 1)"
+            + (f"; TRL 0.20's guard keeps π_old from generation time and the loss sees {fix['seen_clip_fraction']:.1%}."
+               if fixed else "; TRL 0.20's guard did not reproduce the sampler's ratio (check the dtype).")
+            )
+
+
+def metrics(rows: list[dict]) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 27."""
+    reproduced, fixed = verdict(rows)
+    bug, fix = headline_row(rows, "trl-0.19"), headline_row(rows, "trl-0.20")
+    tensors = ("seen_log_ratio", "true_log_ratio", "steps")
+    return dict(
+        notebook="27_off_policy_remainder", reproduced=reproduced, fixed=fixed,
+        metrics={"runs": [{k: v for k, v in r.items() if k not in tensors} for r in rows]},
+        headline={"what": f"share of off-policy tokens outside the ε = {bug['clip']:g} clip window seen by the loss "
+                          f"(GA {bug['gradient_accumulation_steps']}, steps_per_generation {bug['steps_per_generation']}; "
+                          f"true: {bug['true_clip_fraction']:.3f})", "unit": "fraction of tokens",
+                  "bug": bug["seen_clip_fraction"], "fix": fix["seen_clip_fraction"]},
+    )

@@ -1,0 +1,300 @@
+"""Pitfall P29: a prefix (KV) cache reused across a weight update.
+
+Rollout engines cache the keys and values of prompt prefixes and key the cache by token content (vLLM's automatic prefix
+caching, SGLang's radix cache): GRPO's group of samples per prompt, a shared system prompt and a prompt seen again next
+epoch all skip their prefill. The cached keys and values were computed by the weights that first filled the block. After
+the trainer pushes new weights, a prompt served from the cache is decoded by the new weights on top of the old weights'
+prefix: the engine's log-probs μ belong to neither policy, while the trainer scores the same tokens fresh with the new
+weights. The rollout/trainer log-prob gap on repeated prompts grows with every update since the block was filled; on new
+prompts it stays at rounding level (vLLM #9744, Oct 2024: "the cached prefix won't be updated after load_weights"; vLLM
+0.7.0 added ``reset_prefix_cache``; ms-swift PR #3640 resets it after each GRPO weight sync; NeMo-RL PR #4018: async
+GRPO left the prefix cache untouched across 17 refits, and the mismatch grew step over step until an engine restart).
+
+The fix: invalidate the prefix cache whenever the weights change (``reset_prefix_cache()`` after every weight sync).
+
+This module builds a small engine on the tiny model: a content-keyed cache of each prompt's keys and values (all prompt
+tokens but the last, which an engine always recomputes, as vLLM does on a full hit), decoding with the current weights
+on top. It fills the cache, trains the policy for k REINFORCE updates, and serves the same prompts again with each cache
+policy, plus prompts it never saw; the trainer rescores every sample with a fresh forward.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+
+from workbench.core.devices import generator_on, model_device
+from workbench.modeling.rollout import sample
+from workbench.modeling.scoring import response_logprobs
+from workbench.tasks import decode_responses, encode_prompts, reward
+from workbench.viz import plots
+from workbench.viz.explorer import Explorer
+from workbench.viz.plots import label_zero_bars, note_coinciding
+
+CACHE_POLICIES = ("invalidate", "keep")  # the fix, the bug: what the engine does with its prefix cache on a weight update
+FLOOR = 1e-9  # where a log axis draws an exact 0
+
+
+# ---- the engine ---------------------------------------------------------------------------------
+class PrefixCache:
+    """Prompt token ids → (the keys and values of all prompt tokens but the last, the weight version that computed them)."""
+
+    def __init__(self, policy: str):
+        if policy not in CACHE_POLICIES:
+            raise ValueError(f"cache policy {policy!r}; use one of {CACHE_POLICIES} ('invalidate' is the fix)")
+        self.policy, self.entries = policy, {}
+
+    @torch.no_grad()
+    def lookup(self, model, prompt_ids: torch.Tensor, version: int):
+        """A private copy of the prompt's cached keys/values (filled now on a miss), the version that filled it, and hit."""
+        key = tuple(prompt_ids[0].tolist())
+        hit = key in self.entries
+        if not hit:
+            self.entries[key] = (model(prompt_ids[:, :-1], use_cache=True).past_key_values, version)
+        kv, filled_at = self.entries[key]
+        return copy.deepcopy(kv), filled_at, hit  # decoding appends to a cache: never to the shared entry
+
+    def on_weight_update(self) -> None:
+        """What the engine does when new weights arrive: drop every entry (fix) or nothing (bug)."""
+        if self.policy == "invalidate":
+            self.entries.clear()
+
+
+@torch.no_grad()
+def engine_sample(model, cache: PrefixCache, prompt_ids: torch.Tensor, *, version: int, group_size: int, max_new_tokens: int,
+                  eos_token_id: int, pad_token_id: int, generator: torch.Generator) -> dict:
+    """``group_size`` responses to one prompt (1, P) decoded on the cached prefix; the engine's log-probs μ per token."""
+    device = model_device(model)  # see workbench.core.devices
+    prompt_ids, generator = prompt_ids.to(device), generator_on(generator, device)
+    kv, filled_at, hit = cache.lookup(model, prompt_ids, version)
+    kv.batch_repeat_interleave(group_size)
+    length = prompt_ids.shape[1]
+    token = prompt_ids[:, -1:].repeat(group_size, 1)  # the last prompt token is always recomputed by the current weights
+    tokens, logps, done = [], [], torch.zeros(group_size, dtype=torch.bool, device=device)
+    for step in range(max_new_tokens):
+        position = torch.full((group_size, 1), length - 1 + step, device=device)
+        attention = torch.ones(group_size, length + step, dtype=torch.long, device=device)
+        out = model(token, past_key_values=kv, position_ids=position, attention_mask=attention)
+        logprobs = torch.log_softmax(out.logits[:, -1].float(), -1)
+        drawn = torch.multinomial(logprobs.exp(), 1, generator=generator)
+        drawn = torch.where(done.unsqueeze(-1), torch.full_like(drawn, pad_token_id), drawn)
+        tokens.append(drawn)
+        logps.append(logprobs.gather(-1, drawn).squeeze(-1))
+        done = done | (drawn.squeeze(-1) == eos_token_id)
+        token = drawn
+        if done.all():
+            break
+    response = torch.cat(tokens, 1)
+    is_eos = (response == eos_token_id).long()
+    mask = ((is_eos.cumsum(-1) - is_eos) == 0).long()  # every token up to and including the first EOS
+    return {"prompt_ids": prompt_ids.repeat(group_size, 1).cpu(), "response_ids": torch.where(mask.bool(), response, pad_token_id).cpu(),
+            "response_mask": mask.cpu(), "engine_logprobs": (torch.stack(logps, 1) * mask).cpu(), "hit": hit,
+            "kv_age": version - filled_at}
+
+
+def serve_and_score(model, tokenizer, cache: PrefixCache, problems, *, version: int, group_size: int, max_new_tokens: int,
+                    seed: int) -> dict:
+    """Serve each problem through the engine, rescore every response fresh with the same weights (the trainer's forward);
+    per-token |log μ − log π| and log π − log μ, the cache hits and the age of the keys/values used."""
+    gaps, log_ratios, hits, ages = [], [], 0, []
+    generator = torch.Generator().manual_seed(seed)
+    for problem in problems:
+        ids, _ = encode_prompts(tokenizer, [problem.prompt])
+        served = engine_sample(model, cache, ids, version=version, group_size=group_size, max_new_tokens=max_new_tokens,
+                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, generator=generator)
+        with torch.no_grad():
+            trainer = response_logprobs(model, served["prompt_ids"], torch.ones_like(served["prompt_ids"]), served["response_ids"],
+                                        served["response_mask"])
+        m = served["response_mask"].bool()
+        log_ratios.append((trainer - served["engine_logprobs"])[m])
+        gaps.append(log_ratios[-1].abs())
+        hits += served["hit"]
+        ages.append(served["kv_age"])
+    gap = torch.cat(gaps)
+    return {"mean_gap": float(gap.mean()), "max_gap": float(gap.max()), "log_ratio": torch.cat(log_ratios),
+            "hit_rate": hits / len(problems), "kv_age": max(ages)}
+
+
+# ---- the sweep: k weight updates after the cache was filled -------------------------------------
+def reinforce_step(model, optimizer, tokenizer, problems, *, seed: int, max_new_tokens: int) -> None:
+    """One policy-gradient update on fresh samples of ``problems``: loss = −mean((R − mean R) · Σ_t log π(y_t))."""
+    ids, mask = encode_prompts(tokenizer, [p.prompt for p in problems])
+    r = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
+    texts = decode_responses(tokenizer, r.response_ids, r.response_mask)
+    rewards = torch.tensor([reward(t, bool(f), p) for t, f, p in zip(texts, r.finished.tolist(), problems, strict=True)])
+    logp = response_logprobs(model, r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask)
+    loss = -((rewards - rewards.mean()) * (logp * r.response_mask).sum(-1)).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def update_sweep(model, tokenizer, repeated, new_pool, train_problems, updates: list[int], *, lr: float = 1e-4,
+                 clip: float = 0.2, group_size: int = 4, seed: int = 0, max_new_tokens: int = 6) -> list[dict]:
+    """Fill both engines' caches with ``repeated`` at version 0, then take REINFORCE updates on ``train_problems``
+    (one update per step, the engines told after each); at each count in ``updates`` serve ``repeated`` again and
+    as many never-seen prompts from ``new_pool`` through each engine. One row per count: for each cache policy, the
+    gap on repeated and on new prompts, hit rate, age of the cached keys/values, tokens outside the clip window."""
+    if len(new_pool) < len(repeated) * len(updates):
+        raise ValueError(f"new_pool holds {len(new_pool)} prompts; serving {len(repeated)} new prompts at each of "
+                         f"{len(updates)} update counts needs {len(repeated) * len(updates)} (pass more problems)")
+    actor = copy.deepcopy(model).train(False)
+    optimizer = torch.optim.Adam(actor.parameters(), lr=lr)
+    caches = {policy: PrefixCache(policy) for policy in CACHE_POLICIES}
+    serve = dict(group_size=group_size, max_new_tokens=max_new_tokens)
+    for cache in caches.values():  # the first rollout: fills each cache with version 0's keys and values
+        serve_and_score(actor, tokenizer, cache, repeated, version=0, seed=seed, **serve)
+    rows, fresh = [], iter(range(0, len(new_pool), len(repeated)))
+    for k in range(max(updates) + 1):
+        if k > 0:
+            reinforce_step(actor, optimizer, tokenizer, train_problems, seed=seed + 1000 + k, max_new_tokens=max_new_tokens)
+            for cache in caches.values():
+                cache.on_weight_update()
+        if k in updates:
+            start = next(fresh)
+            row = {"updates": k}
+            for policy, cache in caches.items():
+                again = serve_and_score(actor, tokenizer, cache, repeated, version=k, seed=seed + k, **serve)
+                new = serve_and_score(actor, tokenizer, cache, new_pool[start:start + len(repeated)], version=k, seed=seed + k, **serve)
+                row[policy] = {"repeated_gap": again["mean_gap"], "repeated_max_gap": again["max_gap"],
+                               "repeated_hit_rate": again["hit_rate"], "kv_age": again["kv_age"],
+                               "new_gap": new["mean_gap"], "new_max_gap": new["max_gap"],
+                               "new_hit_rate": new["hit_rate"], "log_ratio": again["log_ratio"],
+                               "outside_clip": float(((again["log_ratio"].exp() - 1).abs() > clip).float().mean())}
+            rows.append(row)
+    return rows
+
+
+def verdict(rows: list[dict], *, signature: float = 1e-3, tolerance: float = 1e-4) -> tuple[bool, bool]:
+    """(reproduced, fixed) from ``update_sweep`` rows.
+
+    Reproduced: keeping the cache, the repeated prompts' mean |log μ − log π| at the most updates exceeds ``signature``
+    and the gap there exceeds the gap at the fewest, while the new prompts (cache misses) stay within ``tolerance``: the
+    stale prefix is the cause. Fixed: invalidating on every update, every gap (max per token) is within ``tolerance``.
+    """
+    first, last = min(rows, key=lambda r: r["updates"]), max(rows, key=lambda r: r["updates"])
+    keep = last["keep"]
+    reproduced = (keep["repeated_gap"] > signature and keep["repeated_gap"] > first["keep"]["repeated_gap"]
+                  and keep["new_max_gap"] <= tolerance)
+    fixed = all(max(r["invalidate"]["repeated_max_gap"], r["invalidate"]["new_max_gap"]) <= tolerance for r in rows)
+    return reproduced, fixed
+
+
+# ---- figures (take axes) ------------------------------------------------------------------------
+def plot_gap(ax, rows: list[dict]) -> None:
+    """Mean |log μ − log π| per token against the updates since the cache was filled, on a log axis."""
+    k = [r["updates"] for r in rows]
+    series = [("keep", "repeated_gap", plots.BUG_COLOR, "o-", "repeated, cache kept (bug)"),
+              ("keep", "new_gap", plots.BUG_COLOR, "s:", "new, cache kept"),
+              ("invalidate", "repeated_gap", plots.FIX_COLOR, "o-", "repeated, invalidated (fix)"),
+              ("invalidate", "new_gap", plots.FIX_COLOR, "s:", "new, invalidated")]
+    for policy, key, color, style, label in series:
+        ax.plot(k, [max(r[policy][key], FLOOR) for r in rows], style, color=color, label=label, alpha=0.9)
+    ax.set_yscale("log")
+    if any(r[p][key] < FLOOR for r in rows for p, key, *_ in series):
+        plots.draw_floor(ax, FLOOR)
+    ax.set_xticks(k)
+    ax.set_xlabel("weight updates since the prefix cache was filled")
+    ax.set_ylabel("mean |log μ_engine − log π_trainer| per token")
+    legend = {"fontsize": 7, "loc": "center left", "bbox_to_anchor": (0.01, 0.55),
+              "title": "prompts (repeated: cached before the updates)", "title_fontsize": 7}
+    ax.legend(**legend)
+    note_coinciding(ax, legend_kw=legend)
+
+
+def plot_clip(ax, rows: list[dict], clip: float) -> None:
+    """Share of the repeated prompts' tokens whose ratio π_trainer / μ_engine lies outside the clip window."""
+    x = list(range(len(rows)))
+    fix = ax.bar([i - 0.2 for i in x], [r["invalidate"]["outside_clip"] for r in rows], 0.4, color=plots.FIX_COLOR,
+                 label="cache invalidated on update (fix)")
+    bug = ax.bar([i + 0.2 for i in x], [r["keep"]["outside_clip"] for r in rows], 0.4, color=plots.BUG_COLOR, label="cache kept (bug)")
+    label_zero_bars(ax, fix)
+    label_zero_bars(ax, bug)
+    ax.set_xticks(x, [str(r["updates"]) for r in rows])
+    ax.set_xlabel("weight updates since the prefix cache was filled")
+    ax.set_ylabel(f"repeated-prompt tokens with |ρ − 1| > ε = {clip:g}")
+    ax.set_ylim(0, 1.3 * max([r["keep"]["outside_clip"] for r in rows] + [0.05]))
+    ax.legend(fontsize=7, loc="upper left")
+
+
+def plot_log_ratio(ax, row: dict, clip: float) -> None:
+    """Histogram of log π_trainer − log μ_engine on the repeated prompts' tokens, both cache policies, and the clip window."""
+    edges = torch.linspace(-1.0, 1.0, 51).numpy()
+    for policy, color, label in (("keep", plots.BUG_COLOR, "cache kept (bug)"), ("invalidate", plots.FIX_COLOR, "invalidated (fix)")):
+        ax.hist(row[policy]["log_ratio"].clamp(-1, 1).numpy(), bins=edges, color=color, alpha=0.6, label=label)
+    for edge in (math.log(1 - clip), math.log(1 + clip)):
+        ax.axvline(edge, color=plots.NEUTRAL_COLOR, ls="--")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"log π − log μ per token, clamped to ±1 ({row['updates']} updates; dashed: ε = {clip:g})")
+    ax.set_ylabel("tokens")
+    ax.legend(fontsize=7, loc="upper left")
+
+
+def figure_stale_cache(rows: list[dict], clip: float):
+    """The notebook's figure: the gap vs updates, the clip-window share, the log-ratio histogram at the most updates."""
+    last = max(rows, key=lambda r: r["updates"])
+    return plots.figure_panels((18, 4.2), lambda ax: plot_gap(ax, rows), lambda ax: plot_clip(ax, rows, clip),
+                               lambda ax: plot_log_ratio(ax, last, clip))
+
+
+def stale_cache_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
+    """Sliders for the number of updates and ε: the repeated prompts' log-ratio histogram, redrawn."""
+
+    def draw(updates, epsilon):
+        row = next(r for r in rows if r["updates"] == updates)
+        fig, ax = plt.subplots(figsize=(6.5, 3.2))
+        plot_log_ratio(ax, row, epsilon)
+        share = {p: float(((row[p]["log_ratio"].exp() - 1).abs() > epsilon).float().mean()) for p in CACHE_POLICIES}
+        ax.set_title(f"{updates} updates: outside ε, cache kept {share['keep']:.1%}, invalidated {share['invalidate']:.1%}", fontsize=9)
+        return {"updates": updates, **{f"outside_clip_{p}": v for p, v in share.items()}}
+
+    counts = [r["updates"] for r in rows]
+    return Explorer({"updates": widgets.SelectionSlider(options=counts, value=max(counts), description="updates k"),
+                     "epsilon": widgets.FloatSlider(value=clip, min=0.01, max=0.5, step=0.01, description="ε")},
+                    draw, title="P29: a prefix cache filled before k weight updates")
+
+
+# ---- what the notebook prints and writes -------------------------------------------------------
+def sweep_lines(rows: list[dict], clip: float) -> str:
+    lines = []
+    for r in rows:
+        for policy in CACHE_POLICIES:
+            s = r[policy]
+            lines.append(f"{r['updates']} updates, cache {'kept' if policy == 'keep' else 'invalidated'}: repeated prompts "
+                         f"(hits {s['repeated_hit_rate']:.0%}, keys/values {s['kv_age']} updates old) |Δ log p| mean "
+                         f"{s['repeated_gap']:.2e}, max {s['repeated_max_gap']:.2e}, {s['outside_clip']:.1%} outside ε = {clip:g}; "
+                         f"new prompts (hits {s['new_hit_rate']:.0%}) mean {s['new_gap']:.2e}, max {s['new_max_gap']:.2e}")
+    return "\n".join(lines)
+
+
+def headline_sentence(rows: list[dict], clip: float) -> str:
+    reproduced, fixed = verdict(rows)
+    last = max(rows, key=lambda r: r["updates"])
+    keep, inv = last["keep"], last["invalidate"]
+    if not reproduced:
+        return (f"after {last['updates']} updates the repeated prompts' gap is {keep['repeated_gap']:.1e} nats per token (threshold "
+                f"1e-3) or the new prompts' is not at rounding level: raise the learning rate or the number of updates")
+    return (f"after {last['updates']} weight updates the repeated prompts, served on keys/values {keep['kv_age']} updates old, "
+            f"differ from the trainer by {keep['repeated_gap']:.3f} nats per token ({keep['outside_clip']:.1%} of tokens outside "
+            f"the ε = {clip:g} window) while new prompts differ by {keep['new_gap']:.1e}"
+            + (f"; invalidating the cache on every update brings the repeated prompts to {inv['repeated_gap']:.1e}." if fixed
+               else "; invalidating did not bring the gap to rounding level (check the engine's dtype)."))
+
+
+def metrics(rows: list[dict], clip: float) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 29."""
+    reproduced, fixed = verdict(rows)
+    last = max(rows, key=lambda r: r["updates"])
+    plain = [{"updates": r["updates"], **{p: {k: v for k, v in r[p].items() if k != "log_ratio"} for p in CACHE_POLICIES}}
+             for r in rows]
+    return dict(
+        notebook="29_stale_kv_cache", reproduced=reproduced, fixed=fixed, metrics={"clip": clip, "updates": plain},
+        headline={"what": f"mean |log μ_engine − log π_trainer| per token on repeated prompts after {last['updates']} weight "
+                          f"updates (new prompts: {last['keep']['new_gap']:.1e})", "unit": "nats per token",
+                  "bug": last["keep"]["repeated_gap"], "fix": last["invalidate"]["repeated_gap"]},
+    )
