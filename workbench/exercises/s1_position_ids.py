@@ -14,13 +14,10 @@ import torch
 
 from workbench.audit import check_position_ids
 from workbench.exercises.common import CaseSpec, Exercise, Outcome, diagnose, lesson_link, tensor_out, tiny_gpt2
+from workbench.exercises.solutions.s1_position_ids import position_ids as reference  # the reference is the graded solution
 
 LESSON = "01_position_ids"
 SEE = lesson_link(LESSON)
-
-
-def reference(attention_mask: torch.Tensor) -> torch.Tensor:
-    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
 MISTAKES = {

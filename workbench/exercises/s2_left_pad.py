@@ -12,20 +12,11 @@ from __future__ import annotations
 import torch
 
 from workbench.exercises.common import CaseFailure, CaseSpec, Exercise, Outcome, diagnose, lesson_link, tiny_gpt2
+from workbench.exercises.solutions.s2_left_pad import left_pad as reference  # the reference is the graded solution
 
 LESSON = "02_right_padding_flash_attention"
 SEE = lesson_link(LESSON)
 PAD = 7
-
-
-def reference(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int):
-    ids, mask = torch.full_like(input_ids, pad_id), torch.zeros_like(attention_mask)
-    width = input_ids.shape[1]
-    for r in range(input_ids.shape[0]):
-        real = input_ids[r][attention_mask[r].bool()]
-        ids[r, width - len(real):] = real
-        mask[r, width - len(real):] = 1
-    return ids, mask
 
 
 MISTAKES = {

@@ -11,16 +11,11 @@ from __future__ import annotations
 import torch
 
 from workbench.exercises.common import CaseSpec, Exercise, Outcome, diagnose, lesson_link, tensor_out
+from workbench.exercises.solutions.s3_mask_after_eos import mask_after_eos as reference  # the reference is the graded solution
 
 LESSON = "03_eos_termination"
 SEE = lesson_link(LESSON)
 EOS, STOP2, PAD = 2, 9, 0
-
-
-def reference(response_ids: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
-    is_stop = torch.isin(response_ids, torch.tensor(stop_ids, dtype=response_ids.dtype))
-    stops_before = is_stop.long().cumsum(-1) - is_stop.long()
-    return (stops_before == 0).long()
 
 
 def _before(ids, stop_ids):

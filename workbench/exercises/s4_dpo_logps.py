@@ -15,17 +15,10 @@ import torch
 from workbench.audit import check_dpo_mask
 from workbench.audit.dpo import crafted_batch
 from workbench.exercises.common import CaseSpec, Exercise, Outcome, close, lesson_link, short, tensor_out
+from workbench.exercises.solutions.s4_dpo_logps import dpo_logps as reference  # the reference is the graded solution
 
 LESSON = "04_dpo_loss_mask"
 SEE = lesson_link(LESSON)
-
-
-def reference(token_logps: torch.Tensor, attention_mask: torch.Tensor, prompt_lengths) -> torch.Tensor:
-    rows, targets = token_logps.shape
-    lengths = torch.as_tensor(list(prompt_lengths) * 2)[:, None]
-    t = torch.arange(targets)[None]
-    keep = (t >= lengths - 1) & attention_mask[:, 1:].bool()
-    return (token_logps * keep).sum(-1)
 
 
 def _mistake(details: dict) -> str:

@@ -12,6 +12,7 @@ import torch
 
 from workbench.audit import check_aggregation
 from workbench.exercises.common import CaseFailure, CaseSpec, Exercise, Outcome, close, lesson_link, short, tensor_out
+from workbench.exercises.solutions.s5_grpo_loss import grpo_loss as reference  # the reference is the graded solution
 
 LESSON = "05_grpo_loss_normalization"
 SEE = lesson_link(LESSON)
@@ -25,14 +26,6 @@ MODE_MISTAKES = {
                                "T with padding counted): a response of length L gets weight L/(B·T), not 1/B — divide each "
                                f"response by its own length — see {SEE}",
 }
-
-
-def reference(per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.to(per_token_loss.dtype)
-    lengths = mask.sum(-1)
-    per_sequence = (per_token_loss * mask).sum(-1) / lengths.clamp_min(1)
-    rows = (lengths > 0).to(per_token_loss.dtype)
-    return (per_sequence * rows).sum() / rows.sum().clamp_min(1)
 
 
 def _scalar(out) -> torch.Tensor:
