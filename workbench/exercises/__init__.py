@@ -6,7 +6,8 @@ the ``workbench.audit`` checks, which classify *which* convention a function imp
 runs the cases in a sandboxed interpreter (``sandbox``) and returns a ``Grade``; ``submissions`` grades
 executed-headless notebooks for ``python -m workbench grade``. The exercise notebooks are in
 ``notebooks/exercises/``; the reference solutions in ``workbench/exercises/solutions/`` (not in the folder
-handed out).
+handed out); an exercise module's ``reference`` is its solution, imported from there (one home), except
+``p6_logprobs``, whose reference is the float64 ground truth the bf16 case measures against.
 """
 
 from workbench.exercises.grading import Grade, grade, grade_solutions, solution_source

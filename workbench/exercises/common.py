@@ -1,6 +1,10 @@
 """What every exercise module is made of: an ``Exercise`` (name, the learner's function and signature, the
 lesson it follows, its cases), a ``CaseSpec`` per case, and the ``Case`` a case returns.
 
+An exercise module takes its ``Exercise`` from the course's table (``EXERCISE = COURSE[name]``, ``course``) and
+declares each case where its code is, ``@EXERCISE.add_case(name, tried, expected)`` above ``run(fn) -> Outcome`` (or
+``EXERCISE.add_case(name, tried, expected, run)`` for a case built by a factory); cases run in declaration order.
+
 A case calls the learner's function on crafted inputs and says what was tried, what was expected, what came
 back, and — when the result matches a known wrong convention — the mistake by name. ``run_case`` turns
 whatever the learner's code does (raises, returns a list, returns the wrong shape) into a failed case with a
@@ -76,16 +80,32 @@ class CaseSpec:
 @dataclass
 class Exercise:
     name: str
-    function: str
-    signature: str
+    signature: str  # the function the learner writes, e.g. "k3(logp: Tensor[B, T], ref_logp: Tensor[B, T]) -> Tensor[B, T]"
     lesson: str  # the lesson notebook's stem, e.g. "05_grpo_loss_normalization"
     summary: str
     cases: list[CaseSpec] = field(default_factory=list)
     needs_model: bool = False
 
     @property
+    def function(self) -> str:
+        """The name of the function the learner writes (the signature's)."""
+        return self.signature.split("(", 1)[0]
+
+    @property
     def case_names(self) -> list[str]:
         return [c.name for c in self.cases]
+
+    def add_case(self, name: str, tried: str, expected: str, run: Callable | None = None):
+        """Declare the next case (cases run and are shown in the order declared): ``run(fn) -> Outcome``.
+
+        Without ``run``, a decorator: the case's name, what it tries and what it expects sit above its code.
+        """
+        if run is None:
+            return lambda function: self.add_case(name, tried, expected, function)
+        if name in self.case_names:
+            raise ValueError(f"exercise {self.name} declares case {name!r} twice")
+        self.cases.append(CaseSpec(name, tried, expected, run))
+        return run
 
     def case(self, name: str) -> CaseSpec:
         for spec in self.cases:

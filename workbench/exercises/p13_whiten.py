@@ -11,18 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from workbench.exercises.common import CaseFailure, CaseSpec, Exercise, Outcome, diagnose, lesson_link, tensor_out
+from workbench.exercises.common import CaseFailure, Outcome, diagnose, lesson_link, tensor_out
+from workbench.exercises.course import COURSE
+from workbench.exercises.solutions.p13_whiten import whiten as reference  # the reference is the graded solution
 
-LESSON = "13_whitening"
-SEE = lesson_link(LESSON)
-
-
-def reference(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    m = mask.to(values.dtype)
-    n = m.sum().clamp_min(1)
-    mean = (values * m).sum() / n
-    var = (((values - mean) * m) ** 2).sum() / n
-    return torch.where(mask.bool(), (values - mean) * torch.rsqrt(var + eps), torch.zeros_like(values))
+EXERCISE = COURSE["p13_whiten"]
+SEE = lesson_link(EXERCISE.lesson)
 
 
 def _over_padding(values, mask):
@@ -87,6 +81,8 @@ def _call(fn, values, mask):
     return out
 
 
+@EXERCISE.add_case("statistics", "a ragged batch (lengths 12, 3, 9, 7, 1, 10), padding holding 3.0",
+                   "mean 0 and std 1 over the real tokens, each value whitened with the batch's statistics")
 def _statistics(fn) -> Outcome:
     values, mask = _batch()
     out = _call(fn, values, mask)
@@ -103,6 +99,7 @@ def _statistics(fn) -> Outcome:
     return Outcome(f"mean {mean:.4g}, std {std:.4g} over real tokens; max |out − whitened| {gap:.3g}", ok, mistake)
 
 
+@EXERCISE.add_case("padding_invariance", "the same batch with 5 more padding columns holding 50.0", "the real tokens' outputs unchanged")
 def _padding_invariance(fn) -> Outcome:
     values, mask = _batch()
     out = _call(fn, values, mask)
@@ -117,6 +114,7 @@ def _padding_invariance(fn) -> Outcome:
     return Outcome(f"max change on real tokens {gap:.3g}", ok, mistake)
 
 
+@EXERCISE.add_case("constant", "every real value equal (variance 0)", "a finite output")
 def _constant(fn) -> Outcome:
     mask = (torch.arange(5)[None] < torch.tensor([5, 2])[:, None]).float()
     values = torch.full((2, 5), 0.75)  # 0.75 · 7 / 7 is exact in floating point: the variance is exactly 0
@@ -126,6 +124,7 @@ def _constant(fn) -> Outcome:
     return Outcome(f"{out.tolist()}", ok, "" if ok else "0/0 on a constant batch: add eps inside the square root (var + eps)")
 
 
+@EXERCISE.add_case("padding_finite", "padding positions holding NaN", "a finite output everywhere")
 def _padding_finite(fn) -> Outcome:
     values, mask = _batch(pad_value=float("nan"))
     out = tensor_out(fn(values.clone(), mask.clone()), "a Tensor[B, T]", shape=tuple(values.shape), floating=True)
@@ -133,18 +132,3 @@ def _padding_finite(fn) -> Outcome:
     mistake = "" if ok else ("NaN on the output: padding positions hold NaN here (as after a log of 0) and your statistics "
                              "or output take them in — select with the mask (torch.where), don't multiply by it")
     return Outcome("finite everywhere" if ok else "NaN or inf in the output", ok, mistake)
-
-
-EXERCISE = Exercise(
-    name="p13_whiten", function="whiten", lesson=LESSON,
-    signature="whiten(values: Tensor[B, T], mask: Tensor[B, T]) -> Tensor[B, T]",
-    summary="advantage whitening with the mean and variance of the real tokens of the batch",
-    cases=[
-        CaseSpec("statistics", "a ragged batch (lengths 12, 3, 9, 7, 1, 10), padding holding 3.0",
-                 "mean 0 and std 1 over the real tokens, each value whitened with the batch's statistics", _statistics),
-        CaseSpec("padding_invariance", "the same batch with 5 more padding columns holding 50.0",
-                 "the real tokens' outputs unchanged", _padding_invariance),
-        CaseSpec("constant", "every real value equal (variance 0)", "a finite output", _constant),
-        CaseSpec("padding_finite", "padding positions holding NaN", "a finite output everywhere", _padding_finite),
-    ],
-)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import torch
 
 from workbench.audit import check_temperature
-from workbench.exercises.common import CaseSpec, Exercise, Outcome, close, diagnose, lesson_link, short, tensor_out, tiny_gpt2
+from workbench.exercises.common import Outcome, close, diagnose, lesson_link, short, tensor_out, tiny_gpt2
+from workbench.exercises.course import COURSE
 
-LESSON = "06_temperature"
-SEE = lesson_link(LESSON)
+EXERCISE = COURSE["p6_logprobs"]
+SEE = lesson_link(EXERCISE.lesson)
 TAU = 0.7
 
 
@@ -46,6 +47,7 @@ def _call(fn, logits, ids, tau):
                       floating=True)
 
 
+@EXERCISE.add_case("temperature", f"check_temperature on the tiny GPT-2 at τ = {TAU}", f"log-probs of softmax(logits / {TAU})")
 def _temperature(fn) -> Outcome:
     model, tokenizer = tiny_gpt2()
 
@@ -68,6 +70,7 @@ def _temperature(fn) -> Outcome:
     return Outcome(got, result.passed, mistake, d.get("plot"))
 
 
+@EXERCISE.add_case("values", "random float32 logits, τ = 1.5", "log_softmax(logits / τ) at ids")
 def _values(fn) -> Outcome:
     generator = torch.Generator().manual_seed(6)
     logits = torch.randn(2, 5, 11, generator=generator) * 3
@@ -77,6 +80,7 @@ def _values(fn) -> Outcome:
     return Outcome(short(out[0]), ok, "" if ok else diagnose(out, MISTAKES, (logits, ids, 1.5), same=close))
 
 
+@EXERCISE.add_case("bf16", f"bf16 logits of scale 6, τ = {TAU}", "float32 log-probs within 1e-3 nats of float64")
 def _bf16(fn) -> Outcome:
     generator = torch.Generator().manual_seed(7)
     logits = (torch.randn(4, 16, 64, generator=generator) * 6).bfloat16()
@@ -91,17 +95,3 @@ def _bf16(fn) -> Outcome:
         mistake = diagnose(out, MISTAKES, (logits, ids, TAU), same=same) or (
             MISTAKES["no_upcast"][0] if out.dtype in (torch.bfloat16, torch.float16) or gap >= 1e-3 else "")
     return Outcome(f"dtype {str(out.dtype).replace('torch.', '')}, max |error| {gap:.3g} nats vs float64", ok, mistake)
-
-
-EXERCISE = Exercise(
-    name="p6_logprobs", function="logprobs", lesson=LESSON,
-    signature="logprobs(logits: Tensor[B, T, V], ids: LongTensor[B, T], temperature: float) -> Tensor[B, T]",
-    summary="the log-probs of the sampling distribution softmax(logits / τ), computed in float32",
-    needs_model=True,
-    cases=[
-        CaseSpec("temperature", f"check_temperature on the tiny GPT-2 at τ = {TAU}",
-                 f"log-probs of softmax(logits / {TAU})", _temperature),
-        CaseSpec("values", "random float32 logits, τ = 1.5", "log_softmax(logits / τ) at ids", _values),
-        CaseSpec("bf16", f"bf16 logits of scale 6, τ = {TAU}", "float32 log-probs within 1e-3 nats of float64", _bf16),
-    ],
-)

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from workbench.exercises.common import CaseSpec, Exercise, Outcome, close, diagnose, lesson_link, short, tensor_out
+from workbench.exercises.common import Outcome, close, diagnose, lesson_link, short, tensor_out
+from workbench.exercises.course import COURSE
 
-LESSON = "09_kl_estimators"
-SEE = lesson_link(LESSON)
+EXERCISE = COURSE["p9_k3"]
+SEE = lesson_link(EXERCISE.lesson)
 CLAMP = 20.0
-
-
-def reference(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    r = (ref_logp - logp).clamp(-CLAMP, CLAMP)
-    return (torch.expm1(r) - r).clamp_min(0)
 
 
 def _exact(logp, ref_logp):
@@ -49,6 +45,7 @@ def _call(fn, logp, ref):
     return tensor_out(fn(logp.clone(), ref.clone()), "a per-token Tensor[B, T]", shape=tuple(logp.shape), floating=True)
 
 
+@EXERCISE.add_case("values", "random log-probs, gaps of about 1 nat", "exp(r) − r − 1, r = ref_logp − logp")
 def _values(fn) -> Outcome:
     logp, ref = _inputs(0, 1.0)
     out = _call(fn, logp, ref)
@@ -56,6 +53,7 @@ def _values(fn) -> Outcome:
     return Outcome(short(out[0]), ok, "" if ok else diagnose(out, MISTAKES, (logp, ref)))
 
 
+@EXERCISE.add_case("nonnegative", "gaps of about 3e-5 nats (8 × 64 tokens)", "every value ≥ 0")
 def _nonnegative(fn) -> Outcome:
     logp, ref = _inputs(1, 3e-5, shape=(8, 64))
     out = _call(fn, logp, ref)
@@ -66,6 +64,7 @@ def _nonnegative(fn) -> Outcome:
     return Outcome(f"min {low:.3g}", low >= 0, mistake)
 
 
+@EXERCISE.add_case("zero_when_equal", "ref_logp equal to logp", "exactly 0 on every token")
 def _zero_when_equal(fn) -> Outcome:
     logp, _ = _inputs(2, 1.0)
     out = _call(fn, logp, logp.clone())
@@ -73,6 +72,7 @@ def _zero_when_equal(fn) -> Outcome:
     return Outcome(f"max {float(out.abs().max()):.3g}", ok, "" if ok else diagnose(out, MISTAKES, (logp, logp.clone())))
 
 
+@EXERCISE.add_case("large_gap", "gaps of 90–120 nats", "finite, ≥ 0 and large")
 def _large_gap(fn) -> Outcome:
     logp = torch.tensor([[-100.0, -0.5, -120.0]])
     ref = torch.tensor([[-0.1, -90.0, -0.2]])
@@ -82,16 +82,3 @@ def _large_gap(fn) -> Outcome:
         "not finite for a large gap: exp(ref_logp − logp) overflows float32 beyond a gap of ~88.7 nats — clamp the "
         f"log-ratio (e.g. to [−{CLAMP:g}, {CLAMP:g}], as verl's low_var_kl) before exp — see {SEE}")
     return Outcome(short(out), ok, mistake)
-
-
-EXERCISE = Exercise(
-    name="p9_k3", function="k3", lesson=LESSON,
-    signature="k3(logp: Tensor[B, T], ref_logp: Tensor[B, T]) -> Tensor[B, T]",
-    summary="the k3 KL estimator per token: exp(r) − r − 1 with r = ref_logp − logp",
-    cases=[
-        CaseSpec("values", "random log-probs, gaps of about 1 nat", "exp(r) − r − 1, r = ref_logp − logp", _values),
-        CaseSpec("nonnegative", "gaps of about 3e-5 nats (8 × 64 tokens)", "every value ≥ 0", _nonnegative),
-        CaseSpec("zero_when_equal", "ref_logp equal to logp", "exactly 0 on every token", _zero_when_equal),
-        CaseSpec("large_gap", "gaps of 90–120 nats", "finite, ≥ 0 and large", _large_gap),
-    ],
-)

@@ -1,4 +1,8 @@
-"""The exercises by name, in course order (the lesson each follows)."""
+"""The exercises by name, in course order (the lesson each follows): ``course.COURSE`` with every case added.
+
+Importing an exercise module adds its cases to its ``COURSE`` entry, so this module imports them all before anyone
+grades; ``exercise(name)`` looks one up with a clear error.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ from workbench.exercises import (
     s5_grpo_loss,
 )
 from workbench.exercises.common import Exercise
+from workbench.exercises.course import COURSE
 
-EXERCISES: dict[str, Exercise] = {m.EXERCISE.name: m.EXERCISE for m in (
-    s1_position_ids, s2_left_pad, s3_mask_after_eos, s3_generate, s4_dpo_logps, s5_grpo_loss, p6_logprobs, p9_k3, p13_whiten)}
+CASE_MODULES = (s1_position_ids, s2_left_pad, s3_mask_after_eos, s3_generate, s4_dpo_logps, s5_grpo_loss, p6_logprobs, p9_k3,
+                p13_whiten)  # each adds the cases of ``COURSE[<its name>]`` on import
+EXERCISES: dict[str, Exercise] = dict(COURSE)
 
 
 def exercise(name: str) -> Exercise:

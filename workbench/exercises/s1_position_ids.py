@@ -13,14 +13,12 @@ from __future__ import annotations
 import torch
 
 from workbench.audit import check_position_ids
-from workbench.exercises.common import CaseSpec, Exercise, Outcome, diagnose, lesson_link, tensor_out, tiny_gpt2
+from workbench.exercises.common import Outcome, diagnose, lesson_link, tensor_out, tiny_gpt2
+from workbench.exercises.course import COURSE
+from workbench.exercises.solutions.s1_position_ids import position_ids as reference  # the reference is the graded solution
 
-LESSON = "01_position_ids"
-SEE = lesson_link(LESSON)
-
-
-def reference(attention_mask: torch.Tensor) -> torch.Tensor:
-    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+EXERCISE = COURSE["s1_position_ids"]
+SEE = lesson_link(EXERCISE.lesson)
 
 
 MISTAKES = {
@@ -41,7 +39,9 @@ def _same_on_real(mask):
     return same
 
 
-def _positions_case(rows: list[list[int]]):
+def _positions_case(name: str, what: str, rows: list[list[int]]) -> None:
+    """Declare case ``name`` on the mask ``rows``: the real tokens of every row at positions 0, 1, 2, …"""
+
     def run(fn) -> Outcome:
         mask = torch.tensor(rows)
         out = tensor_out(fn(mask.clone()), "a LongTensor[B, T] of positions", shape=tuple(mask.shape), floating=False)
@@ -51,9 +51,15 @@ def _positions_case(rows: list[list[int]]):
         shown = torch.where(keep, out, torch.full_like(out, -99)).tolist()
         got = str(shown).replace("-99", "·")
         return Outcome(got + "  (· = padding)", ok, "" if ok else diagnose(out, MISTAKES, (mask,), same=_same_on_real(mask)))
-    return run
+
+    EXERCISE.add_case(name, f"{what} {str(rows).replace(' ', '')}", "real tokens at 0, 1, 2, … in every row", run)
 
 
+_positions_case("left_padded", "a left-padded mask", [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+_positions_case("right_padded", "a right-padded mask", [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+
+
+@EXERCISE.add_case("valid_on_padding", "a left-padded mask", "every position a valid embedding index (0 ≤ p < 256)")
 def _valid_on_padding(fn) -> Outcome:
     mask = torch.tensor([[0, 0, 0, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
     out = tensor_out(fn(mask.clone()), "a LongTensor[B, T] of positions", shape=(3, 5), floating=False)
@@ -73,6 +79,8 @@ def _logprob_fn(position_ids_fn):
     return logprob_fn
 
 
+@EXERCISE.add_case("log_probs", "check_position_ids on the tiny GPT-2 (learned absolute positions)",
+                   "log-probs of left-padded, right-padded and unpadded texts equal (mask-derived)")
 def _log_probs(fn) -> Outcome:
     model, tokenizer = tiny_gpt2()
     result = check_position_ids(_logprob_fn(fn), model, tokenizer)
@@ -85,20 +93,3 @@ def _log_probs(fn) -> Outcome:
     got = f"{result.convention}: max |Δ log p| {result.details['max_abs_gap']:.3g} nats (tolerance {result.details['tolerance']:g})"
     return Outcome(got, result.passed, mistake, result.details.get("plot"))
 
-
-EXERCISE = Exercise(
-    name="s1_position_ids", function="position_ids", lesson=LESSON,
-    signature="position_ids(attention_mask: Tensor[B, T]) -> LongTensor[B, T]",
-    summary="position ids that follow the attention mask: the first real token of every row at 0",
-    needs_model=True,
-    cases=[
-        CaseSpec("left_padded", "a left-padded mask [[0,0,1,1,1],[1,1,1,1,1],[0,1,1,1,1]]",
-                 "real tokens at 0, 1, 2, … in every row", _positions_case([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])),
-        CaseSpec("right_padded", "a right-padded mask [[1,1,1,0,0],[1,1,1,1,1],[1,0,0,0,0]]",
-                 "real tokens at 0, 1, 2, … in every row", _positions_case([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])),
-        CaseSpec("valid_on_padding", "a left-padded mask", "every position a valid embedding index (0 ≤ p < 256)",
-                 _valid_on_padding),
-        CaseSpec("log_probs", "check_position_ids on the tiny GPT-2 (learned absolute positions)",
-                 "log-probs of left-padded, right-padded and unpadded texts equal (mask-derived)", _log_probs),
-    ],
-)

@@ -11,21 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from workbench.exercises.common import CaseFailure, CaseSpec, Exercise, Outcome, diagnose, lesson_link, tiny_gpt2
+from workbench.exercises.common import CaseFailure, Outcome, diagnose, lesson_link, tiny_gpt2
+from workbench.exercises.course import COURSE
+from workbench.exercises.solutions.s2_left_pad import left_pad as reference  # the reference is the graded solution
 
-LESSON = "02_right_padding_flash_attention"
-SEE = lesson_link(LESSON)
+EXERCISE = COURSE["s2_left_pad"]
+SEE = lesson_link(EXERCISE.lesson)
 PAD = 7
-
-
-def reference(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int):
-    ids, mask = torch.full_like(input_ids, pad_id), torch.zeros_like(attention_mask)
-    width = input_ids.shape[1]
-    for r in range(input_ids.shape[0]):
-        real = input_ids[r][attention_mask[r].bool()]
-        ids[r, width - len(real):] = real
-        mask[r, width - len(real):] = 1
-    return ids, mask
 
 
 MISTAKES = {
@@ -73,9 +65,17 @@ def _batch_case(ids_rows, mask_rows, what: str):
 RIGHT_IDS = [[11, 12, 13, 14], [21, 22, PAD, PAD], [31, PAD, PAD, PAD]]
 RIGHT_MASK = [[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]]
 LEFT_MASK = reference(torch.tensor(RIGHT_IDS), torch.tensor(RIGHT_MASK), PAD)[1].tolist()
+EXERCISE.add_case("tokens", f"a right-padded batch {RIGHT_IDS} (pad_id {PAD})",
+                  f"each row's tokens in order at the right end, mask {LEFT_MASK}", _batch_case(RIGHT_IDS, RIGHT_MASK, "tokens"))
+EXERCISE.add_case("pad_id", f"the same batch, pad_id {PAD}", f"padding slots hold {PAD}", _batch_case(RIGHT_IDS, RIGHT_MASK, "all"))
+EXERCISE.add_case("no_padding", "a batch without padding", "unchanged",
+                  _batch_case([[1, 2, 3], [4, 5, 6]], [[1, 1, 1], [1, 1, 1]], "all"))
+
 TEXTS = ("12+34=", "5*5=", "1+2=")
 
 
+@EXERCISE.add_case("generation", "greedy generate (5 tokens) of the tiny GPT-2 on your batch vs each row alone",
+                   "the same tokens for every row")
 def _generation(fn) -> Outcome:
     model, tokenizer = tiny_gpt2()
     pad = tokenizer.pad_token_id
@@ -93,20 +93,3 @@ def _generation(fn) -> Outcome:
     mistake = "" if ok else f"rows whose real tokens do not end in the last column generate after padding — see {SEE}"
     return Outcome(f"rows equal to generating alone: {same}", ok, mistake)
 
-
-EXERCISE = Exercise(
-    name="s2_left_pad", function="left_pad", lesson=LESSON,
-    signature="left_pad(input_ids: LongTensor[B, T], attention_mask: Tensor[B, T], pad_id: int) -> (input_ids, attention_mask)",
-    summary="right padding turned into left padding: every row's real tokens end in the last column",
-    needs_model=True,
-    cases=[
-        CaseSpec("tokens", f"a right-padded batch {RIGHT_IDS} (pad_id {PAD})",
-                 f"each row's tokens in order at the right end, mask {LEFT_MASK}",
-                 _batch_case(RIGHT_IDS, RIGHT_MASK, "tokens")),
-        CaseSpec("pad_id", f"the same batch, pad_id {PAD}", f"padding slots hold {PAD}", _batch_case(RIGHT_IDS, RIGHT_MASK, "all")),
-        CaseSpec("no_padding", "a batch without padding", "unchanged",
-                 _batch_case([[1, 2, 3], [4, 5, 6]], [[1, 1, 1], [1, 1, 1]], "all")),
-        CaseSpec("generation", "greedy generate (5 tokens) of the tiny GPT-2 on your batch vs each row alone",
-                 "the same tokens for every row", _generation),
-    ],
-)

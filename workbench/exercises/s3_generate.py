@@ -13,10 +13,11 @@ from __future__ import annotations
 import functools
 
 from workbench.audit import check_eos_stopping
-from workbench.exercises.common import CaseSpec, Exercise, Outcome, lesson_link, tiny_gpt2
+from workbench.exercises.common import Outcome, lesson_link, tiny_gpt2
+from workbench.exercises.course import COURSE
 
-LESSON = "03_eos_termination"
-SEE = lesson_link(LESSON)
+EXERCISE = COURSE["s3_generate"]
+SEE = lesson_link(EXERCISE.lesson)
 OTHER_STOP = 40  # a stop id the forced model never emits (a letter of the character tokenizer)
 
 
@@ -48,6 +49,8 @@ def _run(fn, stop_ids):
     return check_eos_stopping(lambda m, i, a, n: fn(m, i, a, n, list(ids)), model, tokenizer)
 
 
+@EXERCISE.add_case("stops_at_eos", "check_eos_stopping: rows forced to stop after 1, 2, 3, 4 tokens, max_new_tokens 16",
+                   "4 + 1 = 5 decoding steps, each row's EOS where the model put it")
 def _stops(fn) -> Outcome:
     result = _run(fn, "one")
     d = result.details
@@ -55,6 +58,7 @@ def _stops(fn) -> Outcome:
     return Outcome(got, result.passed, "" if result.passed else _mistake(result, False), d.get("plot"))
 
 
+@EXERCISE.add_case("pads_after_stop", "the same forced batch", "only padding after each row's stop")
 def _pads(fn) -> Outcome:
     result = _run(fn, "one")
     d = result.details
@@ -69,26 +73,9 @@ def _pads(fn) -> Outcome:
     return Outcome(f"{d['non_pad_tokens_after_eos']} non-pad tokens after the stops", ok, mistake)
 
 
+@EXERCISE.add_case("second_stop_id", f"stop_ids=[{OTHER_STOP}, eos]: EOS is the second stop id", "stops at EOS as before")
 def _second_stop_id(fn) -> Outcome:
     result = _run(fn, "two")
     d = result.details
     got = f"{result.convention}: {d['forwards']} forwards for {d['longest_needed']} needed"
     return Outcome(got, result.passed, "" if result.passed else _mistake(result, True))
-
-
-EXERCISE = Exercise(
-    name="s3_generate",
-    function="generate",
-    signature=("generate(model, input_ids: LongTensor[B, T], attention_mask: Tensor[B, T], max_new_tokens: int, "
-               "stop_ids: list[int]) -> LongTensor[B, T+R]"),
-    lesson=LESSON,
-    summary="a batched greedy decoding loop that stops when every row has produced a stop id",
-    needs_model=True,
-    cases=[
-        CaseSpec("stops_at_eos", "check_eos_stopping: rows forced to stop after 1, 2, 3, 4 tokens, max_new_tokens 16",
-                 "4 + 1 = 5 decoding steps, each row's EOS where the model put it", _stops),
-        CaseSpec("pads_after_stop", "the same forced batch", "only padding after each row's stop", _pads),
-        CaseSpec("second_stop_id", f"stop_ids=[{OTHER_STOP}, eos]: EOS is the second stop id", "stops at EOS as before",
-                 _second_stop_id),
-    ],
-)

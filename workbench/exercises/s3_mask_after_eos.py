@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from workbench.exercises.common import CaseSpec, Exercise, Outcome, diagnose, lesson_link, tensor_out
+from workbench.exercises.common import Outcome, diagnose, lesson_link, tensor_out
+from workbench.exercises.course import COURSE
+from workbench.exercises.solutions.s3_mask_after_eos import mask_after_eos as reference  # the reference is the graded solution
 
-LESSON = "03_eos_termination"
-SEE = lesson_link(LESSON)
+EXERCISE = COURSE["s3_mask_after_eos"]
+SEE = lesson_link(EXERCISE.lesson)
 EOS, STOP2, PAD = 2, 9, 0
-
-
-def reference(response_ids: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
-    is_stop = torch.isin(response_ids, torch.tensor(stop_ids, dtype=response_ids.dtype))
-    stops_before = is_stop.long().cumsum(-1) - is_stop.long()
-    return (stops_before == 0).long()
 
 
 def _before(ids, stop_ids):
@@ -63,7 +59,9 @@ def _same(a, b) -> bool:
     return isinstance(a, torch.Tensor) and a.shape == b.shape and bool((a.long() == b.long()).all())
 
 
-def _case(ids: list[list[int]], stop_ids: list[int]):
+def _case(name: str, tried: str, ids: list[list[int]], stop_ids: list[int]) -> None:
+    """Declare case ``name`` on the responses ``ids``: the expected mask is the reference's on them."""
+
     def run(fn) -> Outcome:
         x = torch.tensor(ids)
         out = tensor_out(fn(x.clone(), list(stop_ids)), "a mask Tensor[B, R] of 0/1", shape=tuple(x.shape))
@@ -72,29 +70,13 @@ def _case(ids: list[list[int]], stop_ids: list[int]):
         want = reference(x, stop_ids)
         ok = _same(out, want)
         return Outcome(str(out.long().tolist()), ok, "" if ok else diagnose(out, MISTAKES, (x, stop_ids), same=_same))
-    return run
+
+    EXERCISE.add_case(name, tried, str(reference(torch.tensor(ids), stop_ids).tolist()), run)
 
 
+_case("one_stop", f"stop_ids=[{EOS}], rows stopping at positions 3 and 1", [[5, 6, 7, EOS, 8, 8], [5, EOS, 8, 8, 8, 8]], [EOS])
+_case("several_stop_ids", f"stop_ids=[{EOS}, {STOP2}], one row ends with each", [[5, STOP2, 7, 7, 7], [5, 6, EOS, 7, 7]], [EOS, STOP2])
+_case("no_stop", "a row that never produces a stop id (truncated at R) beside one that does", [[5, 6, 7, 8, 3], [5, EOS, 7, 7, 7]], [EOS])
+_case("stop_at_0", "a row whose first token is the stop id", [[EOS, 6, 7, 8], [5, 6, EOS, 8]], [EOS])
+_case("repeated_stop", "two stop ids in one row (and padding equal to neither)", [[5, EOS, 6, EOS, PAD], [EOS, EOS, PAD, PAD, PAD]], [EOS])
 
-EXERCISE = Exercise(
-    name="s3_mask_after_eos", function="mask_after_eos", lesson=LESSON,
-    signature="mask_after_eos(response_ids: LongTensor[B, R], stop_ids: list[int]) -> Tensor[B, R]",
-    summary="the loss mask of sampled responses: 1 up to and including the first stop id, 0 after",
-    cases=[
-        CaseSpec("one_stop", f"stop_ids=[{EOS}], rows stopping at positions 3 and 1",
-                 str(reference(torch.tensor([[5, 6, 7, EOS, 8, 8], [5, EOS, 8, 8, 8, 8]]), [EOS]).tolist()),
-                 _case([[5, 6, 7, EOS, 8, 8], [5, EOS, 8, 8, 8, 8]], [EOS])),
-        CaseSpec("several_stop_ids", f"stop_ids=[{EOS}, {STOP2}], one row ends with each",
-                 str(reference(torch.tensor([[5, STOP2, 7, 7, 7], [5, 6, EOS, 7, 7]]), [EOS, STOP2]).tolist()),
-                 _case([[5, STOP2, 7, 7, 7], [5, 6, EOS, 7, 7]], [EOS, STOP2])),
-        CaseSpec("no_stop", "a row that never produces a stop id (truncated at R) beside one that does",
-                 str(reference(torch.tensor([[5, 6, 7, 8, 3], [5, EOS, 7, 7, 7]]), [EOS]).tolist()),
-                 _case([[5, 6, 7, 8, 3], [5, EOS, 7, 7, 7]], [EOS])),
-        CaseSpec("stop_at_0", "a row whose first token is the stop id",
-                 str(reference(torch.tensor([[EOS, 6, 7, 8], [5, 6, EOS, 8]]), [EOS]).tolist()),
-                 _case([[EOS, 6, 7, 8], [5, 6, EOS, 8]], [EOS])),
-        CaseSpec("repeated_stop", "two stop ids in one row (and padding equal to neither)",
-                 str(reference(torch.tensor([[5, EOS, 6, EOS, PAD], [EOS, EOS, PAD, PAD, PAD]]), [EOS]).tolist()),
-                 _case([[5, EOS, 6, EOS, PAD], [EOS, EOS, PAD, PAD, PAD]], [EOS])),
-    ],
-)

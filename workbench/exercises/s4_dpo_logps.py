@@ -14,18 +14,12 @@ import torch
 
 from workbench.audit import check_dpo_mask
 from workbench.audit.dpo import crafted_batch
-from workbench.exercises.common import CaseSpec, Exercise, Outcome, close, lesson_link, short, tensor_out
+from workbench.exercises.common import Outcome, close, lesson_link, short, tensor_out
+from workbench.exercises.course import COURSE
+from workbench.exercises.solutions.s4_dpo_logps import dpo_logps as reference  # the reference is the graded solution
 
-LESSON = "04_dpo_loss_mask"
-SEE = lesson_link(LESSON)
-
-
-def reference(token_logps: torch.Tensor, attention_mask: torch.Tensor, prompt_lengths) -> torch.Tensor:
-    rows, targets = token_logps.shape
-    lengths = torch.as_tensor(list(prompt_lengths) * 2)[:, None]
-    t = torch.arange(targets)[None]
-    keep = (t >= lengths - 1) & attention_mask[:, 1:].bool()
-    return (token_logps * keep).sum(-1)
+EXERCISE = COURSE["s4_dpo_logps"]
+SEE = lesson_link(EXERCISE.lesson)
 
 
 def _mistake(details: dict) -> str:
@@ -52,6 +46,8 @@ def _mistake(details: dict) -> str:
     return ""
 
 
+@EXERCISE.add_case("prompt_mask", "check_dpo_mask: one-hot token log-probs on a crafted [chosen; rejected] batch",
+                   "no prompt or padding target counted on any row, every response target counted once (a sum)")
 def _mask_check(fn) -> Outcome:
     result = check_dpo_mask(fn)
     details = dict(result.details, convention=result.convention)
@@ -62,6 +58,7 @@ def _mask_check(fn) -> Outcome:
     return Outcome(got, ok, "" if ok else _mistake(details), details.get("plot"))
 
 
+@EXERCISE.add_case("values", "random token log-probs, prompt lengths 3, 1, 2, 4", "Σ over each row's response targets")
 def _values(fn) -> Outcome:
     prompts, chosen, rejected = [3, 1, 2, 4], [2, 4, 3, 1], [5, 1, 2, 3]
     mask = crafted_batch(prompts, chosen, rejected)
@@ -71,18 +68,3 @@ def _values(fn) -> Outcome:
                      shape=(mask.shape[0],), floating=True)
     want = reference(token_logps, mask, prompts)
     return Outcome(short(out), close(out, want), "")
-
-
-EXERCISE = Exercise(
-    name="s4_dpo_logps",
-    function="dpo_logps",
-    signature=("dpo_logps(token_logps: Tensor[2B, T-1], attention_mask: Tensor[2B, T], prompt_lengths: list[int] (B)) "
-               "-> Tensor[2B]"),
-    lesson=LESSON,
-    summary="DPO's sequence log-probs: the sum of each row's response-token log-probs, prompts masked on both halves",
-    cases=[
-        CaseSpec("prompt_mask", "check_dpo_mask: one-hot token log-probs on a crafted [chosen; rejected] batch",
-                 "no prompt or padding target counted on any row, every response target counted once (a sum)", _mask_check),
-        CaseSpec("values", "random token log-probs, prompt lengths 3, 1, 2, 4", "Σ over each row's response targets", _values),
-    ],
-)

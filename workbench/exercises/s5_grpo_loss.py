@@ -11,10 +11,12 @@ from __future__ import annotations
 import torch
 
 from workbench.audit import check_aggregation
-from workbench.exercises.common import CaseFailure, CaseSpec, Exercise, Outcome, close, lesson_link, short, tensor_out
+from workbench.exercises.common import CaseFailure, Outcome, close, lesson_link, short, tensor_out
+from workbench.exercises.course import COURSE
+from workbench.exercises.solutions.s5_grpo_loss import grpo_loss as reference  # the reference is the graded solution
 
-LESSON = "05_grpo_loss_normalization"
-SEE = lesson_link(LESSON)
+EXERCISE = COURSE["s5_grpo_loss"]
+SEE = lesson_link(EXERCISE.lesson)
 
 MODE_MISTAKES = {
     "token-mean": "your loss is `token-mean` (TRL bnpo/dapo): a response of length L gets weight L/ΣL, so long responses "
@@ -27,20 +29,14 @@ MODE_MISTAKES = {
 }
 
 
-def reference(per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.to(per_token_loss.dtype)
-    lengths = mask.sum(-1)
-    per_sequence = (per_token_loss * mask).sum(-1) / lengths.clamp_min(1)
-    rows = (lengths > 0).to(per_token_loss.dtype)
-    return (per_sequence * rows).sum() / rows.sum().clamp_min(1)
-
-
 def _scalar(out) -> torch.Tensor:
     if isinstance(out, torch.Tensor) and out.numel() == 1:
         out = out.reshape(())
     return tensor_out(out, "a scalar Tensor[]", shape=(), floating=True)
 
 
+@EXERCISE.add_case("aggregation", "check_aggregation on ragged batches (lengths 1, 3, 5, 8 …)",
+                   "seq-mean-token-mean: every response weighs 1/B whatever its length")
 def _aggregation(fn) -> Outcome:
     result = check_aggregation(fn, expected="seq-mean-token-mean")
     mode = result.details["mode"]
@@ -56,6 +52,7 @@ def _aggregation(fn) -> Outcome:
     return Outcome(got, mode == "seq-mean-token-mean", mistake, result.details.get("plot"))
 
 
+@EXERCISE.add_case("empty_rows", "a batch with a fully masked row", "a finite loss (the empty row dropped or adding 0)")
 def _empty_rows(fn) -> Outcome:
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float32)
     values = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0], [9.0, 9.0, 9.0, 9.0]])
@@ -73,6 +70,7 @@ def _empty_rows(fn) -> Outcome:
     return Outcome(f"{float(out):.5g}", ok, "" if ok else "the empty row changes the loss of the other rows")
 
 
+@EXERCISE.add_case("values", "random per-token losses, lengths 7, 2, 5, 3, 6", "the per-sequence mean of token means")
 def _values(fn) -> Outcome:
     generator = torch.Generator().manual_seed(5)
     mask = (torch.arange(7)[None] < torch.tensor([7, 2, 5, 3, 6])[:, None]).float()
@@ -82,6 +80,7 @@ def _values(fn) -> Outcome:
     return Outcome(f"{float(out):.6g}", close(out, want), "")
 
 
+@EXERCISE.add_case("gradient", "backward through the loss (B = 2, lengths 4 and 2)", "gradient 1/(B·L_i) on real tokens, 0 on padding")
 def _differentiable(fn) -> Outcome:
     mask = (torch.arange(4)[None] < torch.tensor([4, 2])[:, None]).float()
     with torch.enable_grad():
@@ -93,19 +92,3 @@ def _differentiable(fn) -> Outcome:
         out.backward()
     grad = values.grad if values.grad is not None else torch.zeros(2, 4)
     return Outcome(f"d loss / d per_token_loss = {short(grad)}", close(grad, torch.tensor([[0.125] * 4, [0.25, 0.25, 0, 0]])))
-
-
-EXERCISE = Exercise(
-    name="s5_grpo_loss", function="grpo_loss", lesson=LESSON,
-    signature="grpo_loss(per_token_loss: Tensor[B, T], mask: Tensor[B, T]) -> Tensor[]",
-    summary="the GRPO paper's loss: mean over each response's real tokens, then mean over responses",
-    cases=[
-        CaseSpec("aggregation", "check_aggregation on ragged batches (lengths 1, 3, 5, 8 …)",
-                 "seq-mean-token-mean: every response weighs 1/B whatever its length", _aggregation),
-        CaseSpec("empty_rows", "a batch with a fully masked row", "a finite loss (the empty row dropped or adding 0)",
-                 _empty_rows),
-        CaseSpec("values", "random per-token losses, lengths 7, 2, 5, 3, 6", "the per-sequence mean of token means", _values),
-        CaseSpec("gradient", "backward through the loss (B = 2, lengths 4 and 2)",
-                 "gradient 1/(B·L_i) on real tokens, 0 on padding", _differentiable),
-    ],
-)
