@@ -45,6 +45,21 @@ def _eos_text(m, a):
             f"(max_new_tokens {m['max_new_tokens']}, {m['wasted_tokens']} tokens past EOS)")
 
 
+def _watch_s3(flagged: bool):
+    """The watch's own S3 verdict on a release's trainer: flagged with wasted decoding forwards, or clean on a
+    rollout that did stop early (fewer decoding forwards than max_new_tokens − 1, so there was EOS to judge)."""
+    def test(m, a):
+        if flagged:
+            return m["s3_findings"] > 0 and m["wasted_decode_forwards"] > 0
+        return m["s3_findings"] == 0 and m["wasted_decode_forwards"] == 0 and 0 < m["decode_forwards"] < m["max_new_tokens"] - 1
+    return test
+
+
+def _watch_text(m, a):
+    return (f"watch: {m['s3_findings']} S3 finding(s), {m['wasted_decode_forwards']} of {m['decode_forwards']} decoding "
+            f"forwards after every row's EOS (max_new_tokens {m['max_new_tokens']})")
+
+
 def _agg(mode, constant=None):
     def test(m, a):
         if _mode(m, a) != mode:
@@ -160,6 +175,13 @@ def expectation(peer: str, version: str, probe: str, measured: dict) -> Expectat
     if probe == "s3_eos_stopping_stop_token":
         return Expectation("S3", "convention", 'stop_token="eos" truncates afterwards; still runs to response_length',
                            lambda m, a: m["tokens_generated_per_row"] == m["max_new_tokens"], _eos_text)
+    if probe == "s3_watch" and peer == "trl":
+        if version.startswith("0.11"):
+            return Expectation("S3", "bug", "watch flags S3 with its wasted decoding forwards", _watch_s3(True), _watch_text)
+        return Expectation("S3", "fix", "watch: no S3 finding (generation stops at EOS)", _watch_s3(False), _watch_text)
+    if probe == "s3_watch_stop_token":
+        return Expectation("S3", "convention", 'stop_token="eos" truncates afterwards: watch still flags S3', _watch_s3(True),
+                           _watch_text)
     if probe == "s5_zero_loss":
         if version.startswith("0.15"):
             return Expectation("S5", "fix", "0 (per-sequence mean, as in the GRPO paper)", *_zero_loss(True))

@@ -33,6 +33,8 @@ class Run:
     args: dict = field(default_factory=dict)
 
 
+# What an adapter imports from the workbench beyond the protocol and the audit (part of its cache key).
+ADAPTER_SOURCES = {"trl_watch": ("peers/adapters/trl_eos.py", "watch")}
 TRL_POSITIONS = ("position_ids", "S1", "convention", "no position_ids in the GRPO log-prob forward")
 
 
@@ -52,6 +54,10 @@ def plan() -> list[Run]:
              ("s3_eos_stopping_stop_token", "S3", "convention", 'stop_token="eos" truncates afterwards'))),
         Run("trl-1.16-eos", "host", "trl_eos", "trl", trl_host,
             (("s3_eos_stopping", "S3", "fix", "generation stops at EOS"),)),
+        Run("trl-0.11.4-watch", "trl-0.11.4", "trl_watch", "trl", "0.11.4",
+            (("s3_watch", "S3", "bug", "watch flags S3 with its wasted decoding forwards"),
+             ("s3_watch_stop_token", "S3", "convention", 'stop_token="eos": watch still flags S3'))),
+        Run("trl-1.16-watch", "host", "trl_watch", "trl", trl_host, (("s3_watch", "S3", "fix", "watch: no S3 finding"),)),
         Run("trl-0.15.2", "trl-0.15.2", "trl_grpo", "trl", "0.15.2",
             (("s5_zero_loss", "S5", "fix", "0 (per-sequence mean)"),
              ("aggregation", "S5", "convention", "seq-mean-token-mean"), TRL_POSITIONS)),
@@ -109,6 +115,9 @@ def cache_key(run: Run, root=None) -> str | None:
     peers = REPO_ROOT / "workbench" / "peers"
     code = [peers / "adapters" / f"{run.adapter}.py", peers / "protocol.py", *sorted(envs.STANDINS.rglob("*.py")),
             *sorted((REPO_ROOT / "workbench" / "audit").rglob("*.py"))]
+    for source in ADAPTER_SOURCES.get(run.adapter, ()):
+        path = REPO_ROOT / "workbench" / source
+        code += sorted(path.rglob("*.py")) if path.is_dir() else [path]
     for path in code:
         digest.update(path.read_bytes())
     digest.update(json.dumps([run.adapter, run.args], sort_keys=True).encode())

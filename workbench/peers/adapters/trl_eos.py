@@ -72,7 +72,9 @@ def summary(log: dict, eos_id: int, max_new_tokens: int, **extra) -> dict:
             "wasted_steps": generated - max(needed), "wasted_tokens": generated * len(needed) - sum(needed), **extra}
 
 
-def ppo_v2_rollout(stop_token) -> dict:
+def ppo_v2_trainer(stop_token):
+    """TRL 0.11's ``PPOv2Trainer`` for one batch of ``PROMPTS`` on the shipped tiny Qwen2 (left-padded prompts, a
+    tiny reward / value model from its config, learning rate 0): returns (trainer, policy, tokenizer, config)."""
     from datasets import Dataset  # datasets: peer environments only (TRL's)
     from transformers import AutoModelForSequenceClassification  # transformers: seconds to import; loaded where a model is
     from trl import PPOv2Config, PPOv2Trainer  # trl: peer environments only
@@ -93,6 +95,11 @@ def ppo_v2_rollout(stop_token) -> dict:
                          temperature=1.0, seed=0, logging_steps=1, learning_rate=0.0)
     trainer = PPOv2Trainer(config=config, tokenizer=tokenizer, policy=policy, ref_policy=ref, reward_model=reward,
                            value_model=value, train_dataset=dataset)
+    return trainer, policy, tokenizer, config
+
+
+def ppo_v2_rollout(stop_token) -> dict:
+    trainer, policy, tokenizer, config = ppo_v2_trainer(stop_token)
     log = counting_generate(policy, {"forwards": 0, "calls": 0, "responses": [], "active": False})
     eos_after_init = policy.generation_config.eos_token_id
     trainer.train()
@@ -100,7 +107,9 @@ def ppo_v2_rollout(stop_token) -> dict:
                    stop_token_id=config.stop_token_id)
 
 
-def grpo_rollout() -> dict:
+def grpo_trainer():
+    """TRL >= 0.14's ``GRPOTrainer`` on the shipped tiny Qwen2 (loaded from a saved folder, as users do), one
+    batch of ``PROMPTS`` with 4 generations each: returns (trainer, tokenizer)."""
     from datasets import Dataset  # datasets: peer environments only (TRL's)
     from trl import GRPOConfig, GRPOTrainer  # trl: peer environments only
 
@@ -112,6 +121,11 @@ def grpo_rollout() -> dict:
                         max_steps=1, logging_steps=1, seed=0)
     trainer = GRPOTrainer(model=folder, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=config,
                           train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]), processing_class=tokenizer)
+    return trainer, tokenizer
+
+
+def grpo_rollout() -> dict:
+    trainer, tokenizer = grpo_trainer()
     log = counting_generate(trainer.model, {"forwards": 0, "calls": 0, "responses": [], "active": False})
     with torch.no_grad():
         if hasattr(trainer, "_generate"):  # TRL >= 0.20
