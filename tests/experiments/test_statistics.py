@@ -84,3 +84,22 @@ def test_prediction_record():
 def test_prediction_with_a_bad_direction_names_it_and_the_fix():
     with pytest.raises(ParameterError, match=r"direction='up'.*'\+'.*'-'"):
         statistics.prediction(_diffs_effect([1.0, 2.0, 3.0]), "c", "up", "arith")
+
+
+def test_prediction_sentence_states_the_prediction_the_measurement_and_a_verdict_chosen_by_the_numbers():
+    from workbench.experiments.statistics import Effect, prediction, prediction_sentence, prediction_verdict
+
+    def record(difference, noise, direction="+"):
+        effect = Effect(key="length_incorrect", bug=difference, fix=0.0, difference=difference, noise=noise, seeds=3,
+                        larger_than_noise=abs(difference) > 4.303 * noise, threshold=4.303)
+        return prediction(effect, "length of incorrect responses", direction, "sums")
+
+    agrees = record(2.0, 0.1)
+    assert prediction_verdict(agrees) == ("as predicted", "larger, as predicted")
+    line = prediction_sentence(agrees, unit="tokens")
+    assert line.startswith("predicted on sums: length of incorrect responses, bug − fix > 0; measured +2 ± 0.1 tokens")
+    assert "needs > 4.30 s.e. = 0.43 tokens" in line and line.endswith("larger, as predicted")
+    assert prediction_verdict(record(-2.0, 0.1))[0] == "opposite"
+    null = record(0.2, 0.1, direction="-")
+    assert prediction_verdict(null) == ("null", "no effect > 0.43")
+    assert "bug − fix < 0" in prediction_sentence(null) and prediction_sentence(null).endswith("no effect > 0.43")

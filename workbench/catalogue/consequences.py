@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import math
 
-VERDICTS = ("as predicted", "opposite", "null")
+from workbench.experiments import statistics
+
+VERDICTS = statistics.PREDICTION_VERDICTS
 
 
 def _number(value) -> float:
@@ -40,14 +42,8 @@ def predictions_of(payload: dict) -> list[dict]:
 
 
 def verdict_of(record: dict) -> tuple[str, str]:
-    """``(kind, text)``: kind one of ``VERDICTS``, text what the table shows."""
-    effect, mde = _number(record.get("effect")), _number(record.get("mde"))
-    if record.get("larger") is True:
-        sign = "+" if effect > 0 else "-"
-        if sign == record.get("direction"):
-            return "as predicted", "larger, as predicted"
-        return "opposite", "larger, opposite to the prediction"
-    return "null", (f"no effect > {format_number(mde)}" if math.isfinite(mde) else "no effect seen (no noise estimate)")
+    """``(kind, text)``: kind one of ``VERDICTS``, text what the table shows (``statistics.prediction_verdict``)."""
+    return statistics.prediction_verdict(record)
 
 
 def format_number(value: float) -> str:

@@ -220,3 +220,39 @@ def prediction(effect: Effect, consequence: str, direction: str, task: str) -> d
                      "se": float(effect.noise), "threshold": float(effect.threshold), "mde": float(effect.mde),
                      "larger": bool(effect.larger_than_noise), "seeds": int(effect.seeds), "task": str(task),
                      "measure": effect.key, "agrees": agrees})
+
+
+PREDICTION_VERDICTS = ("as predicted", "opposite", "null")
+
+
+def _recorded(value) -> float:
+    """A recorded number as a float (``core.jsonsafe`` writes NaN as the string "nan")."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def prediction_verdict(record: dict) -> tuple[str, str]:
+    """``(kind, text)`` of a ``prediction`` record, chosen by its numbers only: "as predicted" (larger than the
+    noise with the predicted sign), "opposite" (larger, the other sign) or "null" ("no effect > MDE", or no noise
+    estimate with one seed)."""
+    effect, mde = _recorded(record.get("effect")), _recorded(record.get("mde"))
+    if record.get("larger") is True:
+        if ("+" if effect > 0 else "-") == record.get("direction"):
+            return "as predicted", "larger, as predicted"
+        return "opposite", "larger, opposite to the prediction"
+    return "null", (f"no effect > {mde:.3g}" if math.isfinite(mde) else "no effect seen (no noise estimate)")
+
+
+def prediction_sentence(record: dict, unit: str = "") -> str:
+    """The line a training notebook prints under its run: the consequence stated before it, what was measured
+    and the verdict with its power, e.g. "predicted on sums: length of incorrect responses, bug − fix > 0;
+    measured +2.1 ± 0.4 tokens (3 seeds, needs > 4.30 s.e. = 1.7): larger, as predicted"."""
+    unit = f" {unit}" if unit else ""
+    effect, se = _recorded(record.get("effect")), _recorded(record.get("se"))
+    threshold, mde = _recorded(record.get("threshold")), _recorded(record.get("mde"))
+    sign = ">" if record.get("direction") == "+" else "<"
+    _, text = prediction_verdict(record)
+    return (f"predicted on {record.get('task')}: {record.get('consequence')}, bug − fix {sign} 0; measured "
+            f"{effect:+.3g} ± {se:.2g}{unit} ({record.get('seeds')} seed(s), needs > {threshold:.2f} s.e. = {mde:.2g}{unit}): {text}")
