@@ -103,3 +103,20 @@ def test_prediction_sentence_states_the_prediction_the_measurement_and_a_verdict
     null = record(0.2, 0.1, direction="-")
     assert prediction_verdict(null) == ("null", "no effect > 0.43")
     assert "bug − fix < 0" in prediction_sentence(null) and prediction_sentence(null).endswith("no effect > 0.43")
+
+
+def test_a_prediction_object_reads_its_measure_from_the_effects():
+    import pytest
+
+    from workbench.core.errors import ParameterError
+    from workbench.experiments.statistics import Effect, Prediction
+
+    effect = Effect(key="kl", bug=0.5, fix=0.1, difference=0.4, noise=0.05, seeds=3, larger_than_noise=True, threshold=4.303)
+    predicted = Prediction("kl", "logged KL to the reference", "+", unit="nats")
+    record = predicted.record({"kl": effect, "reward": effect}, "arith")
+    assert record["measure"] == "kl" and record["agrees"] is True and record["task"] == "arith"
+    assert predicted.sentence({"kl": effect}, "arith").endswith("larger, as predicted")
+    with pytest.raises(KeyError, match="'kl' is not among the effects"):
+        predicted.record({"reward": effect}, "arith")
+    with pytest.raises(ParameterError, match="use '\\+'"):
+        Prediction("kl", "x", "up")

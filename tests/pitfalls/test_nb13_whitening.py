@@ -55,8 +55,14 @@ def test_metrics_are_write_metrics_arguments(tmp_path):
     rows = whitening.whitening_vs_padding(VALUES, MASK, [0, 4, 16])
     runs = fake_runs()
     effects = whitening.ppo_effects(runs)
-    assert set(effects) == set(whitening.EFFECT_KEYS)
-    written = written_metrics(whitening.metrics(rows, runs, effects, {"steps": 4}), tmp_path)
+    assert set(effects) == set(whitening.EFFECT_KEYS) | {whitening.PREDICTION.measure}
+    absolute = effects["advantage_abs_mean_real_tokens"]  # the prediction's measure is |advantage mean|, seed by seed
+    signed = effects["advantage_mean_real_tokens"]
+    assert absolute.bug == pytest.approx(abs(signed.bug)) and absolute.difference == pytest.approx(abs(signed.bug) - abs(signed.fix))
+    written = written_metrics(whitening.metrics(rows, runs, effects, {"steps": 4}, task="sums"), tmp_path)
+    prediction = written["metrics"]["prediction"]
+    assert prediction["measure"] == "advantage_abs_mean_real_tokens" and prediction["task"] == "sums"
+    assert prediction["effect"] == pytest.approx(absolute.difference) and prediction["direction"] == "+"
     assert written["notebook"] == "13_whitening" and (written["reproduced"], written["fixed"]) == whitening.verdict(rows)
     assert set(written["metrics"]["naive_mean_by_padding"]) == {"0", "4", "16"}
     assert written["metrics"]["ppo_advantage_mean_real_tokens"] == {k: h[0][0]["advantage_mean_real_tokens"] for k, h in runs.items()}

@@ -256,3 +256,28 @@ def prediction_sentence(record: dict, unit: str = "") -> str:
     _, text = prediction_verdict(record)
     return (f"predicted on {record.get('task')}: {record.get('consequence')}, bug − fix {sign} 0; measured "
             f"{effect:+.3g} ± {se:.2g}{unit} ({record.get('seeds')} seed(s), needs > {threshold:.2f} s.e. = {mde:.2g}{unit}): {text}")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The training consequence a pitfall's mechanism predicts, fixed in its module before any run: which measure
+    (a key of the notebook's effects), what it means, and the sign of bug − fix. ``record`` gives the
+    ``metrics["prediction"]`` entry, ``sentence`` the printed line, both from the measured ``Effect``."""
+
+    measure: str
+    consequence: str
+    direction: str
+    unit: str = ""
+
+    def __post_init__(self):
+        if self.direction not in DIRECTIONS:
+            raise ParameterError(f"Prediction(direction={self.direction!r}): use '+' (the bug raises {self.measure}) or '-'")
+
+    def record(self, effects: dict, task: str) -> dict:
+        """``prediction(effects[measure], …)``: the metrics entry (KeyError naming the measure when it was not measured)."""
+        if self.measure not in effects:
+            raise KeyError(f"the prediction's measure {self.measure!r} is not among the effects {sorted(map(str, effects))}")
+        return prediction(effects[self.measure], self.consequence, self.direction, task)
+
+    def sentence(self, effects: dict, task: str) -> str:
+        return prediction_sentence(self.record(effects, task), self.unit)

@@ -346,6 +346,11 @@ def figure_ppo(runs: dict):
     return plots.figure_row(lambda axes: plot_ppo(axes, runs), 4, (20, 3.8))
 
 
+# Stated before any run (issue 29): position ids that do not follow the mask change the policy's log-probs of
+# left-padded rows but not the reference's sampled continuation, so the logged KL to the reference is inflated.
+PREDICTION = statistics.Prediction("kl", "logged KL to the reference (position ids not following the mask)", "+", "nats")
+
+
 def ppo_effects(runs: dict) -> dict:
     """Bug vs fix effects on reward, KL and held-out accuracy (``statistics.effect``)."""
     return {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in ("reward", "kl", "heldout_accuracy")}
@@ -385,7 +390,8 @@ def first_step_lines(mismatch: dict) -> str:
                      f"sequence KL(k1) = {r['sequence_kl_k1']:+.2e}" for (name, mode), r in mismatch.items())
 
 
-def metrics(*, sweep: dict, mismatch: dict, policy, names: tuple[str, str], runs: dict, effects: dict, settings: dict) -> dict:
+def metrics(*, sweep: dict, mismatch: dict, policy, names: tuple[str, str], runs: dict, effects: dict, settings: dict,
+            task: str = "arith") -> dict:
     """Notebook 01's ``notebook_api.write_metrics`` keyword arguments; ``names`` = (the PPO policy, the rotary model)."""
     reproduced, fixed = verdict(worst(sweep, "gpt2"), max(worst(sweep, a, mode="mask") for a in ARCHITECTURES))
     return {
@@ -398,7 +404,7 @@ def metrics(*, sweep: dict, mismatch: dict, policy, names: tuple[str, str], runs
             "drift_bf16_with_position_ids": {a: worst(sweep, a, "bf16", "mask", ("left",)) for a in ARCHITECTURES},
             "first_epoch_ratio_deviation_without": {n: mismatch[n, "model"]["max_ratio_deviation"] for n in names},
             "first_epoch_ratio_deviation_with": {n: mismatch[n, "mask"]["max_ratio_deviation"] for n in names},
-            "ppo_effects": {k: vars(e) for k, e in effects.items()},
+            "ppo_effects": {k: vars(e) for k, e in effects.items()}, "prediction": PREDICTION.record(effects, task),
             "heldout_gain": statistics.heldout_gains(runs, PPO_VARIANTS), "training_settings": settings,
         },
         "headline": {"what": "max |Δ log p|, GPT-2 fp32, padded vs alone", "unit": "nats",

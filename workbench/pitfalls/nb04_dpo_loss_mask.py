@@ -224,6 +224,12 @@ def figure_training_bands(runs: dict):
     return fig
 
 
+# Stated before any run (issue 29): with prompt tokens in the chosen rows' log-probs only, the loss lowers the
+# prompt's log-probability along with the rejected response.
+PREDICTION = statistics.Prediction("logps/prompt", "log-probability of the prompt tokens (prompt masked in the rejected rows only)",
+                                   "-", "nats")
+
+
 def training_effects(runs: dict) -> dict[str, Effect]:
     """chosen_only (bug) vs both (fix) on log p(prompt), the margin and held-out accuracy."""
     return {key: statistics.effect(runs, key, "chosen_only", "both") for key in ("logps/prompt", "rewards/margins", "heldout_accuracy")}
@@ -241,7 +247,7 @@ def trained_margin_lines(after: dict, hand_gap: float) -> str:
 
 
 def metrics(*, audits: dict, margin_gap_step0: float, margin_gap_after: float, hand_gap: float, runs: dict, effects: dict,
-            train_steps: int) -> dict:
+            train_steps: int, task: str = "arith") -> dict:
     """Notebook 04's ``notebook_api.write_metrics`` keyword arguments."""
     reproduced, fixed = verdict(audits, margin_gap_after, hand_gap)
     histories = comparison.first_seed(runs)
@@ -252,6 +258,7 @@ def metrics(*, audits: dict, margin_gap_step0: float, margin_gap_after: float, h
                     "final_margin": {m: histories[m][-1]["rewards/margins"] for m in MODES},
                     "final_accuracy": {m: histories[m][-1]["rewards/accuracies"] for m in MODES},
                     "heldout_gain": {m: vars(statistics.gain(runs, m)) for m in MODES}, "effects": {k: vars(e) for k, e in effects.items()},
+                    "prediction": PREDICTION.record(effects, task),
                     "heldout_logp_chosen_fix": vars(statistics.gain(runs, "both", "heldout_logp_chosen")),
                     "rows_counting_prompt_tokens": {m: len(audits[m]) for m in MODES},
                     "margin_gap_after_training": margin_gap_after, "fixed_margin_vs_hand": hand_gap},

@@ -259,12 +259,20 @@ def figure_training_bands(runs: dict, train_steps: int):
     return fig
 
 
+# Stated before any run (issue 29; Dr. GRPO, arXiv 2503.20783): under the per-response mean a long wrong answer is
+# penalised less per token than under the token mean, so the length of incorrect responses grows faster. The
+# "bug" side is ``modes[1]`` (the per-sequence mean), the "fix" side ``modes[0]``.
+PREDICTION = statistics.Prediction("length_incorrect", "length of incorrect responses (seq-mean-token-mean vs token-mean)", "+",
+                                   "tokens")
+
+
 def training_effects(runs: dict, modes: list[str]) -> dict:
     """The second mode against the first (``statistics.effect(runs, key, modes[1], modes[0])``)."""
     return {key: statistics.effect(runs, key, *modes[1::-1]) for key in ("length_incorrect", "reward", "heldout_accuracy")}
 
 
-def metrics(*, probe: dict, weight_error: float, effective: dict, beta: float, runs: dict, effects: dict, settings: dict) -> dict:
+def metrics(*, probe: dict, weight_error: float, effective: dict, beta: float, runs: dict, effects: dict, settings: dict,
+            task: str = "arith") -> dict:
     """Notebook 05's ``notebook_api.write_metrics`` keyword arguments."""
     reproduced, fixed = verdict(probe, effective, beta)
     summary, _ = training_conclusion(runs)
@@ -273,7 +281,7 @@ def metrics(*, probe: dict, weight_error: float, effective: dict, beta: float, r
         "metrics": {"zero_loss_probe": {mode: r["loss"] for mode, r in probe.items()},
                     "zero_loss_probe_grad_norm": {mode: r["grad_norm"] for mode, r in probe.items()},
                     "token_weight_max_error": weight_error, "effective_beta": effective, "training": summary,
-                    "training_effects": {k: vars(e) for k, e in effects.items()},
+                    "training_effects": {k: vars(e) for k, e in effects.items()}, "prediction": PREDICTION.record(effects, task),
                     "heldout_gain": {m: vars(statistics.gain(runs, m)) for m in runs}, "training_settings": settings},
         "headline": {"what": "zero-loss probe: GRPO loss at β = 0, ρ = 1 (token-mean vs per-sequence mean)", "unit": "loss",
                      "bug": probe["token-mean"]["loss"], "fix": probe["seq-mean-token-mean"]["loss"]},

@@ -110,11 +110,16 @@ def figure_ppo(runs: dict, ppo_steps: int):
     return plots.figure_row(lambda axes: plot_ppo(axes, runs, window=max(1, ppo_steps // 10)), 4, (20, 3.8))
 
 
+# Stated before any run (issue 29): the trainer scores samples drawn at τ ≠ 1 with softmax(z) instead of
+# softmax(z / τ), so the ratio is off 1 from the first mini-batch and more tokens fall outside the clip range.
+PREDICTION = statistics.Prediction("clip_fraction", "share of clipped tokens (sampler at τ, trainer at 1)", "+")
+
+
 def ppo_effects(runs: dict) -> dict:
     return {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in ("clip_fraction", "reward", "heldout_accuracy")}
 
 
-def metrics(*, results: dict, temperatures, runs: dict, effects: dict, settings: dict) -> dict:
+def metrics(*, results: dict, temperatures, runs: dict, effects: dict, settings: dict, task: str = "arith") -> dict:
     """Notebook 06's ``notebook_api.write_metrics`` keyword arguments; the headline is the τ with the largest bug."""
     reproduced, fixed = verdict(results)
     worst = max((t for t in temperatures if t != 1.0), key=lambda t: results[t, False]["max_ratio_deviation"])
@@ -122,7 +127,7 @@ def metrics(*, results: dict, temperatures, runs: dict, effects: dict, settings:
         "notebook": "06_temperature", "reproduced": reproduced, "fixed": fixed,
         "metrics": {**statistics.bug_fix_by_setting(results, temperatures, "max_ratio_deviation"),
                     "ppo_first_ratio_deviation": {k: h[0][0]["first_ratio_deviation"] for k, h in runs.items()},
-                    "ppo_effects": {k: vars(e) for k, e in effects.items()},
+                    "ppo_effects": {k: vars(e) for k, e in effects.items()}, "prediction": PREDICTION.record(effects, task),
                     "heldout_gain": statistics.heldout_gains(runs, PPO_VARIANTS), "training_settings": settings},
         "headline": {"what": f"max |ρ − 1| before any update, sampling at τ = {worst}", "unit": "ratio",
                      "bug": results[worst, False]["max_ratio_deviation"], "fix": results[worst, True]["max_ratio_deviation"]},

@@ -162,6 +162,11 @@ def figure_ppo(runs: dict):
     return plots.figure_row(lambda axes: plot_ppo(axes, runs), 4, (20, 3.8))
 
 
+# Stated before any run (issue 29): sampling with dropout active draws from a noisier policy than the one being
+# trained, so the reward of the very first batch is already lower with the bug.
+PREDICTION = statistics.Prediction("reward_step0", "task reward of the first sampled batch (dropout on while sampling)", "-")
+
+
 def ppo_effects(runs: dict) -> dict:
     return {"reward_step0": statistics.effect(runs, "reward", *PPO_VARIANTS, at="start"),
             "reward_end": statistics.effect(runs, "reward", *PPO_VARIANTS),
@@ -179,7 +184,7 @@ def first_minibatch_note(runs: dict, results: dict) -> str:
             "tokens (another batch), not comparable values")
 
 
-def metrics(*, results: dict, dropouts, runs: dict, effects: dict, settings: dict) -> dict:
+def metrics(*, results: dict, dropouts, runs: dict, effects: dict, settings: dict, task: str = "arith") -> dict:
     """Notebook 07's ``notebook_api.write_metrics`` keyword arguments; the headline is the largest dropout measured."""
     reproduced, fixed = verdict(results)
     worst = max(d for d in dropouts if d > 0) if any(d > 0 for d in dropouts) else dropouts[0]
@@ -188,7 +193,7 @@ def metrics(*, results: dict, dropouts, runs: dict, effects: dict, settings: dic
         "metrics": {**statistics.bug_fix_by_setting(results, dropouts, "max_ratio_deviation"),
                     "sequence_kl_bug": {str(d): results[d, False]["sequence_kl_k1"] for d in dropouts},
                     "ppo_train_ratio_deviation": {k: h[0][0]["train_ratio_deviation"] for k, h in runs.items()},
-                    "ppo_effects": {k: vars(e) for k, e in effects.items()},
+                    "ppo_effects": {k: vars(e) for k, e in effects.items()}, "prediction": PREDICTION.record(effects, task),
                     "heldout_gain": statistics.heldout_gains(runs, PPO_VARIANTS), "training_settings": settings},
         "headline": {"what": f"max |ρ − 1| at step 0 with dropout {worst}", "unit": "ratio",
                      "bug": results[worst, False]["max_ratio_deviation"], "fix": results[worst, True]["max_ratio_deviation"]},

@@ -204,7 +204,12 @@ def eos_rate_explorer(runs: dict) -> Explorer:
                     "share of responses ending with EOS per run")
 
 
-def metrics(*, measured: dict[str, dict], runs: dict, effects: dict, settings: dict) -> dict:
+# Stated before any run (issue 29): a rewarded truncated response gets a positive advantage, so the update raises
+# the probability of not stopping and fewer responses end with EOS than when a truncated response earns nothing.
+PREDICTION = statistics.Prediction("finished_fraction", "share of responses ending with EOS", "-")
+
+
+def metrics(*, measured: dict[str, dict], runs: dict, effects: dict, settings: dict, task: str = "arith") -> dict:
     """Notebook 11's ``notebook_api.write_metrics`` keyword arguments."""
     reproduced, fixed = verdict(measured)
     histories = comparison.first_seed(runs)
@@ -213,7 +218,7 @@ def metrics(*, measured: dict[str, dict], runs: dict, effects: dict, settings: d
         "metrics": {"step0": measured,
                     "truncated_rewarded": {n: int(sum(h["truncated_rewarded"] for h in hs)) for n, hs in histories.items()},
                     "eos_rate_end": {n: statistics.tail_mean(hs, "finished_fraction") for n, hs in histories.items()},
-                    "effects": {k: vars(e) for k, e in effects.items()},
+                    "effects": {k: vars(e) for k, e in effects.items()}, "prediction": PREDICTION.record(effects, task),
                     "heldout_gain": statistics.heldout_gains(runs), "training_settings": settings},
         "headline": {"what": "step-0 pressure towards truncation: in-loss advantage of truncated − finished responses (bug vs zero reward)",
                      "unit": "advantage", "bug": measured[BUG]["pressure"], "fix": measured["zero reward without EOS"]["pressure"]},

@@ -181,7 +181,12 @@ def effect_lines(effects: dict) -> str:
                      [tis_reading(*(effects[(key, a, b)] for a, b in PAIRS)) for key in EFFECT_KEYS])
 
 
-def metrics(*, results: dict, runs: dict, effects: dict, settings: dict) -> dict:
+# Stated before any run (issue 29): a bf16 sampler's log-probs used as π_old make the ratio wrong from the first
+# mini-batch (clipping tokens that are on-policy), a biased update that lowers the reward against an fp32 sampler.
+PREDICTION = statistics.Prediction("reward", "task reward, bf16 sampler's log-probs as π_old vs an fp32 sampler", "-")
+
+
+def metrics(*, results: dict, runs: dict, effects: dict, settings: dict, task: str = "arith") -> dict:
     """Notebook 12's ``notebook_api.write_metrics`` keyword arguments."""
     reproduced, fixed = verdict(results)
     return {
@@ -189,6 +194,7 @@ def metrics(*, results: dict, runs: dict, effects: dict, settings: dict) -> dict
         "metrics": {**{n: {k: v for k, v in r.items() if not hasattr(v, "shape")} for n, r in results.items()},
                     "ppo_first_ratio_deviation": {k: h[0][0]["first_ratio_deviation"] for k, h in runs.items()},
                     "ppo_effects": {f"{key} vs {b}" if a == BUG else f"{key}: {a} vs {b}": vars(e) for (key, a, b), e in effects.items()},
+                    "prediction": PREDICTION.record({"reward": effects[("reward", BUG, FP32)]}, task),
                     "heldout_gain": statistics.heldout_gains(runs), "training_settings": settings},
         "headline": {"what": "max |ρ − 1| between trainer (fp32) and rollout log-probs before any update: bf16 vs fp32 rollout",
                      "unit": "ratio", "bug": results["bf16 rollout"]["max_ratio_deviation"],

@@ -112,12 +112,26 @@ def figure_ppo_whitening(runs: dict, ppo_steps: int):
     return fig
 
 
+# Stated before any run (issue 29): whitening over padded positions leaves the real tokens' advantages off centre
+# by mean_real × (padded share) / std — of either sign, so the prediction is on its size. Responses of varied length
+# (the sums task) give the padding room.
+PREDICTION = statistics.Prediction("advantage_abs_mean_real_tokens", "|mean whitened advantage over real tokens|", "+")
+
+
+def with_absolute_advantage_mean(runs: dict) -> dict:
+    """The runs with ``advantage_abs_mean_real_tokens`` = |advantage_mean_real_tokens| added to every record."""
+    return {label: [[{**record, "advantage_abs_mean_real_tokens": abs(record["advantage_mean_real_tokens"])} for record in history]
+                    for history in histories] for label, histories in runs.items()}
+
+
 def ppo_effects(runs: dict) -> dict:
-    """The bug-vs-fix effect (with its seed noise) on each of ``EFFECT_KEYS``."""
-    return {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in EFFECT_KEYS}
+    """The bug-vs-fix effect (with its seed noise) on each of ``EFFECT_KEYS`` and on the predicted measure."""
+    effects = {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in EFFECT_KEYS}
+    effects[PREDICTION.measure] = statistics.effect(with_absolute_advantage_mean(runs), PREDICTION.measure, *PPO_VARIANTS)
+    return effects
 
 
-def metrics(rows: list[dict], runs: dict, effects: dict, settings: dict) -> dict:
+def metrics(rows: list[dict], runs: dict, effects: dict, settings: dict, task: str = "arith") -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 13."""
     reproduced, fixed = verdict(rows)
     worst = max(rows, key=lambda r: abs(r["naive_mean"]))
@@ -127,7 +141,7 @@ def metrics(rows: list[dict], runs: dict, effects: dict, settings: dict) -> dict
                  "naive_std_by_padding": {str(r["extra_pads"]): r["naive_std"] for r in rows},
                  "masked_mean_by_padding": {str(r["extra_pads"]): r["masked_mean"] for r in rows},
                  "ppo_advantage_mean_real_tokens": {k: h[0][0]["advantage_mean_real_tokens"] for k, h in runs.items()},
-                 "ppo_effects": {k: vars(e) for k, e in effects.items()},
+                 "ppo_effects": {k: vars(e) for k, e in effects.items()}, "prediction": PREDICTION.record(effects, task),
                  "heldout_gain": statistics.heldout_gains(runs, PPO_VARIANTS), "training_settings": settings},
         headline={"what": f"mean of whitened advantages on real tokens at {worst['padding_fraction']:.0%} padding", "unit": "advantage",
                   "bug": worst["naive_mean"], "fix": worst["masked_mean"]},
