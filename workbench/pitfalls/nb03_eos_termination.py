@@ -247,18 +247,33 @@ def ppo_sentence(runs: dict, steps: int) -> str:
             f"(largest gap {curve_gap:.2e}); " + statistics.effect(runs, "reward", *PPO_VARIANTS).sentence())
 
 
-def metrics(*, costs: dict, loss_gap: float, masks: dict, runs: dict) -> dict:
+# Stated before any run (issue 29): without stopping at EOS every row decodes to ``max_new_tokens``, so a PPO step
+# generates more tokens (and takes longer) while the masked loss stays the same. Long responses (the sums task) give
+# the waste room.
+PREDICTION = statistics.Prediction("tokens_generated", "tokens generated per PPO step (decoding past every row's EOS)", "+",
+                                   "tokens")
+
+
+def ppo_effects(runs: dict) -> dict:
+    """Bug vs fix on the tokens generated per step and on the reward (``statistics.effect``)."""
+    return {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in ("tokens_generated", "reward")}
+
+
+def metrics(*, costs: dict, loss_gap: float, masks: dict, runs: dict, task: str = "arith") -> dict:
     """Notebook 03's ``notebook_api.write_metrics`` keyword arguments."""
     reproduced, fixed = verdict(costs, loss_gap)
     bug, fix = costs[max(costs)]["bug"], costs[max(costs)]["fix"]
     split, curve_gap = ppo_split(runs)
+    effects = ppo_effects(runs)
     return {
         "notebook": "03_eos_termination", "reproduced": reproduced, "fixed": fixed, "not_shown": not_shown(costs),
         "metrics": {"tokens_generated_bug": bug["tokens_generated"], "tokens_generated_fix": fix["tokens_generated"],
                     "tokens_needed": fix["tokens_needed"], "waste_fraction_bug": bug["waste_fraction"],
                     "waste_fraction_fix": fix["waste_fraction"], "decode_steps_bug": bug["decode_steps"],
                     "decode_steps_fix": fix["decode_steps"], "one_step_loss_gap": loss_gap, "ppo_curve_reward_gap": curve_gap,
-                    "ppo_first_split_step": split, "eos_actions_in_mask_pad_distinct": masks["eos_kept_distinct"],
+                    "ppo_first_split_step": split,
+                    "ppo_effects": {k: vars(e) for k, e in effects.items()}, "prediction": PREDICTION.record(effects, task),
+                    "eos_actions_in_mask_pad_distinct": masks["eos_kept_distinct"],
                     "eos_actions_in_mask_pad_equals_eos": masks["eos_kept_pad_is_eos"], "finished_responses": masks["finished"]},
         "headline": {"what": f"decoding steps per batch of {max(costs)} rollouts", "unit": "steps",
                      "bug": bug["decode_steps"], "fix": fix["decode_steps"]},
