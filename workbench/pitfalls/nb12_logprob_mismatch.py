@@ -186,6 +186,11 @@ def effect_lines(effects: dict) -> str:
 PREDICTION = statistics.Prediction("reward", "task reward, bf16 sampler's log-probs as π_old vs an fp32 sampler", "-")
 
 
+def prediction_effects(effects: dict) -> dict:
+    """The effect ``PREDICTION`` reads: bf16 sampler (bug) vs fp32 sampler on the reward."""
+    return {PREDICTION.measure: effects[(PREDICTION.measure, BUG, FP32)]}
+
+
 def metrics(*, results: dict, runs: dict, effects: dict, settings: dict, task: str = "arith") -> dict:
     """Notebook 12's ``notebook_api.write_metrics`` keyword arguments."""
     reproduced, fixed = verdict(results)
@@ -194,7 +199,7 @@ def metrics(*, results: dict, runs: dict, effects: dict, settings: dict, task: s
         "metrics": {**{n: {k: v for k, v in r.items() if not hasattr(v, "shape")} for n, r in results.items()},
                     "ppo_first_ratio_deviation": {k: h[0][0]["first_ratio_deviation"] for k, h in runs.items()},
                     "ppo_effects": {f"{key} vs {b}" if a == BUG else f"{key}: {a} vs {b}": vars(e) for (key, a, b), e in effects.items()},
-                    "prediction": PREDICTION.record({"reward": effects[("reward", BUG, FP32)]}, task),
+                    "prediction": PREDICTION.record(prediction_effects(effects), task),
                     "heldout_gain": statistics.heldout_gains(runs), "training_settings": settings},
         "headline": {"what": "max |ρ − 1| between trainer (fp32) and rollout log-probs before any update: bf16 vs fp32 rollout",
                      "unit": "ratio", "bug": results["bf16 rollout"]["max_ratio_deviation"],
