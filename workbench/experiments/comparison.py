@@ -22,10 +22,10 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
+from workbench.core.errors import ParameterError
 from workbench.experiments.checkpoints import load
 from workbench.experiments.evaluation import held_out_accuracy, held_out_pair_logps
 from workbench.modeling.models import count_parameters
-from workbench.core.errors import ParameterError
 from workbench.tasks import TEST_PREFERENCES, TRAIN_PREFERENCES, load_preferences, load_problems, rl_problems, task_info
 from workbench.trainers.base import TINY_MODEL_PARAMETERS
 from workbench.trainers.registry import TRAINERS
