@@ -34,7 +34,7 @@ SIZES = {  # per task: the arithmetic checkpoints keep their size; sums needs mo
 DEFAULTS = {
     ("arith", "qwen2"): dict(steps=1050, lr=3e-3), ("arith", "gpt2"): dict(steps=3000, lr=3e-3),
     ("arith", "llama"): dict(steps=1050, lr=3e-3),
-    ("sums", "qwen2"): dict(steps=3000, lr=3e-3),
+    ("sums", "qwen2"): dict(steps=3500, lr=3e-3),
 }
 EVAL_PROBLEMS = {"arith": None, "sums": 500}  # held-out problems scored for the card (None: the whole test file)
 
