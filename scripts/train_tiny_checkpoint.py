@@ -25,16 +25,17 @@ from workbench.modeling.tiny import TRAINED_CHECKPOINTS, tiny_model
 from workbench.tasks import load_problems, task_info
 from workbench.trainers.sft import SFTConfig, SFTTrainer
 
-SIZES = {  # per task: the arithmetic checkpoints keep their size; sums needs more depth to find the k-th number
+SIZES = {  # per task (the same tiny Qwen2 family: 422k parameters with the 64-token character tokenizer)
     "arith": dict(hidden_size=96, num_hidden_layers=3, num_attention_heads=4),
     "sums": dict(hidden_size=96, num_hidden_layers=3, num_attention_heads=4),
 }
 # SFT steps and learning rate per (task, architecture): chosen so the greedy test accuracy lands between ~30% and
-# ~60% (GPT-2's learned positions make it slower to learn arithmetic than the rotary Qwen2).
+# ~60% (GPT-2's learned positions make it slower to learn arithmetic than the rotary Qwen2). Sums, qwen2, lr 3e-3,
+# batch 64, accuracy on 500 held-out prompts: 1500 steps gave 0.24 (200 prompts), 3500 steps 0.666; 2500 in between.
 DEFAULTS = {
     ("arith", "qwen2"): dict(steps=1050, lr=3e-3), ("arith", "gpt2"): dict(steps=3000, lr=3e-3),
     ("arith", "llama"): dict(steps=1050, lr=3e-3),
-    ("sums", "qwen2"): dict(steps=3500, lr=3e-3),
+    ("sums", "qwen2"): dict(steps=2500, lr=3e-3),
 }
 EVAL_PROBLEMS = {"arith": None, "sums": 500}  # held-out problems scored for the card (None: the whole test file)
 
@@ -118,7 +119,7 @@ def main(argv=None) -> dict:
     card = {
         "task": args.task, "task_description": info.description, "arch": args.arch, "parameters": count_parameters(model),
         "sft_steps": len(history), "batch_size": args.batch_size, "learning_rate": args.lr, "seed": args.seed,
-        "final_loss": history[-1]["loss"], "greedy_test_accuracy": float(rewards.mean()), "eval_problems": len(test),
+        "final_loss": history[-1]["loss"], "greedy_test_accuracy": float(rewards.sum()) / len(test), "eval_problems": len(test),
         "test_prompts": str(info.test_prompts.relative_to(info.test_prompts.parents[1])), "max_new_tokens": info.max_new_tokens,
         "train_seconds": train_seconds, "threads": args.threads,
         "command": "python scripts/train_tiny_checkpoint.py " + shlex.join(sys.argv[1:] if argv is None else argv),
