@@ -1,56 +1,136 @@
-"""Train a shipped tiny checkpoint by supervised fine-tuning on the arithmetic task.
+"""Train a shipped tiny checkpoint by supervised fine-tuning on a task (``workbench.tasks.registry``).
 
-    python scripts/train_tiny_checkpoint.py --arch qwen2     # 1050 steps, ~40 s
-    python scripts/train_tiny_checkpoint.py --arch gpt2      # 3000 steps, ~2-5 min
+    python scripts/train_tiny_checkpoint.py --arch qwen2                 # arith, 1050 steps, ~40 s
+    python scripts/train_tiny_checkpoint.py --arch gpt2                  # arith, 3000 steps, ~2-5 min
+    python scripts/train_tiny_checkpoint.py --task sums                  # sums (qwen2), see DEFAULTS, ~10 min
 
-Writes ``data/checkpoints/tiny-arith-<arch>/`` (safetensors + tokenizer) and prints the greedy
-accuracy on the held-out test prompts. A few minutes on a 2-core CPU. Training is short on
-purpose: RL needs a policy that is right sometimes, not always.
+Writes ``data/checkpoints/tiny-<task>-<arch>/`` (safetensors + tokenizer), its ``training.json`` and a
+card ``README.md`` (parameters, command, time, held-out greedy accuracy, lengths of the correct and of the
+generated responses), and prints the card. Training is short on purpose: RL needs a policy that is right
+sometimes, not always. ``--max-seconds`` stops SFT early at a wall-clock budget (the smoke test uses it).
 """
 
 import argparse
 import json
+import shlex
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from workbench.experiments.evaluation import greedy_accuracy
+from workbench.experiments.evaluation import greedy_results
 from workbench.modeling.models import count_parameters, save
 from workbench.modeling.tiny import TRAINED_CHECKPOINTS, tiny_model
-from workbench.tasks import TEST_PROMPTS, TRAIN_PROMPTS, load_problems
+from workbench.tasks import load_problems, task_info
 from workbench.trainers.sft import SFTConfig, SFTTrainer
 
-SIZES = dict(hidden_size=96, num_hidden_layers=3, num_attention_heads=4)
-# SFT steps per architecture: chosen so the greedy test accuracy lands between ~30% and ~60%
-# (GPT-2's learned positions make it slower to learn the task than the rotary Qwen2).
-DEFAULT_STEPS = {"qwen2": 1050, "gpt2": 3000, "llama": 1050}
+SIZES = {  # per task (the same tiny Qwen2 family: 422k parameters with the 64-token character tokenizer)
+    "arith": dict(hidden_size=96, num_hidden_layers=3, num_attention_heads=4),
+    "sums": dict(hidden_size=96, num_hidden_layers=3, num_attention_heads=4),
+}
+# SFT steps and learning rate per (task, architecture): chosen so the greedy test accuracy lands between ~30% and
+# ~60% (GPT-2's learned positions make it slower to learn arithmetic than the rotary Qwen2). Sums, qwen2, lr 3e-3,
+# batch 64, accuracy on 500 held-out prompts: 1500 steps gave 0.24 (200 prompts), 3500 steps 0.666; 2500 in between.
+DEFAULTS = {
+    ("arith", "qwen2"): dict(steps=1050, lr=3e-3), ("arith", "gpt2"): dict(steps=3000, lr=3e-3),
+    ("arith", "llama"): dict(steps=1050, lr=3e-3),
+    ("sums", "qwen2"): dict(steps=2500, lr=3e-3),
+}
+EVAL_PROBLEMS = {"arith": None, "sums": 500}  # held-out problems scored for the card (None: the whole test file)
 
-if __name__ == "__main__":
+
+def spread(values: list[int]) -> dict:
+    """``{"n", "min", "median", "max"}`` of a list of token counts (None entries for an empty list)."""
+    ordered = sorted(values)
+    if not ordered:
+        return {"n": 0, "min": None, "median": None, "max": None}
+    return {"n": len(ordered), "min": ordered[0], "median": ordered[len(ordered) // 2], "max": ordered[-1]}
+
+
+def card_text(name: str, card: dict) -> str:
+    """The checkpoint's README.md: what it is, how it was trained, how good it is, how long its responses are."""
+    lengths = card["lengths"]
+    rows = "\n".join(f"| {label} | {s['n']} | {s['min']} | {s['median']} | {s['max']} |" for label, s in lengths.items())
+    return f"""# {name}
+
+A tiny {card['arch']} policy ({card['parameters']:,} parameters, safetensors; opens with
+`AutoModelForCausalLM.from_pretrained`) trained by supervised fine-tuning on the `{card['task']}` task
+({card['task_description']}). Stopped early on purpose: RL needs a policy that is right sometimes, not always.
+
+- training command: `{card['command']}`
+- SFT: {card['sft_steps']} steps × batch {card['batch_size']}, learning rate {card['learning_rate']}, seed {card['seed']},
+  final loss {card['final_loss']:.3f}, {card['train_seconds']} s on {card['threads']} CPU thread(s)
+- held-out greedy accuracy: **{card['greedy_test_accuracy']:.3f}** on the first {card['eval_problems']} test prompts
+  (`{card['test_prompts']}`, max_new_tokens={card['max_new_tokens']})
+
+Response lengths in tokens (EOS included when produced), on the same held-out prompts:
+
+| responses | n | min | median | max |
+|---|---|---|---|---|
+{rows}
+"""
+
+
+def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=["arith", "sums"], default="arith")
     parser.add_argument("--arch", choices=["qwen2", "gpt2", "llama"], default="qwen2")
-    parser.add_argument("--steps", type=int, default=None, help="default: per architecture, see DEFAULT_STEPS")
+    parser.add_argument("--steps", type=int, default=None, help="default: per task and architecture, see DEFAULTS")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=None, help="default: per task and architecture, see DEFAULTS")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="output folder (default: data/checkpoints/tiny-arith-<arch>)")
-    args = parser.parse_args()
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: a tiny model gains nothing from more)")
+    parser.add_argument("--max-seconds", type=float, default=None, help="stop SFT after this many seconds (smoke runs)")
+    parser.add_argument("--eval-problems", type=int, default=None, help="held-out prompts scored (default: EVAL_PROBLEMS)")
+    parser.add_argument("--out", default=None, help="output folder (default: data/checkpoints/tiny-<task>-<arch>)")
+    args = parser.parse_args(argv)
+    if (args.task, args.arch) not in DEFAULTS and (args.steps is None or args.lr is None):
+        parser.error(f"--task {args.task} --arch {args.arch} has no default: pass --steps and --lr")
+    defaults = DEFAULTS.get((args.task, args.arch), {})
+    args.steps = args.steps or defaults["steps"]
+    args.lr = args.lr or defaults["lr"]
+    info = task_info(args.task)
+    name = f"tiny-{args.task}-{args.arch}"
 
-    args.steps = args.steps or DEFAULT_STEPS[args.arch]
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model, tokenizer = tiny_model(args.arch, seed=args.seed, **SIZES)
-    config = SFTConfig(steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed)
-    trainer = SFTTrainer(model, tokenizer, load_problems(TRAIN_PROMPTS), config)
+    model, tokenizer = tiny_model(args.arch, seed=args.seed, **SIZES[args.task])
+    config = SFTConfig(steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed,
+                       progress=args.max_seconds is None)
+    trainer = SFTTrainer(model, tokenizer, load_problems(info.train_prompts), config)
     start = time.perf_counter()
-    history = trainer.train()
+    if args.max_seconds is None:
+        history = trainer.train()
+    else:  # one step at a time, stopped at the wall-clock budget
+        while trainer.step < args.steps and time.perf_counter() - start <= args.max_seconds:
+            history = trainer.train(trainer.step + 1)
+    train_seconds = round(time.perf_counter() - start, 1)
     model.eval()
-    accuracy = greedy_accuracy(model, tokenizer, load_problems(TEST_PROMPTS))
-    out = Path(args.out) if args.out else TRAINED_CHECKPOINTS[f"tiny-arith-{args.arch}"]
+    n_eval = args.eval_problems or EVAL_PROBLEMS[args.task]
+    test = load_problems(info.test_prompts)[:n_eval]
+    rewards, lengths = greedy_results(model, tokenizer, test)
+    out = Path(args.out) if args.out else TRAINED_CHECKPOINTS.get(name, info.checkpoint_folder)
     save(model, tokenizer, out)
+    reference = [len(tokenizer(p.answer, add_special_tokens=False)["input_ids"]) + 1 for p in test]
+    generated = lengths.tolist()
+    right = [n for n, r in zip(generated, rewards.tolist(), strict=True) if r > 0]
+    wrong = [n for n, r in zip(generated, rewards.tolist(), strict=True) if r <= 0]
     card = {
-        "arch": args.arch, "parameters": count_parameters(model), "sft_steps": args.steps, "batch_size": args.batch_size,
-        "learning_rate": args.lr, "seed": args.seed, "final_loss": history[-1]["loss"],
-        "greedy_test_accuracy": accuracy, "train_seconds": round(time.perf_counter() - start, 1),
+        "task": args.task, "task_description": info.description, "arch": args.arch, "parameters": count_parameters(model),
+        "sft_steps": len(history), "batch_size": args.batch_size, "learning_rate": args.lr, "seed": args.seed,
+        "final_loss": history[-1]["loss"], "greedy_test_accuracy": float(rewards.sum()) / len(test), "eval_problems": len(test),
+        "test_prompts": str(info.test_prompts.relative_to(info.test_prompts.parents[1])), "max_new_tokens": info.max_new_tokens,
+        "train_seconds": train_seconds, "threads": args.threads,
+        "command": "python scripts/train_tiny_checkpoint.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "lengths": {"correct (reference)": spread(reference), "generated (all)": spread(generated),
+                    "generated, rewarded 1": spread(right), "generated, rewarded 0": spread(wrong)},
     }
     (out / "training.json").write_text(json.dumps(card, indent=2) + "\n")
+    (out / "README.md").write_text(card_text(name, card))
     print(json.dumps(card, indent=2))
+    return card
+
+
+if __name__ == "__main__":
+    main()

@@ -113,3 +113,13 @@ def test_tokenizer_without_pad_token_names_the_fix(tmp_path):
     loaded.pad_token = None
     with pytest.raises(ModelLoadError, match="no pad token.*pad_token='auto'"):
         pad_policy.check_tokenizer(loaded)
+
+
+@pytest.mark.parametrize("name", ["tiny-arith-qwen2", "tiny-arith-gpt2", "tiny-sums-qwen2"])
+def test_trained_checkpoints_tokenize_like_the_shipped_tokenizer(name, tokenizer):
+    """AutoTokenizer would read a qwen2 folder as Qwen2Tokenizer: spaces dropped, no lowercasing (the sums
+    prompts have spaces). The loader reads the class the folder names instead."""
+    text = "sum 3 5 9 = AB"
+    _, loaded = load(name)
+    assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert models.load_tokenizer(tiny.TRAINED_CHECKPOINTS[name])(text)["input_ids"] == tokenizer(text)["input_ids"]

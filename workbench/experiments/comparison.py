@@ -22,10 +22,11 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
+from workbench.core.errors import ParameterError
 from workbench.experiments.checkpoints import load
 from workbench.experiments.evaluation import held_out_accuracy, held_out_pair_logps
 from workbench.modeling.models import count_parameters
-from workbench.tasks import TEST_PREFERENCES, TEST_PROMPTS, TRAIN_PREFERENCES, TRAIN_PROMPTS, load_preferences, load_problems, rl_problems
+from workbench.tasks import TEST_PREFERENCES, TRAIN_PREFERENCES, load_preferences, load_problems, rl_problems, task_info
 from workbench.trainers.base import TINY_MODEL_PARAMETERS
 from workbench.trainers.registry import TRAINERS
 
@@ -44,18 +45,21 @@ COMPARED = ("ppo", "grpo", "dpo")  # the trainers (of trainers.registry) whose p
 HELD_OUT = 400  # held-out test prompts scored greedily before and after a run (docs/LEARNING.md)
 
 
-def learning_settings(kind: str, budget: str = "notebook", **overrides) -> dict:
+def learning_settings(kind: str, budget: str = "notebook", task: str = "arith", **overrides) -> dict:
     """Trainer settings under which ``kind`` ("grpo", "ppo") raises held-out accuracy; ``overrides``
     replace single entries (e.g. ``steps=3`` in smoke mode). Train with ``train_variants(...,
-    problems=None, held_out=HELD_OUT, **settings)``: all training prompts, held-out accuracy recorded."""
+    problems=None, held_out=HELD_OUT, **settings)``: all training prompts, held-out accuracy recorded.
+    The settings were measured on the arithmetic task; another ``task`` gets its own ``max_new_tokens``
+    (``tasks.registry``) and the rest unchanged (not measured there)."""
     if (kind, budget) not in LEARNING_SETTINGS:
         raise ValueError(f"learning_settings({kind!r}, {budget!r}): kind must be 'grpo' or 'ppo' and budget 'full' or 'notebook'")
-    return {**LEARNING_SETTINGS[kind, budget], **overrides}
+    task_length = {} if task == "arith" else {"max_new_tokens": task_info(task).max_new_tokens}
+    return {**LEARNING_SETTINGS[kind, budget], **task_length, **overrides}
 
 
 def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: int, seeds=(0,), problems: int | None = 64,
                    held_out: int = 0, before=None, processes: int = 1, device: str = "auto", pad_token: str | None = "auto",
-                   return_models: bool = False, **common):
+                   return_models: bool = False, task: str = "arith", **common):
     """``{label: [history of seed 0, history of seed 1, …]}`` for ``kind`` in ("ppo", "grpo", "dpo") (``trainers.registry``).
 
     Every run loads ``model`` afresh; ``before(policy)`` (optional) edits it before training (e.g.
@@ -69,9 +73,15 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
     ``functools.partial`` of one). Results do not depend on ``processes``. ``device`` and
     ``pad_token`` go to ``workbench.modeling.models.load`` (the notebooks' parameters of those names).
     ``return_models``: return ``(runs, {label: trained policy of the first seed})`` instead.
+    ``task`` (a name of ``tasks.registry.TASKS``): whose train/test prompts and reward the runs use; PPO/GRPO
+    decode the task's ``max_new_tokens`` unless ``common`` or a variant sets it. DPO has arithmetic pairs only.
     """
     if kind not in COMPARED:
         raise ValueError(f"kind={kind!r}: choose one of {sorted(COMPARED)}")
+    task_info(task)  # ParameterError naming the tasks, before any run starts
+    if kind == "dpo" and task != "arith":
+        raise ParameterError(f"train_variants('dpo', task={task!r}): preference pairs exist for the arithmetic task only "
+                             "(data/arith_preferences_*.jsonl). Use task='arith' for DPO, or 'ppo'/'grpo' for this task.")
     loading = {"device": device, "pad_token": pad_token}
     jobs = [(label, seed) for label in variants for seed in seeds]
     keep = [return_models and seed == seeds[0] for _, seed in jobs]
@@ -79,12 +89,12 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
         threads = max(1, (os.cpu_count() or 1) // processes)
         with ProcessPoolExecutor(max_workers=min(processes, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_train_one, kind, model, {**common, **variants[label]}, steps, seed, problems, before, threads,
-                                   loading, held_out, k)
+                                   loading, held_out, k, task)
                        for (label, seed), k in zip(jobs, keep, strict=True)]
             results = [f.result() for f in futures]
     else:
         results = [_train_one(kind, model, {**common, **variants[label]}, steps, seed, problems, before, None, loading,
-                              held_out, k) for (label, seed), k in zip(jobs, keep, strict=True)]
+                              held_out, k, task) for (label, seed), k in zip(jobs, keep, strict=True)]
     runs: dict[str, list[list[dict]]] = {label: [] for label in variants}
     models = {}
     for (label, _), (history, state) in zip(jobs, results, strict=True):
@@ -97,19 +107,20 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
 
 def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, problems: int | None, before=None,
                threads: int | None = None, loading: dict | None = None, held_out: int = 0,
-               keep_model: bool = False) -> tuple[list[dict], dict | None]:
+               keep_model: bool = False, task: str = "arith") -> tuple[list[dict], dict | None]:
     """One run: its history, and its trained weights when ``keep_model``. ``threads`` None (a run in
     this process): a tiny model on the CPU runs on one thread, the caller's setting restored after —
     its matrices are too small to gain from two, and two threads on a shared machine wait on each
     other (measured: a 3-step PPO pair 1.5 s on one thread, 17–34 s on two beside another job)."""
     previous = torch.get_num_threads()
     try:
-        return _train_one_unguarded(kind, model, switches, steps, seed, problems, before, threads, loading, held_out, keep_model)
+        return _train_one_unguarded(kind, model, switches, steps, seed, problems, before, threads, loading, held_out, keep_model,
+                                    task)
     finally:
         torch.set_num_threads(previous)
 
 
-def _train_one_unguarded(kind, model, switches, steps, seed, problems, before, threads, loading, held_out, keep_model):
+def _train_one_unguarded(kind, model, switches, steps, seed, problems, before, threads, loading, held_out, keep_model, task):
     if threads is not None:
         torch.set_num_threads(threads)
     Config, Trainer = TRAINERS[kind]
@@ -118,9 +129,12 @@ def _train_one_unguarded(kind, model, switches, steps, seed, problems, before, t
         torch.set_num_threads(1)
     if before is not None:
         before(policy)
+    info = task_info(task)
+    if kind != "dpo":  # the task's decoding length unless the caller chose one (arith: 8, the configs' default)
+        switches = {"max_new_tokens": info.max_new_tokens, **switches}
     config = Config(steps=steps, seed=seed, progress=False, **switches)
     torch.manual_seed(seed)  # the global generator draws dropout masks (P7's bug variant): same seed, same run
-    test = load_problems(TEST_PROMPTS)[:held_out] if held_out > 0 else []
+    test = load_problems(info.test_prompts)[:held_out] if held_out > 0 else []
     start = held_out_accuracy(policy, tokenizer, test) if test else None
     if kind == "dpo" and test:
         pairs = load_preferences(TEST_PREFERENCES)[:held_out]
@@ -128,7 +142,7 @@ def _train_one_unguarded(kind, model, switches, steps, seed, problems, before, t
     if kind == "dpo":
         train = load_preferences(TRAIN_PREFERENCES)[:problems]
     else:
-        train = load_problems(TRAIN_PROMPTS) if problems is None else rl_problems(problems)
+        train = load_problems(info.train_prompts) if problems is None else rl_problems(problems, task)
     history = Trainer(policy, tokenizer, train, config).train()
     if test and history:
         end = held_out_accuracy(policy, tokenizer, test)

@@ -9,13 +9,18 @@ import torch
 from workbench.modeling.rollout import sample
 from workbench.tasks.arithmetic import Problem
 from workbench.tasks.encoding import encode_prompts, score_responses
+from workbench.tasks.registry import max_new_tokens_for
 from workbench.trainers.preferences import build_loss_mask, collate_preferences, summed_logprobs
 
 
 @torch.no_grad()
-def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens: int = 8, batch_size: int = 256) -> float:
-    """Share of ``problems`` answered exactly (greedy decoding, stopped at EOS)."""
-    correct = 0.0
+def greedy_results(model, tokenizer, problems: list[Problem], *, max_new_tokens: int | None = None,
+                   batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rewards, lengths)`` of greedy responses to ``problems`` (stopped at EOS), one entry per problem:
+    the task reward and the response's token count (EOS included when produced). ``max_new_tokens`` None:
+    the task's (``tasks.registry``: 8 for arithmetic, 48 for sums)."""
+    max_new_tokens = max_new_tokens_for(problems) if max_new_tokens is None else max_new_tokens
+    rewards, lengths = [], []
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
         ids, mask = encode_prompts(tokenizer, [p.prompt for p in chunk])
@@ -23,16 +28,24 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens
             model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id, greedy=True,
         )
-        correct += float(score_responses(tokenizer, chunk, rollout.response_ids, rollout.response_mask, rollout.finished).sum())
-    return correct / len(problems)
+        rewards.append(score_responses(tokenizer, chunk, rollout.response_ids, rollout.response_mask, rollout.finished))
+        lengths.append(rollout.response_mask.sum(-1).long())
+    return torch.cat(rewards), torch.cat(lengths)
 
 
-def held_out_accuracy(policy, tokenizer, problems) -> float:
+def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens: int | None = None,
+                    batch_size: int = 256) -> float:
+    """Share of ``problems`` answered correctly by their task's reward (greedy decoding, stopped at EOS)."""
+    rewards, _ = greedy_results(model, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    return float(rewards.sum()) / len(problems)
+
+
+def held_out_accuracy(policy, tokenizer, problems, max_new_tokens: int | None = None) -> float:
     """Greedy accuracy in eval mode (no dropout), the policy's mode restored afterwards."""
     training = policy.training
     policy.eval()
     try:
-        return greedy_accuracy(policy, tokenizer, problems)
+        return greedy_accuracy(policy, tokenizer, problems, max_new_tokens=max_new_tokens)
     finally:
         policy.train(training)
 

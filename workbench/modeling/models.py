@@ -99,7 +99,7 @@ def load_checkpoint(
     those checks (for audits of the tokenizer itself, which never pad with it). ``verbose`` prints what the
     checkpoint brings (``describe``).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # transformers: on use (seconds), keeps the CLI's start light
+    from transformers import AutoModelForCausalLM  # transformers: on use (seconds), keeps the CLI's start light
     from transformers.utils import logging as hf_logging  # transformers: seconds to import; loaded where a model is
 
     hf_logging.disable_progress_bar()  # no per-load "Loading weights" bars in notebooks and logs
@@ -111,7 +111,7 @@ def load_checkpoint(
     path = realistic.folder_of(name) if name.startswith("realistic-") else TRAINED_CHECKPOINTS.get(name, Path(name).expanduser())
     check_checkpoint_folder(path, BUILTIN_NAMES)
     implementation = resolve_attn_implementation(attn_implementation)
-    tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, local_files_only=True)
+    tokenizer = _tokenizer_from_folder(path)
     model = AutoModelForCausalLM.from_pretrained(
         str(path),
         attn_implementation=implementation,
@@ -147,11 +147,27 @@ def _pad_policy(model, tokenizer, pad_token: str | None, allow_pad_equal_eos: bo
 
 def load_tokenizer(name_or_path: str | Path):
     """The tokenizer of a checkpoint folder (or a ``realistic-…`` name whose folder exists) alone, as shipped."""
-    from transformers import AutoTokenizer  # transformers: on use (seconds), keeps the CLI's start light
-
     name = str(name_or_path)
     path = realistic.folder_of(name) if name.startswith("realistic-") else Path(name).expanduser()
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    return _tokenizer_from_folder(path)
+
+
+# The class a saved ``tokenizers`` file (the character tokenizer) names in tokenizer_config.json.
+_PLAIN_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _tokenizer_from_folder(path: Path):
+    """The folder's tokenizer as saved. A folder whose tokenizer_config.json names the plain ``tokenizers``
+    class (the character tokenizer of the tiny checkpoints) is read with that class: ``AutoTokenizer`` in
+    transformers 5 picks the class of the model type instead (``Qwen2Tokenizer`` for a qwen2 config), whose
+    own pre-tokenizer drops spaces and skips the lowercasing — ``"sum 3 5 ="`` would reach the model as
+    ``"sum35="`` (the arithmetic prompts have neither, so their numbers are the same either way)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # transformers: on use (seconds), keeps the CLI's start light
+
+    config = Path(path) / "tokenizer_config.json"
+    named = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    cls = PreTrainedTokenizerFast if named in _PLAIN_TOKENIZER_CLASSES else AutoTokenizer
+    return cls.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
 
 
 def check_model_name(name: str) -> None:

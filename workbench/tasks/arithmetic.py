@@ -17,10 +17,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Problem:
-    """One arithmetic question: ``prompt`` (e.g. ``"47+8="``) and its correct ``answer`` (``"55"``)."""
+    """One question: ``prompt`` (e.g. ``"47+8="``), its correct response ``answer`` (``"55"``; the text SFT
+    trains on and a preference pair's chosen side) and the ``task`` it belongs to (``"arith"`` here,
+    ``"sums"`` for ``tasks.sums``; ``tasks.registry.reward`` scores a response by it)."""
 
     prompt: str
     answer: str
+    task: str = "arith"
 
 
 def all_problems() -> list[Problem]:
@@ -60,7 +63,8 @@ def wrong_answer(problem: Problem, rng: random.Random) -> str:
 
 
 def reward(response_text: str, finished: bool, problem: Problem) -> float:
-    """1.0 when the response is exactly the answer and ended with EOS, else 0.0."""
+    """1.0 when the response is exactly the answer and ended with EOS, else 0.0 (the arithmetic task's
+    reward; ``tasks.registry.reward`` picks it or another task's by ``problem.task``)."""
     return 1.0 if finished and response_text.strip() == problem.answer else 0.0
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from workbench.core.batching import pad_sequences
-from workbench.tasks.arithmetic import Problem, reward
+from workbench.tasks.arithmetic import Problem
+from workbench.tasks.registry import reward
 
 CHAT_TEMPLATE_MODES = ("auto", "none")
 
@@ -47,6 +48,6 @@ def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch
 
 
 def score_responses(tokenizer, problems: list[Problem], response_ids, response_mask, finished) -> torch.Tensor:
-    """Task rewards (B,) for a batch of responses."""
+    """Task rewards (B,) for a batch of responses, each by its problem's task (``tasks.registry.reward``)."""
     texts = decode_responses(tokenizer, response_ids, response_mask)
     return torch.tensor([reward(t, bool(f), p) for t, f, p in zip(texts, finished, problems, strict=False)], dtype=torch.float32)

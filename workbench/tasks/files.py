@@ -1,6 +1,6 @@
-"""The task's data files in ``data/``: held-out train/test prompts and preference pairs as JSONL.
+"""The tasks' data files in ``data/``: held-out train/test prompts (both tasks) and preference pairs (arithmetic) as JSONL.
 
-Made by ``python scripts/make_data.py`` (``write_data_files``). ``python -m workbench train --data``
+Made by ``python scripts/make_data.py`` (``write_data_files``, ``write_sums_files``). ``python -m workbench train --data``
 points the same readers at user files, so every defect is an ``InputError`` of the form
 ``FILE:LINE: problem. fix``: a missing or empty file, bytes that are not UTF-8, a line that is not
 JSON, a row that is not an object, a row without the keys its kind needs (named, with the keys
@@ -10,15 +10,17 @@ found), a value that is not a string. Line numbers are the file's own (1-based, 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.core.errors import InputError
 from workbench.core.paths import DATA_DIR
+from workbench.tasks import sums
 from workbench.tasks.arithmetic import Problem, make_preferences, split_problems
+from workbench.tasks.registry import TASKS, task_info
 
-TRAIN_PROMPTS = DATA_DIR / "arith_train.jsonl"
-TEST_PROMPTS = DATA_DIR / "arith_test.jsonl"
+TRAIN_PROMPTS = TASKS["arith"].train_prompts
+TEST_PROMPTS = TASKS["arith"].test_prompts
 TRAIN_PREFERENCES = DATA_DIR / "arith_preferences_train.jsonl"
 TEST_PREFERENCES = DATA_DIR / "arith_preferences_test.jsonl"
 
@@ -103,14 +105,29 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 def load_problems(path: str | Path = TRAIN_PROMPTS) -> list[Problem]:
-    """Problems from a JSONL file with string ``prompt`` and ``answer`` fields (RL prompts and SFT data)."""
-    return [Problem(row["prompt"], row["answer"]) for _, row in numbered_rows(path, PROMPT_ROW)]
+    """Problems from a JSONL file with string ``prompt`` and ``answer`` fields (RL prompts and SFT data)
+    and an optional ``task`` (a name of ``tasks.registry.TASKS``; absent: ``"arith"``)."""
+    problems = []
+    for number, row in numbered_rows(path, PROMPT_ROW):
+        task = row.get("task", "arith")
+        if task not in TASKS:
+            raise InputError(f"{path}:{number}: task {task!r} is not a task of the workbench. Write one of "
+                             f"{', '.join(map(repr, TASKS))}, or leave 'task' out for arithmetic.")
+        problems.append(Problem(row["prompt"], row["answer"], task))
+    return problems
 
 
-def rl_problems(n: int = 256) -> list[Problem]:
-    """The first ``n`` training problems: a prompt set small enough that a short RL run revisits
-    each prompt and the reward visibly rises within tens of steps on a CPU."""
-    return load_problems(TRAIN_PROMPTS)[:n]
+def rl_problems(n: int = 256, task: str = "arith") -> list[Problem]:
+    """The first ``n`` training problems of ``task``: a prompt set small enough that a short RL run
+    revisits each prompt and the reward visibly rises within tens of steps on a CPU."""
+    return load_problems(task_info(task).train_prompts)[:n]
+
+
+def problem_row(problem: Problem) -> dict:
+    """A problem as a data-file row: ``prompt`` and ``answer``, and ``task`` unless it is arithmetic (so the
+    arithmetic files keep their two keys)."""
+    row = {"prompt": problem.prompt, "answer": problem.answer}
+    return row if problem.task == "arith" else {**row, "task": problem.task}
 
 
 def load_preferences(path: str | Path = TRAIN_PREFERENCES) -> list[dict]:
@@ -119,8 +136,17 @@ def load_preferences(path: str | Path = TRAIN_PREFERENCES) -> list[dict]:
 
 
 def write_data_files(n_preferences_train: int = 4000, n_preferences_test: int = 500) -> None:
+    """The arithmetic task's files: train/test prompts and preference pairs."""
     train, test = split_problems()
-    write_jsonl(TRAIN_PROMPTS, [asdict(p) for p in train])
-    write_jsonl(TEST_PROMPTS, [asdict(p) for p in test])
+    write_jsonl(TRAIN_PROMPTS, [problem_row(p) for p in train])
+    write_jsonl(TEST_PROMPTS, [problem_row(p) for p in test])
     write_jsonl(TRAIN_PREFERENCES, make_preferences(train[:n_preferences_train], seed=1))
     write_jsonl(TEST_PREFERENCES, make_preferences(test[:n_preferences_test], seed=2))
+
+
+def write_sums_files() -> None:
+    """The sums task's files: train/test prompts (``tasks.sums.split_problems``, seed 0, disjoint)."""
+    train, test = sums.split_problems()
+    info = task_info("sums")
+    write_jsonl(info.train_prompts, [problem_row(p) for p in train])
+    write_jsonl(info.test_prompts, [problem_row(p) for p in test])

@@ -1,0 +1,69 @@
+"""scripts/train_tiny_checkpoint.py: a smoke run on the sums task (seconds), and the shipped sums checkpoint."""
+
+import importlib.util
+import json
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from workbench import tasks
+from workbench.core.paths import REPO_ROOT
+from workbench.experiments.checkpoints import load
+from workbench.experiments.evaluation import greedy_results
+
+SCRIPT = REPO_ROOT / "scripts" / "train_tiny_checkpoint.py"
+spec = importlib.util.spec_from_file_location("train_tiny_checkpoint", SCRIPT)
+train_tiny_checkpoint = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train_tiny_checkpoint)
+
+
+def test_smoke_run_writes_a_loadable_checkpoint_and_its_card(tmp_path):
+    out = tmp_path / "tiny-sums"
+    card = train_tiny_checkpoint.main(["--task", "sums", "--steps", "3", "--max-seconds", "20", "--eval-problems", "8",
+                                       "--batch-size", "8", "--out", str(out)])
+    assert card["task"] == "sums" and 1 <= card["sft_steps"] <= 3 and card["eval_problems"] == 8
+    assert card["max_new_tokens"] == 48
+    assert json.loads((out / "training.json").read_text())["sft_steps"] == card["sft_steps"]
+    readme = (out / "README.md").read_text()
+    assert "held-out greedy accuracy" in readme and "generated (all)" in readme and "--task sums" in readme
+    lengths = card["lengths"]
+    assert lengths["generated (all)"]["n"] == 8 and 1 <= lengths["generated (all)"]["min"] <= lengths["generated (all)"]["max"] <= 48
+    assert 8 <= lengths["correct (reference)"]["min"] <= lengths["correct (reference)"]["max"] <= 37
+    assert AutoModelForCausalLM.from_pretrained(out).config.model_type == "qwen2"
+
+
+def test_unknown_task_or_missing_defaults_exit_with_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        train_tiny_checkpoint.main(["--task", "sum"])
+    assert exc.value.code == 2 and "invalid choice: 'sum'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        train_tiny_checkpoint.main(["--task", "sums", "--arch", "gpt2"])
+    assert exc.value.code == 2 and "pass --steps and --lr" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    folder = tasks.task_info("sums").checkpoint_folder
+    return folder, json.loads((folder / "training.json").read_text())
+
+
+def test_shipped_sums_checkpoint_card_states_size_accuracy_and_lengths(shipped):
+    folder, card = shipped
+    assert (folder / "model.safetensors").exists() and not list(folder.glob("*.bin"))
+    assert card["task"] == "sums" and card["parameters"] < 3_000_000
+    assert 0.30 <= card["greedy_test_accuracy"] <= 0.60
+    generated = card["lengths"]["generated (all)"]
+    assert generated["max"] - generated["min"] >= 15  # a spread of response lengths
+    readme = (folder / "README.md").read_text()
+    assert f"{card['greedy_test_accuracy']:.3f}" in readme and card["command"] in readme
+
+
+def test_shipped_sums_checkpoint_is_right_part_of_the_time_on_held_out_prompts(shipped):
+    folder, card = shipped
+    model, tokenizer = load("tiny-sums-qwen2")
+    assert AutoModelForCausalLM.from_pretrained(folder).num_parameters() == card["parameters"]
+    test = tasks.load_problems(tasks.task_info("sums").test_prompts)[:128]
+    rewards, lengths = greedy_results(model, tokenizer, test)
+    accuracy = float(rewards.mean())
+    assert 0.25 <= accuracy <= 0.65, accuracy
+    assert int(lengths.max()) - int(lengths.min()) >= 10
