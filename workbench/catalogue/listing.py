@@ -33,6 +33,7 @@ from workbench.core.errors import ModelLoadError, ParameterError
 from workbench.core.losses import LOSS_AGG_ALIASES, LOSS_AGG_MODES
 from workbench.core.paths import REPO_ROOT
 from workbench.modeling.models import check_model_name, check_same_tokenizer
+from workbench.tasks.registry import TASKS
 from workbench.trainers.base import PRECISIONS
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -187,6 +188,10 @@ def _precisions() -> tuple[str, ...]:
     return PRECISIONS
 
 
+def _tasks() -> tuple[str, ...]:
+    return tuple(TASKS)
+
+
 MODEL = Rule("a built-in name (tiny-*), realistic-<flavour>[-chat], or a local checkpoint folder holding config.json",
              _model_problem)
 COUNT = integer(1)
@@ -207,6 +212,7 @@ PARAMETER_RULES: dict[str, Rule] = {
     "pad_token": Rule('"auto" or a token string', TEXT.check),
     "device": DEVICE,
     "precision": one_of(_precisions, "precision"),
+    "task": one_of(_tasks, "task (workbench/tasks/registry.py)"),
     # mode names
     "modes": non_empty_list(one_of(_loss_agg_modes, "loss aggregation mode")),
     "trl_loss_types": non_empty_list(one_of(_trl_loss_types, "TRL loss_type")),

@@ -16,7 +16,7 @@ from workbench.core import losses
 from workbench.core.losses import masked_mean, masked_var, masked_whiten, naive_whiten
 from workbench.experiments import statistics
 from workbench.experiments.checkpoints import load
-from workbench.tasks import rl_problems
+from workbench.tasks import rl_problems, task_info
 from workbench.trainers.ppo import PPOConfig, PPOTrainer, last_token_rewards
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
@@ -44,12 +44,13 @@ def whitening_vs_padding(values: torch.Tensor, mask: torch.Tensor, extra_pads: l
 
 
 # ---- advantages of a real rollout, verdict and figure (notebook 13) ---------------------------
-def rollout_advantages(model_name: str, *, seed: int = 0, gamma: float = 1.0, lam: float = 0.95, device: str = "auto",
-                       pad_token: str | None = "auto"):
-    """GAE advantages of one PPO rollout of ``model_name`` (sparse score on the last token, V = 0):
-    ``(advantages, mask)``, both (B, T) with real padding."""
+def rollout_advantages(model_name: str, *, task: str = "arith", seed: int = 0, gamma: float = 1.0, lam: float = 0.95,
+                       device: str = "auto", pad_token: str | None = "auto"):
+    """GAE advantages of one PPO rollout of ``model_name`` on 64 prompts of ``task`` (its ``max_new_tokens``;
+    sparse score on the last token, V = 0): ``(advantages, mask)``, both (B, T) with real padding."""
     policy, tokenizer = load(model_name, device=device, pad_token=pad_token)
-    trainer = PPOTrainer(policy, tokenizer, rl_problems(64), PPOConfig(steps=1, seed=seed, progress=False))
+    config = PPOConfig(steps=1, seed=seed, progress=False, max_new_tokens=task_info(task).max_new_tokens)
+    trainer = PPOTrainer(policy, tokenizer, rl_problems(64, task), config)
     _, rollout, scores = trainer.rollout(0)
     mask = rollout.response_mask.float()
     advantages, _ = losses.gae(last_token_rewards(scores, mask), torch.zeros_like(mask), mask, gamma, lam)
