@@ -776,7 +776,9 @@ def _finish(args, lines: list[str], start: float, load_before: str, steps: int, 
         if args.device == "cuda":
             machine += f", {torch.cuda.get_device_name()}"
         with open(HERE / "RESULTS.md", "a") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} — {'quick' if args.quick else 'full'} run, {args.device}\n\n")
+            only = "" if set(args.lines.split(",")) == set(LINES) else f" (lines: {args.lines})"
+            versus = f", against baseline tree {args.baseline}" if args.baseline else ""
+            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} — {'quick' if args.quick else 'full'} run{only}{versus}, {args.device}\n\n")
             f.write(f"Machine: {machine}, Python {platform.python_version()}, torch {torch.__version__}, "
                     f"transformers {transformers.__version__}, trl {trl.__version__}; {args.threads} thread(s) per process; "
                     f"load average (1/5/15 min) {load_before} before, {load_after} after ({elapsed:.0f} s)\n\n")
