@@ -35,6 +35,11 @@ Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or 
   ``workbench.watch`` and inside the deep one, three processes alternating; time per step with ÷ without
   (target for light: ≤ 1.05×). ``--watch-only`` runs just this line.
 
+``--lines grpo,dpo`` runs only those lines (of watch, sampler, grpo, dpo, large, extras). ``--baseline DIR``
+puts a second source tree's workbench (e.g. ``git archive <commit> | tar -x -C DIR``) into the GRPO, DPO and
+larger-model rotations as one more process: its lines say this tree ÷ baseline per repeat, whether the
+rewards/losses were identical step by step (same seeds), and the baseline against TRL from the same repeats.
+
 ``--write`` appends the lines, the machine, the load average and the settings to
 benchmarks/RESULTS.md.
 """
@@ -241,13 +246,13 @@ def serve(kind: str, folder: str, settings: dict, steps: int, device: str, threa
 # Orchestrator side
 # --------------------------------------------------------------------------------------------
 class Worker:
-    def __init__(self, kind: str, folder: str, settings: dict, steps: int, args):
+    def __init__(self, kind: str, folder: str, settings: dict, steps: int, args, tree: str | None = None):
         command = [sys.executable, __file__, "--serve", kind, "--folder", folder, "--settings", json.dumps(settings),
                    "--steps", str(steps), "--device", args.device, "--threads", str(args.threads)]
         self.kind = kind
         self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty worker never blocks on it
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                        text=True, env=_worker_env(args))
+                                        text=True, env=_worker_env(args, tree))
 
     def _read(self) -> dict:
         while True:
@@ -271,8 +276,12 @@ class Worker:
         self.process.wait(timeout=60)
 
 
-def _worker_env(args) -> dict:
+def _worker_env(args, tree: str | None = None) -> dict:
+    """The worker's environment: one thread per process on a CPU; ``tree``: import ``workbench`` from that
+    source tree instead (``--baseline``)."""
     env = dict(os.environ)
+    if tree:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(tree).resolve()), *filter(None, [env.get("PYTHONPATH")])])
     if args.device == "cpu":
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
     return env
@@ -302,10 +311,18 @@ def paired(name: str, folder: str, settings: dict, steps: int, repeats: int, arg
                "trl": Worker(f"{name}-trl", folder, settings, steps, args)}
     if no_gc:
         workers["trl_no_gc"] = Worker(f"{name}-trl_no_gc", folder, {**settings, **NO_GC}, steps, args)
+    if args.baseline:
+        workers["baseline"] = Worker(f"{name}-workbench", folder, settings, steps, args, tree=args.baseline)
     runs = alternate(workers, repeats)
     summary = _summary(runs["workbench"], runs["trl"], repeats, args)
     if no_gc:
         summary["no_gc"] = _summary(runs["workbench"], runs["trl_no_gc"], repeats, args)
+    if args.baseline:  # this tree's workbench against the baseline tree's, and the baseline against TRL
+        summary["baseline"] = _summary(runs["workbench"], runs["baseline"], repeats, args)
+        summary["baseline_vs_trl"] = {other: _summary(runs["baseline"], runs[other], repeats, args)
+                                      for other in ("trl", "trl_no_gc") if other in runs}
+        # same seeds → the same rewards/losses, step by step, when a change keeps the numbers
+        summary["baseline_same_values"] = all(a["values"] == b["values"] for a, b in zip(runs["workbench"], runs["baseline"], strict=True))
     return summary
 
 
@@ -361,6 +378,21 @@ def _summary(workbench: list[dict], trl: list[dict], repeats: int, args) -> dict
     pairs = zip(summary["workbench"][key], summary["trl"][key], strict=True)
     summary["pair_ratios"] = [a / b for a, b in pairs]
     return summary
+
+
+def _baseline_lines(label: str, s: dict, value_name: str, baseline: str) -> list[str]:
+    """``--baseline``: this tree's workbench ÷ the baseline tree's (same rotation), and the baseline against TRL."""
+    b, unit = s["baseline"], "steps per CPU-second" if s["key"] == "steps_per_cpu_s" else "steps/s"
+    median = "cpu_median" if s["key"] == "steps_per_cpu_s" else "median"
+    lines = [f"{label}, this tree ÷ baseline {baseline}: {b['workbench'][median]:.2f} vs {b['trl'][median]:.2f} {unit}, "
+             f"per-repeat ratios {', '.join(f'{r:.2f}' for r in b['pair_ratios'])}, {value_name} values step by step "
+             f"{'identical' if s['baseline_same_values'] else 'DIFFERENT'} → {b['ratio']:.2f}×"]
+    for other, name in (("trl", "TRL"), ("trl_no_gc", "TRL without gradient checkpointing")):
+        if other in s["baseline_vs_trl"]:
+            o = s["baseline_vs_trl"][other]
+            lines.append(f"{label}, baseline vs {name}: per-repeat ratios {', '.join(f'{r:.2f}' for r in o['pair_ratios'])} "
+                         f"→ {o['ratio']:.2f}×")
+    return lines
 
 
 def _comparison_line(label: str, s: dict, value_name: str) -> str:
@@ -464,6 +496,7 @@ def run_memory(args) -> dict:
 
 
 # ---- the sampler vs model.generate ------------------------------------------------------------
+LINES = ("watch", "sampler", "grpo", "dpo", "large", "extras")  # what --lines selects (extras: packing, memory, EOS)
 SAMPLER = {"tiny": dict(prompts=2, num_generations=8, max_new_tokens=8, calls=40),
            "large": dict(prompts=2, num_generations=4, max_new_tokens=16, calls=3)}
 
@@ -630,7 +663,15 @@ def main() -> int:
     parser.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sampler-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--only-sampler", action="store_true", help="run the sampler lines only")
+    parser.add_argument("--lines", default=",".join(LINES),
+                        help=f"comma-separated lines to run, of {', '.join(LINES)} (default: all)")
+    parser.add_argument("--baseline", default=None, metavar="DIR",
+                        help="a second source tree (e.g. `git archive <commit> | tar -x -C DIR`): its workbench joins the "
+                             "GRPO/DPO/larger-model rotations as a fourth process; prints this tree ÷ baseline per repeat")
     args = parser.parse_args()
+    chosen = {"sampler"} if args.only_sampler else {"watch"} if args.watch_only else set(args.lines.split(","))
+    if not chosen <= set(LINES):
+        parser.error(f"--lines {args.lines!r}: unknown {sorted(chosen - set(LINES))}; choose among {', '.join(LINES)}")
     steps = args.steps or (20 if args.quick else 40)
     repeats = args.repeats or (3 if args.quick else 5)
     if args.serve:
@@ -660,15 +701,16 @@ def main() -> int:
     lines, results = [], {}
     base = tempfile.mkdtemp()
     tiny_folder = _save_model(f"{base}/tiny", *load("tiny-arith-qwen2"))
-    results["watch"] = watch_overhead(tiny_folder, steps, repeats, args)
-    lines.append(_watch_line(results["watch"]))
+    if "watch" in chosen:
+        results["watch"] = watch_overhead(tiny_folder, steps, repeats, args)
+        lines.append(_watch_line(results["watch"]))
     large_steps = 3 if args.quick else 8
-    if not args.watch_only:
+    if chosen & {"sampler", "large"}:
         large, large_tok = tiny_model("qwen2", seed=0, **LARGE_MODEL)
         large_params = sum(p.numel() for p in large.parameters())
         large_folder = _save_model(f"{base}/large", large, large_tok)
         del large
-
+    if "sampler" in chosen:
         results["sampler"] = {size: run_sampler(size, max(3, repeats), args) for size in SAMPLER}
         lines.append(_sampler_line("Sampler, tiny model", results["sampler"]["tiny"]))
         lines.append(_sampler_line(f"Sampler, larger model ({large_params / 1e6:.1f}M parameters, "
@@ -679,17 +721,27 @@ def main() -> int:
         print("\n".join(lines))
         return 0
     # the trainers against TRL, the larger model, packing, memory and EOS stopping
-    results["grpo"] = paired("grpo", tiny_folder, GRPO, steps, repeats, args, no_gc=True)
-    lines.append(_comparison_line("GRPO", results["grpo"], "reward"))
-    lines.append(_comparison_line("GRPO (TRL without gradient checkpointing)", results["grpo"]["no_gc"], "reward"))
-    results["dpo"] = paired("dpo", tiny_folder, DPO, steps, repeats, args, no_gc=True)
-    lines.append(_comparison_line("DPO", results["dpo"], "loss"))
-    lines.append(_comparison_line("DPO (TRL without gradient checkpointing)", results["dpo"]["no_gc"], "loss"))
-    results["grpo_large"] = paired("grpo", large_folder, GRPO_LARGE, large_steps, max(3, repeats - 2), args)
-    lines.append(_comparison_line(
-        f"GRPO, larger model (random Qwen2, {large_params / 1e6:.1f}M parameters, {LARGE_MODEL['vocab_size']} vocabulary, "
-        f"{GRPO_LARGE['prompts']}×{GRPO_LARGE['num_generations']}×{GRPO_LARGE['max_new_tokens']} tokens)",
-        results["grpo_large"], "reward"))
+    if "grpo" in chosen:
+        results["grpo"] = paired("grpo", tiny_folder, GRPO, steps, repeats, args, no_gc=True)
+        lines.append(_comparison_line("GRPO", results["grpo"], "reward"))
+        lines.append(_comparison_line("GRPO (TRL without gradient checkpointing)", results["grpo"]["no_gc"], "reward"))
+        if args.baseline:
+            lines += _baseline_lines("GRPO", results["grpo"], "reward", args.baseline)
+    if "dpo" in chosen:
+        results["dpo"] = paired("dpo", tiny_folder, DPO, steps, repeats, args, no_gc=True)
+        lines.append(_comparison_line("DPO", results["dpo"], "loss"))
+        lines.append(_comparison_line("DPO (TRL without gradient checkpointing)", results["dpo"]["no_gc"], "loss"))
+        if args.baseline:
+            lines += _baseline_lines("DPO", results["dpo"], "loss", args.baseline)
+    if "large" in chosen:
+        label = (f"GRPO, larger model (random Qwen2, {large_params / 1e6:.1f}M parameters, {LARGE_MODEL['vocab_size']} vocabulary, "
+                 f"{GRPO_LARGE['prompts']}×{GRPO_LARGE['num_generations']}×{GRPO_LARGE['max_new_tokens']} tokens)")
+        results["grpo_large"] = paired("grpo", large_folder, GRPO_LARGE, large_steps, max(3, repeats - 2), args)
+        lines.append(_comparison_line(label, results["grpo_large"], "reward"))
+        if args.baseline:
+            lines += _baseline_lines("GRPO, larger model", results["grpo_large"], "reward", args.baseline)
+    if "extras" not in chosen:
+        return _finish(args, lines, start, load_before, steps, repeats, large_steps)
     extra = extras(args)
     lines.append(f"Packed vs padded scoring ({extra['sequences']} ragged sequences, 8–200 tokens, first-fit-decreasing into "
                  f"{extra['rows']} rows of 200; one row of everything: {extra['one_row_tok_s']:.0f} tok/s): "
@@ -704,6 +756,11 @@ def main() -> int:
                  f"{m['naive_scoring_mb'] / m['chunked_scoring_mb']:.2f}×")
     lines.append(f"EOS stopping: {extra['eos_tokens_bug']} → {extra['eos_tokens_fix']} tokens for 64 responses, rollout time "
                  f"→ {extra['eos_time_ratio']:.2f}×")
+    return _finish(args, lines, start, load_before, steps, repeats, large_steps)
+
+
+def _finish(args, lines: list[str], start: float, load_before: str, steps: int, repeats: int, large_steps: int) -> int:
+    """Print the lines (and append them to RESULTS.md with ``--write``)."""
     load_after = _load()
     for line in lines:
         print(line)
@@ -719,7 +776,9 @@ def main() -> int:
         if args.device == "cuda":
             machine += f", {torch.cuda.get_device_name()}"
         with open(HERE / "RESULTS.md", "a") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} — {'quick' if args.quick else 'full'} run, {args.device}\n\n")
+            only = "" if set(args.lines.split(",")) == set(LINES) else f" (lines: {args.lines})"
+            versus = f", against baseline tree {args.baseline}" if args.baseline else ""
+            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} — {'quick' if args.quick else 'full'} run{only}{versus}, {args.device}\n\n")
             f.write(f"Machine: {machine}, Python {platform.python_version()}, torch {torch.__version__}, "
                     f"transformers {transformers.__version__}, trl {trl.__version__}; {args.threads} thread(s) per process; "
                     f"load average (1/5/15 min) {load_before} before, {load_after} after ({elapsed:.0f} s)\n\n")

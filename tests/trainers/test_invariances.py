@@ -82,6 +82,25 @@ def test_grpo_step0_ratio_one_kl_zero_no_clipping(mini_batches, iterations, pack
     assert step["clip_fraction_first"] == 0.0
 
 
+@pytest.mark.parametrize("mini_batches, iterations, packed, temperature, dtype", GRPO_GRID)
+def test_grpo_first_training_forward_is_exactly_a_separate_old_policy_forward(mini_batches, iterations, packed, temperature,
+                                                                              dtype):
+    # GRPO takes the first mini-batch's π_old from its own first training forward (detached) instead of a
+    # separate no-grad forward: that is only the same algorithm if the two forwards agree bit for bit
+    model, tokenizer = policy(dtype)
+    config = GRPOConfig(steps=1, progress=False, prompts_per_step=4, num_generations=2, max_new_tokens=4,
+                        mini_batches=mini_batches, num_iterations=iterations, packed=packed, temperature=temperature)
+    trainer = GRPOTrainer(model, tokenizer, RAGGED, config)
+    _, rollout = trainer.sample_rollout(0, repeats=config.num_generations)
+    layout = trainer.training_layout()
+    separate = trainer.score_in_layout(trainer.policy, rollout, layout)
+    first = layout[0]
+    training, _ = trainer.logprobs(trainer.train_policy, rollout, first, with_entropy=True)
+    mask = rollout.response_mask[first].bool()
+    assert mask.sum() > 0 and training.requires_grad
+    assert torch.equal(training.detach()[mask], separate[first][mask])
+
+
 PPO_GRID = grid(LEVELS)
 
 

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from workbench.core.batching import pack_rows, padding_side_of, position_ids_from_mask, repeated_rows
 from workbench.core.chunked import entropy_chunked, head_logprobs_and_entropy, lm_head_of, logprobs_and_entropy
 from workbench.core.devices import model_device
+from workbench.modeling import inline_body
 
 POSITION_IDS_MODES = ("mask", "model")
 
@@ -236,13 +237,30 @@ def shared_prefix_token_logprobs(model, input_ids: torch.Tensor, attention_mask:
     apart. None when ``tree_capable(model)`` is False or the rows are not right-padded."""
     if not tree_capable(model) or padding_side_of(attention_mask) not in ("right", "none"):
         return None
-    lengths = attention_mask.sum(-1).tolist()
-    sequences = [row[:n] for row, n in zip(input_ids.tolist(), lengths, strict=True)]
-    tree = prefix_tree(sequences, groups, prefix_lengths, input_ids.device)
-    targets = input_ids.shape[1] - 1  # the hidden state of token t predicts token t + 1 (pad targets: any position)
-    index = [where[:targets] + [where[-1]] * (targets - len(where)) for where in tree[3]]
+    key = (input_ids, input_ids._version, attention_mask, attention_mask._version, repr(groups), repr(prefix_lengths))
+    if _last_shared_prefix_tree[0] is not None and _same_key(_last_shared_prefix_tree[0], key):
+        tree, index = _last_shared_prefix_tree[1]  # the reference's tree reused by the policy (DPO): the same tensors
+    else:
+        lengths = attention_mask.sum(-1).tolist()
+        sequences = [row[:n] for row, n in zip(input_ids.tolist(), lengths, strict=True)]
+        tree = prefix_tree(sequences, groups, prefix_lengths, input_ids.device)
+        targets = input_ids.shape[1] - 1  # the hidden state of token t predicts token t + 1 (pad targets: any position)
+        index = [where[:targets] + [where[-1]] * (targets - len(where)) for where in tree[3]]
+        _last_shared_prefix_tree[:] = [key, (tree, index)]
     logprobs, entropy = _tree_scored(model, tree, index, input_ids[:, 1:], temperature, with_entropy, chunk_size)
     return (logprobs, entropy) if with_entropy else logprobs
+
+
+# One entry: the last (inputs → prefix tree) of shared_prefix_token_logprobs. DPO scores one batch with the
+# reference and then the policy; the tree is a pure function of the token ids, mask, groups and prefix
+# lengths, so the second call reuses it. The key holds the input tensors themselves (compared by identity,
+# with their in-place version counters), so a freed tensor's id can never be mistaken for a new one.
+_last_shared_prefix_tree: list = [None, None]
+
+
+def _same_key(cached: tuple, key: tuple) -> bool:
+    return (cached[0] is key[0] and cached[1] == key[1] and cached[2] is key[2] and cached[3] == key[3]
+            and cached[4:] == key[4:])
 
 
 def tree_capable(model) -> bool:
@@ -253,7 +271,10 @@ def tree_capable(model) -> bool:
 def _tree_scored(model, tree, index, labels, temperature, with_entropy, chunk_size):
     body, head = lm_head_of(model)
     ids, positions, visible, _ = tree
-    hidden = body(input_ids=ids, attention_mask=visible, position_ids=positions, use_cache=False).last_hidden_state
+    if inline_body.usable(model):  # the same ops without transformers' per-call Python: bitwise equal
+        hidden = inline_body.body_hidden_states(model, ids, visible, positions)
+    else:
+        hidden = body(input_ids=ids, attention_mask=visible, position_ids=positions, use_cache=False).last_hidden_state
     flat_index = torch.tensor(index, dtype=torch.long, device=ids.device)
     hidden = hidden.reshape(-1, hidden.shape[-1])[flat_index]
     return head_logprobs_and_entropy(hidden, head, labels, temperature, with_entropy=with_entropy, chunk_size=chunk_size)

@@ -13,7 +13,9 @@ One step:
 π_old, as TRL and verl do it: when one generated batch feeds more than one optimiser step
 (``mini_batches > 1`` or ``num_iterations > 1``), π_old is computed once per batch, before any
 update, by the training forward in the training layout (the same rows per mini-batch), so ρ = 1
-exactly on the first mini-batch and ρ ≠ 1 on the later ones, which clipping then acts on. When the
+exactly on the first mini-batch and ρ ≠ 1 on the later ones, which clipping then acts on. The first
+mini-batch's π_old is its own first training forward, detached (the same numbers a separate no-grad
+forward gives, tested): one forward per batch fewer. When the
 batch feeds exactly one step, π_old is π itself (``logp.detach()``): ρ ≡ 1 and the loss *value* is
 −mean(A) — zero or not depending on the aggregation (pitfall S5) — while gradients are not zero.
 The reference is scored in the same layout, so its KL to an identical policy is exactly 0.
@@ -169,6 +171,18 @@ class GRPOTrainer(RolloutTrainer):
         """The global batch's denominator divided by the number of processes (DDP averages)."""
         return float(self.dist.sum(losses.aggregation_denominator(mask, mode, self.config.max_new_tokens))) / self.dist.world_size
 
+    def training_layout(self) -> list[torch.Tensor]:
+        """Which rows each optimiser step sees (whole groups, this process's shard of them), the same in every
+        iteration: one row-index tensor per mini-batch."""
+        c = self.config
+        groups_per_mini_batch = c.prompts_per_step // c.mini_batches
+        offsets = torch.arange(c.num_generations, device=self.device)
+        layout = []
+        for start in range(0, c.prompts_per_step, groups_per_mini_batch):
+            groups = torch.arange(start, start + groups_per_mini_batch, device=self.device)
+            layout.append(self.dist.shard((groups[:, None] * c.num_generations + offsets).reshape(-1)))
+        return layout
+
     def train_step(self, step: int) -> dict:
         c = self.config
         # 1. Group sampling: each prompt repeated num_generations times, groups contiguous.
@@ -182,21 +196,23 @@ class GRPOTrainer(RolloutTrainer):
         if c.mask_truncated_completions:
             loss_mask = loss_mask * r.finished.float()[:, None]
         truncated_rewarded = int(((~r.finished) & (rewards > 0)).sum())
-        # 3. Optimise. The training layout: which rows each optimiser step sees (whole groups,
-        # this process's shard of them), the same in every iteration.
-        groups_per_mini_batch = c.prompts_per_step // c.mini_batches
-        offsets = torch.arange(c.num_generations, device=self.device)
-        layout = []
-        for start in range(0, c.prompts_per_step, groups_per_mini_batch):
-            groups = torch.arange(start, start + groups_per_mini_batch, device=self.device)
-            layout.append(self.dist.shard((groups[:, None] * c.num_generations + offsets).reshape(-1)))
-
+        # 3. Optimise, mini-batch by mini-batch in the training layout.
+        layout = self.training_layout()
         ref_logp = self.score_in_layout(self.reference, r, layout) if self.reference is not None else None
-        old_logp = self.score_in_layout(self.policy, r, layout) if c.optimizer_steps_per_batch > 1 else None
+        old_logp, first_is_own_old = None, False
+        if c.optimizer_steps_per_batch > 1:
+            # π_old before any update. The first mini-batch's is its own first training forward, detached:
+            # the same forward on the same rows before any update, so no separate no-grad forward is run for
+            # it (one forward saved per batch; tests/trainers/test_invariances.py checks that a separate one
+            # gives exactly these numbers). One process only: under DDP the training forward is the wrapper's.
+            first_is_own_old = not self.dist.enabled
+            old_logp = self.score_in_layout(self.policy, r, layout[1:] if first_is_own_old else layout)
         records: dict[str, list[float]] = {k: [] for k in ("loss", "clip_fraction", "kl", "entropy", "grad_norm", "ratio_deviation_max")}
-        for _ in range(c.num_iterations):
-            for rows in layout:
+        for iteration in range(c.num_iterations):
+            for index, rows in enumerate(layout):
                 logp, entropy = self.logprobs(self.train_policy, r, rows, with_entropy=True)
+                if first_is_own_old and iteration == 0 and index == 0:
+                    old_logp[rows] = logp.detach()
                 loss, stats = grpo_loss(
                     logp, logp.detach() if old_logp is None else old_logp[rows], advantages[rows], loss_mask[rows],
                     ref_logp=None if ref_logp is None else ref_logp[rows], beta=c.beta, clip_low=c.clip_low,
