@@ -721,18 +721,15 @@ def main() -> int:
         print("\n".join(lines))
         return 0
     # the trainers against TRL, the larger model, packing, memory and EOS stopping
-    if "grpo" in chosen:
-        results["grpo"] = paired("grpo", tiny_folder, GRPO, steps, repeats, args, no_gc=True)
-        lines.append(_comparison_line("GRPO", results["grpo"], "reward"))
-        lines.append(_comparison_line("GRPO (TRL without gradient checkpointing)", results["grpo"]["no_gc"], "reward"))
+    for kind, settings, measure in (("grpo", GRPO, "reward"), ("dpo", DPO, "loss")):  # each against TRL, with and without GC
+        if kind not in chosen:
+            continue
+        name = kind.upper()
+        results[kind] = paired(kind, tiny_folder, settings, steps, repeats, args, no_gc=True)
+        lines.append(_comparison_line(name, results[kind], measure))
+        lines.append(_comparison_line(f"{name} (TRL without gradient checkpointing)", results[kind]["no_gc"], measure))
         if args.baseline:
-            lines += _baseline_lines("GRPO", results["grpo"], "reward", args.baseline)
-    if "dpo" in chosen:
-        results["dpo"] = paired("dpo", tiny_folder, DPO, steps, repeats, args, no_gc=True)
-        lines.append(_comparison_line("DPO", results["dpo"], "loss"))
-        lines.append(_comparison_line("DPO (TRL without gradient checkpointing)", results["dpo"]["no_gc"], "loss"))
-        if args.baseline:
-            lines += _baseline_lines("DPO", results["dpo"], "loss", args.baseline)
+            lines += _baseline_lines(name, results[kind], measure, args.baseline)
     if "large" in chosen:
         label = (f"GRPO, larger model (random Qwen2, {large_params / 1e6:.1f}M parameters, {LARGE_MODEL['vocab_size']} vocabulary, "
                  f"{GRPO_LARGE['prompts']}×{GRPO_LARGE['num_generations']}×{GRPO_LARGE['max_new_tokens']} tokens)")

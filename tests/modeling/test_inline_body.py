@@ -64,11 +64,15 @@ def test_inline_body_is_bitwise_the_model_body(name, dtype, layout):
         assert torch.equal(grad, fast_grads[key]), key
 
 
-def test_tree_scored_gives_the_same_logprobs_entropy_and_gradients(monkeypatch):
+def _paired_batch():
+    """The tiny Qwen2, a preference batch of ``PAIRS`` and its (chosen, rejected) row groups."""
     model, tokenizer = _model("tiny-arith-qwen2")
     batch = collate_preferences(tokenizer, PAIRS)
-    b = batch.num_pairs
-    groups = [[i, i + b] for i in range(b)]
+    return model, batch, [[i, i + batch.num_pairs] for i in range(batch.num_pairs)]
+
+
+def test_tree_scored_gives_the_same_logprobs_entropy_and_gradients(monkeypatch):
+    model, batch, groups = _paired_batch()
     results = []
     for inline in (True, False):
         monkeypatch.setattr(inline_body, "usable", lambda m, inline=inline: inline)
@@ -100,10 +104,8 @@ def test_train_mode_and_hooks_take_the_model_body():
 
 
 def test_reference_and_policy_share_one_prefix_tree(monkeypatch):
-    model, tokenizer = _model("tiny-arith-qwen2")
-    batch = collate_preferences(tokenizer, PAIRS)
-    b = batch.num_pairs
-    groups = [[i, i + b] for i in range(b)]
+    model, batch, groups = _paired_batch()
+    tokenizer = load("tiny-arith-qwen2")[1]
     built = []
     original = scoring.prefix_tree
     monkeypatch.setattr(scoring, "prefix_tree", lambda *a, **k: built.append(1) or original(*a, **k))
