@@ -165,6 +165,7 @@ def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html:
     import nbformat  # nbformat: only when notebooks are read
     import papermill  # papermill: only when notebooks run
 
+    out_dir = Path(out_dir).resolve()  # the kernel runs with cwd=out_dir: a relative path would nest inside itself
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in (RESULT_FILE, "metrics.json"):  # an earlier run's files must not pass for this run's
         (out_dir / stale).unlink(missing_ok=True)
@@ -328,7 +329,7 @@ def run_catalogue(
     from tqdm.auto import tqdm  # tqdm: optional progress bars
 
     jobs = plan(names, overrides or {}, smoke)
-    out = Path(out_dir) if out_dir else default_out_dir()
+    out = (Path(out_dir) if out_dir else default_out_dir()).resolve()
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     results: list[NotebookResult | None] = [None] * len(jobs)
