@@ -56,7 +56,7 @@ def environment() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    device = f"CPU, {os.cpu_count()} cores"
+    device = "CPU"
     try:
         import torch
 
