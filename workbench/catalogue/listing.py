@@ -213,6 +213,7 @@ PARAMETER_RULES: dict[str, Rule] = {
     "device": DEVICE,
     "precision": one_of(_precisions, "precision"),
     "task": one_of(_tasks, "task (workbench/tasks/registry.py)"),
+    "old_logprobs": one_of(lambda: ("rollout", "recompute"), "source of π_old"),
     # mode names
     "modes": non_empty_list(one_of(_loss_agg_modes, "loss aggregation mode")),
     "trl_loss_types": non_empty_list(one_of(_trl_loss_types, "TRL loss_type")),

@@ -143,8 +143,9 @@ EFFECT_KEYS = ("reward", "heldout_accuracy")
 
 
 def ppo_variants(tis_cap: float) -> dict[str, dict]:
-    """The PPO runs: a bf16 sampler (bug), an fp32 sampler, and a bf16 sampler with truncated importance sampling at ``tis_cap``."""
-    return {BUG: {"rollout_dtype": "bfloat16"}, FP32: {},
+    """The PPO runs: a bf16 sampler whose log-probs are π_old (bug: ``old_logprobs="rollout"``), an fp32 sampler with π_old
+    recomputed, and a bf16 sampler with π_old recomputed and truncated importance sampling at ``tis_cap``."""
+    return {BUG: {"rollout_dtype": "bfloat16", "old_logprobs": "rollout"}, FP32: {},
             TIS: {"rollout_dtype": "bfloat16", "old_logprobs": "recompute", "tis_cap": tis_cap}}
 
 
