@@ -1,6 +1,7 @@
 """Pure measurements on the tensors a watched call carries (torch only): padding, stop ids, BOS, the
-architecture's position encoding, dropout sites, and (deep mode) which sampling distribution a training
-gradient differentiates. Each returns plain numbers; ``watch.Watch`` turns them into findings.
+architecture's position encoding, dropout sites, a KV cache's identity and the weights' version counters (P29),
+and (deep mode) which sampling distribution a training gradient differentiates. Each returns plain numbers;
+``watch.Watch`` turns them into findings.
 """
 
 from __future__ import annotations
@@ -52,6 +53,26 @@ def cache_length(past) -> int:
     if isinstance(past, (tuple, list)) and past and isinstance(past[0], (tuple, list)) and past[0]:
         return int(past[0][0].shape[-2])
     return 0
+
+
+def cache_anchor(past):
+    """The object that stands for a KV cache's identity across calls: the cache itself (a transformers ``Cache``),
+    or for a legacy tuple of (key, value) pairs its first key tensor (a tuple cannot be weakly referenced, and
+    reusing the tuple means reusing that tensor). None for no cache or an empty legacy one."""
+    if past is None:
+        return None
+    if isinstance(past, (tuple, list)):
+        first = past[0] if past else None
+        if isinstance(first, (tuple, list)) and first and isinstance(first[0], torch.Tensor):
+            return first[0]
+        return None
+    return past
+
+
+def parameter_versions(parameters) -> tuple[int, ...]:
+    """Each parameter's in-place version counter: an optimiser step, ``load_state_dict`` or any in-place write
+    raises it, a forward does not. A cheap fingerprint of "the weights changed" (no tensor is read)."""
+    return tuple(p._version for p in parameters)
 
 
 def row_stats(input_ids: torch.Tensor | None, mask: torch.Tensor | None, bos: int | None, pad_is_eos: int | None) -> dict:

@@ -16,7 +16,8 @@ from workbench.core.jsonsafe import jsonable
 
 SEVERITIES = ("error", "warning", "info")
 
-# What a forward hook cannot see: how the loss is reduced. Each names the audit check that decides it.
+# What a forward hook cannot see: how the loss is reduced. Each names the audit check that decides it. A watch adds
+# entries of its own with ``check`` None when its run gave nothing to observe (P29 without a weight update).
 NOT_OBSERVABLE = (
     {"pitfall": "S5", "check": "check_aggregation",
      "why": "the loss reduction over tokens and sequences happens after the forward"},
@@ -71,7 +72,8 @@ class Report:
 
     def to_dict(self) -> dict:
         return {"findings": [f.to_dict() for f in self.findings], "observed": jsonable(self.observed),
-                "not_observable": [{"pitfall": n["pitfall"], "check": n["check"]} for n in self.not_observable]}
+                "not_observable": [{"pitfall": n["pitfall"], "check": n["check"]} | ({} if n["check"] else {"why": n.get("why", "")})
+                                   for n in self.not_observable]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -97,7 +99,8 @@ class Report:
             lines = ["no pitfall observed"]
         counts = ", ".join(f"{k}={v}" for k, v in self.observed.items() if v)
         lines.append(f"observed: {counts or 'nothing (was the model called inside the with block?)'}")
-        lines += [f"not observable: {n['pitfall']} — run workbench.audit.{n['check']}" for n in self.not_observable]
+        lines += [f"not observable: {n['pitfall']} — " + (f"run workbench.audit.{n['check']}" if n["check"] else n.get("why", ""))
+                  for n in self.not_observable]
         return "\n".join(lines)
 
     def html(self) -> str:
@@ -111,6 +114,7 @@ class Report:
         rows = rows or '<tr><td colspan="5">no pitfall observed</td></tr>'
         counts = "".join(f"<li>{html.escape(str(k))}: {html.escape(str(v))}</li>" for k, v in self.observed.items())
         audits = "".join(f"<li>{html.escape(n['pitfall'])}: run <code>workbench.audit.{html.escape(n['check'])}</code></li>"
+                         if n["check"] else f"<li>{html.escape(n['pitfall'])}: {html.escape(n.get('why', ''))}</li>"
                          for n in self.not_observable)
         return ('<div class="watch-report"><table><thead><tr><th>severity</th><th>pitfall</th><th>message</th>'
                 f"<th>evidence</th><th>where</th></tr></thead><tbody>{rows}</tbody></table>"

@@ -7,7 +7,9 @@ Attached for the duration of a ``with`` block, nothing else changes in the run:
 * a wrapper of ``model.generate`` — the generation config (EOS, min/max new tokens, temperature, filters);
 * the workbench's own sampler announces its settings through ``workbench.core.observers``;
 * ``optimizer`` — a step pre-hook (dtypes of what it steps, and on the first step how much of the update
-  survived bf16 rounding);
+  survived bf16 rounding) and a post-hook counting steps;
+* the KV caches calls receive and return, by object identity: one filled before a weight update (an optimiser
+  step, or any in-place write the parameters' version counters show) and passed again after it is P29;
 * ``deep=True`` — a gradient hook on the body's last hidden state (whose gradient is W^T ∂L/∂logits,
   position by position): which positions receive gradient (S4) and which sampling distribution the loss
   differentiates (P6, P14); and the sampler's log-probs re-scored by the training model (P12).
@@ -21,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import weakref
 
 import torch
 
@@ -73,6 +76,10 @@ class Watch:
         self._sessions: dict[int, dict] = {}
         self._sampling: dict | None = None
         self._first_step_done = False
+        self._steps_done = 0  # optimiser steps completed (post-hook)
+        self._caches: dict[tuple[int, int], dict] = {}  # (model, cache anchor) ids → the weights that filled it (P29)
+        self._parameters = {id(m): list(m.parameters()) for m in self._models()}
+        self._entry_versions: tuple[int, ...] | None = None
         config = getattr(model, "config", None)
         generation = getattr(model, "generation_config", None)
         tok = lambda name: getattr(tokenizer, name, None) if tokenizer is not None else None  # noqa: E731
@@ -91,6 +98,7 @@ class Watch:
 
     # ---- attach / detach ------------------------------------------------------------------------------
     def __enter__(self) -> Watch:
+        self._entry_versions = observe.parameter_versions(self._parameters[id(self.model)])
         for role, model in (("policy", self.model), ("reference", self.reference)):
             if model is None:
                 continue
@@ -142,7 +150,10 @@ class Watch:
 
     def report(self) -> Report:
         findings = [Finding(f.pitfall, f.severity, f.message, dict(f.evidence), f.where) for f in self._findings.values()]
-        return Report(findings=findings, observed=dict(self.observed))
+        report = Report(findings=findings, observed=dict(self.observed))
+        if self.optimizer is None and observe.parameter_versions(self._parameters[id(self.model)]) == self._entry_versions:
+            report.not_observable.append({"pitfall": "P29", "check": None, "why": P29_UNOBSERVED})
+        return report
 
     # ---- forward hooks --------------------------------------------------------------------------------------
     def _pre(self, role, model, module, args, kwargs):
@@ -155,6 +166,7 @@ class Watch:
         self.observed["forwards"] += 1
         self.observed["training_forwards" if grad else "no_grad_forwards"] += 1
         cached = observe.cache_length(kwargs.get("past_key_values"))
+        self._check_cache(model, kwargs.get("past_key_values"))
         if not grad and model.training:
             self._check_dropout(role, model)
         if cached > 0 and ids is not None:
@@ -172,6 +184,8 @@ class Watch:
 
     def _post(self, role, model, target, module, args, kwargs, output):
         self._depth -= 1
+        if self._depth == 0 and not self._quiet:
+            self._check_cache(model, getattr(output, "past_key_values", None))  # a cache this call filled: remembered
         if (self.deep and role == "policy" and target is not model and not self._quiet and torch.is_grad_enabled()
                 and getattr(self, "_pending_deep", None) is not None):
             hidden = getattr(output, "last_hidden_state", None)
@@ -252,6 +266,35 @@ class Watch:
                        "(eos_token_id unset, or a loop without a stop test). Set eos_token_id / stop when every row finished.",
                        wasted_decode_forwards=1, stop_ids=sorted(self.stop_ids))
 
+    # ---- KV cache reused across a weight update (P29) ----------------------------------------------------------
+    def _check_cache(self, model, past, where: str | None = None) -> None:
+        """Remember a cache the first time a call carries it (the weights' version counters and the optimiser steps
+        then); when a later call carries it again and the counters moved, the cache's keys and values come from
+        weights that no longer exist. Incremental decoding passes the same cache with unchanged weights: silent."""
+        anchor = observe.cache_anchor(past)
+        if anchor is None:
+            return
+        key = (id(model), id(anchor))
+        versions = observe.parameter_versions(self._parameters.get(id(model)) or list(model.parameters()))
+        record = self._caches.get(key)
+        if record is None:
+            try:
+                weakref.finalize(anchor, self._caches.pop, key, None)  # the id is freed with the cache: forget it then
+            except TypeError:
+                return  # cannot be weakly referenced: its id could be reused by another cache, so it is not tracked
+            self._caches[key] = {"steps": self._steps_done, "versions": versions}
+            return
+        if versions == record["versions"]:
+            return
+        moved = sum(a != b for a, b in zip(versions, record["versions"], strict=False))
+        record["versions"] = versions  # one finding per reuse: the decoding that continues this cache is not counted again
+        evidence = {"calls": 1, "parameters_updated": moved}
+        if self.optimizer is not None:
+            evidence["optimizer_steps_since_fill"] = self._steps_done - record["steps"]
+        self._flag("P29", "error", "a KV cache filled before a weight update was passed to a call after it: its keys and values "
+                   "were computed by the old weights, so the log-probs on top of it belong to neither policy. Drop every "
+                   "cache (prefix cache: reset_prefix_cache()) whenever the weights change.", where=where, **evidence)
+
     # ---- generate -----------------------------------------------------------------------------------------
     def _generate(self, original, *args, **kwargs):
         self.observed["generate_calls"] += 1
@@ -260,6 +303,7 @@ class Watch:
         get = lambda name: _first(kwargs.get(name), getattr(config, name, None), getattr(default, name, None))  # noqa: E731
         eos = kwargs.get("eos_token_id", _first(getattr(config, "eos_token_id", None), getattr(default, "eos_token_id", None)))
         where = call_site()
+        self._check_cache(self.model, kwargs.get("past_key_values"), where)
         if eos is None:
             self._flag("S3", "error", "generate() was called with eos_token_id=None: every row decodes to max_new_tokens and the "
                        "text after EOS is thrown away afterwards. Set generation_config.eos_token_id.", where=where, calls=1,
@@ -337,6 +381,7 @@ class Watch:
         return None
 
     def _optimizer_post(self, optimizer, args, kwargs):
+        self._steps_done += 1
         snapshot, self._step_snapshot = getattr(self, "_step_snapshot", None), None
         self._first_step_done = True
         if not snapshot:
@@ -412,6 +457,11 @@ class Watch:
             self._flag("P6", "error", f"sampled at temperature {tau:g} but the loss differentiates softmax(z / {fitted:.2f}): "
                        "the training forward does not divide the logits by the sampling temperature. Score logits / τ.",
                        where=where, sampling_temperature=tau, **fit)
+
+
+P29_UNOBSERVED = ("no optimiser was given and the watched model's weights did not change inside the block, so no weight "
+                  "update was seen to reuse a KV cache across; pass optimizer= (a rollout engine's prefix cache, e.g. "
+                  "vLLM's, is outside the watch: call reset_prefix_cache() after every weight sync)")
 
 
 def misfit(cosine: float) -> float:
