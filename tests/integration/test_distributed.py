@@ -37,7 +37,8 @@ def train(tmp_path: Path, name: str, args: list[str], processes: int) -> list[di
     [
         (["grpo", "--limit", "64", "--set", "steps=3", "--set", "loss_agg=token-mean", "--set", "beta=0.05",
           "--set", "prompts_per_step=4", "--set", "num_generations=4"], ("loss", "kl", "entropy", "grad_norm", "reward")),
-        (["dpo", "--limit", "128", "--set", "steps=3", "--set", "batch_size=8"], ("loss", "rewards/margins", "grad_norm")),
+        pytest.param(["dpo", "--limit", "128", "--set", "steps=3", "--set", "batch_size=8"], ("loss", "rewards/margins", "grad_norm"),
+                     marks=pytest.mark.slow),  # the same gradient all-reduce as GRPO's case (13 s): make test-all
     ],
     ids=["grpo", "dpo"],
 )
