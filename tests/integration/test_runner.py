@@ -65,16 +65,16 @@ def test_module_entry_point_exit_code():
 
 
 def test_a_failing_notebook_does_not_stop_the_others(tmp_path):
-    notebook = nbformat.read(str(NOTEBOOKS_DIR / "00_quickstart.ipynb"), as_version=4)
+    notebook = nbformat.read(str(NOTEBOOKS_DIR / "35_multiturn_tool_tokens.ipynb"), as_version=4)  # the quickest notebook
     notebook.cells.insert(2, nbformat.v4.new_code_cell("raise RuntimeError('boom')"))
     broken = tmp_path / "99_broken.ipynb"
     nbformat.write(notebook, str(broken))
-    code = main(["run", str(broken), "00_quickstart", "--smoke", "--out", str(tmp_path / "out"), "--quiet", "--no-html"])
+    code = main(["run", str(broken), "35_multiturn_tool_tokens", "--smoke", "--out", str(tmp_path / "out"), "--quiet", "--no-html"])
     assert code == 1
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     verdicts = {n["stem"]: n for n in summary["notebooks"]}
     assert verdicts["99_broken"]["verdict"] == "failed" and "boom" in verdicts["99_broken"]["error"]
-    assert verdicts["00_quickstart"]["verdict"] == "reproduced + fixed"
+    assert verdicts["35_multiturn_tool_tokens"]["verdict"] == "reproduced + fixed"
     assert "boom" in (tmp_path / "out" / "index.html").read_text()
 
 
