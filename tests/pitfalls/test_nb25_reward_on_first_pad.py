@@ -69,3 +69,11 @@ def test_figure_metrics_and_explorer(batch, tmp_path):
     explorer.controls["lam"].value = 0.5
     assert explorer.renders == 2 and explorer.last["bug, GAE over every position"][3] == pytest.approx(0.5)
     plt.close("all")
+
+
+def test_a_batch_without_any_stopped_response_says_why_it_cannot_show_the_pitfall(batch):
+    assert rp.not_shown(batch) is None  # the fixture's batch has padded rows
+    full = torch.ones(4, 5)  # every response ran to the budget: no pad anywhere
+    placed = rp.placement(torch.ones(4), full)
+    assert rp.verdict(placed)[0] is False and "none of the 4 sampled responses stopped" in rp.not_shown(placed)
+    assert rp.metrics(placed, [])["not_shown"] == rp.not_shown(placed)

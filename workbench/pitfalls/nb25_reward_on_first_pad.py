@@ -214,11 +214,20 @@ def headline_sentence(batch: dict) -> str:
             + (" The fix rewards the EOS." if fixed else " The fix does not restore it."))
 
 
+def not_shown(batch: dict) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: when every sampled response runs to ``max_new_tokens``
+    (an untrained checkpoint rarely emits EOS), no row has a pad for the score to land on."""
+    if batch["rows"] > batch["full_length_rows"]:
+        return None
+    return (f"none of the {batch['rows']} sampled responses stopped before the token budget, so no row has a first pad "
+            "for the score to land on (an untrained checkpoint rarely emits EOS); use a trained checkpoint or a longer budget")
+
+
 def metrics(batch: dict, rows: list[dict]) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 25."""
     reproduced, fixed = verdict(batch)
     return dict(
-        notebook="25_reward_on_first_pad", reproduced=reproduced, fixed=fixed,
+        notebook="25_reward_on_first_pad", reproduced=reproduced, fixed=fixed, not_shown=not_shown(batch),
         metrics={"placement": batch, "lambda_sweep": rows},
         headline={"what": "share of the score the EOS token's advantage carries (TRL-style GAE, critic at 0)", "unit": "share",
                   "bug": batch["first_pad"]["eos_share, GAE over every position"], "fix": batch["eos"]["eos_share, GAE over real tokens"]},
