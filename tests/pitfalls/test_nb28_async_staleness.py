@@ -36,8 +36,9 @@ def test_verdict_is_false_without_staleness():
     synchronous = [synthetic_row(0, 0.0), synthetic_row(4, 0.0)]  # the actor never moved: nothing to hide
     assert st.verdict(synchronous) == (False, True)
     assert "raise the learning rate" in st.headline_sentence(synchronous, 0.2)
+    assert "did not move this checkpoint's actor" in st.not_shown(synchronous) and st.metrics(synchronous, 0.2)["not_shown"]
     stale = [synthetic_row(0, 0.0), synthetic_row(4, 0.5)]
-    assert st.verdict(stale) == (True, True)
+    assert st.verdict(stale) == (True, True) and st.not_shown(stale) is None
     assert stale[1]["true_clip_fraction"] == pytest.approx(5 / 8)  # outside (log 0.8, log 1.2) = (−0.223, 0.182): ±0.5, ±0.357, +0.214
 
 

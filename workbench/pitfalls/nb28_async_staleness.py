@@ -200,12 +200,22 @@ def headline_sentence(rows: list[dict], clip: float) -> str:
             + ("; the sampler's log-probs show the true ratio." if fixed else "; the sampler's log-probs did not match (check its dtype)."))
 
 
+def not_shown(rows: list[dict], *, gap_threshold: float = 1e-3) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: when the lagged updates leave the actor where the sampler
+    was (mean |gap| ≤ ``gap_threshold`` at the largest lag), there is no staleness for the recomputed ratio to hide."""
+    stale = max(rows, key=lambda r: r["lag"])
+    if stale["mean_abs_gap"] > gap_threshold:
+        return None
+    return (f"the {stale['lag']} lagged update(s) did not move this checkpoint's actor away from the sampler (mean |log p gap| "
+            f"{stale['mean_abs_gap']:.1e} ≤ {gap_threshold:g} nats): nothing stale to hide; use a larger lag or learning rate")
+
+
 def metrics(rows: list[dict], clip: float) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 28."""
     reproduced, fixed = verdict(rows)
     stale = max(rows, key=lambda r: r["lag"])
     return dict(
-        notebook="28_async_staleness", reproduced=reproduced, fixed=fixed,
+        notebook="28_async_staleness", reproduced=reproduced, fixed=fixed, not_shown=not_shown(rows),
         metrics={"clip": clip, "lags": [{k: v for k, v in r.items() if k != "log_ratio"} for r in rows]},
         headline={"what": f"share of tokens outside the ε = {clip:g} clip window seen by the loss at lag {stale['lag']} "
                           f"(true: {stale['true_clip_fraction']:.3f})", "unit": "fraction of tokens",
