@@ -24,14 +24,6 @@ from workbench.experiments import statistics
 VERDICTS = statistics.PREDICTION_VERDICTS
 
 
-def _number(value) -> float:
-    """A recorded number as a float: ``core.jsonsafe`` writes NaN and infinities as strings."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
 def predictions_of(payload: dict) -> list[dict]:
     """The prediction records of one notebook's ``metrics.json`` payload (``payload["metrics"]["prediction"]``,
     one record or a list of them); none when it records no prediction."""
@@ -64,8 +56,8 @@ def consequence_rows(metrics_by_notebook: dict[str, dict]) -> list[dict]:
             rows.append({
                 "notebook": notebook, "consequence": str(record.get("consequence", "")), "task": str(record.get("task", "")),
                 "measure": str(record.get("measure", "")), "direction": str(record.get("direction", "")),
-                "effect": _number(record.get("effect")), "se": _number(record.get("se")),
-                "threshold": _number(record.get("threshold")), "mde": _number(record.get("mde")),
+                "effect": statistics.recorded_number(record.get("effect")), "se": statistics.recorded_number(record.get("se")),
+                "threshold": statistics.recorded_number(record.get("threshold")), "mde": statistics.recorded_number(record.get("mde")),
                 "seeds": record.get("seeds"), "larger": record.get("larger") is True,
                 "agrees": kind == "as predicted", "verdict": kind, "verdict_text": text,
             })

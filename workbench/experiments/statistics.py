@@ -225,7 +225,7 @@ def prediction(effect: Effect, consequence: str, direction: str, task: str) -> d
 PREDICTION_VERDICTS = ("as predicted", "opposite", "null")
 
 
-def _recorded(value) -> float:
+def recorded_number(value) -> float:
     """A recorded number as a float (``core.jsonsafe`` writes NaN as the string "nan")."""
     try:
         return float(value)
@@ -237,7 +237,7 @@ def prediction_verdict(record: dict) -> tuple[str, str]:
     """``(kind, text)`` of a ``prediction`` record, chosen by its numbers only: "as predicted" (larger than the
     noise with the predicted sign), "opposite" (larger, the other sign) or "null" ("no effect > MDE", or no noise
     estimate with one seed)."""
-    effect, mde = _recorded(record.get("effect")), _recorded(record.get("mde"))
+    effect, mde = recorded_number(record.get("effect")), recorded_number(record.get("mde"))
     if record.get("larger") is True:
         if ("+" if effect > 0 else "-") == record.get("direction"):
             return "as predicted", "larger, as predicted"
@@ -250,8 +250,8 @@ def prediction_sentence(record: dict, unit: str = "") -> str:
     and the verdict with its power, e.g. "predicted on sums: length of incorrect responses, bug − fix > 0;
     measured +2.1 ± 0.4 tokens (3 seeds, needs > 4.30 s.e. = 1.7): larger, as predicted"."""
     unit = f" {unit}" if unit else ""
-    effect, se = _recorded(record.get("effect")), _recorded(record.get("se"))
-    threshold, mde = _recorded(record.get("threshold")), _recorded(record.get("mde"))
+    effect, se = recorded_number(record.get("effect")), recorded_number(record.get("se"))
+    threshold, mde = recorded_number(record.get("threshold")), recorded_number(record.get("mde"))
     sign = ">" if record.get("direction") == "+" else "<"
     _, text = prediction_verdict(record)
     return (f"predicted on {record.get('task')}: {record.get('consequence')}, bug − fix {sign} 0; measured "
