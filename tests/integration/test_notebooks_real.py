@@ -47,12 +47,9 @@ def run_one(tmp_path, stem: str, checkpoint: str) -> dict:
     return json.loads((folder / stem / "metrics.json").read_text())
 
 
-DEFAULT_PAIRS = [(stem, CHECKPOINTS[i % len(CHECKPOINTS)]) for i, stem in enumerate(MECHANISM_ONLY)]
-# The notebooks run on their realistic checkpoints in `make test-all` (6-40 s each; their tiny-model signatures are in the
-# smoke catalogue of the default suite, and the realistic checkpoints' own checks are in test_real_checkpoints.py).
-QUICK_PAIRS = []
-MECHANISM_PAIRS = QUICK_PAIRS + [pytest.param(stem, checkpoint, marks=pytest.mark.slow) for stem in MECHANISM_ONLY
-                                 for checkpoint in CHECKPOINTS if (stem, checkpoint) not in QUICK_PAIRS]
+# The mechanism notebooks run on every realistic checkpoint in `make test-all` (6-40 s each); their tiny-model signatures
+# are in the smoke catalogue of the default suite, the realistic checkpoints' own checks in test_real_checkpoints.py.
+MECHANISM_PAIRS = [pytest.param(stem, checkpoint, marks=pytest.mark.slow) for stem in MECHANISM_ONLY for checkpoint in CHECKPOINTS]
 
 
 @pytest.mark.parametrize("stem, checkpoint", MECHANISM_PAIRS)
