@@ -10,6 +10,12 @@ A run writes checkpoints atomically into ``--output-dir``; running the same comm
 from the latest one (weights, optimiser, RNG and history), so a killed run finishes with exactly the
 numbers an uninterrupted run would have given. The final history goes to ``history.json``.
 
+``--task`` picks the task (``arith`` or ``sums``, ``workbench.tasks.registry.TASKS``): its training prompts
+(unless ``--data``), its shipped checkpoint (unless ``--model``) and, for PPO/GRPO, its response budget
+``max_new_tokens`` (unless set): ``train grpo --task sums`` trains ``tiny-sums-qwen2`` on the scratchpad sums with
+room for their 8-37-token responses. DPO needs preference pairs, which only ``arith`` ships (a ``--data`` file of
+pairs is accepted with any task).
+
 ``--watch`` runs the training inside ``workbench.watch`` (policy, reference, optimiser) and writes its
 ``report.json`` / ``report.html`` into ``--output-dir`` (under DDP each rank watches, rank 0 merges and writes);
 ``--report-to tensorboard`` writes every step's history (``train/…``) and, with ``--watch``, the watch's counters
@@ -29,6 +35,7 @@ from workbench.core.config_options import add_config_arguments, config_values, c
 from workbench.core.errors import ConfigError, InputError, ModelLoadError, NonFiniteError, ParameterError
 from workbench.experiments.checkpoints import load
 from workbench.tasks import prompt_ids
+from workbench.tasks.registry import TASKS, task_info
 from workbench.trainers.checkpointing import atomic_write_json
 from workbench.trainers.distributed import Distributed
 from workbench.trainers.registry import TRAINERS, trainer_classes
@@ -69,20 +76,36 @@ def check_context_fits(model, tokenizer, prompts: list[str], max_new_tokens: int
         )
 
 
-def load_data(kind: str, path: str | None, limit: int | None):
+def load_data(kind: str, path: str | None, limit: int | None, task: str = "arith"):
+    """The rows a trainer trains on: ``path`` when given, else the task's training prompts (PPO/GRPO/SFT)
+    or the shipped preference pairs (DPO, arithmetic only)."""
     if kind == "dpo":
+        if path is None and task != "arith":
+            raise InputError(f"train dpo --task {task}: the workbench ships preference pairs for the arith task only. "
+                             "Give your own pairs with --data FILE.jsonl (prompt, chosen, rejected), or use --task arith.")
         rows = tasks.load_preferences(path or tasks.TRAIN_PREFERENCES)
     else:
-        rows = tasks.load_problems(path or tasks.TRAIN_PROMPTS)
+        rows = tasks.load_problems(path or task_info(task).train_prompts)
     return rows[:limit] if limit else rows
+
+
+def task_defaults(config_cls, args) -> dict:
+    """Config fields the task sets unless the command line does: ``max_new_tokens`` (PPO/GRPO)."""
+    info = task_info(args.task)
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    given = set(config_values(args)) | {a.split("=", 1)[0] for a in (args.set or [])}
+    if "max_new_tokens" in fields and "max_new_tokens" not in given:
+        return {"max_new_tokens": info.max_new_tokens}
+    return {}
 
 
 def run(args) -> dict:
     config_cls, trainer_cls = trainer_classes(args.trainer)
-    config = build_config(config_cls, args.set or [], args.output_dir, config_values(args))
+    config = build_config(config_cls, args.set or [], args.output_dir, {**task_defaults(config_cls, args), **config_values(args)})
     config.progress = config.progress and not args.quiet
-    data = load_data(args.trainer, args.data, args.limit)
-    policy, tokenizer = load(args.model, device=args.device, pad_token=args.pad_token, verbose=not args.quiet)
+    data = load_data(args.trainer, args.data, args.limit, args.task)
+    model = args.model or task_info(args.task).checkpoint
+    policy, tokenizer = load(model, device=args.device, pad_token=args.pad_token, verbose=not args.quiet)
     if args.trainer in ("ppo", "grpo"):
         check_context_fits(policy, tokenizer, [p.prompt for p in data], config.max_new_tokens, config.chat_template)
     trainer = trainer_cls(policy, tokenizer, data, config)
@@ -101,7 +124,7 @@ def run(args) -> dict:
     finally:
         if writer is not None:
             writer.close()
-    summary = {"trainer": args.trainer, "model": args.model, "config": config.to_dict(), "history": history}
+    summary = {"trainer": args.trainer, "task": args.task, "model": model, "config": config.to_dict(), "history": history}
     if config.output_dir and trainer.is_main_process:
         atomic_write_json(Path(config.output_dir) / "history.json", summary)
     if observer is not None:
@@ -150,7 +173,12 @@ def log_each_step(trainer, writer, observer=None) -> None:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny-arith-qwen2", help="built-in name or local checkpoint folder")
+    parser.add_argument("--task", choices=tuple(TASKS), default="arith",
+                        help="arith (answers of 1-3 characters) or sums (scratchpad responses of 8-37 tokens): the "
+                             "default data, checkpoint and max_new_tokens")
+    parser.add_argument("--model", default=None,
+                        help="built-in name or local checkpoint folder (default: the task's checkpoint, tiny-arith-qwen2 "
+                             "or tiny-sums-qwen2)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, …")
     parser.add_argument("--pad-token", default="auto",
                         help="auto: the tokenizer's, else a safe choice (printed; never EOS); or a token, added if new")
