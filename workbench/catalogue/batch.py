@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from workbench.catalogue import kernel_fork
 from workbench.catalogue.listing import NotebookInfo, catalogue, find_notebook, resolve_parameters
 from workbench.catalogue.notebook_api import read_metrics
 from workbench.catalogue.report import environment, write_report
@@ -124,6 +125,10 @@ def ipc_kernel_manager():
             super().cleanup_resources(restart=restart)  # removes the socket files
             if not restart:
                 shutil.rmtree(Path(self.ip).parent, ignore_errors=True)
+
+        def format_kernel_cmd(self, extra_arguments=None) -> list[str]:
+            # a kernel forked from the run's warm zygote when one runs (kernel_fork), else the ordinary command
+            return kernel_fork.kernel_command(super().format_kernel_cmd(extra_arguments))
 
         async def _async_interrupt_kernel(self) -> None:
             # jupyter_client interrupts every kernel before its shutdown request; nbclient shuts it down
@@ -317,6 +322,7 @@ def run_catalogue(
     resume: bool = False,
     log=print,
     exercises: bool = True,
+    fork_kernels: bool = True,
 ) -> tuple[Path, list[NotebookResult]]:
     """Execute notebooks, then write ``index.html`` and ``summary.json`` into ``out_dir``.
 
@@ -324,7 +330,9 @@ def run_catalogue(
     report over all of them; ``log`` receives one line per notebook saying which and why.
     Ctrl-C: the report and summary of the notebooks that finished are written, then ``KeyboardInterrupt``
     propagates. ``exercises``: grade the exercises' reference solutions in a process beside the notebooks
-    (a few seconds of CPU) for the report's Exercises section.
+    (a few seconds of CPU) for the report's Exercises section. ``fork_kernels``: with two notebooks or more,
+    fork each kernel from one warm process that imported torch, transformers and the workbench once
+    (``kernel_fork``; Linux; ``WORKBENCH_FORK_KERNELS=0`` or False here: an ordinary kernel per notebook).
     """
     from tqdm.auto import tqdm  # tqdm: optional progress bars
 
@@ -341,7 +349,8 @@ def run_catalogue(
     grading = start_exercise_grading(out) if exercises else None
     bar = tqdm(total=len(todo), desc="notebooks", disable=not progress, unit="nb")
     try:
-        _run_jobs(jobs, todo, results, out, render_html, jobs_in_parallel, bar)
+        with kernel_fork.zygote(enabled=fork_kernels and len(todo) > 1):
+            _run_jobs(jobs, todo, results, out, render_html, jobs_in_parallel, bar)
     except KeyboardInterrupt:
         bar.close()
         if grading is not None:

@@ -1,0 +1,103 @@
+"""kernel_fork: kernels forked from the run's warm zygote behave like ordinary ones — started in the requested folder
+with the requested environment and thread count, the catalogue's modules already loaded, interruptible, shut down
+cleanly, killed with their client — and a run's numbers do not depend on it."""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from workbench.catalogue import kernel_fork
+from workbench.catalogue.batch import ipc_kernel_manager, run_catalogue
+
+pytestmark = pytest.mark.skipif(kernel_fork.supported() is not None, reason=str(kernel_fork.supported()))
+
+PROBE = ("import os, sys, json; print(json.dumps({'preloaded': 'torch' in sys.modules and 'workbench.pitfalls' in sys.modules, "
+         "'cwd': os.getcwd(), 'threads': __import__('torch').get_num_threads(), 'marker': os.environ.get('MARKER'), "
+         "'path0': sys.path[0]}))")
+
+
+def test_the_kernel_command_is_replaced_only_for_ipykernel_and_only_while_a_zygote_runs(monkeypatch):
+    cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "conn.json"]
+    monkeypatch.delenv(kernel_fork.SOCKET_ENV, raising=False)
+    assert kernel_fork.kernel_command(cmd) == cmd
+    monkeypatch.setenv(kernel_fork.SOCKET_ENV, "/tmp/z.sock")
+    assert kernel_fork.kernel_command(cmd) == [sys.executable, "-m", "workbench.catalogue.kernel_fork", "launch", "/tmp/z.sock",
+                                               "-f", "conn.json"]
+    other = [sys.executable, "-m", "other_kernel", "-f", "conn.json"]
+    assert kernel_fork.kernel_command(other) == other
+    monkeypatch.setenv(kernel_fork.SWITCH_ENV, "0")
+    assert kernel_fork.kernel_command(cmd) == cmd and kernel_fork.supported() == f"{kernel_fork.SWITCH_ENV}=0"
+
+
+def _run(client, code: str, timeout: float = 60) -> list[str]:
+    lines = []
+    client.execute_interactive(code, timeout=timeout, output_hook=lambda m: lines.append(m["content"].get("text", ""))
+                               if m["msg_type"] == "stream" else None)
+    return lines
+
+
+@pytest.fixture(scope="module")
+def zygote_socket():
+    with kernel_fork.zygote() as path:
+        yield path
+
+
+def _started_kernel(tmp_path, monkeypatch):
+    manager = ipc_kernel_manager()()
+    monkeypatch.setenv("MARKER", "from-the-launcher")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    manager.start_kernel(cwd=str(tmp_path))
+    client = manager.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    return manager, client
+
+
+def test_a_forked_kernel_runs_where_and_as_asked_with_the_modules_loaded(zygote_socket, tmp_path, monkeypatch):
+    assert zygote_socket is not None and os.environ[kernel_fork.SOCKET_ENV] == str(zygote_socket)
+    manager, client = _started_kernel(tmp_path, monkeypatch)
+    try:
+        facts = json.loads("".join(_run(client, PROBE)))
+        assert facts == {"preloaded": True, "cwd": str(tmp_path), "threads": 1, "marker": "from-the-launcher", "path0": str(tmp_path)}
+        # interruptible: SIGINT reaches the forked kernel through its client
+        started = time.monotonic()
+        client.execute("import time; time.sleep(30)")
+        time.sleep(1.0)
+        manager.interrupt_kernel()
+        reply = client.get_shell_msg(timeout=20)
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        assert time.monotonic() - started < 15
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+    assert manager.provisioner is None or not manager.is_alive()
+
+
+def test_killing_the_client_kills_its_forked_kernel(zygote_socket, tmp_path, monkeypatch):
+    manager, client = _started_kernel(tmp_path, monkeypatch)
+    try:
+        kernel_pid = int("".join(_run(client, "import os; print(os.getpid())")).strip())
+        assert kernel_pid != manager.provisioner.process.pid  # a fork, not the launched process itself
+        os.kill(manager.provisioner.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{kernel_pid}"):
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{kernel_pid}")
+    finally:
+        client.stop_channels()
+        manager.cleanup_resources()
+
+
+@pytest.mark.slow
+def test_a_forked_run_gives_the_numbers_of_ordinary_kernels(tmp_path):
+    runs = {}
+    for fork in (True, False):
+        folder, results = run_catalogue(["20", "21"], smoke=True, out_dir=tmp_path / str(fork), progress=False, render_html=False,
+                                        jobs_in_parallel=2, exercises=False, fork_kernels=fork)
+        assert all(r.ok for r in results)
+        runs[fork] = {r.stem: json.loads((folder / r.stem / "metrics.json").read_text())["metrics"] for r in results}
+    assert runs[True] == runs[False]
