@@ -15,10 +15,11 @@ on the check's crafted inputs (nothing here re-implements what is being audited)
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
+
+from workbench.core.paths import scratch_folder
 
 
 def trl_version() -> tuple[bool, str]:
@@ -38,9 +39,9 @@ def grpo_trainer(model, tokenizer, **config):
     from workbench.modeling.models import save
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    folder = str(save(model, tokenizer, Path(tempfile.mkdtemp(prefix="audit-trl-model-"))))
+    folder = str(save(model, tokenizer, Path(scratch_folder("audit-trl-model-"))))
     config = {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 16, "beta": 0.0, **config}
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="audit-trl-"), use_cpu=True, bf16=False, report_to="none",
+    args = GRPOConfig(output_dir=scratch_folder("audit-trl-"), use_cpu=True, bf16=False, report_to="none",
                       logging_steps=1, max_steps=1, **config)
     trainer = GRPOTrainer(model=folder, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
                           train_dataset=Dataset.from_list([{"prompt": "1+2="}] * 8), processing_class=tokenizer)
@@ -116,7 +117,7 @@ def watched_grpo_step(model, tokenizer, *, deep: bool = False, prompts=("1+2=", 
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     callback = WatchCallback(deep=deep, write_report=False)
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="watch-trl-"), use_cpu=True, bf16=False, report_to="none",
+    args = GRPOConfig(output_dir=scratch_folder("watch-trl-"), use_cpu=True, bf16=False, report_to="none",
                       logging_steps=1, max_steps=1, per_device_train_batch_size=len(prompts) * 2, num_generations=2,
                       max_completion_length=6, beta=0.0)
     trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions], args=args,

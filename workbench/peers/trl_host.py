@@ -17,12 +17,12 @@ TRL 0.15/0.16 there are measured by one piece of code.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 
 from workbench.audit import AuditResult, check_aggregation, check_position_ids
+from workbench.core.paths import scratch_folder
 from workbench.modeling.models import save
 from workbench.peers.adapters import trl_grpo
 from workbench.trainers.preferences import build_loss_mask, collate_preferences, summed_logprobs
@@ -41,13 +41,13 @@ def trl_available() -> tuple[bool, str]:
 
 def _cpu_args(config_cls, **overrides):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return config_cls(output_dir=tempfile.mkdtemp(prefix="trl-probe-"), use_cpu=True, bf16=False, report_to="none",
+    return config_cls(output_dir=scratch_folder("trl-probe-"), use_cpu=True, bf16=False, report_to="none",
                       logging_steps=1, max_steps=1, **overrides)
 
 
 def model_folder(model, tokenizer) -> str:
     """Save a model to a temporary local checkpoint folder (what TRL loads)."""
-    return str(save(model, tokenizer, Path(tempfile.mkdtemp(prefix="trl-model-"))))
+    return str(save(model, tokenizer, Path(scratch_folder("trl-model-"))))
 
 
 def grpo_trainer(folder: str, tokenizer, **config):

@@ -14,10 +14,9 @@ needed are far fewer than ``response_length``.
 
 from __future__ import annotations
 
-import tempfile
-
 import torch
 
+from workbench.core.paths import scratch_folder
 from workbench.peers import protocol
 
 PROMPTS = ("12+34=", "5*5=", "1+2=", "99-9=")
@@ -88,7 +87,7 @@ def ppo_v2_trainer(stop_token):
     width = max(len(r) for r in ids)
     padded = [[tokenizer.pad_token_id] * (width - len(r)) + r for r in ids]
     dataset = Dataset.from_dict({"input_ids": padded})
-    config = PPOv2Config(output_dir=tempfile.mkdtemp(prefix="peer-ppov2-"), per_device_train_batch_size=len(PROMPTS),
+    config = PPOv2Config(output_dir=scratch_folder("peer-ppov2-"), per_device_train_batch_size=len(PROMPTS),
                          gradient_accumulation_steps=1, num_mini_batches=1, total_episodes=len(PROMPTS), num_ppo_epochs=1,
                          response_length=RESPONSE_LENGTH, stop_token=stop_token, report_to="none", use_cpu=True, bf16=False,
                          num_sample_generations=0, local_rollout_forward_batch_size=len(PROMPTS), save_strategy="no",
@@ -115,8 +114,8 @@ def grpo_trainer():
 
     tokenizer = protocol.load_tokenizer()
     model = protocol.load_model()
-    folder = protocol.save_model_folder(model, tokenizer, tempfile.mkdtemp(prefix="peer-model-"))
-    config = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="peer-grpo-"), use_cpu=True, bf16=False, report_to="none",
+    folder = protocol.save_model_folder(model, tokenizer, scratch_folder("peer-model-"))
+    config = GRPOConfig(output_dir=scratch_folder("peer-grpo-"), use_cpu=True, bf16=False, report_to="none",
                         per_device_train_batch_size=4, num_generations=4, max_completion_length=RESPONSE_LENGTH, beta=0.0,
                         max_steps=1, logging_steps=1, seed=0)
     trainer = GRPOTrainer(model=folder, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=config,

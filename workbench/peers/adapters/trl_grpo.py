@@ -18,11 +18,10 @@ TRL 1.16 is probed for each ``loss_type`` (grpo, bnpo, dr_grpo, dapo); older rel
 
 from __future__ import annotations
 
-import tempfile
-
 import torch
 
 from workbench.audit import check_aggregation, check_position_ids
+from workbench.core.paths import scratch_folder
 from workbench.peers import protocol
 
 PROMPT = "12+34="
@@ -45,7 +44,7 @@ def make_trainer(folder: str, tokenizer, beta: float, width: int, loss_type: str
     from datasets import Dataset  # datasets: peer environments only (TRL's)
     from trl import GRPOConfig, GRPOTrainer  # trl: peer environments only
 
-    config = {"output_dir": tempfile.mkdtemp(prefix="peer-grpo-"), "use_cpu": True, "bf16": False, "report_to": "none",
+    config = {"output_dir": scratch_folder("peer-grpo-"), "use_cpu": True, "bf16": False, "report_to": "none",
               "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": width, "beta": beta,
               "max_steps": 1, "logging_steps": 1}
     if loss_type is not None:
@@ -95,7 +94,7 @@ def position_result(tokenizer_name: str = "tiny-arith-gpt2"):
     """``check_position_ids`` on the trainer's own log-prob forward (GPT-2: learned absolute positions)."""
     tokenizer = protocol.load_tokenizer(tokenizer_name)
     model = protocol.load_model(tokenizer_name)
-    folder = protocol.save_model_folder(model, tokenizer, tempfile.mkdtemp(prefix="peer-model-"))
+    folder = protocol.save_model_folder(model, tokenizer, scratch_folder("peer-model-"))
     trainer = make_trainer(folder, tokenizer, beta=0.0, width=8)
 
     def logprob_fn(model, input_ids, attention_mask):
@@ -116,7 +115,7 @@ def probes(args) -> list[dict]:
 
     tokenizer = protocol.load_tokenizer()
     model = protocol.load_model()
-    folder = protocol.save_model_folder(model, tokenizer, tempfile.mkdtemp(prefix="peer-model-"))
+    folder = protocol.save_model_folder(model, tokenizer, scratch_folder("peer-model-"))
     loss_types = [None] if trl_version() < (0, 17) else list(args.get("loss_types", ["grpo", "bnpo", "dr_grpo", "dapo"]))
     width = max(LENGTHS)
     mask = (torch.arange(width)[None] < torch.tensor(LENGTHS)[:, None]).long()
