@@ -88,6 +88,32 @@ def test_verdict_is_false_without_an_off_policy_remainder():
     assert split[0]["seen_clip_fraction"] == pytest.approx(5 / 8) and split[1]["seen_clip_fraction"] == 0
 
 
+def test_not_shown_says_when_the_policy_never_moved_and_only_then(rows):
+    frozen = [synthetic_row(g, 3, 4, 0.0) for g in rm.GUARDS]  # split batches, no advantage anywhere: no gradient
+    reason = rm.not_shown(frozen)
+    assert "did not move this checkpoint's policy" in reason and "every GRPO advantage was 0" in reason
+    assert "at most 0.0e+00" in reason and rm.metrics(frozen)["not_shown"] == reason
+    assert rm.not_shown(rows) is None and rm.metrics(rows)["not_shown"] is None  # the tiny trained model shows it
+    moved_inside = [synthetic_row(g, 3, 4, 0.05) for g in rm.GUARDS]  # moved, inside the window: a failed reproduction, not a blind spot
+    assert rm.verdict(moved_inside) == (False, True) and rm.not_shown(moved_inside) is None
+    aligned = [synthetic_row(g, 2, 4, 0.0) for g in rm.GUARDS]  # nothing off-policy: the parameters' choice, said by the headline
+    assert rm.not_shown(aligned) is None
+
+
+def test_a_checkpoint_that_earns_no_reward_records_why_it_cannot_show_the_remainder():
+    """An untrained model never answers (reward 0 everywhere, like the realistic checkpoints): GRPO's advantages are all
+    0, the optimiser steps leave the weights as they were, and the notebook says so instead of a silent (False, True)."""
+    from workbench.modeling.tiny import tiny_model
+
+    untrained, tokenizer = tiny_model("qwen2")
+    rows = rm.steps_per_generation_sweep(untrained, tokenizer, rl_problems(16), [3], gradient_accumulation_steps=4, micro_steps=8,
+                                         prompts_per_slice=2, group_size=4, lr=3e-4, clip=0.2, seed=0)
+    bug = rows[1]
+    assert bug["responses"] == 64 and bug["responses_with_advantage"] == 0 and bug["max_abs_log_ratio"] < 1e-4
+    assert rm.verdict(rows) == (False, True)
+    assert "every GRPO advantage was 0" in rm.metrics(rows)["not_shown"]
+
+
 def test_verdict_is_not_fixed_when_the_new_guard_misses_the_true_ratio():
     broken = [synthetic_row("trl-0.19", 3, 4, 0.5), {**synthetic_row("trl-0.19", 3, 4, 0.5), "guard": "trl-0.20"}]
     assert rm.verdict(broken) == (True, False)

@@ -60,3 +60,50 @@ def test_metrics_figures_and_explorer(rows, tmp_path):
     assert explorer.renders == 1 and abs(explorer.last[FIX]) < 30 < explorer.last[UNSLOTH]
     explorer.controls["c"].value = 10.0
     assert explorer.renders == 2 and abs(explorer.last[FIX]) <= 10
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2", "gemma2"])
+def test_a_model_without_a_cap_records_not_shown_instead_of_crashing(arch, tmp_path):
+    """GPT-2 keeps its decoder in ``.transformer`` (no ``.model``), Qwen2 ties its head to the input embeddings, and a
+    Gemma-2 config with ``final_logit_softcapping=None`` has no cap: each runs through, every mode's KL is 0, and the
+    reason is recorded with its number (before: AttributeError for GPT-2, ``int * None`` for the others)."""
+    from workbench.modeling.tiny import tiny_model
+
+    overrides = {"final_logit_softcapping": None} if arch == "gemma2" else {}
+    model, tokenizer = tiny_model(arch, **overrides)
+    assert sc.final_logit_cap(model) is None
+    rows = sc.spread_sweep(model, tokenizer, [p.prompt for p in rl_problems(4)], [1.0, 20.0])
+    assert all(r[mode]["cap"] is None and r[mode]["kl"] <= 1e-6 for r in rows for mode in sc.CAP_MODES)
+    assert rows[-1][FIX]["max_raw_logit"] > 30  # wide logits: a cap would have mattered, there is none
+    kwargs = sc.metrics(rows)
+    check_metrics(kwargs, "31_logit_softcapping")
+    assert (kwargs["reproduced"], kwargs["fixed"]) == (False, True)
+    assert "no final-logit soft-cap (final_logit_softcapping is None)" in kwargs["not_shown"]
+    assert "at most 0.0e+00 nats per token at raw logit std 20" in kwargs["not_shown"] and "cap none" in kwargs["headline"]["what"]
+    assert "no final-logit soft-cap" in sc.headline_sentence(rows) and len(sc.sweep_lines(rows).splitlines()) == 2
+    assert drew(sc.figure_softcapping(rows))
+    assert sc.softcap_explorer(None).controls["c"].value == sc.GEMMA_CAP
+
+
+def test_the_spread_rescales_only_the_logits_of_a_tied_head():
+    from workbench.modeling.tiny import tiny_model
+    from workbench.tasks import encode_prompts
+
+    model, tokenizer = tiny_model("qwen2")  # tie_word_embeddings=True: the head is the input embedding matrix
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    ids, mask = encode_prompts(tokenizer, [p.prompt for p in rl_problems(4)])
+    scaled = sc.with_logit_spread(model, ids, mask, 20.0)
+    assert torch.equal(scaled.get_input_embeddings().weight, model.get_input_embeddings().weight)  # inputs untouched
+    with torch.no_grad():
+        std = float(scaled(input_ids=ids, attention_mask=mask).logits[mask.bool()].std())
+    assert std == pytest.approx(20.0, rel=1e-3)  # the spread asked for, exactly (tied and rescaled: the inputs moved too)
+
+
+def test_a_capped_model_is_never_excused_and_a_bad_cap_is_named(rows):
+    assert sc.not_shown(rows) is None and sc.metrics(rows)["not_shown"] is None
+    from workbench.modeling.tiny import tiny_model
+
+    model, _ = tiny_model("gemma2")
+    model.config.final_logit_softcapping = 0.0
+    with pytest.raises(ValueError, match="final_logit_softcapping=0.0.*must be > 0"):
+        sc.final_logit_cap(model)

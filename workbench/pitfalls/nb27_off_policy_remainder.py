@@ -96,14 +96,18 @@ def generation_batch(actor, tokenizer, problems, *, group_size: int, seed: int, 
 
 
 def step_row(micro_step: int, generated_by: int, trained_by: int, logp: torch.Tensor, old_logp: torch.Tensor,
-             sampler_logp: torch.Tensor, mask: torch.Tensor, clip: float, logged_clip_fraction: float) -> dict:
-    """What one micro-step's loss saw: the ratio against its π_old vs the true ratio against the sampler's μ."""
+             sampler_logp: torch.Tensor, mask: torch.Tensor, clip: float, logged_clip_fraction: float,
+             advantages: torch.Tensor | None = None) -> dict:
+    """What one micro-step's loss saw: the ratio against its π_old vs the true ratio against the sampler's μ; with the
+    slice's GRPO ``advantages``, how many of its responses carry a non-zero one (0 everywhere: no gradient)."""
     m = mask.bool()
     seen, true = (logp - old_logp)[m].detach(), (logp - sampler_logp)[m].detach()
     return {"micro_step": micro_step, "generated_by": generated_by, "trained_by": trained_by, "lag": trained_by - generated_by,
             "seen_log_ratio": seen, "true_log_ratio": true,
             "seen_clip_fraction": outside_window(seen, clip), "true_clip_fraction": outside_window(true, clip),
             "logged_clip_fraction": logged_clip_fraction,
+            "responses": int(advantages.numel()) if advantages is not None else 0,
+            "responses_with_advantage": int((advantages != 0).sum()) if advantages is not None else 0,
             "max_weight_error": float((seen.exp() - true.exp()).abs().max()) if seen.numel() else 0.0}
 
 
@@ -134,7 +138,8 @@ def train_generation_batches(model, tokenizer, problems, *, steps_per_generation
         old_logp = old[part] if old is not None else logp.detach()  # the bug's π_old: the current policy itself
         loss, stats = ppo_policy_loss(logp, old_logp, batch["advantages"][part].unsqueeze(-1), mask, clip_low=clip)
         (loss / ga).backward()
-        rows.append(step_row(t, generated_by, version, logp, old_logp, r.rollout_logprobs[part], mask, clip, stats["clip_fraction"]))
+        rows.append(step_row(t, generated_by, version, logp, old_logp, r.rollout_logprobs[part], mask, clip, stats["clip_fraction"],
+                             advantages=batch["advantages"][part]))
         if (t + 1) % ga == 0:
             optimizer.step()
             optimizer.zero_grad()
@@ -144,7 +149,8 @@ def train_generation_batches(model, tokenizer, problems, *, steps_per_generation
 
 def summarise(steps: list[dict], steps_per_generation: int, gradient_accumulation_steps: int, guard: str, clip: float) -> dict:
     """One run in numbers: the off-policy micro-steps' tokens, the share outside the clip window seen by the
-    loss vs true (``with_clip_fractions``), and the largest |ρ_seen − ρ_true| anywhere."""
+    loss vs true (``with_clip_fractions``), the largest |ρ_seen − ρ_true| anywhere and the largest true |log ρ| (how far
+    the optimiser steps moved the policy from the sampler), and how many responses carried a non-zero advantage."""
     off = [s for s in steps if s["lag"] > 0]
     seen = torch.cat([s["seen_log_ratio"] for s in off]) if off else torch.zeros(0)
     true = torch.cat([s["true_log_ratio"] for s in off]) if off else torch.zeros(0)
@@ -154,6 +160,9 @@ def summarise(steps: list[dict], steps_per_generation: int, gradient_accumulatio
             "off_policy_share": len(off) / len(steps), "off_policy_tokens": int(true.numel()),
             "seen_log_ratio": seen, "true_log_ratio": true,
             "mean_abs_log_ratio": float(true.abs().mean()) if true.numel() else 0.0,
+            "max_abs_log_ratio": float(true.abs().max()) if true.numel() else 0.0,
+            "responses": sum(s.get("responses", 0) for s in steps),
+            "responses_with_advantage": sum(s.get("responses_with_advantage", 0) for s in steps),
             "max_weight_error": max(s["max_weight_error"] for s in steps), "steps": steps}, clip)
 
 
@@ -205,6 +214,25 @@ def verdict(rows: list[dict], *, tolerance: float = 1e-4) -> tuple[bool, bool]:
     fix = [r for r in rows if r["guard"] == "trl-0.20"]
     fixed = bool(fix) and all(r["max_weight_error"] <= tolerance for r in fix)
     return reproduced, fixed
+
+
+def not_shown(rows: list[dict], *, tolerance: float = 1e-4) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None (shown, or no setting that the bug hits: a parameter choice
+    that ``headline_sentence`` names). When the optimiser steps leave the policy where it sampled (true |log ρ| ≤
+    ``tolerance`` on every off-policy token: a checkpoint that never earns the task's reward gets GRPO advantages of 0
+    and no gradient), a ratio of 1 is the true one and there is nothing off-policy to hide."""
+    if verdict(rows, tolerance=tolerance)[0]:
+        return None
+    bug = headline_row(rows, "trl-0.19")
+    if bug["snapshot"] or bug["off_policy_share"] == 0 or bug["max_abs_log_ratio"] > tolerance:
+        return None
+    why = (f"every GRPO advantage was 0 (in each group of the {bug['responses']} sampled responses the rewards were equal), so "
+           "there was no gradient" if bug["responses_with_advantage"] == 0 else
+           f"{bug['responses_with_advantage']} of {bug['responses']} sampled responses had a non-zero GRPO advantage")
+    return (f"the optimiser steps did not move this checkpoint's policy: on the {bug['off_policy_tokens']} off-policy tokens "
+            f"(GA {bug['gradient_accumulation_steps']}, steps_per_generation {bug['steps_per_generation']}) the true |log ρ| is at "
+            f"most {bug['max_abs_log_ratio']:.1e} ≤ {tolerance:g}; {why}: nothing off-policy for ρ ≡ 1 to hide; use a checkpoint "
+            "that solves some of the problems")
 
 
 # ---- figures (take axes) ------------------------------------------------------------------------
@@ -335,7 +363,7 @@ def metrics(rows: list[dict]) -> dict:
     bug, fix = headline_row(rows, "trl-0.19"), headline_row(rows, "trl-0.20")
     tensors = ("seen_log_ratio", "true_log_ratio", "steps")
     return dict(
-        notebook="27_off_policy_remainder", reproduced=reproduced, fixed=fixed,
+        notebook="27_off_policy_remainder", reproduced=reproduced, fixed=fixed, not_shown=not_shown(rows),
         metrics={"runs": [{k: v for k, v in r.items() if k not in tensors} for r in rows]},
         headline={"what": f"share of off-policy tokens outside the ε = {bug['clip']:g} clip window seen by the loss "
                           f"(GA {bug['gradient_accumulation_steps']}, steps_per_generation {bug['steps_per_generation']}; "

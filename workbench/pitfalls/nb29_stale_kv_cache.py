@@ -120,8 +120,9 @@ def serve_and_score(model, tokenizer, cache: PrefixCache, problems, *, version: 
 
 
 # ---- the sweep: k weight updates after the cache was filled -------------------------------------
-def reinforce_step(model, optimizer, tokenizer, problems, *, seed: int, max_new_tokens: int) -> None:
-    """One policy-gradient update on fresh samples of ``problems``: loss = −mean((R − mean R) · Σ_t log π(y_t))."""
+def reinforce_step(model, optimizer, tokenizer, problems, *, seed: int, max_new_tokens: int) -> dict:
+    """One policy-gradient update on fresh samples of ``problems``: loss = −mean((R − mean R) · Σ_t log π(y_t)).
+    Returns how many responses it sampled and how many earned a reward (all rewards equal: no gradient)."""
     ids, mask = encode_prompts(tokenizer, [p.prompt for p in problems])
     r = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
@@ -132,6 +133,13 @@ def reinforce_step(model, optimizer, tokenizer, problems, *, seed: int, max_new_
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
+    return {"responses": len(problems), "rewarded": int((rewards > 0).sum())}
+
+
+@torch.no_grad()
+def weight_change(model, original) -> float:
+    """The largest |θ − θ₀| over every parameter of ``model`` against ``original`` (same architecture)."""
+    return max((float((p - q).abs().max()) for p, q in zip(model.parameters(), original.parameters(), strict=True)), default=0.0)
 
 
 def update_sweep(model, tokenizer, repeated, new_pool, train_problems, updates: list[int], *, lr: float = 1e-4,
@@ -139,7 +147,8 @@ def update_sweep(model, tokenizer, repeated, new_pool, train_problems, updates: 
     """Fill both engines' caches with ``repeated`` at version 0, then take REINFORCE updates on ``train_problems``
     (one update per step, the engines told after each); at each count in ``updates`` serve ``repeated`` again and
     as many never-seen prompts from ``new_pool`` through each engine. One row per count: for each cache policy, the
-    gap on repeated and on new prompts, hit rate, age of the cached keys/values, tokens outside the clip window."""
+    gap on repeated and on new prompts, hit rate, age of the cached keys/values, tokens outside the clip window; and how
+    far the updates so far moved the weights (``weight_change``) and the rewards they trained on."""
     if len(new_pool) < len(repeated) * len(updates):
         raise ValueError(f"new_pool holds {len(new_pool)} prompts; serving {len(repeated)} new prompts at each of "
                          f"{len(updates)} update counts needs {len(repeated) * len(updates)} (pass more problems)")
@@ -149,15 +158,17 @@ def update_sweep(model, tokenizer, repeated, new_pool, train_problems, updates: 
     serve = dict(group_size=group_size, max_new_tokens=max_new_tokens)
     for cache in caches.values():  # the first rollout: fills each cache with version 0's keys and values
         serve_and_score(actor, tokenizer, cache, repeated, version=0, seed=seed, **serve)
-    rows, fresh = [], iter(range(0, len(new_pool), len(repeated)))
+    rows, fresh, trained = [], iter(range(0, len(new_pool), len(repeated))), {"train_responses": 0, "train_rewarded": 0}
     for k in range(max(updates) + 1):
         if k > 0:
-            reinforce_step(actor, optimizer, tokenizer, train_problems, seed=seed + 1000 + k, max_new_tokens=max_new_tokens)
+            step = reinforce_step(actor, optimizer, tokenizer, train_problems, seed=seed + 1000 + k, max_new_tokens=max_new_tokens)
+            trained = {"train_responses": trained["train_responses"] + step["responses"],
+                       "train_rewarded": trained["train_rewarded"] + step["rewarded"]}
             for cache in caches.values():
                 cache.on_weight_update()
         if k in updates:
             start = next(fresh)
-            row = {"updates": k}
+            row = {"updates": k, "weight_change": weight_change(actor, model), **trained}
             for policy, cache in caches.items():
                 again = serve_and_score(actor, tokenizer, cache, repeated, version=k, seed=seed + k, **serve)
                 new = serve_and_score(actor, tokenizer, cache, new_pool[start:start + len(repeated)], version=k, seed=seed + k, **serve)
@@ -183,6 +194,22 @@ def verdict(rows: list[dict], *, signature: float = 1e-3, tolerance: float = 1e-
                   and keep["new_max_gap"] <= tolerance)
     fixed = all(max(r["invalidate"]["repeated_max_gap"], r["invalidate"]["new_max_gap"]) <= tolerance for r in rows)
     return reproduced, fixed
+
+
+def not_shown(rows: list[dict]) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None (shown, or a failed reproduction the numbers must explain).
+    When the updates leave every weight as it was (a checkpoint that never earns the task's reward: R − mean R = 0, no
+    gradient), the cached keys and values are the current weights' own: there is nothing stale to serve."""
+    last = max(rows, key=lambda r: r["updates"])
+    if verdict(rows)[0] or last["updates"] == 0 or last.get("weight_change", 1.0) > 0:
+        return None
+    why = ("none of them earned a reward, so R − mean R = 0 and there was no gradient" if last["train_rewarded"] == 0 else
+           f"{last['train_rewarded']} of them earned a reward, in batches whose rewards were all equal (no gradient)")
+    return (f"the {last['updates']} REINFORCE update(s) left this checkpoint's weights exactly as they were (max |Δθ| "
+            f"{last['weight_change']:.1e}) — they trained on {last['train_responses']} sampled responses and {why} — so keys and "
+            f"values cached before them are still the current ones (repeated-prompt gap with the cache kept "
+            f"{last['keep']['repeated_gap']:.1e} nats per token): nothing stale to serve; use a checkpoint that solves some of "
+            "the problems")
 
 
 # ---- figures (take axes) ------------------------------------------------------------------------
@@ -290,10 +317,12 @@ def metrics(rows: list[dict], clip: float) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 29."""
     reproduced, fixed = verdict(rows)
     last = max(rows, key=lambda r: r["updates"])
-    plain = [{"updates": r["updates"], **{p: {k: v for k, v in r[p].items() if k != "log_ratio"} for p in CACHE_POLICIES}}
-             for r in rows]
+    moved = ("weight_change", "train_responses", "train_rewarded")
+    plain = [{"updates": r["updates"], **{k: r[k] for k in moved if k in r},
+              **{p: {k: v for k, v in r[p].items() if k != "log_ratio"} for p in CACHE_POLICIES}} for r in rows]
     return dict(
-        notebook="29_stale_kv_cache", reproduced=reproduced, fixed=fixed, metrics={"clip": clip, "updates": plain},
+        notebook="29_stale_kv_cache", reproduced=reproduced, fixed=fixed, not_shown=not_shown(rows),
+        metrics={"clip": clip, "updates": plain},
         headline={"what": f"mean |log μ_engine − log π_trainer| per token on repeated prompts after {last['updates']} weight "
                           f"updates (new prompts: {last['keep']['new_gap']:.1e})", "unit": "nats per token",
                   "bug": last["keep"]["repeated_gap"], "fix": last["invalidate"]["repeated_gap"]},

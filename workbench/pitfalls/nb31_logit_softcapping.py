@@ -15,7 +15,9 @@ does the same.
 The fix: c · tanh(z / c), applied after any logit scale and before the temperature, on every path. Here
 the tiny Gemma-2-style model's LM head is rescaled so its raw logits have a chosen spread (a random
 model's are far below the cap, a real Gemma's reach 4c), and the step-0 KL between the model's own capped logits (the
-reference) and the hidden-state path with each cap (the policy, identical weights) is measured.
+reference) and the hidden-state path with each cap (the policy, identical weights) is measured. The path is found
+generically (``get_decoder()`` → ``get_output_embeddings()``), and the cap is read from the config: a checkpoint with
+none (``final_logit_softcapping`` absent or None: GPT-2, Qwen2, Llama) has nothing to cap, and ``not_shown`` says so.
 """
 
 from __future__ import annotations
@@ -35,6 +37,36 @@ CAP_MODES = ("c·tanh(z/c)", "z·tanh(z/c)", "none")  # the fix; unsloth-zoo bef
 MODE_STYLES = {"c·tanh(z/c)": (plots.FIX_COLOR, "s-", "c·tanh(z/c) (fix)"),
                "z·tanh(z/c)": (plots.BUG_COLOR, "o-", "z·tanh(z/c) (bug, unsloth-zoo < PR #593)"),
                "none": (plots.SERIES_COLORS[0], "^--", "no cap (bug)")}
+GEMMA_CAP = 30.0  # Gemma 2/3/4's final_logit_softcapping: what the explorer shows for a checkpoint without a cap
+
+
+# ---- the model's hidden-state → logits path ------------------------------------------------------
+def final_logit_cap(model) -> float | None:
+    """The checkpoint's final-logit soft-cap c (``final_logit_softcapping`` of its text config); None: no cap."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap is not None and not cap > 0:
+        raise ValueError(f"final_logit_softcapping={cap!r} in the config of {type(model).__name__}: a cap must be > 0 "
+                         "(None means no cap); fix config.json")
+    return None if cap is None else float(cap)
+
+
+def output_head(model):
+    """The LM head: the module that turns the last hidden states into raw logits (``get_output_embeddings()``)."""
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output embeddings (get_output_embeddings() is None): "
+                         "load a causal-LM checkpoint (…ForCausalLM)")
+    return head
+
+
+def last_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The decoder stack's final hidden states (after its final norm), as the model's own forward feeds its LM head."""
+    return model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def cap_label(cap: float | None) -> str:
+    return "none" if cap is None else f"{cap:g}"
 
 
 # ---- measurements -------------------------------------------------------------------------------
@@ -48,11 +80,15 @@ def softcap(logits: torch.Tensor, cap: float | None, mode: str = "c·tanh(z/c)")
 
 
 def with_logit_spread(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, spread: float):
-    """A copy of ``model`` whose LM head is rescaled so the raw logits on ``input_ids`` have std ``spread``."""
+    """A copy of ``model`` whose LM head is rescaled so the raw logits on ``input_ids`` have std ``spread``; a head tied
+    to the input embeddings is untied first, so that only the logits are rescaled."""
     scaled = copy.deepcopy(model)
+    head = output_head(scaled)
     with torch.no_grad():
-        raw = scaled.lm_head(scaled.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state)
-        scaled.lm_head.weight.mul_(spread / float(raw[attention_mask.bool()].std()))
+        if head.weight is scaled.get_input_embeddings().weight:
+            head.weight = torch.nn.Parameter(head.weight.detach().clone())
+        raw = head(last_hidden_states(scaled, input_ids, attention_mask))
+        head.weight.mul_(spread / float(raw[attention_mask.bool()].std()))
     return scaled
 
 
@@ -61,10 +97,9 @@ def step0_kl(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mode:
     """The reference: ``model(...)``'s own (capped) logits. The policy: the same weights, log-probs from the hidden
     states through the LM head and ``softcap(mode)``. Per real position: exact KL(ref ‖ policy) over the vocabulary,
     and GRPO's k3 estimate on one token sampled from the reference."""
-    cap = getattr(model.config, "final_logit_softcapping", None)
+    cap = final_logit_cap(model)
     ref = torch.log_softmax(model(input_ids=input_ids, attention_mask=attention_mask).logits.float(), -1)
-    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    raw = model.lm_head(hidden).float()
+    raw = output_head(model)(last_hidden_states(model, input_ids, attention_mask)).float()
     pol = torch.log_softmax(softcap(raw, cap, mode), -1)
     m = attention_mask.bool()
     ref, pol = ref[m], pol[m]
@@ -95,6 +130,19 @@ def verdict(rows: list[dict], *, kl_threshold: float = 1e-3, tolerance: float = 
     return reproduced, fixed
 
 
+def not_shown(rows: list[dict]) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: a checkpoint without a final-logit soft-cap has uncapped
+    logits of its own, so every cap mode's hidden-state path is its ``model(...)`` — nothing to cap, nothing to get wrong."""
+    widest = max(rows, key=lambda r: r["spread"])
+    if widest[CAP_MODES[0]]["cap"] is not None:
+        return None
+    worst = max(widest[mode]["kl"] for mode in CAP_MODES)
+    return (f"this checkpoint has no final-logit soft-cap (final_logit_softcapping is None), so the hidden-state path gives "
+            f"model(...)'s logits with every cap mode: step-0 KL to an identical reference at most {worst:.1e} nats per token "
+            f"at raw logit std {widest['spread']:g} (max |z| {widest[CAP_MODES[0]]['max_raw_logit']:.1f}); nothing to cap — "
+            "use a Gemma 2/3/4-style checkpoint (e.g. tiny-gemma2)")
+
+
 # ---- figures (take axes) ------------------------------------------------------------------------
 def plot_kl(ax, rows: list[dict], key: str = "kl", floor: float = 1e-12) -> None:
     """Step-0 KL to an identical reference against the raw-logit spread, per cap; an exact 0 drawn at ``floor``."""
@@ -106,21 +154,22 @@ def plot_kl(ax, rows: list[dict], key: str = "kl", floor: float = 1e-12) -> None
         draw_floor(ax, floor)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(f"std of the raw logits z (cap c = {rows[0][CAP_MODES[0]]['cap']:g})")
+    ax.set_xlabel(f"std of the raw logits z (cap c = {cap_label(rows[0][CAP_MODES[0]]['cap'])})")
     ax.set_ylabel("step-0 KL(ref ‖ policy), nats / token" if key == "kl" else "GRPO's k3 at step 0")
     plots.note_coinciding(ax)
     ax.legend(fontsize=8)
 
 
-def plot_cap_curves(ax, cap: float, limit: float) -> None:
-    """The three caps as functions of the raw logit z."""
+def plot_cap_curves(ax, cap: float | None, limit: float) -> None:
+    """The three caps as functions of the raw logit z (without a cap, c = None: all three are z)."""
     z = torch.linspace(-limit, limit, 401)
     for mode in CAP_MODES:
         color, style, label = MODE_STYLES[mode]
         ax.plot(z, softcap(z, cap, mode), "--" if "--" in style else "-", color=color, label=label)
-    ax.axhline(cap, color=plots.NEUTRAL_COLOR, ls=":")
-    ax.axhline(-cap, color=plots.NEUTRAL_COLOR, ls=":")
-    ax.set_xlabel("raw logit z")
+    if cap is not None:
+        ax.axhline(cap, color=plots.NEUTRAL_COLOR, ls=":")
+        ax.axhline(-cap, color=plots.NEUTRAL_COLOR, ls=":")
+    ax.set_xlabel("raw logit z" + ("" if cap is not None else " (this checkpoint has no cap: every mode returns z)"))
     ax.set_ylabel("logit the log-softmax sees")
     ax.legend(fontsize=8)
 
@@ -129,15 +178,17 @@ def figure_softcapping(rows: list[dict]):
     """The notebook's figure: the caps as functions, the exact step-0 KL and GRPO's k3 against the spread."""
     fig, axes = plt.subplots(1, 3, figsize=(17, 4))
     widest = max(rows, key=lambda r: r["spread"])
-    plot_cap_curves(axes[0], widest[CAP_MODES[0]]["cap"], max(widest[CAP_MODES[0]]["max_raw_logit"], 2 * widest[CAP_MODES[0]]["cap"]))
+    cap = widest[CAP_MODES[0]]["cap"]
+    plot_cap_curves(axes[0], cap, max(widest[CAP_MODES[0]]["max_raw_logit"], 2 * (cap or 0)))
     plot_kl(axes[1], rows, "kl")
     plot_kl(axes[2], rows, "k3")
     fig.tight_layout()
     return fig
 
 
-def softcap_explorer(cap: float = 30.0) -> Explorer:
-    """Sliders for the cap c and a range of raw logits: the three caps redrawn."""
+def softcap_explorer(cap: float | None = GEMMA_CAP) -> Explorer:
+    """Sliders for the cap c and a range of raw logits: the three caps redrawn (from Gemma's c when ``cap`` is None)."""
+    cap = GEMMA_CAP if cap is None else cap
 
     def draw(c, limit):
         fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -160,6 +211,9 @@ def headline_sentence(rows: list[dict]) -> str:
     widest = max(rows, key=lambda r: r["spread"])
     reproduced, fixed = verdict(rows)
     bug, fix = widest[CAP_MODES[1]], widest[CAP_MODES[0]]
+    if bug["cap"] is None:
+        return (f"this checkpoint has no final-logit soft-cap: with raw logits up to {bug['max_raw_logit']:.1f} every path gives "
+                f"model(...)'s logits (step-0 KL {max(widest[m]['kl'] for m in CAP_MODES):.1e}); nothing to cap")
     if not reproduced:
         return (f"raw logits up to {bug['max_raw_logit']:.1f} stay below the cap's knee: every path agrees here (KL ≤ 1e-3); "
                 "widen the spread")
@@ -173,8 +227,9 @@ def metrics(rows: list[dict]) -> dict:
     reproduced, fixed = verdict(rows)
     widest = max(rows, key=lambda r: r["spread"])
     return dict(
-        notebook="31_logit_softcapping", reproduced=reproduced, fixed=fixed,
+        notebook="31_logit_softcapping", reproduced=reproduced, fixed=fixed, not_shown=not_shown(rows),
         metrics={"spreads": [{"spread": r["spread"], **{mode: r[mode] for mode in CAP_MODES}} for r in rows]},
-        headline={"what": f"step-0 KL to an identical reference, raw logit std {widest['spread']:g}, cap {widest[CAP_MODES[0]]['cap']:g}",
+        headline={"what": f"step-0 KL to an identical reference, raw logit std {widest['spread']:g}, "
+                          f"cap {cap_label(widest[CAP_MODES[0]]['cap'])}",
                   "unit": "nats / token", "bug": widest[CAP_MODES[1]]["kl"], "fix": widest[CAP_MODES[0]]["kl"]},
     )
