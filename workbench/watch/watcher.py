@@ -4,6 +4,11 @@ Attached for the duration of a ``with`` block, nothing else changes in the run:
 
 * forward pre-hooks *with keyword arguments* on the model and on its transformer body (the workbench's
   scorer calls the body directly) — padding, position ids, the KV cache, grad mode, train/eval mode;
+  the hooks are *covered* (``workbench.core.observers.cover``): the workbench's fast paths, which compute
+  the model's forward without calling it (the sampler's static-cache decoder, the inline training body),
+  keep running under the watch and report each call as a ``forward``/``forward_done`` event with the
+  inputs and outputs the hooks would have seen; both go through the same ``_pre``/``_post``, so every
+  observation is the same whichever path ran (the call site is the line that called the fast path);
 * a wrapper of ``model.generate`` — the generation config (EOS, min/max new tokens, temperature, filters);
 * the workbench's own sampler announces its settings through ``workbench.core.observers``;
 * ``optimizer`` — a step pre-hook (dtypes of what it steps, and on the first step how much of the update
@@ -23,6 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import types
 import weakref
 
 import torch
@@ -41,7 +47,8 @@ def call_site() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith(_OWN_DIRS) and not any(part in name for part in _OWN_NAMES):
+        if (not name.startswith(_OWN_DIRS) and not any(part in name for part in _OWN_NAMES)
+                and name not in observers.FORWARD_IMPLEMENTATIONS):
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
@@ -70,6 +77,7 @@ class Watch:
                                                         "generate_calls", "sampler_calls", "optimizer_steps", "wasted_decode_forwards")}
         self._findings: dict[tuple[str, str], Finding] = {}
         self._handles: list = []
+        self._covered: list = []  # the forward hooks, declared to core.observers as served by forward events
         self._generate_patched: list = []
         self._depth = 0
         self._quiet = False
@@ -103,9 +111,10 @@ class Watch:
             if model is None:
                 continue
             for target in self._targets(model):
-                self._handles.append(target.register_forward_pre_hook(functools.partial(self._pre, role, model), with_kwargs=True))
-                self._handles.append(target.register_forward_hook(functools.partial(self._post, role, model, target), with_kwargs=True,
-                                                                  always_call=True))
+                pre, post = functools.partial(self._pre, role, model), functools.partial(self._post, role, model, target)
+                self._handles.append(target.register_forward_pre_hook(pre, with_kwargs=True))
+                self._handles.append(target.register_forward_hook(post, with_kwargs=True, always_call=True))
+                self._covered += [pre, post]  # the fast paths report their calls instead of skipping these hooks
             if role == "policy" and callable(getattr(model, "generate", None)):
                 original = model.generate
                 model.generate = functools.wraps(original)(functools.partial(self._generate, original))
@@ -114,6 +123,8 @@ class Watch:
             self._handles.append(self.optimizer.register_step_pre_hook(self._optimizer_pre))
             self._handles.append(self.optimizer.register_step_post_hook(self._optimizer_post))
         observers.subscribe(self._on_event)
+        for hook in self._covered:
+            observers.cover(hook)
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -128,6 +139,9 @@ class Watch:
             model.__dict__.pop("generate", None)
         self._generate_patched.clear()
         observers.unsubscribe(self._on_event)
+        for hook in self._covered:
+            observers.uncover(hook)
+        self._covered.clear()
 
     @staticmethod
     def _targets(model) -> list:
@@ -320,8 +334,24 @@ class Watch:
                           "top_p": float(get("top_p") or 1.0) if do_sample else 1.0, "source": "generate"}
         return original(*args, **kwargs)
 
+    # ---- the workbench's fast paths: a forward without model(...), reported through core.observers ----------
+    def _fast_forward(self, event: str, data: dict) -> None:
+        """A ``forward``/``forward_done`` event: the hooks' own ``_pre``/``_post`` on the inputs/outputs the call
+        it replaces would have carried (part ``"body"``: the transformer body's hooks)."""
+        model = data["model"]
+        role = "policy" if model is self.model else "reference" if model is self.reference else None
+        if role is None:
+            return  # a model this watch does not watch (a rollout copy, another watch's model)
+        target = self._targets(model)[-1] if data["part"] == "body" else model
+        if event == "forward":
+            self._pre(role, model, target, (), data["inputs"])
+        else:
+            self._post(role, model, target, target, (), {}, types.SimpleNamespace(**data["outputs"]))
+
     # ---- the workbench's sampler ------------------------------------------------------------------------------
     def _on_event(self, event: str, data: dict) -> None:
+        if event in ("forward", "forward_done"):
+            self._fast_forward(event, data)
         if event != "sample":
             return
         self.observed["sampler_calls"] += 1
