@@ -82,6 +82,8 @@ class Watch:
         self._depth = 0
         self._quiet = False
         self._sessions: dict[int, dict] = {}
+        self._call_cache = None  # the anchor of the cache the current outermost call received (P29, checked in _pre)
+        self._stop_tensor: tuple | None = None  # (stop ids, device, their tensor) for the decode steps' stop test
         self._sampling: dict | None = None
         self._first_step_done = False
         self._steps_done = 0  # optimiser steps completed (post-hook)
@@ -181,6 +183,7 @@ class Watch:
         self.observed["training_forwards" if grad else "no_grad_forwards"] += 1
         cached = observe.cache_length(kwargs.get("past_key_values"))
         self._check_cache(model, kwargs.get("past_key_values"))
+        self._call_cache = observe.cache_anchor(kwargs.get("past_key_values"))  # checked: _post skips it if returned
         if not grad and model.training:
             self._check_dropout(role, model)
         if cached > 0 and ids is not None:
@@ -199,7 +202,10 @@ class Watch:
     def _post(self, role, model, target, module, args, kwargs, output):
         self._depth -= 1
         if self._depth == 0 and not self._quiet:
-            self._check_cache(model, getattr(output, "past_key_values", None))  # a cache this call filled: remembered
+            returned = getattr(output, "past_key_values", None)  # a cache this call filled: remembered
+            if returned is not None and observe.cache_anchor(returned) is not self._call_cache:  # (the one it got: checked)
+                self._check_cache(model, returned)
+            self._call_cache = None
         if (self.deep and role == "policy" and target is not model and not self._quiet and torch.is_grad_enabled()
                 and getattr(self, "_pending_deep", None) is not None):
             hidden = getattr(output, "last_hidden_state", None)
@@ -272,7 +278,10 @@ class Watch:
         if finished is None or finished.shape[0] != token.shape[0]:
             finished = torch.zeros(token.shape[0], dtype=torch.bool, device=token.device)
         if self.stop_ids:
-            finished = finished | torch.isin(token, torch.tensor(sorted(self.stop_ids), device=token.device))
+            stops = tuple(sorted(self.stop_ids))
+            if self._stop_tensor is None or self._stop_tensor[:2] != (stops, token.device):
+                self._stop_tensor = (stops, token.device, torch.tensor(stops, device=token.device))
+            finished = finished | torch.isin(token, self._stop_tensor[2])
         session["finished"] = finished
         if self.stop_ids and bool(finished.all()):
             self.observed["wasted_decode_forwards"] += 1
