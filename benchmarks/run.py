@@ -33,7 +33,8 @@ Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or 
 * ``EOS stopping`` — the rollout time saved by stopping at EOS (pitfall S3);
 * ``Watch overhead`` — the workbench's GRPO step (the ``GRPO`` configuration) without a watch, inside the light
   ``workbench.watch`` and inside the deep one, three processes alternating; time per step with ÷ without
-  (target for light: ≤ 1.05×). ``--watch-only`` runs just this line.
+  (target for light: ≤ 1.05×). ``--watch-only`` runs just this line; with ``--baseline DIR`` the baseline
+  tree's step without and with the light watch joins the rotation (two more processes).
 
 ``--lines grpo,dpo`` runs only those lines (of watch, sampler, grpo, dpo, large, extras). ``--baseline DIR``
 puts a second source tree's workbench (e.g. ``git archive <commit> | tar -x -C DIR``) into the GRPO, DPO and
@@ -332,10 +333,23 @@ def watch_overhead(folder: str, steps: int, repeats: int, args) -> dict:
     modes = ("none", "light", "deep")
     workers = {mode: Worker(f"watch-{mode}", folder, {**GRPO, "watch": None if mode == "none" else mode}, steps, args)
                for mode in modes}
+    if args.baseline:  # the baseline tree's GRPO step without and with the light watch, in the same rotation
+        for mode in ("none", "light"):
+            workers[f"baseline-{mode}"] = Worker(f"watch-{mode}", folder, {**GRPO, "watch": None if mode == "none" else mode},
+                                                 steps, args, tree=args.baseline)
     runs = alternate(workers, repeats)
     key = "steps_per_s" if args.device == "cuda" else "steps_per_cpu_s"
-    rates = {mode: [r[key] for r in runs[mode]] for mode in modes}
-    return {"key": key, "rates": rates, "wall": {mode: statistics.median(r["steps_per_s"] for r in runs[mode]) for mode in modes},
+    rates = {mode: [r[key] for r in runs[mode]] for mode in workers}
+    baseline = {}
+    if args.baseline:
+        base_none, base_light = rates["baseline-none"], rates["baseline-light"]
+        baseline = {"pair_ratios": [a / b for a, b in zip(base_none, base_light, strict=True)],
+                    "ratio": statistics.median(base_none) / statistics.median(base_light),
+                    # this tree's light watch ÷ the baseline's, time per step (> 1: this tree's watched step is faster)
+                    "light_speedup": [b / a for a, b in zip(base_light, rates["light"], strict=True)],
+                    "median": {mode: statistics.median(rates[f"baseline-{mode}"]) for mode in ("none", "light")}}
+    return {"key": key, "rates": rates, "baseline": baseline,
+            "wall": {mode: statistics.median(r["steps_per_s"] for r in runs[mode]) for mode in modes},
             "median": {mode: statistics.median(rates[mode]) for mode in modes},
             # time per step with the watch ÷ without, per repeat (the same seed, adjacent in time) and of the medians
             "pair_ratios": {mode: [a / b for a, b in zip(rates["none"], rates[mode], strict=True)] for mode in ("light", "deep")},
@@ -353,6 +367,15 @@ def _watch_line(w: dict) -> str:
             f"without, per repeat: light {pairs['light']}; deep {pairs['deep']}; findings light {w['findings']['light']}, "
             f"deep {w['findings']['deep']} → light {w['ratio']['light']:.3f}× ({light:+.1f} %, target ≤ +5 %), "
             f"deep {w['ratio']['deep']:.3f}× ({deep:+.1f} %)")
+
+
+def _watch_baseline_line(w: dict, baseline: str) -> str:
+    """The baseline tree's light watch in the same rotation: its own with ÷ without, and this tree's speed-up."""
+    b = w["baseline"]
+    pairs, speedups = (", ".join(f"{r:.3f}" for r in rs) for rs in (b["pair_ratios"], b["light_speedup"]))
+    return (f"Watch overhead, baseline {baseline}: without {b['median']['none']:.2f} vs light watch {b['median']['light']:.2f}; "
+            f"time per step with ÷ without, per repeat: light {pairs} → {b['ratio']:.3f}×; this tree's light-watched step "
+            f"÷ the baseline's, speed per repeat: {speedups} → {statistics.median(b['light_speedup']):.3f}×")
 
 
 def _summary(workbench: list[dict], trl: list[dict], repeats: int, args) -> dict:
@@ -667,7 +690,8 @@ def main() -> int:
                         help=f"comma-separated lines to run, of {', '.join(LINES)} (default: all)")
     parser.add_argument("--baseline", default=None, metavar="DIR",
                         help="a second source tree (e.g. `git archive <commit> | tar -x -C DIR`): its workbench joins the "
-                             "GRPO/DPO/larger-model rotations as a fourth process; prints this tree ÷ baseline per repeat")
+                             "GRPO/DPO/larger-model rotations as a fourth process (the watch line's as two more: without "
+                             "and with the light watch); prints this tree ÷ baseline per repeat")
     args = parser.parse_args()
     chosen = {"sampler"} if args.only_sampler else {"watch"} if args.watch_only else set(args.lines.split(","))
     if not chosen <= set(LINES):
@@ -704,6 +728,8 @@ def main() -> int:
     if "watch" in chosen:
         results["watch"] = watch_overhead(tiny_folder, steps, repeats, args)
         lines.append(_watch_line(results["watch"]))
+        if args.baseline:
+            lines.append(_watch_baseline_line(results["watch"], args.baseline))
     large_steps = 3 if args.quick else 8
     if chosen & {"sampler", "large"}:
         large, large_tok = tiny_model("qwen2", seed=0, **LARGE_MODEL)

@@ -18,7 +18,11 @@ boolean (B, 1, 1, L) mask with the query heads grouped per key/value head), so i
 architecture (GPT-2's learned positions, ...), another attention back-end (eager, flash: pitfall
 S2 compares them, so their numbers must come from their own kernels), sliding-window layers, a
 rope type that changes with the sequence length, dropout active, or hooks on a module (P7's
-dropout probes and the audit observe the forward through hooks, which this path would skip).
+dropout probes and the audit observe the forward through hooks, which this path would skip) — except
+hooks *covered* through ``workbench.core.observers`` (``workbench.watch``'s): for those the decoder
+reports each call it makes in place of ``model(...)`` (the prefill and every decode step) as the
+``forward``/``forward_done`` events that module describes, with the inputs ``model(...)`` would have
+received and itself as the KV cache (``get_seq_length``), so a watch sees the same calls either way.
 """
 
 from __future__ import annotations
@@ -26,18 +30,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from workbench.core import observers
 from workbench.core.batching import repeated_rows
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 STATIC_ROPE = ("default", "linear", "llama3")
+observers.register_forward_implementation(__file__)  # a watch's call site is the decoder's caller
 
 
 def _has_hooks(model) -> bool:
+    """Forward hooks that a path without ``model(...)`` would skip: global ones, and any module hook that no
+    ``core.observers`` listener covers (a covered hook's owner gets the forward events instead)."""
     from torch.nn.modules import module as torch_module
 
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    return any(not observers.covered(hook) for m in model.modules()
+               for hooks in (m._forward_hooks, m._forward_pre_hooks) if hooks for hook in hooks.values())
 
 
 def unsupported_reason(model) -> str | None:
@@ -56,7 +65,7 @@ def unsupported_reason(model) -> str | None:
     if model.training and getattr(config, "attention_dropout", 0.0) > 0:
         return "attention dropout active (train mode)"
     if _has_hooks(model):
-        return "forward hooks registered on the model"
+        return "forward hooks registered on the model (other than workbench.watch's, which this path reports to)"
     return None
 
 
@@ -93,6 +102,7 @@ class StaticDecoder:
 
     def __init__(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, position_ids: torch.Tensor, max_new_tokens: int,
                  share_prefill: bool = False):
+        self.model = model  # named in the forward events (core.observers) while a listener is subscribed
         inner = model.model
         layers = list(inner.layers[: model.config.num_hidden_layers])
         batch, prompt_len = prompt_mask.shape
@@ -123,17 +133,34 @@ class StaticDecoder:
         positions = next_position + torch.arange(max_new_tokens, device=next_position.device)
         self.cos, self.sin = self.rotary(torch.empty(0, dtype=self.embedding.dtype, device=positions.device), positions)
         self.step_index = 0
+        # the decode steps' inputs as model(...) would get them (prompt mask + ones, one position per step): for the events
+        self.positions, self.prompt_mask, self._full_mask = positions, prompt_mask, None
         self.first_logits = self._prefill(prompt_ids, prompt_mask, position_ids, share_prefill)
+
+    def get_seq_length(self) -> int:
+        """Positions already in the cache (prompt + decoded tokens), as a ``transformers`` cache reports it."""
+        return self.prompt_len + self.step_index
+
+    def _reported(self, inputs: dict, compute):
+        """``compute()`` as a ``model(**inputs)`` call that returns this decoder as its cache (core.observers events)."""
+        return observers.forward_call(self.model, "model", {**inputs, "use_cache": True}, compute,
+                                      lambda _: {"past_key_values": self})
 
     def _prefill(self, prompt_ids, prompt_mask, position_ids, share: bool) -> torch.Tensor:
         """The prompt forward, its keys and values written into the buffers; the last position's logits (B, V).
         With ``share``, once per distinct prompt row, the results copied to the repeated rows."""
         repeated = repeated_rows(torch.cat([prompt_ids, prompt_mask], dim=1)) if share else None
-        rows = None
         if repeated is not None:
-            inverse, groups = repeated
+            _, groups = repeated
             rows = torch.tensor([members[0] for members in groups], dtype=torch.long, device=prompt_ids.device)
             prompt_ids, prompt_mask, position_ids = prompt_ids[rows], prompt_mask[rows], position_ids[rows]
+        if observers.listening():  # the call rollout._prefill would make: model(the distinct rows, use_cache=True)
+            inputs = {"input_ids": prompt_ids, "attention_mask": prompt_mask, "position_ids": position_ids}
+            return self._reported(inputs, lambda: self._prefill_rows(prompt_ids, prompt_mask, position_ids, repeated))
+        return self._prefill_rows(prompt_ids, prompt_mask, position_ids, repeated)
+
+    def _prefill_rows(self, prompt_ids, prompt_mask, position_ids, repeated) -> torch.Tensor:
+        inverse = repeated[0] if repeated is not None else None
         batch, length = prompt_ids.shape
         mask = None  # transformers' causal mask for sdpa: none (is_causal) without padding
         if not bool(prompt_mask.all()):
@@ -184,6 +211,17 @@ class StaticDecoder:
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (B,); the next-token logits (B, V)."""
+        if observers.listening():  # the call rollout._sampling_loop would make: model(one token per row, the cache)
+            s = self.step_index
+            if self._full_mask is None:
+                mask = self.prompt_mask
+                self._full_mask = torch.cat([mask, mask.new_ones((mask.shape[0], self.positions.shape[1]))], dim=1)
+            inputs = {"input_ids": token[:, None], "attention_mask": self._full_mask[:, : self.prompt_len + s + 1],
+                      "position_ids": self.positions[:, s : s + 1], "past_key_values": self}
+            return self._reported(inputs, lambda: self._step(token))
+        return self._step(token)
+
+    def _step(self, token: torch.Tensor) -> torch.Tensor:
         s, column = self.step_index, self.prompt_len + self.step_index
         self.step_index += 1
         batch, head_dim = token.shape[0], self.head_dim

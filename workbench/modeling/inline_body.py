@@ -15,7 +15,10 @@ the MLP and the final norm. Same kernels on the same shapes, so its hidden state
 Used by ``scoring._tree_scored`` where ``usable(model)`` (the conditions of
 ``decode.unsupported_reason``: Llama/Qwen2 under sdpa, full attention, static rope, no hooks, no
 active attention dropout, and the model in eval mode so that no dropout or gradient checkpointing
-is skipped); otherwise the tree forward calls ``model.model(...)`` as before.
+is skipped); otherwise the tree forward calls ``model.model(...)`` as before. Hooks that
+``workbench.core.observers`` lists as covered (``workbench.watch``'s) do not count: while a listener is
+subscribed, each call is reported as the ``forward``/``forward_done`` events of the body call it replaces
+(part ``"body"``: the inputs above, ``use_cache=False``; the hidden states with their autograd graph).
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from workbench.core import observers
 from workbench.modeling.decode import _repeat_kv, _rms_norm, _rotate_half, unsupported_reason
+
+observers.register_forward_implementation(__file__)  # a watch's call site is the scorer that called it
 
 
 def usable(model) -> bool:
@@ -35,6 +41,14 @@ def body_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     """``model.model(input_ids, attention_mask=<boolean (B, 1, T, T)>, position_ids).last_hidden_state``, op for op."""
     if attention_mask.dim() != 4 or attention_mask.dtype != torch.bool:
         raise ValueError("body_hidden_states takes a boolean (B, 1, T, T) attention mask (scoring.prefix_tree's)")
+    if observers.listening():  # reported as the model.model(...) call it replaces
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids, "use_cache": False}
+        return observers.forward_call(model, "body", inputs, lambda: _hidden_states(model, input_ids, attention_mask, position_ids),
+                                      lambda hidden: {"last_hidden_state": hidden})
+    return _hidden_states(model, input_ids, attention_mask, position_ids)
+
+
+def _hidden_states(model, input_ids, attention_mask, position_ids) -> torch.Tensor:
     inner = model.model
     batch, length = input_ids.shape
     embed = inner.embed_tokens

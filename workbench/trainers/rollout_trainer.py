@@ -70,7 +70,7 @@ class RolloutConfig(TrainerConfig):
     static_cache: bool = True
     """Sampling: Llama/Qwen2 models under sdpa decode on a preallocated KV cache without
     ``model(...)`` (``modeling.decode.StaticDecoder``): the same tokens, log-probs within float
-    noise (≤ 1e-6 measured in fp32); other models, hooks or active dropout take ``model(...)``."""
+    noise (≤ 1e-6 measured in fp32); other models, hooks (but a watch's) or active dropout take ``model(...)``."""
     sampling_draw: str = "multinomial"
     """Sampling: ``multinomial`` (``torch.multinomial``) or ``inverse_cdf`` (one uniform per row
     against the cumulative probabilities: the same distribution, other tokens per seed; ~10× cheaper

@@ -7,6 +7,7 @@ and (deep mode) which sampling distribution a training gradient differentiates. 
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -72,7 +73,10 @@ def cache_anchor(past):
 def parameter_versions(parameters) -> tuple[int, ...]:
     """Each parameter's in-place version counter: an optimiser step, ``load_state_dict`` or any in-place write
     raises it, a forward does not. A cheap fingerprint of "the weights changed" (no tensor is read)."""
-    return tuple(p._version for p in parameters)
+    return tuple(map(_VERSION, parameters))
+
+
+_VERSION = operator.attrgetter("_version")
 
 
 def row_stats(input_ids: torch.Tensor | None, mask: torch.Tensor | None, bos: int | None, pad_is_eos: int | None) -> dict:

@@ -4,6 +4,11 @@ Attached for the duration of a ``with`` block, nothing else changes in the run:
 
 * forward pre-hooks *with keyword arguments* on the model and on its transformer body (the workbench's
   scorer calls the body directly) — padding, position ids, the KV cache, grad mode, train/eval mode;
+  the hooks are *covered* (``workbench.core.observers.cover``): the workbench's fast paths, which compute
+  the model's forward without calling it (the sampler's static-cache decoder, the inline training body),
+  keep running under the watch and report each call as a ``forward``/``forward_done`` event with the
+  inputs and outputs the hooks would have seen; both go through the same ``_pre``/``_post``, so every
+  observation is the same whichever path ran (the call site is the line that called the fast path);
 * a wrapper of ``model.generate`` — the generation config (EOS, min/max new tokens, temperature, filters);
 * the workbench's own sampler announces its settings through ``workbench.core.observers``;
 * ``optimizer`` — a step pre-hook (dtypes of what it steps, and on the first step how much of the update
@@ -23,6 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import types
 import weakref
 
 import torch
@@ -41,7 +47,8 @@ def call_site() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith(_OWN_DIRS) and not any(part in name for part in _OWN_NAMES):
+        if (not name.startswith(_OWN_DIRS) and not any(part in name for part in _OWN_NAMES)
+                and name not in observers.FORWARD_IMPLEMENTATIONS):
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
@@ -70,10 +77,13 @@ class Watch:
                                                         "generate_calls", "sampler_calls", "optimizer_steps", "wasted_decode_forwards")}
         self._findings: dict[tuple[str, str], Finding] = {}
         self._handles: list = []
+        self._covered: list = []  # the forward hooks, declared to core.observers as served by forward events
         self._generate_patched: list = []
         self._depth = 0
         self._quiet = False
         self._sessions: dict[int, dict] = {}
+        self._call_cache = None  # the anchor of the cache the current outermost call received (P29, checked in _pre)
+        self._stop_tensor: tuple | None = None  # (stop ids, device, their tensor) for the decode steps' stop test
         self._sampling: dict | None = None
         self._first_step_done = False
         self._steps_done = 0  # optimiser steps completed (post-hook)
@@ -103,9 +113,10 @@ class Watch:
             if model is None:
                 continue
             for target in self._targets(model):
-                self._handles.append(target.register_forward_pre_hook(functools.partial(self._pre, role, model), with_kwargs=True))
-                self._handles.append(target.register_forward_hook(functools.partial(self._post, role, model, target), with_kwargs=True,
-                                                                  always_call=True))
+                pre, post = functools.partial(self._pre, role, model), functools.partial(self._post, role, model, target)
+                self._handles.append(target.register_forward_pre_hook(pre, with_kwargs=True))
+                self._handles.append(target.register_forward_hook(post, with_kwargs=True, always_call=True))
+                self._covered += [pre, post]  # the fast paths report their calls instead of skipping these hooks
             if role == "policy" and callable(getattr(model, "generate", None)):
                 original = model.generate
                 model.generate = functools.wraps(original)(functools.partial(self._generate, original))
@@ -114,6 +125,8 @@ class Watch:
             self._handles.append(self.optimizer.register_step_pre_hook(self._optimizer_pre))
             self._handles.append(self.optimizer.register_step_post_hook(self._optimizer_post))
         observers.subscribe(self._on_event)
+        for hook in self._covered:
+            observers.cover(hook)
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -128,6 +141,9 @@ class Watch:
             model.__dict__.pop("generate", None)
         self._generate_patched.clear()
         observers.unsubscribe(self._on_event)
+        for hook in self._covered:
+            observers.uncover(hook)
+        self._covered.clear()
 
     @staticmethod
     def _targets(model) -> list:
@@ -167,6 +183,7 @@ class Watch:
         self.observed["training_forwards" if grad else "no_grad_forwards"] += 1
         cached = observe.cache_length(kwargs.get("past_key_values"))
         self._check_cache(model, kwargs.get("past_key_values"))
+        self._call_cache = observe.cache_anchor(kwargs.get("past_key_values"))  # checked: _post skips it if returned
         if not grad and model.training:
             self._check_dropout(role, model)
         if cached > 0 and ids is not None:
@@ -185,7 +202,10 @@ class Watch:
     def _post(self, role, model, target, module, args, kwargs, output):
         self._depth -= 1
         if self._depth == 0 and not self._quiet:
-            self._check_cache(model, getattr(output, "past_key_values", None))  # a cache this call filled: remembered
+            returned = getattr(output, "past_key_values", None)  # a cache this call filled: remembered
+            if returned is not None and observe.cache_anchor(returned) is not self._call_cache:  # (the one it got: checked)
+                self._check_cache(model, returned)
+            self._call_cache = None
         if (self.deep and role == "policy" and target is not model and not self._quiet and torch.is_grad_enabled()
                 and getattr(self, "_pending_deep", None) is not None):
             hidden = getattr(output, "last_hidden_state", None)
@@ -258,7 +278,10 @@ class Watch:
         if finished is None or finished.shape[0] != token.shape[0]:
             finished = torch.zeros(token.shape[0], dtype=torch.bool, device=token.device)
         if self.stop_ids:
-            finished = finished | torch.isin(token, torch.tensor(sorted(self.stop_ids), device=token.device))
+            stops = tuple(sorted(self.stop_ids))
+            if self._stop_tensor is None or self._stop_tensor[:2] != (stops, token.device):
+                self._stop_tensor = (stops, token.device, torch.tensor(stops, device=token.device))
+            finished = finished | torch.isin(token, self._stop_tensor[2])
         session["finished"] = finished
         if self.stop_ids and bool(finished.all()):
             self.observed["wasted_decode_forwards"] += 1
@@ -320,8 +343,24 @@ class Watch:
                           "top_p": float(get("top_p") or 1.0) if do_sample else 1.0, "source": "generate"}
         return original(*args, **kwargs)
 
+    # ---- the workbench's fast paths: a forward without model(...), reported through core.observers ----------
+    def _fast_forward(self, event: str, data: dict) -> None:
+        """A ``forward``/``forward_done`` event: the hooks' own ``_pre``/``_post`` on the inputs/outputs the call
+        it replaces would have carried (part ``"body"``: the transformer body's hooks)."""
+        model = data["model"]
+        role = "policy" if model is self.model else "reference" if model is self.reference else None
+        if role is None:
+            return  # a model this watch does not watch (a rollout copy, another watch's model)
+        target = self._targets(model)[-1] if data["part"] == "body" else model
+        if event == "forward":
+            self._pre(role, model, target, (), data["inputs"])
+        else:
+            self._post(role, model, target, target, (), {}, types.SimpleNamespace(**data["outputs"]))
+
     # ---- the workbench's sampler ------------------------------------------------------------------------------
     def _on_event(self, event: str, data: dict) -> None:
+        if event in ("forward", "forward_done"):
+            self._fast_forward(event, data)
         if event != "sample":
             return
         self.observed["sampler_calls"] += 1
