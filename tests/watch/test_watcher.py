@@ -21,6 +21,7 @@ from workbench.tasks import Problem
 from workbench.trainers.dpo import DPOConfig, DPOTrainer
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 from workbench.trainers.ppo import PPOConfig, PPOTrainer
+from workbench.watch.report import Report
 
 ROOT = Path(__file__).resolve().parents[2]
 RAGGED = [Problem("1+2=", "3"), Problem("12+34=", "46"), Problem("3*4=", "12"), Problem("56-7=", "49"),
@@ -136,10 +137,23 @@ def test_user_style_trainer_findings_match_its_planted_bugs():
 def test_report_schema_is_json_safe_and_names_what_to_audit():
     report = watched_step("grpo", "tiny-gpt2", {"position_ids": "model"}, False)
     d = json.loads(json.dumps(report.to_dict()))
-    assert set(d) == {"findings", "observed", "not_observable"}
+    assert set(d) == {"findings", "observed", "not_observable", "cost"}
     assert set(d["findings"][0]) == {"pitfall", "severity", "message", "evidence", "where"}
     assert {n["pitfall"]: n["check"] for n in d["not_observable"]} == {"S5": "check_aggregation", "P10": "check_grad_accumulation"}
     assert "S1" in report.html() and "S1" in str(report)
+
+
+@pytest.mark.parametrize("deep", [False, True])
+def test_the_report_says_what_watching_cost(deep):
+    report = watched_step("grpo", "tiny-gpt2", {}, deep)
+    cost = report.cost
+    assert cost["mode"] == ("deep" if deep else "light")
+    assert 0 < cost["watch_seconds"] < cost["watched_seconds"]  # the hooks ran, and inside the block
+    line = report.cost_line()
+    assert line.startswith(f"watch cost ({cost['mode']}): ") and line in str(report) and "%" in line
+    assert Report.from_dict(json.loads(json.dumps(report.to_dict()))).cost == cost
+    merged = Report.merge([report, report])
+    assert merged.cost["watch_seconds"] == 2 * cost["watch_seconds"] and merged.cost["mode"] == cost["mode"]
 
 
 def test_hooks_are_removed_after_the_block():

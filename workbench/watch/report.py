@@ -61,6 +61,9 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     observed: dict = field(default_factory=dict)
     not_observable: list[dict] = field(default_factory=lambda: [dict(n) for n in NOT_OBSERVABLE])
+    cost: dict = field(default_factory=dict)
+    """What watching cost: ``watch_seconds`` (wall time inside the watch's hooks and event handlers),
+    ``watched_seconds`` (wall time of the ``with`` block so far), ``mode`` ("light" or "deep")."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -73,7 +76,16 @@ class Report:
     def to_dict(self) -> dict:
         return {"findings": [f.to_dict() for f in self.findings], "observed": jsonable(self.observed),
                 "not_observable": [{"pitfall": n["pitfall"], "check": n["check"]} | ({} if n["check"] else {"why": n.get("why", "")})
-                                   for n in self.not_observable]}
+                                   for n in self.not_observable],
+                "cost": jsonable(self.cost)}
+
+    def cost_line(self) -> str:
+        """"watch cost (deep): 12.3 ms in its hooks over 1.20 s watched (1.0 %)", or "" when nothing was timed."""
+        own, watched = self.cost.get("watch_seconds"), self.cost.get("watched_seconds")
+        if own is None or not watched:
+            return ""
+        return (f"watch cost ({self.cost.get('mode', '?')}): {1000 * own:.1f} ms in its hooks over {watched:.2f} s watched "
+                f"({100 * own / watched:.1f} %)")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -81,7 +93,7 @@ class Report:
     @classmethod
     def from_dict(cls, d: dict) -> Report:
         return cls(findings=[Finding(**f) for f in d.get("findings", [])], observed=dict(d.get("observed", {})),
-                   not_observable=[dict(n) for n in d.get("not_observable", NOT_OBSERVABLE)])
+                   not_observable=[dict(n) for n in d.get("not_observable", NOT_OBSERVABLE)], cost=dict(d.get("cost", {})))
 
     @classmethod
     def merge(cls, reports) -> Report:
@@ -91,6 +103,8 @@ class Report:
             merged.findings += r.findings
             for k, v in r.observed.items():
                 merged.observed[k] = merged.observed.get(k, 0) + v if isinstance(v, (int, float)) else v
+            for k, v in r.cost.items():  # seconds summed over ranks (each rank watched its own block)
+                merged.cost[k] = merged.cost.get(k, 0.0) + v if isinstance(v, (int, float)) else v
         return merged
 
     def __str__(self) -> str:
@@ -101,6 +115,7 @@ class Report:
         lines.append(f"observed: {counts or 'nothing (was the model called inside the with block?)'}")
         lines += [f"not observable: {n['pitfall']} — " + (f"run workbench.audit.{n['check']}" if n["check"] else n.get("why", ""))
                   for n in self.not_observable]
+        lines += [self.cost_line()] if self.cost_line() else []
         return "\n".join(lines)
 
     def html(self) -> str:
@@ -118,7 +133,8 @@ class Report:
                          for n in self.not_observable)
         return ('<div class="watch-report"><table><thead><tr><th>severity</th><th>pitfall</th><th>message</th>'
                 f"<th>evidence</th><th>where</th></tr></thead><tbody>{rows}</tbody></table>"
-                f"<p>observed</p><ul>{counts}</ul><p>not observable by a watch</p><ul>{audits}</ul></div>")
+                f"<p>observed</p><ul>{counts}</ul><p>not observable by a watch</p><ul>{audits}</ul>"
+                + (f"<p>{html.escape(self.cost_line())}</p>" if self.cost_line() else "") + "</div>")
 
     def _repr_html_(self) -> str:
         return self.html()

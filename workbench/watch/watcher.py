@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 import types
 import weakref
 
@@ -37,6 +38,8 @@ from workbench.core import observers
 from workbench.watch import observe
 from workbench.watch.report import Finding, Report
 
+# the watch's entry points whose wall time is its cost (Report.cost); _generate is left out: it wraps the whole generation
+TIMED_ENTRY_POINTS = ("_pre", "_post", "_on_event", "_optimizer_pre", "_optimizer_post", "_hidden_grad")
 _OWN_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep, observers.__file__)
 _OWN_NAMES = (os.sep + "transformers" + os.sep, os.sep + "torch" + os.sep, os.sep + "accelerate" + os.sep, "<frozen ", "contextlib.py",
               "functools.py")
@@ -102,12 +105,29 @@ class Watch:
         self.encoding = observe.position_encoding(model)
         self.attn = str(getattr(config, "_attn_implementation", "") or "")
         self._dropout = {id(m): observe.dropout_sites(m) for m in self._models()}
+        # the watch's own cost: wall time inside its entry points (outermost calls only) and of the with block
+        self._own_seconds, self._own_depth, self._entered_at, self._watched_seconds = 0.0, 0, None, 0.0
+        for name in TIMED_ENTRY_POINTS:
+            setattr(self, name, self._timed(getattr(self, name)))
+
+    def _timed(self, entry_point):
+        def timed(*args, **kwargs):
+            if self._own_depth:
+                return entry_point(*args, **kwargs)
+            self._own_depth, start = 1, time.perf_counter()
+            try:
+                return entry_point(*args, **kwargs)
+            finally:
+                self._own_seconds += time.perf_counter() - start
+                self._own_depth = 0
+        return functools.wraps(entry_point)(timed)
 
     def _models(self):
         return [m for m in (self.model, self.reference) if m is not None]
 
     # ---- attach / detach ------------------------------------------------------------------------------
     def __enter__(self) -> Watch:
+        self._entered_at = time.perf_counter()
         self._entry_versions = observe.parameter_versions(self._parameters[id(self.model)])
         for role, model in (("policy", self.model), ("reference", self.reference)):
             if model is None:
@@ -134,6 +154,9 @@ class Watch:
         return False
 
     def close(self) -> None:
+        if self._entered_at is not None:
+            self._watched_seconds += time.perf_counter() - self._entered_at
+            self._entered_at = None
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -166,7 +189,10 @@ class Watch:
 
     def report(self) -> Report:
         findings = [Finding(f.pitfall, f.severity, f.message, dict(f.evidence), f.where) for f in self._findings.values()]
-        report = Report(findings=findings, observed=dict(self.observed))
+        watched = self._watched_seconds + (time.perf_counter() - self._entered_at if self._entered_at is not None else 0.0)
+        report = Report(findings=findings, observed=dict(self.observed),
+                        cost={"mode": "deep" if self.deep else "light", "watch_seconds": self._own_seconds,
+                              "watched_seconds": watched})
         if self.optimizer is None and observe.parameter_versions(self._parameters[id(self.model)]) == self._entry_versions:
             report.not_observable.append({"pitfall": "P29", "check": None, "why": P29_UNOBSERVED})
         return report
