@@ -144,6 +144,8 @@ def tiny_model(
     config._attn_implementation = resolve_attn_implementation(attn_implementation)
     if arch == SOFTCAP_ARCHITECTURE:  # transformers' Gemma 2 runs eager attention only
         config._attn_implementation = "eager"
+    if arch == MOE_ARCHITECTURE:  # all experts as batched matmuls: ~8× faster on a CPU than the per-expert loop ("eager")
+        config._experts_implementation = "batched_mm"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)

@@ -27,7 +27,14 @@ import matplotlib.pyplot as plt
 import torch
 
 from workbench.modeling.rollout import sample
-from workbench.modeling.routing_replay import RoutingHooks, declared_experts, is_topk_router, route_disagreement, topk_margin
+from workbench.modeling.routing_replay import (
+    RoutingHooks,
+    declared_experts,
+    is_topk_router,
+    moe_routers,
+    route_disagreement,
+    topk_margin,
+)
 from workbench.modeling.scoring import token_logprobs
 from workbench.tasks import encode_prompts
 from workbench.viz import plots
@@ -57,6 +64,7 @@ def router_mismatch(model, tokenizer, prompts: list[str], *, max_new_tokens: int
     """A ``sampler_dtype`` copy of ``model`` samples and scores responses to ``prompts``; an fp32 copy (the trainer)
     scores the same sequences routing by itself and replaying the sampler's routes. Route disagreement is counted over
     every real token (prompt and response) and MoE layer, the log-prob gap over response tokens."""
+    moe_routers(model)  # a dense or unsupported model: its error, naming the model type, before any sampling
     trainer = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
     engine = copy.deepcopy(model).to(sampler_dtype)
     ids, mask = encode_prompts(tokenizer, prompts)
