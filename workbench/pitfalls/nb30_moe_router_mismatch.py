@@ -87,8 +87,9 @@ def router_mismatch(model, tokenizer, prompts: list[str], *, max_new_tokens: int
     margin = topk_margin(recomputed.logits, top_k)[sequence_mask.reshape(-1).bool()]
     log_ratio = {r: (logp[r] - logp["sampler"])[response].cpu() for r in ROUTINGS}  # log π_trainer − log μ_sampler
     return {
-        "model_type": trainer.config.model_type, "layers": list(sampler.routes), "experts": next(iter(recomputed.routers.values())).num_experts,
-        "top_k": next(iter(top_k.values())), "renormalised": all(recomputed.renormalised.values()),
+        "model_type": trainer.config.model_type, "layers": list(sampler.routes),
+        "experts": next(iter(recomputed.routers.values())).num_experts, "top_k": next(iter(top_k.values())),
+        "renormalised": all(recomputed.renormalised.values()),
         "tokens": int(sequence_mask.sum()), "response_tokens": int(response.sum()),
         "differ": {r: d.cpu() for r, d in differ.items()}, "margin": margin.cpu(), "log_ratio": log_ratio,
         "replayed_identical": all(torch.equal(replayed.routes[n], sampler.routes[n]) for n in sampler.routes),
@@ -146,8 +147,11 @@ def plot_layer_disagreement(ax, result: dict) -> None:
         color, label = ROUTING_STYLES[routing]
         bars = ax.bar([i + offset for i in x], [100 * v for v in s["per_layer"] + [s["any_layer"]]], 0.4, color=color, label=label)
         label_zero_bars(ax, bars)
-    ax.axhline(100 * result["independent_any_layer"], color=plots.NEUTRAL_COLOR, ls=":",
-               label="≥ 1 layer if layers flipped independently")
+    independent = 100 * result["independent_any_layer"]
+    ax.hlines(independent, x[-1] - 0.45, x[-1] + 0.45, color=plots.NEUTRAL_COLOR, ls=":", lw=2,
+              label="≥ 1 layer if the layers flipped independently")
+    top = max(100 * result["routing"]["recompute"]["any_layer"], independent)
+    ax.set_ylim(0, 1.45 * top if top > 0 else 1)
     ax.set_xticks(x, labels)
     ax.set_ylabel("tokens routed to another expert set (%)")
     ax.set_title(f"{result['experts']} experts, top-{result['top_k']}: trainer (fp32) vs sampler (bf16)", fontsize=9)
