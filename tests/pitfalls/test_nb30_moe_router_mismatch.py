@@ -104,15 +104,17 @@ def synthetic(bug_share: float, bug_gaps: list[float], fix_gaps: list[float]) ->
     return {"tokens": n, "layers": ["a", "b"], "replayed_identical": True, **rm.summarise(differ, log_ratio)}
 
 
-def test_verdict_is_false_on_bug_free_numbers_and_not_fixed_without_a_measurable_reduction():
+def test_verdict_is_false_on_bug_free_numbers_and_when_flips_move_nothing_measurable():
     agree = synthetic(0.0, [2e-3] * 40, [2e-3] * 40)  # no route flips: only the bf16 gap, equal both ways
     assert rm.verdict(agree) == (False, False) and "no route" in rm.not_shown(agree)
     assert "no router mismatch shown" in rm.headline_sentence(agree)
     shown = synthetic(0.3, [2e-3, 5e-2] * 20, [2e-3] * 40)
-    assert rm.verdict(shown) == (True, True)
+    assert rm.verdict(shown) == (True, True) and rm.not_shown(shown) is None
     assert rm.verdict({**shown, "replayed_identical": False}) == (True, False)  # a replay that did not force the routes
+    harmless = synthetic(0.3, [2e-3] * 40, [2e-3] * 40)  # routes flipped where no scored log-prob moved
+    assert rm.verdict(harmless) == (False, False) and "barely move" in rm.not_shown(harmless)
     noisy = synthetic(0.3, [2e-3, 5e-2] * 2, [2e-3, 5e-2, 2e-3, 2e-3])  # 4 tokens: a reduction within its noise
-    assert rm.verdict(noisy) == (True, False) and "standard errors" in rm.headline_sentence(noisy)
+    assert rm.verdict(noisy) == (False, True) and "standard errors" in rm.not_shown(noisy)
 
 
 def test_dense_and_unsupported_models_are_clear_errors():
