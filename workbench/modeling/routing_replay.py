@@ -159,7 +159,7 @@ def route_disagreement(first: dict[str, torch.Tensor], second: dict[str, torch.T
     if set(names) != set(second):
         raise ValueError(f"the two recordings route different layers: {sorted(set(names) ^ set(second))}")
     differ = torch.stack([(first[n].sort(-1).values != second[n].sort(-1).values).any(-1) for n in names], -1)
-    return differ if token_mask is None else differ[token_mask.reshape(-1).bool()]
+    return differ if token_mask is None else differ[token_mask.reshape(-1).bool().to(differ.device)]
 
 
 def topk_margin(logits: dict[str, torch.Tensor], top_k: dict[str, int]) -> torch.Tensor:

@@ -84,7 +84,7 @@ def router_mismatch(model, tokenizer, prompts: list[str], *, max_new_tokens: int
     differ = {"recompute": route_disagreement(sampler.routes, recomputed.routes, sequence_mask),
               "replay": route_disagreement(sampler.routes, replayed.routes, sequence_mask)}
     top_k = {name: router.top_k for name, router in recomputed.routers.items()}
-    margin = topk_margin(recomputed.logits, top_k)[sequence_mask.reshape(-1).bool()]
+    margin = topk_margin(recomputed.logits, top_k).cpu()[sequence_mask.reshape(-1).bool().cpu()]
     log_ratio = {r: (logp[r] - logp["sampler"])[response].cpu() for r in ROUTINGS}  # log π_trainer − log μ_sampler
     return {
         "model_type": trainer.config.model_type, "layers": list(sampler.routes),
