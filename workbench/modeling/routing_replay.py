@@ -25,7 +25,7 @@ import torch
 
 ROUTE_MODES = ("record", "replay")
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-SUPPORTED = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")  # model types whose routers follow the contract above (checked: qwen2_moe)
+SUPPORTED = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")  # routers of this contract in transformers 5.23 (tested: mixtral, qwen2_moe)
 
 
 def _describe(model) -> str:

@@ -44,7 +44,7 @@ from workbench.viz.plots import label_zero_bars
 ROUTINGS = ("replay", "recompute")  # the fix (R3: the engine's routes forced in the trainer), the bug (the trainer routes itself)
 ROUTING_STYLES = {"replay": (plots.FIX_COLOR, "routes replayed (fix, R3)"), "recompute": (plots.BUG_COLOR, "routes recomputed (bug)")}
 MIN_GAP = 1e-3  # nats per token: the smallest mean |log μ − log π| called a log-prob mismatch
-Z = 2.0  # standard errors by which replay must lower the mismatch to count as a fix
+Z = 2.0  # standard errors by which replay must lower the mismatch for the route flips to count as its cause
 DEEP_MODEL_LAYERS = 48  # Qwen3-30B-A3B's MoE layers, for the "at least one layer" extrapolation
 
 
