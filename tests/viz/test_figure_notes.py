@@ -89,3 +89,11 @@ def test_reference_lines_neither_hide_nor_are_hidden():
 def test_short_name_keeps_a_long_label_whole():
     label = "block-diagonal 4-D mask (fix, explicit)"
     assert figure_notes.short_name(label) == label
+
+
+def test_grid_labels_are_dark_on_pale_cells_and_light_on_dark_ones():
+    fig, ax = plt.subplots()
+    image = ax.imshow([[-9.0, 0.0]], cmap="magma_r", vmin=-9, vmax=0)
+    figure_notes.annotate_grid(ax, [["0", "1e+00"]], image=image)
+    assert [t.get_color() for t in ax.texts] == ["black", "white"]
+    plt.close(fig)

@@ -13,6 +13,7 @@ one line where the legend lists two cannot tell a hidden series from a missing o
 from __future__ import annotations
 
 import re
+import textwrap
 
 import matplotlib
 import numpy as np
@@ -121,10 +122,20 @@ def plot_positions(ax, positions, mask, title: str = "") -> None:
     ax.grid(False)
 
 
-def annotate_grid(ax, values, fmt: str = "{}", color: str = "black") -> None:
-    """Write each value of a 2-D array in its cell of an ``imshow`` image."""
+def annotate_grid(ax, values, fmt: str = "{}", color: str = "black", image=None) -> None:
+    """Write each value of a 2-D array in its cell of an ``imshow`` image. With ``image`` (what ``imshow``
+    returned) each label is black or white by its cell's background luminance, so it reads on pale and dark
+    cells alike; otherwise every label is ``color``."""
+    shown = None if image is None else np.ma.getdata(image.get_array())
     for (row, col), value in _enumerate_2d(values):
-        ax.text(col, row, fmt.format(value), ha="center", va="center", fontsize=7, color=color)
+        cell_color = color if shown is None else label_color(image.cmap(image.norm(shown[row, col])))
+        ax.text(col, row, fmt.format(value), ha="center", va="center", fontsize=7, color=cell_color)
+
+
+def label_color(background) -> str:
+    """"black" on a light ``background`` (an RGB(A) tuple in [0, 1]), "white" on a dark one (relative luminance 0.5)."""
+    r, g, b = background[:3]
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.5 else "white"
 
 
 def _enumerate_2d(values):
@@ -178,6 +189,7 @@ def integer_axis(axis) -> None:
 
 # ---- honest figures: hidden series, zeros on log axes, zero bars -----------------------------
 RING_SIZE_GAIN = 5  # points added to the hidden line's marker size for its ring
+MAX_RINGS = 12  # at most this many rings per hidden line, evenly spread: 60 overlapping rings hide both lines
 
 
 def in_data_coords(ax, line) -> bool:
@@ -233,7 +245,7 @@ def note_coinciding(ax, pixels: float = 2.0, legend_kw: dict | None = None) -> l
     """Mark every labelled line drawn under another one; returns ``(hidden, on_top, points)`` triples.
 
     A line is "under" another when it comes first in drawing order (z-order, then call order). Its
-    coinciding points get a hollow ring in its colour, and its legend label says
+    coinciding points get a hollow ring in its colour (at most ``MAX_RINGS``, evenly spread), and its legend label says
     "(under <other>, ringed)" or "(under <other> at k/n points, ringed)". The legend is redrawn
     (or drawn: ``legend_kw`` is passed to ``ax.legend``).
 
@@ -258,6 +270,11 @@ def note_coinciding(ax, pixels: float = 2.0, legend_kw: dict | None = None) -> l
             if isinstance(every, int) and every > 1:  # ring only the points that carry a marker
                 ring[np.arange(len(ring)) % every != 0] = False
             ring = ring if ring.any() else hit
+            where_ringed = np.flatnonzero(ring)
+            if len(where_ringed) > MAX_RINGS:  # thin evenly, keeping the first and the last
+                keep = where_ringed[np.unique(np.linspace(0, len(where_ringed) - 1, MAX_RINGS).round().astype(int))]
+                ring = np.zeros_like(ring)
+                ring[keep] = True
             x = np.asarray(below.get_xdata(), dtype=float)[ring]
             y = np.asarray(below.get_ydata(), dtype=float)[ring]
             ax.plot(x, y, ls="none", marker="o", mfc="none", mec=below.get_color(), mew=1.5,
@@ -312,7 +329,7 @@ def label_zero_bars(ax, bars, text: str = "0", tol: float = 0.0) -> int:
 # Multi-seed runs ({label: [history per seed]}, plain data from experiments.comparison)
 # --------------------------------------------------------------------------------------------
 def plot_bands(ax, runs: dict[str, list[list[dict]]], key: str, ylabel: str, colors: dict | None = None, *,
-               window: int = 1, styles: dict | None = None, log: bool = False) -> None:
+               window: int = 1, styles: dict | None = None, log: bool = False, legend_kw: dict | None = None) -> None:
     """Mean over seeds per variant (a line, aligned moving average when ``window`` > 1, said in the
     y-label) with a ± std band; one seed draws the line alone. ``styles[label]`` replaces the line
     style and marker chosen by order. A variant drawn under another one is ringed and said in the legend
@@ -322,7 +339,8 @@ def plot_bands(ax, runs: dict[str, list[list[dict]]], key: str, ylabel: str, col
     would vanish: the band is then the min–max over seeds, and values ≤ 0 are drawn at a floor, a power
     of ten at least two decades below the smallest positive value (``log_floor``), marked by a dotted
     line. A variant that is exactly 0 throughout says so in the legend and in a note under the floor line,
-    where no series runs."""
+    where no series runs. ``legend_kw`` places the legend (default: "best" inside; below the axes when a floor
+    note runs under the floor line)."""
     series = {label: np.array([[h[key] for h in run] for run in histories], dtype=float) for label, histories in runs.items()}
     positive = np.concatenate([v[v > 0] for v in series.values()] + [np.array([])])
     floor = log_floor(positive) if log else 0.0
@@ -356,12 +374,12 @@ def plot_bands(ax, runs: dict[str, list[list[dict]]], key: str, ylabel: str, col
     if window > 1:
         notes.append(f"{window}-step moving average")
     ax.set_ylabel(ylabel + (f" ({', '.join(notes)})" if notes else ""))
-    legend = {"fontsize": 8, "loc": "best"}
+    legend = legend_kw or {"fontsize": 8, "loc": "best"}
     if log:
         ax.set_yscale("log")
         if floored:  # the notes run under the floor line: the legend goes below the axes, off the notes and the data
             _note_floor(ax, floor, floored, colors or {})
-            legend = LEGEND_BELOW
+            legend = legend_kw or LEGEND_BELOW
     ax.legend(**legend)
     note_coinciding(ax, legend_kw=legend)
 
@@ -397,7 +415,8 @@ def plot_heldout(ax, runs: dict[str, list[list[dict]]], colors: dict | None = No
             ax.errorbar([x], [values.mean()], yerr=[std], fmt="o" if j else "s", mfc="none" if j == 0 else color,
                         color=color or "0.3", capsize=4, zorder=3)
             ax.scatter(np.full(len(values), x + 0.06), values, s=10, color=color or "0.3", alpha=0.6, zorder=2)
-    ax.set_xticks(range(len(runs)), [f"{label}\n(start □ → end ●)" for label in runs], fontsize=8)
+    wrap = 16 if len(runs) > 3 else 32  # many variants: wrap their names so neighbouring tick labels do not overlap
+    ax.set_xticks(range(len(runs)), [f"{textwrap.fill(label, wrap)}\n(start □ → end ●)" for label in runs], fontsize=8)
     ax.set_ylabel("held-out greedy accuracy" + (" (mean ± std, dots: seeds)" if max(len(h) for h in runs.values()) > 1 else ""))
 
 
