@@ -97,3 +97,10 @@ def test_grid_labels_are_dark_on_pale_cells_and_light_on_dark_ones():
     figure_notes.annotate_grid(ax, [["0", "1e+00"]], image=image)
     assert [t.get_color() for t in ax.texts] == ["black", "white"]
     plt.close(fig)
+
+
+def test_a_fix_coloured_run_is_tagged_in_the_legend_without_renaming_it():
+    assert figure_notes.tagged("fp32 rollout", figure_notes.FIX_COLOR) == "fp32 rollout (fix)"
+    assert figure_notes.tagged("scored as finished (bug)", figure_notes.BUG_COLOR) == "scored as finished (bug)"
+    assert figure_notes.tagged("bf16 rollout + TIS", figure_notes.SERIES_COLORS[2]) == "bf16 rollout + TIS"
+    assert figure_notes.tagged("prefix (fixed seed)", figure_notes.FIX_COLOR) == "prefix (fixed seed) (fix)"

@@ -57,6 +57,15 @@ def bug_fix_colors(labels) -> dict:
     return dict(zip(labels, (BUG_COLOR, FIX_COLOR), strict=True))
 
 
+def tagged(label: str, color) -> str:
+    """``label`` with " (fix)" / " (bug)" appended when it is drawn in ``FIX_COLOR`` / ``BUG_COLOR`` and does not say so
+    already: the colour code is learnt once, the legend still names it (a run label is a data key: it is not renamed)."""
+    for tag, tag_color in (("fix", FIX_COLOR), ("bug", BUG_COLOR)):
+        if color == tag_color and not re.search(rf"\b{tag}\b", label):
+            return f"{label} ({tag})"
+    return label
+
+
 def plot_mask(ax, mask, title: str = "", xlabel: str = "token position", ylabel: str = "row", *, eos=None,
               key: bool = True, labels: tuple[str, str] = ("masked (0)", "in the mask (1)")):
     """A 0/1 mask as an image with one cell per token: integer ticks, a key, and (``eos``, a
@@ -170,7 +179,7 @@ def plot_curves(ax, history_by_label: dict, key: str, ylabel: str, colors: dict 
             index, values = smooth(values, window)
             steps = [steps[j] for j in index]
         style = (styles or {}).get(label, {"ls": LINE_STYLES[i % len(LINE_STYLES)], "marker": MARKERS[i % len(MARKERS)]})
-        ax.plot(steps, values, label=label, color=(colors or {}).get(label), zorder=10 - i,
+        ax.plot(steps, values, label=tagged(label, (colors or {}).get(label)), color=(colors or {}).get(label), zorder=10 - i,
                 markevery=max(1, len(steps) // 8), markersize=4, **style)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel + (f" ({window}-step average)" if window > 1 else ""))
@@ -350,12 +359,13 @@ def plot_bands(ax, runs: dict[str, list[list[dict]]], key: str, ylabel: str, col
         mean = np.asarray(mean, dtype=float)
         color = (colors or {}).get(label)
         style = (styles or {}).get(label, {"ls": LINE_STYLES[i % 4], "marker": MARKERS[i % 6]})
-        shown = f"{label} (n={len(values)})"
+        name = tagged(label, color)
+        shown = f"{name} (n={len(values)})"
         if log and (mean <= floor).any():
             all_zero = bool(np.all(values[np.isfinite(values)] <= 0))
-            floored.append((label, int((mean <= floor).sum()), len(mean), all_zero))
+            floored.append((name, int((mean <= floor).sum()), len(mean), all_zero, color))
             if all_zero:
-                shown = f"{label} (n={len(values)}; exactly 0, drawn at {floor:.0e})"
+                shown = f"{name} (n={len(values)}; exactly 0, drawn at {floor:.0e})"
         line, = ax.plot(x, np.maximum(mean, floor) if log else mean, markevery=max(1, len(x) // 8), markersize=4, color=color,
                         zorder=10 - i, label=shown, **style)
         if len(values) > 1:
@@ -378,7 +388,7 @@ def plot_bands(ax, runs: dict[str, list[list[dict]]], key: str, ylabel: str, col
     if log:
         ax.set_yscale("log")
         if floored:  # the notes run under the floor line: the legend goes below the axes, off the notes and the data
-            _note_floor(ax, floor, floored, colors or {})
+            _note_floor(ax, floor, floored)
             legend = legend_kw or LEGEND_BELOW
     ax.legend(**legend)
     note_coinciding(ax, legend_kw=legend)
@@ -394,13 +404,13 @@ def log_floor(positive) -> float:
     return float(10.0 ** (np.floor(np.log10(positive.min())) - 2))
 
 
-def _note_floor(ax, floor: float, floored, colors: dict) -> None:
+def _note_floor(ax, floor: float, floored) -> None:
     """``floor_notes`` for ``plot_bands``: one short note per variant drawn at the floor somewhere (the legend
     says the rest), short so that a "best" legend finds room beside it."""
     notes = []
-    for label, at_floor, steps, all_zero in floored:
+    for label, at_floor, steps, all_zero, color in floored:
         what = "exactly 0 at every step" if all_zero else f"≤ 0 at {at_floor}/{steps} points"
-        notes.append((f"{short_name(label)}: {what}, drawn on this line", colors.get(label, NEUTRAL_COLOR)))
+        notes.append((f"{short_name(label)}: {what}, drawn on this line", color or NEUTRAL_COLOR))
     floor_notes(ax, floor, notes)
 
 
@@ -416,7 +426,8 @@ def plot_heldout(ax, runs: dict[str, list[list[dict]]], colors: dict | None = No
                         color=color or "0.3", capsize=4, zorder=3)
             ax.scatter(np.full(len(values), x + 0.06), values, s=10, color=color or "0.3", alpha=0.6, zorder=2)
     wrap = 16 if len(runs) > 3 else 32  # many variants: wrap their names so neighbouring tick labels do not overlap
-    ax.set_xticks(range(len(runs)), [f"{textwrap.fill(label, wrap)}\n(start □ → end ●)" for label in runs], fontsize=8)
+    names = [tagged(label, (colors or {}).get(label)) for label in runs]
+    ax.set_xticks(range(len(runs)), [f"{textwrap.fill(name, wrap)}\n(start □ → end ●)" for name in names], fontsize=8)
     ax.set_ylabel("held-out greedy accuracy" + (" (mean ± std, dots: seeds)" if max(len(h) for h in runs.values()) > 1 else ""))
 
 
