@@ -18,7 +18,7 @@ def test_metrics_returns_write_metrics_arguments():
     policy, _ = tiny_model("gpt2")
     mismatch = {(n, m): {"max_ratio_deviation": 0.3 if m == "model" else 0.0, "sequence_kl_k1": 0.0}
                 for n in ("a", "b") for m in ("model", "mask")}
-    runs = fake_runs(pid.PPO_VARIANTS, ("reward", "kl", "first_ratio_deviation"))
+    runs = fake_runs(pid.PPO_VARIANTS, ("reward", "kl", "first_logp_gap"))
     kwargs = pid.metrics(sweep=fake_sweep(), mismatch=mismatch, policy=policy, names=("a", "b"), runs=runs,
                          effects=pid.ppo_effects(runs), settings={"steps": 4})
     check_metrics(kwargs, "01_position_ids")
@@ -42,9 +42,10 @@ def test_figures_draw():
     assert drew(pid.figure_drift_per_text(["a", "b"], {"model": [0.1, 0.2], "mask": [0.0, 1e-6]}))
     assert drew(pid.figure_drift_heatmap(fake_sweep()))
     assert drew(pid.figure_drift_vs_pad(fake_sweep(), (0, 4)))
-    assert drew(pid.figure_first_step({("a", "model"): {"max_ratio_deviation": 0.1}, ("a", "mask"): {"max_ratio_deviation": 0.0}}))
+    assert drew(pid.figure_first_step({("a", "model"): {"max_ratio_deviation": 1.0, "max_abs_logp_gap": 6.0},
+                                       ("a", "mask"): {"max_ratio_deviation": 0.0, "max_abs_logp_gap": 0.0}}))
     fig, ax = axes(4)
-    pid.plot_ppo(ax, fake_runs(pid.PPO_VARIANTS, ("reward", "kl", "first_ratio_deviation")))
+    pid.plot_ppo(ax, fake_runs(pid.PPO_VARIANTS, ("reward", "kl", "first_logp_gap")))
     assert drew(fig)
     assert "GPT-2" in pid.drift_summary(fake_sweep())
 

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 from helpers import assert_reward_rises
@@ -23,6 +25,7 @@ def test_s1_bug_gpt2_ratio_and_kl_at_step0_are_not_one_and_zero():
     # training forward disagrees with it, so ρ ≠ 1 and the KL to an identical reference ≠ 0
     bug = one_step("tiny-arith-gpt2", position_ids="model", old_logprobs="rollout")
     assert bug["first_ratio_deviation"] > 0.1
+    assert bug["first_logp_gap"] >= math.log1p(bug["first_ratio_deviation"]) - 1e-4  # |Δ log p| ≥ log(1 + |ρ − 1|)
     assert bug["train_ratio_deviation"] > 0.1
     assert bug["kl_token_max_abs"] > 0.01
 
@@ -39,6 +42,7 @@ def test_s1_bug_with_recomputed_old_logprobs_is_self_consistent_but_disagrees_wi
 def test_s1_fix_gpt2_ratio_is_one_and_kl_zero_at_step0():
     fix = one_step("tiny-arith-gpt2", position_ids="mask")
     assert fix["first_ratio_deviation"] < 1e-4
+    assert fix["first_logp_gap"] < 1e-4
     assert fix["kl_token_max_abs"] < 1e-4
 
 

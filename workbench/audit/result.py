@@ -116,11 +116,12 @@ class AuditResult:
             for k, (label, values) in enumerate(series.items()):
                 ys = [max(float(v), floor) if floor else float(v) for v in values]
                 ax.plot(x[: len(values)], ys, "o-", color=color if k == 0 else NEUTRAL_COLOR, label=label, markersize=3)
+        if spec.get("threshold") is not None:
+            ax.axhline(float(spec["threshold"]), color=NEUTRAL_COLOR, linestyle="--", linewidth=1, label="tolerance")
+        if spec.get("kind") != "bar":  # after the threshold: the room under the floor is sized to the whole y range
             low = [float(v) for values in series.values() for v in values if float(v) <= (floor or 0)]
             if floor and low:
                 _draw_floor(ax, floor, f"≤ {floor:g}" if any(low) else "exactly 0")
-        if spec.get("threshold") is not None:
-            ax.axhline(float(spec["threshold"]), color=NEUTRAL_COLOR, linestyle="--", linewidth=1, label="tolerance")
         if spec.get("log"):
             ax.set_yscale("log")
         if spec.get("xlog"):
@@ -130,10 +131,8 @@ class AuditResult:
         title = spec.get("title") or self.convention
         title = "\n".join(textwrap.wrap(title, 48, max_lines=2, placeholder=" …"))  # wrapped, not cut
         ax.set_title(f"{self.name} · {'pass' if self.passed else 'FAIL'}\n{title}", fontsize=9)
-        if series and spec.get("kind") == "bar":  # under the axes: a legend inside would sit on the bars
-            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
-        elif series:
-            ax.legend(fontsize=7)
+        if series:  # under the axes: a legend inside would sit on the bars, or on a curve that spans the axes
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False)
         return ax
 
 
@@ -146,10 +145,17 @@ def _write_zero_bars(ax, bars) -> None:
 
 
 def _draw_floor(ax, floor: float, what: str) -> None:
-    """A dotted grey line at ``floor`` on a log axis, labelled "<what>, drawn at <floor>"."""
+    """A dotted grey line at ``floor`` on a log axis, labelled "<what>, drawn at <floor>" just under it, in room made
+    below the line (the data limits reach a third of a decade per decade shown lower), where no series runs."""
     ax.axhline(floor, color="#999999", ls=":", lw=1, zorder=0)
-    ax.annotate(f"{what}, drawn at {floor:g}", (0.01, floor), xycoords=("axes fraction", "data"), xytext=(0, 3),
-                textcoords="offset points", fontsize=7, color=NEUTRAL_COLOR, va="bottom")
+    high = max(ax.get_ylim()[1], floor * 10)
+    decades = 0
+    while floor * 10 ** (decades + 1) <= high:
+        decades += 1
+    ax.update_datalim([(ax.get_xlim()[0], floor / 10 ** max(0.3, 0.14 * decades))], updatex=False)
+    ax.autoscale_view(scalex=False)
+    ax.annotate(f"{what}, drawn at {floor:g}", (0.02, floor), xycoords=("axes fraction", "data"), xytext=(0, -7),
+                textcoords="offset points", fontsize=7, color=NEUTRAL_COLOR, va="top")
 
 
 COLUMNS = ("check", "verdict", "convention", "metric", "value")

@@ -360,8 +360,8 @@ def plot_s5(ax, payloads: dict):
     old, new = ({b["label"]: b for b in bars}.get(k) for k in ("TRL 0.15.2", "TRL 0.16.1"))
     change = f"\n0.15.2 → 0.16.1 (the S5 change): {old['mode']} → {new['mode']}" if old and new else ""
     ax.set_title(f"S5 · aggregation probe, lengths {PROBE_LENGTHS['main']}{change}", fontsize=9)
-    ax.set_ylim(top=1.25 * max([b["value"] for b in bars] + [1e-3]))
-    ax.legend(fontsize=7, title="measured convention", title_fontsize=7, loc="upper left")
+    ax.set_ylim(top=1.8 * max([b["value"] for b in bars] + [1e-3]))  # headroom: the legend sits above the bars
+    ax.legend(fontsize=7, title="measured convention", title_fontsize=7, loc="upper center", ncol=min(2, len(seen)))
     return ax
 
 

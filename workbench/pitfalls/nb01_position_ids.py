@@ -12,8 +12,6 @@ a different position vector and the logits change.
 
 from __future__ import annotations
 
-import math
-
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
@@ -219,7 +217,7 @@ def plot_drift_heatmap(ax, sweep: dict, fig=None):
     ax.set_xticks(range(len(columns)), [f"{s} pad\n{m}" for s, m in columns])
     ax.set_xlabel("padding side, position_ids mode (model = bug, mask = fix)")
     ax.set_yticks(range(len(rows)), [f"{a} {d}" for a, d in rows])
-    plots.annotate_grid(ax, [["0" if v == 0 else f"{v:.0e}" for v in row] for row in table], color="white")
+    plots.annotate_grid(ax, [["0" if v == 0 else f"{v:.0e}" for v in row] for row in table], image=image)  # by luminance
     ax.grid(False)
     if fig is not None:
         fig.colorbar(image, ax=ax, label="log10 median max |Δ log p| (nats); 0 drawn at −9")
@@ -229,12 +227,13 @@ def plot_drift_heatmap(ax, sweep: dict, fig=None):
 
 def plot_drift_vs_pad(axes, sweep: dict, pad_lengths) -> None:
     """One panel per dtype: left-padding drift vs pad length, per architecture, bug and fix. Exact zeros
-    are drawn on a labelled dotted floor a decade under the panel's smallest non-zero value, so a fix
-    series that is 0 at most pad lengths stays a visible line."""
+    are drawn on a labelled dotted floor, one for both panels (their y axis is shared) at least two decades
+    under the smallest non-zero value of either, so a fix series that is 0 stays a visible line and never
+    sits above another panel's real drift."""
     archs = sorted({k[0] for k in sweep}, key=["llama", "qwen2", "gpt2"].index)
+    floor = plots.log_floor([v for arch in archs for dtype in list(DTYPES)[:len(axes)] for mode in ("model", "mask")
+                             for v in sweep[arch, dtype, "left", mode]])
     for ax, dtype in zip(axes, DTYPES, strict=False):
-        positive = [v for arch in archs for mode in ("model", "mask") for v in sweep[arch, dtype, "left", mode] if v > 0]
-        floor = 10.0 ** (math.floor(math.log10(min(positive))) - 1) if positive else 1e-9
         for i, arch in enumerate(archs):
             for mode, bug in (("model", True), ("mask", False)):
                 # fix: large hollow markers underneath, bug: small filled ones on top (they coincide for RoPE in fp32)
@@ -248,21 +247,32 @@ def plot_drift_vs_pad(axes, sweep: dict, pad_lengths) -> None:
         ax.set_xlabel("extra left-pad tokens per row")
         ax.set_ylabel("max |Δ log p| vs unpadded (nats)")
         ax.set_title(f"left padding, {dtype}")
-    axes[0].legend(fontsize=7)
+        plots.integer_axis(ax.xaxis)
+    plots.legend_outside(axes[0], fontsize=7, ncol=2, bbox_to_anchor=(0.5, -0.16))  # below: the lines span both panels
 
 
 def plot_first_step(ax, table: dict) -> None:
-    """max |ρ − 1| before any update per model, bug vs fix; an exact 0 is written on its bar."""
-    labels = [f"{name}\n{mode}" for name, mode in table]
-    values = [r["max_ratio_deviation"] for r in table.values()]
+    """Before any update, per model and mode: max |ρ − 1| (solid bars) beside max |Δ log p| (hatched), bug vs fix
+    colours. |ρ − 1| saturates at 1 as ρ → 0, so a ρ of 1e-3 and one of 1e-30 read the same: the log-prob gap shows
+    the size. An exact 0 is written on its bar."""
+    from matplotlib.patches import Patch  # matplotlib: only when a figure is drawn
+
+    keys = (("max_ratio_deviation", "", "max |ρ − 1| (saturates at 1 as ρ → 0)"),
+            ("max_abs_logp_gap", "///", "max |Δ log p| (nats)"))
     colors = [plots.bug_fix_color(mode == "model") for _, mode in table]
-    ax.bar(labels, _nonzero(values), color=colors)
-    for i, v in enumerate(values):
-        ax.text(i, v if v > 0 else 1e-8, f"{v:.1e}" if v > 0 else "0", ha="center", va="bottom", fontsize=7)
+    for k, (key, hatch, _) in enumerate(keys):
+        x = [i + (k - 0.5) * 0.4 for i in range(len(table))]
+        values = [r[key] for r in table.values()]
+        ax.bar(x, _nonzero(values), 0.4, color=colors, hatch=hatch, edgecolor="white", lw=0)
+        for xi, v in zip(x, values, strict=True):
+            ax.text(xi, v if v > 0 else 1e-8, f"{v:.1e}" if v > 0 else "0", ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(table)), [f"{name}\n{mode}" for name, mode in table])
     ax.set_yscale("log")
-    ax.set_ylim(1e-8, 10)
-    ax.set_ylabel("max |ρ − 1| before any update")
-    ax.set_title("First-step importance ratio (bug: position_ids=model)")
+    ax.set_ylim(1e-8, 1e3)
+    ax.set_ylabel("before any update (log scale)")
+    ax.set_title("First-step sampler vs trainer gap (bug: position_ids=model)")
+    ax.legend(handles=[Patch(facecolor="#999999", hatch=hatch, edgecolor="white", label=label) for _, hatch, label in keys],
+              fontsize=7, loc="upper right")
 
 
 def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
@@ -296,7 +306,7 @@ def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
 
 PPO_VARIANTS = {"position_ids=model (bug)": {"position_ids": "model"}, "position_ids=mask (fix)": {"position_ids": "mask"}}
 PPO_PANELS = (("reward", "mean task reward"), ("kl", "KL to reference (nats / response)"),
-              ("first_ratio_deviation", "max |ρ − 1| sampler vs trainer"))
+              ("first_logp_gap", "max |Δ log p| sampler vs trainer (nats)"))  # not |ρ − 1|: it saturates at 1 as ρ → 0
 
 
 def figure_padding_and_positions(ids: torch.Tensor, mask: torch.Tensor):
@@ -325,7 +335,7 @@ def figure_drift_heatmap(sweep: dict):
 
 
 def figure_drift_vs_pad(sweep: dict, pad_lengths):
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
     plot_drift_vs_pad(axes, sweep, pad_lengths)
     fig.tight_layout()
     return fig
@@ -339,7 +349,7 @@ def figure_first_step(table: dict):
 
 def plot_ppo(axes, runs: dict) -> None:
     """Reward, KL and sampler-vs-trainer |ρ − 1| bands per variant (bug, fix), and held-out accuracy (4 axes)."""
-    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(runs), log_key="first_ratio_deviation")
+    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(runs), log_key="first_logp_gap")
 
 
 def figure_ppo(runs: dict):

@@ -160,7 +160,10 @@ def plot_generation_cost(axes, costs: dict) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("rollout batch size (responses)")
         ax.set_ylabel(label)
-    axes[0].legend()
+        top = ax.get_ylim()[1]
+        ax.set_ylim(-0.03 * top, top)  # from 0 (a count, a share, a time read as ratios only from 0), markers at 0 whole
+    plots.integer_axis(axes[0].yaxis)
+    axes[0].legend(loc="lower right")
 
 
 def plot_pad_eos_masks(axes, masks: dict, eos_token_id: int, rows: int = 16) -> None:

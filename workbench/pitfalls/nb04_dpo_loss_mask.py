@@ -150,7 +150,7 @@ def plot_training_bands(axes, runs: dict) -> None:
               MODE_LABELS["none"]: {"ls": ":", "marker": "o"}}
     ordered = {MODE_LABELS[m]: runs[m] for m in ("none", "chosen_only", "both") if m in runs}
     for ax, (key, label) in zip(axes[:4], TRAINING_PANELS, strict=True):
-        plots.plot_bands(ax, ordered, key, label, colors, styles=styles)
+        plots.plot_bands(ax, ordered, key, label, colors, styles=styles, legend_kw=plots.LEGEND_BELOW)  # below: lines fill the axes
     if len(axes) > 4:
         plots.plot_heldout(axes[4], {MODE_LABELS[m]: r for m, r in runs.items()}, colors)
 
@@ -218,7 +218,7 @@ def margin_gap(decomposition: dict) -> float:
 
 
 def figure_training_bands(runs: dict):
-    fig, axes = plt.subplots(1, 5, figsize=(24, 3.8))
+    fig, axes = plt.subplots(1, 5, figsize=(24, 4.6))
     plot_training_bands(axes, runs)
     fig.tight_layout()
     return fig

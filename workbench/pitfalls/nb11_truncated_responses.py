@@ -176,13 +176,12 @@ def plot_training_bands(axes, runs: dict, window: int) -> None:
     """EOS rate and reward bands per variant (a run hidden under another is ringed and named), and held-out accuracy (3 axes)."""
     palette = colors(runs)
     for ax, (key, label) in zip(axes, TRAINING_PANELS, strict=False):
-        plots.plot_bands(ax, runs, key, label, palette, window=window)
-        plots.note_coinciding(ax, legend_kw={"fontsize": 8})
+        plots.plot_bands(ax, runs, key, label, palette, window=window, legend_kw=plots.LEGEND_BELOW)  # below: 4 lines fill the axes
     plots.plot_heldout(axes[len(TRAINING_PANELS)], runs, palette)
 
 
 def figure_training_bands(runs: dict, train_steps: int):
-    return plots.figure_row(lambda axes: plot_training_bands(axes, runs, window=max(1, train_steps // 8)), 3, (18, 3.8))
+    return plots.figure_row(lambda axes: plot_training_bands(axes, runs, window=max(1, train_steps // 8)), 3, (18, 4.8))
 
 
 def training_effects(runs: dict) -> dict:

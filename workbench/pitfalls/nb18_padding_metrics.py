@@ -109,13 +109,13 @@ def plot_metric(ax, rows: list[dict], key: str, ylabel: str) -> None:
         ax.plot(x, [r[mode][key] for r in rows], "o-", color=color, label=label, ms=4)
     ax.set_xlabel("extra pad columns in the batch")
     ax.set_ylabel(ylabel)
-    ax.legend()
-    note_coinciding(ax)
+    plots.integer_axis(ax.xaxis)
+    note_coinciding(ax, legend_kw=plots.legend_outside(ax))  # below the axes: three lines span its height
 
 
 def figure_padding_metrics(rows: list[dict]):
     """The notebook's figure: each statistic of ``STATISTICS`` against the pad columns added (one ``plot_metric`` each)."""
-    fig, axes = plt.subplots(1, len(STATISTICS), figsize=(20, 4))
+    fig, axes = plt.subplots(1, len(STATISTICS), figsize=(20, 5))
     for ax, (key, label) in zip(axes, STATISTICS.items(), strict=True):
         plot_metric(ax, rows, key, label)
     fig.tight_layout()

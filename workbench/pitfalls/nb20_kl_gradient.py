@@ -155,6 +155,27 @@ def verdict(on_policy: dict, off_policy: dict, tolerance: float = 1e-6) -> tuple
 
 
 # ---- plots (take an ax) ------------------------------------------------------------------------
+FLOOR = 1e-16  # where a log axis draws a relative error below float64 round-off (an exact 0 included)
+BUGS = ("k1 in loss", "k3 in loss")  # k1 in the loss: no gradient at all; k3 in the loss: the forward KL's gradient
+FIX = "w·k1 in reward"  # unbiased on- and off-policy
+# variant: (series colour index or "BUG_COLOR"/"FIX_COLOR", bar hatch, line style). Both bugs are vermilion, told apart
+# by hatch and line style; the fix is blue; the unbiased alternatives take series colours.
+VARIANT_STYLES = {"k1 in loss": ("BUG_COLOR", "///", "s:"), "k2 in loss": (4, "", "o--"), "k3 in loss": ("BUG_COLOR", "", "o-"),
+                  "k1 in reward": (2, "", "o-"), "w·k1 in reward": ("FIX_COLOR", "", "o-"), "w·k3 in loss": (5, "", "o--")}
+
+
+def variant_label(variant: str) -> str:
+    """The legend's name of ``variant``: tagged "(bug)" or "(fix)" where it is one."""
+    return variant + (" (bug)" if variant in BUGS else " (fix)" if variant == FIX else "")
+
+
+def variant_color(variant: str) -> str:
+    from workbench.viz import plots
+
+    color = VARIANT_STYLES[variant][0]
+    return getattr(plots, color) if isinstance(color, str) else plots.SERIES_COLORS[color]
+
+
 def plot_per_logit(ax, theta: torch.Tensor, ref_logits: torch.Tensor,
                    variants: tuple = ("k1 in loss", "k3 in loss", "k1 in reward")) -> None:
     """∂/∂θ_j of the exact KL and of each variant's expected gradient, token by token."""
@@ -166,53 +187,57 @@ def plot_per_logit(ax, theta: torch.Tensor, ref_logits: torch.Tensor,
     ax.bar((x - 0.4 + width / 2).tolist(), exact.tolist(), width, color="black", label="exact ∇KL")
     for i, v in enumerate(variants, start=1):
         bars = ax.bar((x - 0.4 + width / 2 + i * width).tolist(), expected_gradient(theta, ref_logits, v).tolist(), width,
-                      color=variant_color(v), label=v)
+                      color=variant_color(v), hatch=VARIANT_STYLES[v][1], edgecolor="white", lw=0, label=variant_label(v))
         label_zero_bars(ax, bars, tol=1e-12 * float(exact.abs().max()))  # 0 to float precision: written, a bar cannot show it
     ax.axhline(0, color=plots.NEUTRAL_COLOR, lw=0.8)
     ax.set_xlabel("token j of a small softmax policy")
     ax.set_ylabel("∂ / ∂θ_j")
-    ax.legend(fontsize=8)
-
-
-def variant_color(variant: str) -> str:
-    from workbench.viz import plots
-
-    if variant in UNBIASED_OFF_POLICY:
-        return plots.FIX_COLOR if variant == "w·k1 in reward" else plots.SERIES_COLORS[5]
-    return {"k1 in loss": plots.NEUTRAL_COLOR, "k3 in loss": plots.BUG_COLOR, "k2 in loss": plots.SERIES_COLORS[4],
-            "k1 in reward": plots.SERIES_COLORS[2]}[variant]
+    ax.legend(fontsize=8, loc="best")
 
 
 def plot_bars(ax, on_policy: dict, title: str) -> None:
-    values = [max(on_policy[v]["relative_error"], 1e-16) for v in VARIANTS]
-    ax.bar(range(len(VARIANTS)), values, color=[variant_color(v) for v in VARIANTS])
-    ax.set_xticks(range(len(VARIANTS)), VARIANTS, rotation=30, fontsize=8)
+    """Each variant's relative error on a log axis, its value written on the bar; below ``FLOOR`` drawn at it, said
+    in the title."""
+    errors = [on_policy[v]["relative_error"] for v in VARIANTS]
+    bars = ax.bar(range(len(VARIANTS)), [max(e, FLOOR) for e in errors], color=[variant_color(v) for v in VARIANTS],
+                  hatch=None, edgecolor="white", lw=0)
+    for bar, v, e in zip(bars, VARIANTS, errors, strict=True):
+        bar.set_hatch(VARIANT_STYLES[v][1])
+        ax.annotate(f"{e:.1e}", (bar.get_x() + bar.get_width() / 2, max(e, FLOOR)), ha="center", va="bottom", fontsize=7,
+                    xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(range(len(VARIANTS)), [variant_label(v) for v in VARIANTS], rotation=30, ha="right", fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("‖E[∇ estimate] − ∇KL‖ / ‖∇KL‖")
-    ax.set_title(title)
+    clamped = [variant_label(v) for v, e in zip(VARIANTS, errors, strict=True) if e < FLOOR]
+    ax.set_title(title + (f"\n(bars under {FLOOR:g}, round-off, drawn at it: {', '.join(clamped)}; values written)" if clamped else ""),
+                 fontsize=9 if clamped else None)
 
 
 def plot_off_policy(ax, rows: list[dict]) -> None:
+    """Each variant's relative error against the step from the sampling policy (all of ``VARIANTS``; below ``FLOOR``
+    drawn at it, said)."""
+    from workbench.viz import plots
+
     steps = [r["step"] for r in rows]
     for v in VARIANTS:
-        if v != "k1 in loss":
-            style = "o--" if v in ("k2 in loss", "w·k3 in loss") else "o-"  # on top of k1 in reward / w·k1 in reward
-            ax.plot(steps, [max(r[v]["relative_error"], 1e-16) for r in rows], style, color=variant_color(v), label=v, ms=4)
+        ax.plot(steps, [max(r[v]["relative_error"], FLOOR) for r in rows], VARIANT_STYLES[v][2], color=variant_color(v),
+                label=variant_label(v), ms=4)
     ax.set_yscale("log")
+    if any(r[v]["relative_error"] < FLOOR for r in rows for v in VARIANTS):
+        plots.draw_floor(ax, FLOOR, f"< {FLOOR:g} (round-off)")
     ax.set_xlabel("distance from π_old: θ = θ_old + s·δ")
     ax.set_ylabel("relative error of the expected gradient")
-    ax.legend(fontsize=8)
-    note_coinciding(ax, legend_kw={"fontsize": 8})
+    note_coinciding(ax, legend_kw=plots.legend_outside(ax, ncol=2, fontsize=7))  # below the axes: the lines span its height
 
 
 def plot_monte_carlo(ax, sample_sizes: list[int], errors: dict) -> None:
     for v, values in errors.items():
-        ax.plot(sample_sizes, values, "o-", color=variant_color(v), label=v, ms=4)
+        ax.plot(sample_sizes, values, VARIANT_STYLES[v][2], color=variant_color(v), label=variant_label(v), ms=4)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("sampled tokens N per gradient estimate")
     ax.set_ylabel("mean relative error vs ∇KL")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="best")
 
 
 def off_policy_gradient_explorer(theta_old: torch.Tensor, ref_logits: torch.Tensor, *, seed: int = 0, step: float = 0.2) -> Explorer:
@@ -239,7 +264,7 @@ def figure_kl_gradients(small: tuple, tiny: tuple, on_policy: dict, off_policy: 
     """The notebook's four panels: the small softmax per logit, the tiny model on-policy, off-policy, N samples.
     ``small`` and ``tiny`` are (policy logits, reference logits) pairs."""
     theta, ref_logits = tiny
-    fig, axes = plt.subplots(1, 4, figsize=(22, 4.4))
+    fig, axes = plt.subplots(1, 4, figsize=(24, 5.2))
     plot_per_logit(axes[0], *small)
     kl = float(exact_kl(theta, ref_logits).mean())
     plot_bars(axes[1], on_policy, f"tiny model, on-policy ({theta.shape[0]} contexts, KL {kl:.3f} nats)")

@@ -167,7 +167,11 @@ def plot_turn_log_ratio(ax, stats: dict, highlight: int | None = None) -> None:
         bars[highlight].set_edgecolor(plots.NEUTRAL_COLOR)
         bars[highlight].set_linewidth(2)
     ax.set(xlabel="episode", ylabel="turn-1 log ρ at lr 0 (nats)")
-    ax.legend()
+    low, high = ax.get_ylim()  # bars stick to 0: add a margin so the fix's squares at 0 clear the axes edge
+    span = max(high - low, 1e-9)
+    ax.set_ylim(low - 0.06 * span, high + 0.06 * span)
+    plots.integer_axis(ax.xaxis)
+    ax.legend(loc="best")
 
 
 def figure_turn_log_ratio(stats: dict):

@@ -296,7 +296,7 @@ def plot_log_ratio(ax, bug: dict, fix: dict, clip: float) -> None:
     ax.set_xlabel(f"log ratio per off-policy token, clamped to ±1 (steps_per_generation = {bug['steps_per_generation']}; "
                   f"dashed: ε = {clip:g})")
     ax.set_ylabel("tokens")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)  # above: the bars reach the top
 
 
 def figure_remainder(rows: list[dict], clip: float):

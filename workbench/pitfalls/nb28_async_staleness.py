@@ -123,11 +123,13 @@ def verdict(rows: list[dict], *, gap_threshold: float = 1e-3, tolerance: float =
 def plot_gap(ax, rows: list[dict]) -> None:
     """Mean and max |μ − π_k| per token against the lag k."""
     lags = [r["lag"] for r in rows]
-    ax.plot(lags, [r["mean_abs_gap"] for r in rows], "o-", color=plots.BUG_COLOR, label="mean |log μ − log π_k|")
+    # series colours: the gap is what staleness does, not the bug or the fix (those are the two denominators)
+    ax.plot(lags, [r["mean_abs_gap"] for r in rows], "o-", color=plots.SERIES_COLORS[1], label="mean |log μ − log π_k|")
     ax.plot(lags, [r["max_abs_gap"] for r in rows], "s--", color=plots.SERIES_COLORS[0], label="max |log μ − log π_k|")
     ax.set_xlabel("lag k (actor updates since the sampler's weights)")
     ax.set_ylabel("nats per token")
-    ax.legend(fontsize=8)
+    plots.integer_axis(ax.xaxis)
+    ax.legend(fontsize=8, loc="best")
 
 
 def plot_clip(ax, rows: list[dict], clip: float) -> None:

@@ -228,10 +228,8 @@ def plot_gap(ax, rows: list[dict]) -> None:
     ax.set_xticks(k)
     ax.set_xlabel("weight updates since the prefix cache was filled")
     ax.set_ylabel("mean |log μ_engine − log π_trainer| per token")
-    legend = {"fontsize": 7, "loc": "center left", "bbox_to_anchor": (0.01, 0.55),
-              "title": "prompts (repeated: cached before the updates)", "title_fontsize": 7}
-    ax.legend(**legend)
-    note_coinciding(ax, legend_kw=legend)
+    legend = plots.legend_outside(ax, fontsize=7, title="prompts (repeated: cached before the updates)", title_fontsize=7)
+    note_coinciding(ax, legend_kw=legend)  # below the axes: the bug line rises across its middle
 
 
 def plot_clip(ax, rows: list[dict], clip: float) -> None:
@@ -265,7 +263,7 @@ def plot_log_ratio(ax, row: dict, clip: float) -> None:
 def figure_stale_cache(rows: list[dict], clip: float):
     """The notebook's figure: the gap vs updates, the clip-window share, the log-ratio histogram at the most updates."""
     last = max(rows, key=lambda r: r["updates"])
-    return plots.figure_panels((18, 4.2), lambda ax: plot_gap(ax, rows), lambda ax: plot_clip(ax, rows, clip),
+    return plots.figure_panels((18, 5.2), lambda ax: plot_gap(ax, rows), lambda ax: plot_clip(ax, rows, clip),
                                lambda ax: plot_log_ratio(ax, last, clip))
 
 

@@ -125,11 +125,12 @@ def _plot_per_mask(ax, points: dict, floor: float, xlabel: str, ylabel: str) -> 
         color, style, tag = STYLES[mask]
         ax.plot(x, [max(v, floor) for v in y], style, color=color, label=mask + tag)
     ax.set_yscale("log")
-    plots.draw_floor(ax, floor)
+    if any(v <= floor for _, y in points.values() for v in y):
+        plots.draw_floor(ax, floor)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    plots.note_coinciding(ax)
-    ax.legend(fontsize=8)
+    plots.integer_axis(ax.xaxis)
+    plots.note_coinciding(ax, legend_kw=plots.legend_outside(ax))  # below the axes: the lines span its height
 
 
 def plot_segments(ax, errors: dict, floor: float = 1e-8) -> None:
@@ -146,7 +147,7 @@ def plot_sweep(ax, rows: list[dict], floor: float = 1e-8) -> None:
 
 def figure_packing(errors: dict, rows: list[dict]):
     """The notebook's figure: per-segment errors of one pack, and the sweep over pack sizes."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
     plot_segments(axes[0], errors)
     plot_sweep(axes[1], rows)
     fig.tight_layout()

@@ -154,13 +154,15 @@ def headline_rows(turn_rows: list[dict], penalty_rows: list[dict]) -> tuple[dict
 def plot_returns(ax, row: dict) -> None:
     """Reward-to-go of each model token of one trajectory: reset at tool tokens (bug), carried (fix), compact reference."""
     x = range(len(row["reference"]))
+    every = max(1, len(x) // 12)  # a marker on every token would pave the lines over
     ax.plot(x, row["reference"], ":", color=plots.NEUTRAL_COLOR, lw=3, label="model tokens only (reference)")
-    ax.plot(x, row["bug"], "o-", color=plots.BUG_COLOR, ms=4, label="reset at tool tokens (bug)")
-    ax.plot(x, row["fix"], "s--", color=plots.FIX_COLOR, ms=3, label="carried across tool tokens (fix)")
+    ax.plot(x, row["bug"], "o-", color=plots.BUG_COLOR, ms=4, markevery=every, label="reset at tool tokens (bug)")
+    ax.plot(x, row["fix"], "s--", color=plots.FIX_COLOR, ms=3, markevery=every, label="carried across tool tokens (fix)")
     ax.set_xlabel(f"model token index ({row['turns']} turns, tool tokens removed from the axis)")
     ax.set_ylabel(f"reward-to-go (γ = {row['gamma']:g})")
-    plots.note_coinciding(ax)
-    ax.legend(fontsize=8)
+    plots.integer_axis(ax.xaxis)
+    ax.legend(fontsize=8, loc="best")
+    plots.note_coinciding(ax, legend_kw={"fontsize": 8, "loc": "best"})
 
 
 def plot_penalty(ax, rows: list[dict], max_length: int, buffer: int) -> None:
@@ -171,8 +173,9 @@ def plot_penalty(ax, rows: list[dict], max_length: int, buffer: int) -> None:
     ax.set_xlabel("tool tokens between turns")
     ax.set_ylabel("overlong penalty")
     ax.set_title(f"generated tokens {rows[0]['length']['reference']}, limit {max_length}, buffer {buffer}", fontsize=9)
-    plots.note_coinciding(ax)
-    ax.legend(fontsize=8)
+    plots.integer_axis(ax.xaxis)
+    ax.legend(fontsize=8, loc="best")
+    plots.note_coinciding(ax, legend_kw={"fontsize": 8, "loc": "best"})
 
 
 def plot_lost(ax, rows: list[dict]) -> None:
@@ -183,8 +186,9 @@ def plot_lost(ax, rows: list[dict]) -> None:
     ax.set_xlabel("turns")
     ax.set_ylabel("model tokens with return 0 (reference ≠ 0)")
     ax.set_ylim(-0.05, 1.05)
-    plots.note_coinciding(ax)
-    ax.legend(fontsize=8)
+    plots.integer_axis(ax.xaxis)
+    ax.legend(fontsize=8, loc="best")
+    plots.note_coinciding(ax, legend_kw={"fontsize": 8, "loc": "best"})
 
 
 def figure_tool_tokens(turn_rows: list[dict], penalty_rows: list[dict], max_length: int, buffer: int):

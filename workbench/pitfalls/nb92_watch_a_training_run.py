@@ -14,11 +14,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 from workbench.watch import Report, watch
 from workbench.watch.report import SEVERITIES
 
-SEVERITY_COLOURS = {"error": "#D55E00", "warning": "#E69F00", "info": "#0072B2"}
+# Series colours, not the bug and fix ones: a severity is not "the bug" or "the fix" (an error finding in the fixed run
+# would otherwise be painted as the fix).
+SEVERITY_COLOURS = {"error": plots.SERIES_COLORS[0], "warning": plots.SERIES_COLORS[6], "info": plots.SERIES_COLORS[5]}
 PROMPTS = ["1+2=", "12+34="]  # different lengths: the trainer pads them on the left
 CLI_LINE = "python -m workbench watch --out runs/watch -- python my_train.py ARGS…"
 
@@ -55,8 +58,9 @@ def _draw_counts(ax, report: Report, title: str, severities=SEVERITIES) -> dict[
         bottom += heights
     ax.set_title(title, fontsize=10)
     ax.set_ylabel("call sites flagged")
-    ax.set_ylim(0, max(1.0, bottom.max()) * 1.2)
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, max(1.0, bottom.max()) * 1.35)  # headroom: the legend is one row above the bars
+    plots.integer_axis(ax.yaxis)
+    ax.legend(fontsize=8, loc="upper center", ncol=len(severities))
     return counts
 
 

@@ -214,6 +214,7 @@ class PPOTrainer(RolloutTrainer):
             # sampler's own log-probs it must give ρ = 1 up to float noise (S1, P6 and P12 break this).
             policy_logp = self.score_in_layout(self.policy, r, first_epoch)
             first_ratio_deviation = float(losses.zero_masked((policy_logp - r.rollout_logprobs).exp() - 1, mask).abs().max())
+            first_logp_gap = float(losses.zero_masked(policy_logp - r.rollout_logprobs, mask).abs().max())
             old_logp = r.rollout_logprobs if c.old_logprobs == "rollout" else policy_logp
             ref_logp = self.score_in_layout(self.reference, r, first_epoch)
             old_values = losses.zero_masked(self._values(r), mask)
@@ -265,6 +266,8 @@ class PPOTrainer(RolloutTrainer):
             # (S1/P6/P12 make it large), of the first optimiser step (ρ against π_old: 0 exactly with
             # old_logprobs="recompute") and the largest over the later steps (after updates)
             "first_ratio_deviation": first_ratio_deviation,
+            # the same gap as max |log π_train − log μ_sampler| (nats): |ρ − 1| saturates at 1 as ρ → 0, this does not
+            "first_logp_gap": first_logp_gap,
             "train_ratio_deviation": ratio_deviations[0],
             "ratio_deviation_later": max(ratio_deviations[1:]) if len(ratio_deviations) > 1 else float("nan"),
             "clip_fraction_first": stats["clip_fraction"][0],

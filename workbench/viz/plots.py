@@ -13,6 +13,7 @@ one line where the legend lists two cannot tell a hidden series from a missing o
 from __future__ import annotations
 
 import re
+import textwrap
 
 import matplotlib
 import numpy as np
@@ -54,6 +55,15 @@ def bug_fix_color(bug: bool) -> str:
 def bug_fix_colors(labels) -> dict:
     """``{bug label: BUG_COLOR, fix label: FIX_COLOR}`` for the two ``labels`` (bug first) of a comparison."""
     return dict(zip(labels, (BUG_COLOR, FIX_COLOR), strict=True))
+
+
+def tagged(label: str, color) -> str:
+    """``label`` with " (fix)" / " (bug)" appended when it is drawn in ``FIX_COLOR`` / ``BUG_COLOR`` and does not say so
+    already: the colour code is learnt once, the legend still names it (a run label is a data key: it is not renamed)."""
+    for tag, tag_color in (("fix", FIX_COLOR), ("bug", BUG_COLOR)):
+        if color == tag_color and not re.search(rf"\b{tag}\b", label):
+            return f"{label} ({tag})"
+    return label
 
 
 def plot_mask(ax, mask, title: str = "", xlabel: str = "token position", ylabel: str = "row", *, eos=None,
@@ -121,10 +131,20 @@ def plot_positions(ax, positions, mask, title: str = "") -> None:
     ax.grid(False)
 
 
-def annotate_grid(ax, values, fmt: str = "{}", color: str = "black") -> None:
-    """Write each value of a 2-D array in its cell of an ``imshow`` image."""
+def annotate_grid(ax, values, fmt: str = "{}", color: str = "black", image=None) -> None:
+    """Write each value of a 2-D array in its cell of an ``imshow`` image. With ``image`` (what ``imshow``
+    returned) each label is black or white by its cell's background luminance, so it reads on pale and dark
+    cells alike; otherwise every label is ``color``."""
+    shown = None if image is None else np.ma.getdata(image.get_array())
     for (row, col), value in _enumerate_2d(values):
-        ax.text(col, row, fmt.format(value), ha="center", va="center", fontsize=7, color=color)
+        cell_color = color if shown is None else label_color(image.cmap(image.norm(shown[row, col])))
+        ax.text(col, row, fmt.format(value), ha="center", va="center", fontsize=7, color=cell_color)
+
+
+def label_color(background) -> str:
+    """"black" on a light ``background`` (an RGB(A) tuple in [0, 1]), "white" on a dark one (relative luminance 0.5)."""
+    r, g, b = background[:3]
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.5 else "white"
 
 
 def _enumerate_2d(values):
@@ -159,15 +179,31 @@ def plot_curves(ax, history_by_label: dict, key: str, ylabel: str, colors: dict 
             index, values = smooth(values, window)
             steps = [steps[j] for j in index]
         style = (styles or {}).get(label, {"ls": LINE_STYLES[i % len(LINE_STYLES)], "marker": MARKERS[i % len(MARKERS)]})
-        ax.plot(steps, values, label=label, color=(colors or {}).get(label), zorder=10 - i,
+        ax.plot(steps, values, label=tagged(label, (colors or {}).get(label)), color=(colors or {}).get(label), zorder=10 - i,
                 markevery=max(1, len(steps) // 8), markersize=4, **style)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel + (f" ({window}-step average)" if window > 1 else ""))
-    ax.legend()
+    if xlabel == "training step":
+        integer_axis(ax.xaxis)
+    ax.legend(loc="best")
+    note_coinciding(ax, legend_kw={"loc": "best"})
+
+
+def integer_axis(axis) -> None:
+    """Integer ticks only on ``axis`` (``ax.xaxis``/``ax.yaxis``) for counts: steps, episodes, turns, lengths."""
+    from matplotlib.ticker import MaxNLocator  # matplotlib: only when a figure is drawn
+
+    axis.set_major_locator(MaxNLocator(integer=True))
 
 
 # ---- honest figures: hidden series, zeros on log axes, zero bars -----------------------------
 RING_SIZE_GAIN = 5  # points added to the hidden line's marker size for its ring
+MAX_RINGS = 12  # at most this many rings per hidden line, evenly spread: 60 overlapping rings hide both lines
+
+
+def in_data_coords(ax, line) -> bool:
+    """True for a line drawn in data coordinates on both axes (not an ``axhline``/``axvline`` reference)."""
+    return line.get_transform().contains_branch_seperately(ax.transData) == (True, True)
 
 
 def _display_points(ax, line) -> np.ndarray:
@@ -194,26 +230,45 @@ def coinciding_points(ax, below, above, pixels: float = 2.0) -> np.ndarray:
 
 def short_name(label: str) -> str:
     """How a legend note names another series: "the fix" / "the bug" when its label says so, else its label."""
-    label = re.sub(r" \(n=\d+\)$", "", label.split(" (under ")[0])  # plot_bands appends the seed count
+    label = re.sub(r" \(n=\d+[;)].*$", "", label.split(" (under ")[0])  # plot_bands appends the seed count
     for tag in ("fix", "bug"):
         if label.endswith(f"({tag})") or label.endswith(f"{tag})"):
             return f"the {tag}"
-    return label if len(label) <= 28 else label[:27] + "…"
+    return label  # whole: a truncated name ("block-diagonal 4-D mask (fi…") does not say which series hides it
+
+
+LEGEND_BELOW = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.2), "fontsize": 8}
+LEGEND_RIGHT = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "fontsize": 8}
+
+
+def legend_outside(ax, where: str = "below", **kw) -> dict:
+    """A legend outside the axes (``where``: "below" the x label or to the "right"), where it covers no data;
+    returns its keyword arguments, to pass on as ``note_coinciding(ax, legend_kw=...)`` so the redrawn legend
+    stays there. The figure's ``tight_layout`` makes room for it."""
+    kw = {**(LEGEND_BELOW if where == "below" else LEGEND_RIGHT), **kw}
+    ax.legend(**kw)
+    return kw
 
 
 def note_coinciding(ax, pixels: float = 2.0, legend_kw: dict | None = None) -> list[tuple[str, str, int]]:
     """Mark every labelled line drawn under another one; returns ``(hidden, on_top, points)`` triples.
 
     A line is "under" another when it comes first in drawing order (z-order, then call order). Its
-    coinciding points get a hollow ring in its colour, and its legend label says
+    coinciding points get a hollow ring in its colour (at most ``MAX_RINGS``, evenly spread), and its legend label says
     "(under <other>, ringed)" or "(under <other> at k/n points, ringed)". The legend is redrawn
-    (or drawn: ``legend_kw`` is passed to ``ax.legend``)."""
+    (or drawn: ``legend_kw`` is passed to ``ax.legend``).
+
+    Reference lines (``axhline``/``axvline``: one coordinate in axes fractions) are neither hidden nor
+    hiding: a thin reference drawn across a series does not hide it. A line already noted (its label says
+    ", ringed)") is not noted again, so calling this twice on an axis is harmless."""
     ax.get_xlim(), ax.get_ylim()  # settle autoscaled limits before reading the data transform
-    lines = [ln for ln in ax.get_lines() if not str(ln.get_label()).startswith("_")]
+    lines = [ln for ln in ax.get_lines() if not str(ln.get_label()).startswith("_") and in_data_coords(ax, ln)]
     order = sorted(range(len(lines)), key=lambda i: (lines[i].get_zorder(), i))
     notes = []
     for pos, i in enumerate(order):
         below = lines[i]
+        if str(below.get_label()).endswith(", ringed)"):
+            continue
         for j in reversed(order[pos + 1:]):  # the topmost line that hides it
             above = lines[j]
             hit = coinciding_points(ax, below, above, pixels)
@@ -224,6 +279,11 @@ def note_coinciding(ax, pixels: float = 2.0, legend_kw: dict | None = None) -> l
             if isinstance(every, int) and every > 1:  # ring only the points that carry a marker
                 ring[np.arange(len(ring)) % every != 0] = False
             ring = ring if ring.any() else hit
+            where_ringed = np.flatnonzero(ring)
+            if len(where_ringed) > MAX_RINGS:  # thin evenly, keeping the first and the last
+                keep = where_ringed[np.unique(np.linspace(0, len(where_ringed) - 1, MAX_RINGS).round().astype(int))]
+                ring = np.zeros_like(ring)
+                ring[keep] = True
             x = np.asarray(below.get_xdata(), dtype=float)[ring]
             y = np.asarray(below.get_ydata(), dtype=float)[ring]
             ax.plot(x, y, ls="none", marker="o", mfc="none", mec=below.get_color(), mew=1.5,
@@ -241,10 +301,23 @@ def note_coinciding(ax, pixels: float = 2.0, legend_kw: dict | None = None) -> l
 
 
 def draw_floor(ax, floor: float, what: str = "exactly 0") -> None:
-    """A dotted grey line at ``floor`` labelled "<what>, drawn at <floor>" (for a log axis)."""
+    """A dotted grey line at ``floor`` (on a log axis) labelled "<what>, drawn at <floor>" just under it, in room
+    made below the line, so the label sits where no series runs (a series at the floor runs on the line)."""
+    floor_notes(ax, floor, [(f"{what}, drawn at {floor:g}", "#555555")])
+
+
+def floor_notes(ax, floor: float, notes: list[tuple[str, str]]) -> None:
+    """A dotted grey line at ``floor`` (> 0, on a log axis, set before or after) and each ``(text, color)`` of
+    ``notes`` written under it, one per row, in room made below the line by extending the data limits (autoscaling
+    stays on for series drawn later)."""
     ax.axhline(floor, color="#999999", ls=":", lw=1, zorder=0)
-    ax.annotate(f"{what}, drawn at {floor:g}", (0.01, floor), xycoords=("axes fraction", "data"), xytext=(0, 3),
-                textcoords="offset points", fontsize=7, color="#555555", va="bottom")
+    span = max(np.log10(max(ax.get_ylim()[1], floor) / floor), 1.0)
+    bottom = floor / 10 ** (max(0.3, 0.14 * span) * len(notes))  # ~12% of the axes height per note
+    ax.update_datalim(np.array([[ax.get_xlim()[0], bottom]]), updatex=False)
+    ax.autoscale_view(scalex=False)
+    for k, (text, color) in enumerate(notes):
+        ax.annotate(text, (0.02, floor), xycoords=("axes fraction", "data"), xytext=(0, -7 - 10 * k),
+                    textcoords="offset points", va="top", fontsize=7, color=color)
 
 
 def label_zero_bars(ax, bars, text: str = "0", tol: float = 0.0) -> int:
@@ -265,27 +338,36 @@ def label_zero_bars(ax, bars, text: str = "0", tol: float = 0.0) -> int:
 # Multi-seed runs ({label: [history per seed]}, plain data from experiments.comparison)
 # --------------------------------------------------------------------------------------------
 def plot_bands(ax, runs: dict[str, list[list[dict]]], key: str, ylabel: str, colors: dict | None = None, *,
-               window: int = 1, styles: dict | None = None, log: bool = False) -> None:
+               window: int = 1, styles: dict | None = None, log: bool = False, legend_kw: dict | None = None) -> None:
     """Mean over seeds per variant (a line, aligned moving average when ``window`` > 1, said in the
     y-label) with a ± std band; one seed draws the line alone. ``styles[label]`` replaces the line
-    style and marker chosen by order.
+    style and marker chosen by order. A variant drawn under another one is ringed and said in the legend
+    (``note_coinciding``).
 
     ``log``: a log y-axis, where a ± std band would dip below 0 and draw false stripes and exact zeros
-    would vanish: the band is then the min–max over seeds, values ≤ 0 are drawn at a floor a decade
-    below the smallest positive value, and a variant that is exactly 0 throughout says so on the axes."""
+    would vanish: the band is then the min–max over seeds, and values ≤ 0 are drawn at a floor, a power
+    of ten at least two decades below the smallest positive value (``log_floor``), marked by a dotted
+    line. A variant that is exactly 0 throughout says so in the legend and in a note under the floor line,
+    where no series runs. ``legend_kw`` places the legend (default: "best" inside; below the axes when a floor
+    note runs under the floor line)."""
     series = {label: np.array([[h[key] for h in run] for run in histories], dtype=float) for label, histories in runs.items()}
     positive = np.concatenate([v[v > 0] for v in series.values()] + [np.array([])])
-    floor = float(positive.min()) / 10 if log and positive.size else 1e-12
-    zero_labels = []
+    floor = log_floor(positive) if log else 0.0
+    floored = []  # (label, steps at the floor, steps): the notes under the floor line
     for i, (label, values) in enumerate(series.items()):
         x, mean = smooth(np.nanmean(values, axis=0), window)
         mean = np.asarray(mean, dtype=float)
         color = (colors or {}).get(label)
         style = (styles or {}).get(label, {"ls": LINE_STYLES[i % 4], "marker": MARKERS[i % 6]})
-        if log and np.all(values[np.isfinite(values)] <= 0):
-            zero_labels.append(label)
+        name = tagged(label, color)
+        shown = f"{name} (n={len(values)})"
+        if log and (mean <= floor).any():
+            all_zero = bool(np.all(values[np.isfinite(values)] <= 0))
+            floored.append((name, int((mean <= floor).sum()), len(mean), all_zero, color))
+            if all_zero:
+                shown = f"{name} (n={len(values)}; exactly 0, drawn at {floor:.0e})"
         line, = ax.plot(x, np.maximum(mean, floor) if log else mean, markevery=max(1, len(x) // 8), markersize=4, color=color,
-                        zorder=10 - i, label=f"{label} (n={len(values)})", **style)
+                        zorder=10 - i, label=shown, **style)
         if len(values) > 1:
             if log:
                 low, high = (np.asarray(smooth(f(values, axis=0), window)[1], dtype=float) for f in (np.nanmin, np.nanmax))
@@ -295,18 +377,41 @@ def plot_bands(ax, runs: dict[str, list[list[dict]]], key: str, ylabel: str, col
                 low, high = mean - std, mean + std
             ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, lw=0)
     ax.set_xlabel("training step")
+    integer_axis(ax.xaxis)
     notes = []
     if max(len(v) for v in series.values()) > 1:
         notes.append("mean; band: min–max over seeds" if log else "mean ± std over seeds")
     if window > 1:
         notes.append(f"{window}-step moving average")
     ax.set_ylabel(ylabel + (f" ({', '.join(notes)})" if notes else ""))
+    legend = legend_kw or {"fontsize": 8, "loc": "best"}
     if log:
         ax.set_yscale("log")
-        for k, label in enumerate(zero_labels):
-            ax.text(0.02, 0.04 + 0.08 * k, f"{label}: exactly 0 at every step (drawn at {floor:.0e})", transform=ax.transAxes,
-                    fontsize=7, color=(colors or {}).get(label, NEUTRAL_COLOR))
-    ax.legend(fontsize=8)
+        if floored:  # the notes run under the floor line: the legend goes below the axes, off the notes and the data
+            _note_floor(ax, floor, floored)
+            legend = legend_kw or LEGEND_BELOW
+    ax.legend(**legend)
+    note_coinciding(ax, legend_kw=legend)
+
+
+def log_floor(positive) -> float:
+    """Where a log axis draws values ≤ 0: a power of ten at least two decades below the smallest of
+    ``positive`` (1e-12 when there is none), so a zero never reads as a small real value."""
+    positive = np.asarray(positive, dtype=float)
+    positive = positive[np.isfinite(positive) & (positive > 0)]
+    if not positive.size:
+        return 1e-12
+    return float(10.0 ** (np.floor(np.log10(positive.min())) - 2))
+
+
+def _note_floor(ax, floor: float, floored) -> None:
+    """``floor_notes`` for ``plot_bands``: one short note per variant drawn at the floor somewhere (the legend
+    says the rest), short so that a "best" legend finds room beside it."""
+    notes = []
+    for label, at_floor, steps, all_zero, color in floored:
+        what = "exactly 0 at every step" if all_zero else f"≤ 0 at {at_floor}/{steps} points"
+        notes.append((f"{short_name(label)}: {what}, drawn on this line", color or NEUTRAL_COLOR))
+    floor_notes(ax, floor, notes)
 
 
 def plot_heldout(ax, runs: dict[str, list[list[dict]]], colors: dict | None = None) -> None:
@@ -320,7 +425,9 @@ def plot_heldout(ax, runs: dict[str, list[list[dict]]], colors: dict | None = No
             ax.errorbar([x], [values.mean()], yerr=[std], fmt="o" if j else "s", mfc="none" if j == 0 else color,
                         color=color or "0.3", capsize=4, zorder=3)
             ax.scatter(np.full(len(values), x + 0.06), values, s=10, color=color or "0.3", alpha=0.6, zorder=2)
-    ax.set_xticks(range(len(runs)), [f"{label}\n(start □ → end ●)" for label in runs], fontsize=8)
+    wrap = 16 if len(runs) > 3 else 32  # many variants: wrap their names so neighbouring tick labels do not overlap
+    names = [tagged(label, (colors or {}).get(label)) for label in runs]
+    ax.set_xticks(range(len(runs)), [f"{textwrap.fill(name, wrap)}\n(start □ → end ●)" for name in names], fontsize=8)
     ax.set_ylabel("held-out greedy accuracy" + (" (mean ± std, dots: seeds)" if max(len(h) for h in runs.values()) > 1 else ""))
 
 
