@@ -182,8 +182,11 @@ def test_bands_on_a_log_axis_keep_exact_zeros_visible_and_say_so():
     plots.plot_bands(log_ax, runs, "x", "ratio", log=True)
     plots.plot_bands(linear_ax, runs, "x", "ratio", window=2)
     assert log_ax.get_yscale() == "log" and log_ax.get_ylabel() == "ratio (mean; band: min–max over seeds)"
-    assert [t.get_text() for t in log_ax.texts] == ["fix: exactly 0 at every step (drawn at 1e-03)"]
+    # the floor: a power of ten two decades under the smallest positive mean (0.02 → 1e-4), and both zeros said
+    assert [t.get_text() for t in log_ax.texts] == ["bug: ≤ 0 at 1/4 points, drawn on this line",
+                                                   "fix: exactly 0 at every step, drawn on this line"]
     fix_line = log_ax.get_lines()[1]
-    assert (fix_line.get_ydata() > 0).all()  # drawn at the floor, not lost on the log axis
+    assert (fix_line.get_ydata() == 1e-4).all()  # drawn at the floor, not lost on the log axis
+    assert "exactly 0, drawn at 1e-04" in fix_line.get_label() and "under bug at 1/4 points" in fix_line.get_label()
     assert linear_ax.get_ylabel() == "ratio (mean ± std over seeds, 2-step moving average)" and not linear_ax.texts
     plt.close(fig)
