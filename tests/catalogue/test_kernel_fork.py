@@ -17,10 +17,12 @@ pytestmark = pytest.mark.skipif(kernel_fork.supported() is not None, reason=str(
 
 PROBE = ("import os, sys, json; print(json.dumps({'preloaded': 'torch' in sys.modules and 'workbench.pitfalls' in sys.modules, "
          "'cwd': os.getcwd(), 'threads': __import__('torch').get_num_threads(), 'marker': os.environ.get('MARKER'), "
-         "'path0': sys.path[0]}))")
+         "'sys_path': sys.path}))")
+# an inline figure: the backend hooks into IPython when the kernel first draws, as in an ordinary kernel
+FIGURE = "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([0, 1])\nplt.show()"
 
 
-def test_the_kernel_command_is_replaced_only_for_ipykernel_and_only_while_a_zygote_runs(monkeypatch):
+def test_the_kernel_command_is_replaced_only_for_ipykernel_and_only_while_a_zygote_runs(monkeypatch, tmp_path):
     cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "conn.json"]
     monkeypatch.delenv(kernel_fork.SOCKET_ENV, raising=False)
     assert kernel_fork.kernel_command(cmd) == cmd
@@ -29,6 +31,8 @@ def test_the_kernel_command_is_replaced_only_for_ipykernel_and_only_while_a_zygo
                                                "-f", "conn.json"]
     other = [sys.executable, "-m", "other_kernel", "-f", "conn.json"]
     assert kernel_fork.kernel_command(other) == other
+    assert kernel_fork.kernel_command(["/usr/bin/python3-other", *cmd[1:]])[0] == "/usr/bin/python3-other"  # another interpreter
+    assert kernel_fork.kernel_command(["/no/such/python", *cmd[1:]])[2] == "ipykernel_launcher"
     monkeypatch.setenv(kernel_fork.SWITCH_ENV, "0")
     assert kernel_fork.kernel_command(cmd) == cmd and kernel_fork.supported() == f"{kernel_fork.SWITCH_ENV}=0"
 
@@ -62,7 +66,19 @@ def test_a_forked_kernel_runs_where_and_as_asked_with_the_modules_loaded(zygote_
     manager, client = _started_kernel(tmp_path, monkeypatch)
     try:
         facts = json.loads("".join(_run(client, PROBE)))
-        assert facts == {"preloaded": True, "cwd": str(tmp_path), "threads": 1, "marker": "from-the-launcher", "path0": str(tmp_path)}
+        sys_path = facts.pop("sys_path")
+        assert facts == {"preloaded": True, "cwd": str(tmp_path), "threads": 1, "marker": "from-the-launcher"}
+        monkeypatch.delenv(kernel_fork.SOCKET_ENV)  # an ordinary kernel started the same way has the same sys.path
+        ordinary, ordinary_client = _started_kernel(tmp_path, monkeypatch)
+        try:
+            assert json.loads("".join(_run(ordinary_client, PROBE)))["sys_path"] == sys_path
+        finally:
+            ordinary_client.stop_channels()
+            ordinary.shutdown_kernel(now=True)
+        shown = []
+        client.execute_interactive(FIGURE, timeout=60, output_hook=lambda m: shown.append(m["content"].get("data", {}))
+                                   if m["msg_type"] == "display_data" else None)
+        assert any("image/png" in data for data in shown), shown  # the inline backend works in a forked kernel
         # interruptible: SIGINT reaches the forked kernel through its client
         started = time.monotonic()
         client.execute("import time; time.sleep(30)")
@@ -75,6 +91,21 @@ def test_a_forked_kernel_runs_where_and_as_asked_with_the_modules_loaded(zygote_
         client.stop_channels()
         manager.shutdown_kernel(now=False)
     assert manager.provisioner is None or not manager.is_alive()
+
+
+def test_a_dead_client_costs_only_its_own_request(zygote_socket, tmp_path, monkeypatch):
+    import socket
+
+    broken = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # connects, sends garbage, leaves
+    broken.connect(kernel_fork._address(str(zygote_socket)))
+    broken.send(b"not json")
+    broken.close()
+    manager, client = _started_kernel(tmp_path, monkeypatch)  # the zygote still forks for the next client
+    try:
+        assert json.loads("".join(_run(client, PROBE)))["preloaded"] is True
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
 
 
 def test_killing_the_client_kills_its_forked_kernel(zygote_socket, tmp_path, monkeypatch):
@@ -101,3 +132,15 @@ def test_a_forked_run_gives_the_numbers_of_ordinary_kernels(tmp_path):
         assert all(r.ok for r in results)
         runs[fork] = {r.stem: json.loads((folder / r.stem / "metrics.json").read_text())["metrics"] for r in results}
     assert runs[True] == runs[False]
+
+
+def test_terminating_the_zygote_kills_its_kernels(tmp_path, monkeypatch):
+    with kernel_fork.zygote() as name:
+        manager, client = _started_kernel(tmp_path, monkeypatch)
+        kernel_pid = int("".join(_run(client, "import os; print(os.getpid())")).strip())
+        client.stop_channels()
+    deadline = time.monotonic() + 10  # the zygote was terminated at the end of the block
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{kernel_pid}"):
+        time.sleep(0.1)
+    assert name.startswith("@") and not os.path.exists(f"/proc/{kernel_pid}")
+    manager.cleanup_resources()

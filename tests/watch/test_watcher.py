@@ -154,6 +154,18 @@ def test_the_report_says_what_watching_cost(deep):
     assert Report.from_dict(json.loads(json.dumps(report.to_dict()))).cost == cost
     merged = Report.merge([report, report])
     assert merged.cost["watch_seconds"] == 2 * cost["watch_seconds"] and merged.cost["mode"] == cost["mode"]
+    other = Report(cost={**cost, "mode": "light" if deep else "deep"})
+    assert Report.merge([report, other]).cost["mode"] == "deep+light"
+
+
+def test_calls_after_the_block_do_not_count_as_its_cost():
+    model, tokenizer = tiny_model("gpt2", seed=1)
+    with watch(model, tokenizer=tokenizer) as w:
+        model(input_ids=torch.tensor([[5, 6, 7]]), attention_mask=torch.ones(1, 3, dtype=torch.long))
+    spent = w.report().cost["watch_seconds"]
+    assert spent > 0
+    w._pre("policy", model, model, (), {"input_ids": torch.tensor([[5, 6]]), "attention_mask": torch.ones(1, 2)})
+    assert w.report().cost["watch_seconds"] == spent
 
 
 def test_hooks_are_removed_after_the_block():

@@ -349,7 +349,7 @@ def run_catalogue(
     grading = start_exercise_grading(out) if exercises else None
     bar = tqdm(total=len(todo), desc="notebooks", disable=not progress, unit="nb")
     try:
-        with kernel_fork.zygote(enabled=fork_kernels and len(todo) > 1):
+        with kernel_fork.zygote(enabled=fork_kernels and len(todo) > 1, threads=kernel_threads(jobs_in_parallel, len(todo))):
             _run_jobs(jobs, todo, results, out, render_html, jobs_in_parallel, bar)
     except KeyboardInterrupt:
         bar.close()
@@ -406,6 +406,13 @@ def _write_outputs(out: Path, results: list[NotebookResult], total: float, smoke
     )
 
 
+def kernel_threads(jobs_in_parallel: int, notebooks: int) -> int | None:
+    """The CPU threads each kernel gets (``OMP_NUM_THREADS``/``MKL_NUM_THREADS``): the cores shared between the
+    kernels that run at once, or None (the libraries' own default) when one runs at a time."""
+    workers = max(1, min(jobs_in_parallel, notebooks))
+    return max(1, (os.cpu_count() or 1) // workers) if workers > 1 else None
+
+
 def _run_jobs(jobs, todo: list[int], results: list, out: Path, render_html: bool, jobs_in_parallel: int, bar) -> None:
     """Execute ``jobs[i]`` for each ``i`` in ``todo`` into ``results[i]``, one or several at once."""
     workers = max(1, min(jobs_in_parallel, len(todo)))
@@ -419,7 +426,7 @@ def _run_jobs(jobs, todo: list[int], results: list, out: Path, render_html: bool
         # Several kernels at once, each limited to its share of the CPU cores. Workers are spawned,
         # not forked: a fork of a process that already runs threads (torch, tokenizers, tqdm) can
         # inherit a held lock and hang forever (seen in a CI rehearsal).
-        threads = max(1, (os.cpu_count() or 1) // workers)
+        threads = kernel_threads(jobs_in_parallel, len(todo))
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             # Longest first, so the last notebooks to finish are short ones: the notebooks that train (a
             # ``seeds`` parameter) are the long ones, in smoke and full mode alike. Results keep catalogue order.

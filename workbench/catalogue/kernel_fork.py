@@ -22,6 +22,12 @@ zygote that finds a thread in itself beyond OpenBLAS's pool (a fork of a threade
 lock — the reason the batch runner spawns its own workers; OpenBLAS, loaded by numpy, shuts its pool down
 at fork through ``pthread_atfork``, so its threads are allowed). ``WORKBENCH_FORK_KERNELS=0`` turns the zygote off.
 
+The zygote is started with the thread settings the runner gives its kernels (``OMP_NUM_THREADS``,
+``MKL_NUM_THREADS``), so libraries that read them when imported (numpy's OpenBLAS) see what an ordinary
+kernel would. Its socket is in Linux's abstract namespace (no file, no path-length limit, gone with the
+process). The inline figure backend and ipywidgets are *not* preloaded: they hook into IPython when first
+imported, which only works inside the kernel.
+
 The module imports only the standard library at the top: the client must start in milliseconds. The
 zygote's heavy imports are in ``PRELOAD`` and happen inside ``serve``.
 """
@@ -36,23 +42,23 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 SOCKET_ENV = "WORKBENCH_KERNEL_ZYGOTE"
 SWITCH_ENV = "WORKBENCH_FORK_KERNELS"
 # What the catalogue's notebooks import before their first computation. A module that fails to import here
 # is simply imported by the kernel itself; none of them draws, seeds or starts a thread at import.
 PRELOAD = (
-    "numpy", "torch", "transformers", "safetensors.torch", "matplotlib.pyplot", "matplotlib_inline.backend_inline",
-    "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "ipywidgets",
+    "numpy", "torch", "transformers", "safetensors.torch", "matplotlib.pyplot",
+    "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel",
     "transformers.models.qwen2.modeling_qwen2", "transformers.models.llama.modeling_llama",
     "transformers.models.gpt2.modeling_gpt2", "transformers.models.gemma2.modeling_gemma2",
     "workbench.catalogue.notebook_api", "workbench.experiments.checkpoints", "workbench.experiments.comparison",
     "workbench.experiments.statistics", "workbench.modeling.models", "workbench.viz.plots", "workbench.pitfalls",
 )
 MESSAGE_BYTES = 1 << 20  # one request: the kernel's arguments, folder and environment
+CONNECT_SECONDS = 30.0  # a client may start before the zygote has bound its socket
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def supported() -> str | None:
@@ -66,42 +72,53 @@ def supported() -> str | None:
 
 # ---- the runner's side ---------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def zygote(enabled: bool = True):
+def zygote(enabled: bool = True, threads: int | None = None):
     """Run a zygote for the duration of the block and point ``SOCKET_ENV`` at it (restored after); does
-    nothing where ``supported()`` gives a reason or ``enabled`` is False."""
+    nothing where ``supported()`` gives a reason or ``enabled`` is False. ``threads``: the thread count the
+    runner gives each kernel (``OMP_NUM_THREADS``/``MKL_NUM_THREADS``), None when it sets none."""
     if not enabled or supported() is not None:
         yield None
         return
-    folder = Path(tempfile.mkdtemp(prefix="workbench-zygote-"))
-    path = folder / "zygote.sock"
-    process = subprocess.Popen([sys.executable, "-m", "workbench.catalogue.kernel_fork", "serve", str(path)],
-                               stdin=subprocess.DEVNULL)
+    name = f"@workbench-zygote-{os.getpid()}-{os.urandom(6).hex()}"  # '@': the abstract namespace (see _address)
+    env = {**os.environ, **({v: str(threads) for v in THREAD_VARIABLES} if threads is not None else {})}
+    process = subprocess.Popen([sys.executable, "-m", "workbench.catalogue.kernel_fork", "serve", name],
+                               stdin=subprocess.DEVNULL, env=env)
     previous = os.environ.get(SOCKET_ENV)
-    os.environ[SOCKET_ENV] = str(path)
+    os.environ[SOCKET_ENV] = name
     try:
-        yield path
+        yield name
     finally:
         if previous is None:
             os.environ.pop(SOCKET_ENV, None)
         else:
             os.environ[SOCKET_ENV] = previous
-        process.terminate()
+        process.terminate()  # serve's SIGTERM handler kills its kernels first
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            folder.rmdir()
+
+
+def _address(name: str) -> str:
+    """A socket name: ``@name`` is Linux's abstract namespace (a leading NUL byte), anything else a file path."""
+    return "\0" + name[1:] if name.startswith("@") else name
 
 
 def kernel_command(cmd: list[str]) -> list[str]:
     """The kernel command line with ``-m ipykernel_launcher`` replaced by the client when a zygote runs."""
     path = os.environ.get(SOCKET_ENV)
-    if not path or supported() is not None or cmd[1:3] != ["-m", "ipykernel_launcher"]:
+    if not path or supported() is not None or cmd[1:3] != ["-m", "ipykernel_launcher"] or not _same_interpreter(cmd[0]):
         return cmd
     return [cmd[0], "-m", "workbench.catalogue.kernel_fork", "launch", path, *cmd[3:]]
+
+
+def _same_interpreter(executable: str) -> bool:
+    """Only kernels of this interpreter are forked: a kernelspec naming another Python gets that Python."""
+    try:
+        return os.path.samefile(executable, sys.executable)
+    except OSError:
+        return False
 
 
 # ---- the zygote ----------------------------------------------------------------------------------------------------
@@ -113,13 +130,15 @@ def _threads() -> int:
 
 
 def serve(path: str) -> None:
-    """Listen on ``path`` at once, import ``PRELOAD``, then fork a kernel per request until the parent exits."""
+    """Listen on ``path`` at once, import ``PRELOAD``, then fork a kernel per request until the parent exits
+    or the zygote is terminated; its kernels are killed on the way out."""
     import importlib  # the zygote's own imports: stdlib
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the runner, which terminates the zygote
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so that the finally below kills the kernels
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(path)
+    listener.bind(_address(path))
     listener.listen(64)  # clients may connect now; they wait for their reply while the imports run
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")  # what ipykernel would set
     with contextlib.suppress(Exception):
@@ -133,51 +152,61 @@ def serve(path: str) -> None:
         for module in pkgutil.iter_modules(sys.modules["workbench.pitfalls"].__path__):
             with contextlib.suppress(Exception):
                 importlib.import_module(f"workbench.pitfalls.{module.name}")
-    kernels: dict[socket.socket, int] = {}
+    kernels: dict[socket.socket, int] = {}  # a client's connection → its kernel
+    orphans: set[int] = set()  # kernels whose client died: killed, waiting to be reaped
     try:
         while os.getppid() == parent:
             ready, _, _ = select.select([listener, *kernels], [], [], 0.5)
             for sock in ready:
                 if sock is listener:
-                    _accept(listener, kernels, allowed)
+                    _accept(listener, kernels, orphans, allowed)
                 elif not _recv_or_empty(sock):  # the client died: its kernel goes too
+                    pid = kernels.pop(sock)
+                    sock.close()
                     with contextlib.suppress(ProcessLookupError):
-                        os.kill(kernels[sock], signal.SIGKILL)
-            _reap(kernels)
+                        os.killpg(pid, signal.SIGKILL)
+                    orphans.add(pid)
+            _reap(kernels, orphans)
     finally:
-        for pid in kernels.values():
+        for pid in [*kernels.values(), *orphans]:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                os.killpg(pid, signal.SIGKILL)
 
 
-def _accept(listener: socket.socket, kernels: dict, allowed: int) -> None:
+def _accept(listener: socket.socket, kernels: dict, orphans: set, allowed: int) -> None:
+    """One request: fork its kernel and reply ``pid N``, or ``nofork REASON``. A client that vanishes on the
+    way costs only its own request."""
     conn, _ = listener.accept()
-    conn.settimeout(10)
+    fds: list[int] = []
+    pid = None
     try:
+        conn.settimeout(10)
         message, fds, _, _ = socket.recv_fds(conn, MESSAGE_BYTES, 3)
-    except OSError:
+        request = json.loads(message)
+        threads = _threads()
+        if threads > allowed or len(fds) != 3:
+            conn.send(f"nofork the zygote runs {threads} threads, {allowed} expected (a fork could inherit a held lock)".encode())
+            conn.close()
+            return
+        pid = os.fork()
+        if pid == 0:  # the kernel: never returns
+            listener.close()
+            for other in kernels:
+                other.close()
+            conn.close()
+            _become_kernel(request, fds)
+        conn.settimeout(None)
+        conn.send(f"pid {pid}".encode())
+        kernels[conn] = pid
+    except (OSError, ValueError):  # the client died or sent garbage: drop it, kill its kernel if one was forked
         conn.close()
-        return
-    request = json.loads(message)
-    threads = _threads()
-    if threads > allowed or len(fds) != 3:
-        conn.send(f"nofork the zygote runs {threads} threads, {allowed} expected (a fork could inherit a held lock)".encode())
-        conn.close()
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            orphans.add(pid)
+    finally:
         for fd in fds:
             os.close(fd)
-        return
-    pid = os.fork()
-    if pid == 0:  # the kernel: never returns
-        listener.close()
-        for other in kernels:
-            other.close()
-        conn.close()
-        _become_kernel(request, fds)
-    for fd in fds:
-        os.close(fd)
-    conn.settimeout(None)
-    conn.send(f"pid {pid}".encode())
-    kernels[conn] = pid
 
 
 def _recv_or_empty(sock: socket.socket) -> bytes:
@@ -187,14 +216,15 @@ def _recv_or_empty(sock: socket.socket) -> bytes:
         return b""
 
 
-def _reap(kernels: dict) -> None:
-    while kernels:
+def _reap(kernels: dict, orphans: set) -> None:
+    while kernels or orphans:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        orphans.discard(pid)
         for conn, child in list(kernels.items()):
             if child == pid:
                 with contextlib.suppress(OSError):
@@ -207,6 +237,7 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
     code = 1
     try:
         os.setsid()  # like a kernel jupyter_client starts: its own session, out of reach of the runner's Ctrl-C
+        _die_with_parent()  # a zygote killed outright (SIGKILL) takes its kernels with it
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -215,7 +246,9 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.path[0] = request["cwd"]  # what ``python -m ipykernel_launcher`` started there would have
+        # ``python -m ipykernel_launcher`` drops its own folder from sys.path (IPython adds '' back); the zygote's is ours
+        if sys.path and not sys.flags.safe_path:
+            del sys.path[0]
         import random  # stdlib; numpy and torch are already loaded
         random.seed()
         if "numpy" in sys.modules:
@@ -223,13 +256,17 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
         threads = os.environ.get("OMP_NUM_THREADS")
         if threads and threads.isdigit() and "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(int(threads))
-        # ipykernel reads JPY_PARENT_PID into a trait default when it is imported, i.e. in the zygote: say it again
+        # ipykernel reads JPY_PARENT_PID into a trait default when it is imported, i.e. in the zygote: say it again (it keeps
+        # the kernel's start-up banner quiet; its parent poller cannot watch the launcher here, the client does that)
         parent = os.environ.get("JPY_PARENT_PID", "")
         sys.argv = ["ipykernel_launcher", *request["argv"], *([f"--IPKernelApp.parent_handle={parent}"] if parent.isdigit() else [])]
         from ipykernel import kernelapp  # already imported by the zygote
 
         kernelapp.launch_new_instance()
         code = 0
+        import atexit  # stdlib: the exit handlers an ordinary interpreter would run (IPython's history, temp files)
+
+        atexit._run_exitfuncs()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 — a kernel that fails must still leave through os._exit
@@ -243,6 +280,14 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
+def _die_with_parent() -> None:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL): the kernel dies with the zygote (Linux; silently skipped elsewhere)."""
+    with contextlib.suppress(Exception):
+        import ctypes  # stdlib
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 # ---- the client ----------------------------------------------------------------------------------------------------
 def launch(path: str, argv: list[str]) -> int:
     """Ask the zygote at ``path`` for a kernel with ``argv``; wait for it and return its exit code. Falls back
@@ -250,13 +295,12 @@ def launch(path: str, argv: list[str]) -> int:
     reason = supported()
     if reason is None:
         try:
-            conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            conn.connect(path)
+            conn = _connect(path)
             request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}
             socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
             reply = conn.recv(256).decode()
         except OSError as exc:
-            reply = f"nofork no zygote at {path} ({exc})"
+            reply = f"nofork the zygote at {path} could not be asked ({exc})"
         if reply.startswith("pid "):
             return _relay(conn, int(reply.split()[1]))
         reason = reply.removeprefix("nofork ") or "the zygote closed the connection"
@@ -265,22 +309,47 @@ def launch(path: str, argv: list[str]) -> int:
     return 1  # not reached
 
 
+def _connect(path: str) -> socket.socket:
+    """Connect, retrying while the zygote starts (its socket does not exist yet) for up to ``CONNECT_SECONDS``."""
+    deadline = time.monotonic() + CONNECT_SECONDS
+    while True:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            conn.connect(_address(path))
+            return conn
+        except (ConnectionRefusedError, FileNotFoundError):
+            conn.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _relay(conn: socket.socket, pid: int) -> int:
+    """Forward signals to the kernel's process group (as jupyter_client's killpg would reach an ordinary kernel and its
+    children), and return its exit code; if the process that launched this client dies, the kernel goes too."""
+    parent = os.getppid()
+
     def forward(signum, _frame):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
+    conn.settimeout(1.0)
     while True:
         try:
             reply = conn.recv(256).decode()
-        except InterruptedError:
+        except (InterruptedError, TimeoutError):
+            if os.getppid() != parent:  # an ordinary kernel's parent poller would exit now
+                forward(signal.SIGKILL, None)
             continue
         if reply.startswith("exit "):
-            return int(reply.split()[1])
+            code = int(reply.split()[1])
+            if code < 0:  # killed by a signal: end the same way, so the launcher sees what an ordinary kernel shows
+                signal.signal(-code, signal.SIG_DFL)
+                os.kill(os.getpid(), -code)
+            return code
         if not reply:  # the zygote went away: the kernel is gone with it
-            time.sleep(0.1)
             return 1
 
 

@@ -63,7 +63,9 @@ class Report:
     not_observable: list[dict] = field(default_factory=lambda: [dict(n) for n in NOT_OBSERVABLE])
     cost: dict = field(default_factory=dict)
     """What watching cost: ``watch_seconds`` (wall time inside the watch's hooks and event handlers),
-    ``watched_seconds`` (wall time of the ``with`` block so far), ``mode`` ("light" or "deep")."""
+    ``watched_seconds`` (wall time of the ``with`` block so far), ``mode`` ("light" or "deep"), ``device`` (the
+    model's). On CUDA the hooks' time includes waiting for the GPU work queued before them (they read a few
+    values back), so there it is an upper bound."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -84,7 +86,8 @@ class Report:
         own, watched = self.cost.get("watch_seconds"), self.cost.get("watched_seconds")
         if own is None or not watched:
             return ""
-        return (f"watch cost ({self.cost.get('mode', '?')}): {1000 * own:.1f} ms in its hooks over {watched:.2f} s watched "
+        bound = " at most" if self.cost.get("device") == "cuda" else ""  # the hooks also wait for queued GPU work
+        return (f"watch cost ({self.cost.get('mode', '?')}):{bound} {1000 * own:.1f} ms in its hooks over {watched:.2f} s watched "
                 f"({100 * own / watched:.1f} %)")
 
     def to_json(self) -> str:
@@ -103,8 +106,13 @@ class Report:
             merged.findings += r.findings
             for k, v in r.observed.items():
                 merged.observed[k] = merged.observed.get(k, 0) + v if isinstance(v, (int, float)) else v
-            for k, v in r.cost.items():  # seconds summed over ranks (each rank watched its own block)
-                merged.cost[k] = merged.cost.get(k, 0.0) + v if isinstance(v, (int, float)) else v
+            for k, v in r.cost.items():  # seconds summed over ranks (each rank watched its own block); modes joined
+                if isinstance(v, (int, float)):
+                    merged.cost[k] = merged.cost.get(k, 0.0) + v
+                elif merged.cost.get(k) not in (None, v):
+                    merged.cost[k] = "+".join(sorted(set(str(merged.cost[k]).split("+")) | {str(v)}))
+                else:
+                    merged.cost[k] = v
         return merged
 
     def __str__(self) -> str:

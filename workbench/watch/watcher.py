@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import time
 import types
 import weakref
@@ -106,21 +107,9 @@ class Watch:
         self.attn = str(getattr(config, "_attn_implementation", "") or "")
         self._dropout = {id(m): observe.dropout_sites(m) for m in self._models()}
         # the watch's own cost: wall time inside its entry points (outermost calls only) and of the with block
-        self._own_seconds, self._own_depth, self._entered_at, self._watched_seconds = 0.0, 0, None, 0.0
-        for name in TIMED_ENTRY_POINTS:
-            setattr(self, name, self._timed(getattr(self, name)))
-
-    def _timed(self, entry_point):
-        def timed(*args, **kwargs):
-            if self._own_depth:
-                return entry_point(*args, **kwargs)
-            self._own_depth, start = 1, time.perf_counter()
-            try:
-                return entry_point(*args, **kwargs)
-            finally:
-                self._own_seconds += time.perf_counter() - start
-                self._own_depth = 0
-        return functools.wraps(entry_point)(timed)
+        self._own_seconds, self._entered_at, self._watched_seconds = 0.0, None, 0.0
+        self._own = threading.local()  # per thread: inside a timed entry point already (nested calls count once)
+        self._own_lock = threading.Lock()
 
     def _models(self):
         return [m for m in (self.model, self.reference) if m is not None]
@@ -190,9 +179,10 @@ class Watch:
     def report(self) -> Report:
         findings = [Finding(f.pitfall, f.severity, f.message, dict(f.evidence), f.where) for f in self._findings.values()]
         watched = self._watched_seconds + (time.perf_counter() - self._entered_at if self._entered_at is not None else 0.0)
+        device = next((p.device.type for p in self._parameters[id(self.model)]), "cpu")
         report = Report(findings=findings, observed=dict(self.observed),
                         cost={"mode": "deep" if self.deep else "light", "watch_seconds": self._own_seconds,
-                              "watched_seconds": watched})
+                              "watched_seconds": watched, "device": device})
         if self.optimizer is None and observe.parameter_versions(self._parameters[id(self.model)]) == self._entry_versions:
             report.not_observable.append({"pitfall": "P29", "check": None, "why": P29_UNOBSERVED})
         return report
@@ -546,3 +536,26 @@ def _dtype(model):
 def watch(model, tokenizer=None, reference=None, optimizer=None, deep: bool = False) -> Watch:
     """Watch ``model`` (and optionally ``reference``, ``optimizer``) inside a ``with`` block; see the module doc."""
     return Watch(model, tokenizer=tokenizer, reference=reference, optimizer=optimizer, deep=deep)
+
+
+def _timed(entry_point):
+    """The wall time of an outermost call of ``entry_point`` inside the ``with`` block counts as the watch's cost
+    (``Report.cost``); calls nested in another timed call, and calls after the block (a tensor hook that outlives
+    it), do not."""
+    @functools.wraps(entry_point)
+    def timed(self, *args, **kwargs):
+        if getattr(self._own, "inside", False) or self._entered_at is None:
+            return entry_point(self, *args, **kwargs)
+        self._own.inside, start = True, time.perf_counter()
+        try:
+            return entry_point(self, *args, **kwargs)
+        finally:
+            elapsed = time.perf_counter() - start
+            self._own.inside = False
+            with self._own_lock:
+                self._own_seconds += elapsed
+    return timed
+
+
+for _name in TIMED_ENTRY_POINTS:
+    setattr(Watch, _name, _timed(getattr(Watch, _name)))
