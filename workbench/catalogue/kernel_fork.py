@@ -59,6 +59,7 @@ PRELOAD = (
 MESSAGE_BYTES = 1 << 20  # one request: the kernel's arguments, folder and environment
 CONNECT_SECONDS = 30.0  # a client may start before the zygote has bound its socket
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_wakeup: tuple[int, int] | None = None  # the zygote's SIGCHLD pipe (read end, write end)
 
 
 def supported() -> str | None:
@@ -154,11 +155,20 @@ def serve(path: str) -> None:
                 importlib.import_module(f"workbench.pitfalls.{module.name}")
     kernels: dict[socket.socket, int] = {}  # a client's connection → its kernel
     orphans: set[int] = set()  # kernels whose client died: killed, waiting to be reaped
+    global _wakeup
+    _wakeup = os.pipe()  # a kernel's exit wakes the loop at once (SIGCHLD → this pipe), not at the next 0.5 s poll
+    for fd in _wakeup:
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(_wakeup[1])
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     try:
         while os.getppid() == parent:
-            ready, _, _ = select.select([listener, *kernels], [], [], 0.5)
+            ready, _, _ = select.select([listener, _wakeup[0], *kernels], [], [], 0.5)
             for sock in ready:
-                if sock is listener:
+                if sock == _wakeup[0]:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(_wakeup[0], 4096)
+                elif sock is listener:
                     _accept(listener, kernels, orphans, allowed)
                 elif not _recv_or_empty(sock):  # the client died: its kernel goes too
                     pid = kernels.pop(sock)
@@ -243,6 +253,9 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
             os.close(fd)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        for fd in _wakeup or ():
+            os.close(fd)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
