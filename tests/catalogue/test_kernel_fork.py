@@ -134,13 +134,14 @@ def test_a_forked_run_gives_the_numbers_of_ordinary_kernels(tmp_path):
     assert runs[True] == runs[False]
 
 
-def test_terminating_the_zygote_kills_its_kernels(tmp_path, monkeypatch):
-    with kernel_fork.zygote() as name:
-        manager, client = _started_kernel(tmp_path, monkeypatch)
-        kernel_pid = int("".join(_run(client, "import os; print(os.getpid())")).strip())
-        client.stop_channels()
-    deadline = time.monotonic() + 10  # the zygote was terminated at the end of the block
+def test_terminating_the_zygote_kills_its_kernels(zygote_socket, tmp_path, monkeypatch):
+    """Last in the module: it terminates the module's zygote (the way ``kernel_fork.zygote`` ends it, SIGTERM)."""
+    manager, client = _started_kernel(tmp_path, monkeypatch)
+    kernel_pid, zygote_pid = map(int, "".join(_run(client, "import os; print(os.getpid(), os.getppid())")).split())
+    client.stop_channels()
+    os.kill(zygote_pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
     while time.monotonic() < deadline and os.path.exists(f"/proc/{kernel_pid}"):
         time.sleep(0.1)
-    assert name.startswith("@") and not os.path.exists(f"/proc/{kernel_pid}")
+    assert str(zygote_socket).startswith("@") and not os.path.exists(f"/proc/{kernel_pid}")
     manager.cleanup_resources()
