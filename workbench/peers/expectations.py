@@ -301,7 +301,7 @@ def plot_s3(ax, payloads: dict):
         for row in payloads.get(name, {}).get("rows", []):
             if row["probe"] == "s3_eos_stopping":
                 m = row["measured"]
-                title = "TRL 0.11.4 PPOv2" if bug_side else "TRL 1.16 GRPO"
+                title = "TRL 0.11.4\nPPOv2" if bug_side else "TRL 1.16\nGRPO"  # three short lines: the labels fit
                 labels += [f"{title}\nsteps", f"{title}\nneeded"]
                 values += [m["tokens_generated_per_row"], m["longest_needed"]]
                 bug += [bug_side, None]
