@@ -301,7 +301,7 @@ def _write_offline(path: Path, body: str) -> Path:
 def _execute_safely(info: NotebookInfo, parameters: dict, out: Path, render_html: bool, threads: int | None) -> NotebookResult:
     """``execute`` that turns any runner failure into a failed result (the other notebooks go on)."""
     if threads is not None:  # inherited by the kernel this process starts
-        for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        for variable in kernel_fork.THREAD_VARIABLES:
             os.environ[variable] = str(threads)
     try:
         return execute(info, parameters, out / info.stem, render_html=render_html)

@@ -34,15 +34,21 @@ zygote's heavy imports are in ``PRELOAD`` and happen inside ``serve``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
+import importlib
 import json
 import os
+import pkgutil
+import random
 import select
 import signal
 import socket
 import subprocess
 import sys
 import time
+import traceback
 
 SOCKET_ENV = "WORKBENCH_KERNEL_ZYGOTE"
 SWITCH_ENV = "WORKBENCH_FORK_KERNELS"
@@ -133,8 +139,6 @@ def _threads() -> int:
 def serve(path: str) -> None:
     """Listen on ``path`` at once, import ``PRELOAD``, then fork a kernel per request until the parent exits
     or the zygote is terminated; its kernels are killed on the way out."""
-    import importlib  # the zygote's own imports: stdlib
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the runner, which terminates the zygote
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so that the finally below kills the kernels
     parent = os.getppid()
@@ -149,7 +153,6 @@ def serve(path: str) -> None:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
     if "workbench.pitfalls" in sys.modules:
-        import pkgutil
         for module in pkgutil.iter_modules(sys.modules["workbench.pitfalls"].__path__):
             with contextlib.suppress(Exception):
                 importlib.import_module(f"workbench.pitfalls.{module.name}")
@@ -262,7 +265,6 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
         # ``python -m ipykernel_launcher`` drops its own folder from sys.path (IPython adds '' back); the zygote's is ours
         if sys.path and not sys.flags.safe_path:
             del sys.path[0]
-        import random  # stdlib; numpy and torch are already loaded
         random.seed()
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()
@@ -277,14 +279,10 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
 
         kernelapp.launch_new_instance()
         code = 0
-        import atexit  # stdlib: the exit handlers an ordinary interpreter would run (IPython's history, temp files)
-
-        atexit._run_exitfuncs()
+        atexit._run_exitfuncs()  # the exit handlers an ordinary interpreter would run (IPython's history, temp files)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 — a kernel that fails must still leave through os._exit
-        import traceback
-
         traceback.print_exc()
     finally:
         with contextlib.suppress(Exception):
@@ -296,8 +294,6 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
 def _die_with_parent() -> None:
     """prctl(PR_SET_PDEATHSIG, SIGKILL): the kernel dies with the zygote (Linux; silently skipped elsewhere)."""
     with contextlib.suppress(Exception):
-        import ctypes  # stdlib
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
