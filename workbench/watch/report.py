@@ -123,7 +123,7 @@ class Report:
         lines.append(f"observed: {counts or 'nothing (was the model called inside the with block?)'}")
         lines += [f"not observable: {n['pitfall']} — " + (f"run workbench.audit.{n['check']}" if n["check"] else n.get("why", ""))
                   for n in self.not_observable]
-        lines += [self.cost_line()] if self.cost_line() else []
+        lines += [cost] if (cost := self.cost_line()) else []
         return "\n".join(lines)
 
     def html(self) -> str:
@@ -142,7 +142,7 @@ class Report:
         return ('<div class="watch-report"><table><thead><tr><th>severity</th><th>pitfall</th><th>message</th>'
                 f"<th>evidence</th><th>where</th></tr></thead><tbody>{rows}</tbody></table>"
                 f"<p>observed</p><ul>{counts}</ul><p>not observable by a watch</p><ul>{audits}</ul>"
-                + (f"<p>{html.escape(self.cost_line())}</p>" if self.cost_line() else "") + "</div>")
+                + (f"<p>{html.escape(cost)}</p>" if (cost := self.cost_line()) else "") + "</div>")
 
     def _repr_html_(self) -> str:
         return self.html()
