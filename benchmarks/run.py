@@ -72,6 +72,11 @@ DPO = dict(batch_size=8, learning_rate=1e-5, beta=0.1)
 LARGE_MODEL = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=768, vocab_size=32000, max_position_embeddings=512)
 GRPO_LARGE = dict(prompts=2, num_generations=4, max_new_tokens=16, learning_rate=1e-5)
+# --model qwen2.5-0.5b (GPU): a random model of Qwen2.5-0.5B's shape (494M parameters) in bf16 on both sides; longer responses
+QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
+                  vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True)
+GRPO_05B = dict(prompts=4, num_generations=8, max_new_tokens=64, learning_rate=1e-6, precision="bf16")
+DPO_05B = dict(batch_size=8, learning_rate=1e-6, beta=0.1, precision="bf16")
 # one scoring call at a real vocabulary (Qwen2.5's), random weights built from a config
 MEMORY = dict(vocab_size=151936, rows=4, tokens=256)
 MARK = "@@bench "  # prefix of the worker's result lines on stdout
@@ -120,11 +125,12 @@ def _grpo_workbench(folder, settings, steps, seed, device):
     from workbench.tasks import rl_problems
     from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 
-    model, tok = load(folder)
+    model, tok = load(folder, **_dtype(settings))
     model.to(device)
     trainer = GRPOTrainer(model, tok, rl_problems(64), GRPOConfig(
         steps=10**6, prompts_per_step=settings["prompts"], num_generations=settings["num_generations"],
-        max_new_tokens=settings["max_new_tokens"], learning_rate=settings["learning_rate"], progress=False, seed=seed))
+        max_new_tokens=settings["max_new_tokens"], learning_rate=settings["learning_rate"], progress=False, seed=seed,
+        precision=settings.get("precision", "fp32")))
     state = {"step": 0, "tokens": 0.0, "rewards": []}
 
     def step():
@@ -160,7 +166,8 @@ def _grpo_trl(folder, settings, steps, seed, device):
     def reward_fn(prompts, completions, **kw):
         return [reward(c.split(eos)[0] if eos in c else c, True, problems[p]) for p, c in zip(prompts, completions, strict=True)]
 
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=device == "cpu", bf16=False, report_to="none", logging_steps=10**6,
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=device == "cpu", report_to="none", logging_steps=10**6,
+                      **_trl_precision(settings),
                       per_device_train_batch_size=settings["prompts"] * settings["num_generations"],
                       num_generations=settings["num_generations"], max_completion_length=settings["max_new_tokens"],
                       learning_rate=settings["learning_rate"], max_steps=steps + 1, beta=0.0, loss_type="grpo",
@@ -174,6 +181,20 @@ def _grpo_trl(folder, settings, steps, seed, device):
             "values": [h["reward"] for h in trainer.state.log_history if "reward" in h]}
 
 
+def _dtype(settings) -> dict:
+    """``load`` options of the workbench side: bf16 weights under ``precision="bf16"`` (the 0.5B-shaped model)."""
+    import torch
+
+    return {"dtype": torch.bfloat16} if settings.get("precision") == "bf16" else {}
+
+
+def _trl_precision(settings) -> dict:
+    """TRL's side of ``precision``: the model loaded in bf16 and TRL's bf16 switch, or fp32 throughout."""
+    if settings.get("precision") == "bf16":
+        return {"bf16": True, "model_init_kwargs": {"dtype": "bfloat16"}}
+    return {"bf16": False}
+
+
 def _checkpointing(settings) -> dict:
     """TRL's own default (gradient checkpointing on in its GRPO and DPO configs: a second forward in
     the backward pass, which slows it), or off for the ``… (TRL without gradient checkpointing)`` lines."""
@@ -185,11 +206,11 @@ def _dpo_workbench(folder, settings, steps, seed, device):
     from workbench.tasks import TRAIN_PREFERENCES, load_preferences
     from workbench.trainers.dpo import DPOConfig, DPOTrainer
 
-    model, tok = load(folder)
+    model, tok = load(folder, **_dtype(settings))
     model.to(device)
     trainer = DPOTrainer(model, tok, load_preferences(TRAIN_PREFERENCES)[:512], DPOConfig(
         steps=10**6, batch_size=settings["batch_size"], learning_rate=settings["learning_rate"], beta=settings["beta"],
-        progress=False, seed=seed))
+        progress=False, seed=seed, precision=settings.get("precision", "fp32")))
     state = {"step": 0, "losses": []}
 
     def step():
@@ -209,7 +230,7 @@ def _dpo_trl(folder, settings, steps, seed, device):
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     pairs = [{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in load_preferences(TRAIN_PREFERENCES)[:512]]
-    args = DPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=device == "cpu", bf16=False, report_to="none", logging_steps=1,
+    args = DPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=device == "cpu", report_to="none", logging_steps=1, **_trl_precision(settings),
                      per_device_train_batch_size=settings["batch_size"], learning_rate=settings["learning_rate"],
                      beta=settings["beta"], max_steps=steps + 1, save_strategy="no", seed=seed, disable_tqdm=True,
                      **_checkpointing(settings))
@@ -521,7 +542,8 @@ def run_memory(args) -> dict:
 # ---- the sampler vs model.generate ------------------------------------------------------------
 LINES = ("watch", "sampler", "grpo", "dpo", "large", "extras")  # what --lines selects (extras: packing, memory, EOS)
 SAMPLER = {"tiny": dict(prompts=2, num_generations=8, max_new_tokens=8, calls=40),
-           "large": dict(prompts=2, num_generations=4, max_new_tokens=16, calls=3)}
+           "large": dict(prompts=2, num_generations=4, max_new_tokens=16, calls=3),
+           "qwen2.5-0.5b": dict(prompts=4, num_generations=8, max_new_tokens=64, calls=3)}
 
 
 def sampler_worker(size: str, rounds: int, device: str) -> dict:
@@ -534,7 +556,12 @@ def sampler_worker(size: str, rounds: int, device: str) -> dict:
     from workbench.tasks import encode_prompts, rl_problems
 
     settings = SAMPLER[size]
-    model, tok = load("tiny-arith-qwen2") if size == "tiny" else tiny_model("qwen2", seed=0, **LARGE_MODEL)
+    if size == "tiny":
+        model, tok = load("tiny-arith-qwen2")
+    elif size == "large":
+        model, tok = tiny_model("qwen2", seed=0, **LARGE_MODEL)
+    else:
+        model, tok = tiny_model("qwen2", seed=0, dtype=torch.bfloat16, **QWEN25_05B)
     model.to(device).eval()
     ids, mask = (t.to(device) for t in encode_prompts(tok, [p.prompt for p in rl_problems(settings["prompts"])
                                                              for _ in range(settings["num_generations"])]))
@@ -667,6 +694,27 @@ def extras(args) -> dict:
             "rows": len(first_fit_decreasing(lengths, max(lengths))), "sequences": len(lengths)}
 
 
+def qwen05b_lines(args, chosen: set[str], base: str, steps: int, repeats: int) -> list[str]:
+    """The sampler, GRPO and DPO lines on a random model of Qwen2.5-0.5B's shape in bf16 (``--model qwen2.5-0.5b``)."""
+    import torch
+
+    from workbench.modeling.tiny import tiny_model
+
+    model, tokenizer = tiny_model("qwen2", seed=0, dtype=torch.bfloat16, **QWEN25_05B)
+    size = f"random Qwen2.5-0.5B shape, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, bf16"
+    folder = _save_model(f"{base}/qwen2.5-0.5b", model, tokenizer)
+    del model
+    lines = []
+    if "sampler" in chosen:
+        lines.append(_sampler_line(f"Sampler, {size}, {args.device}", run_sampler("qwen2.5-0.5b", max(3, repeats), args)))
+    for kind, settings, measure in (("grpo", GRPO_05B, "reward"), ("dpo", DPO_05B, "loss")):
+        if kind in chosen:
+            summary = paired(kind, folder, settings, steps, repeats, args, no_gc=True)
+            lines.append(_comparison_line(f"{kind.upper()}, {size}", summary, measure))
+            lines.append(_comparison_line(f"{kind.upper()}, {size} (TRL without gradient checkpointing)", summary["no_gc"], measure))
+    return lines
+
+
 def _load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -678,6 +726,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=None, help="repeats per side (≥ 3 for a median worth quoting)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads per process on a CPU (both sides)")
+    parser.add_argument("--model", default="tiny", choices=("tiny", "qwen2.5-0.5b"),
+                        help="tiny: the shipped tiny-arith-qwen2 (and the 12M larger model); qwen2.5-0.5b: a random model of "
+                             "Qwen2.5-0.5B's shape in bf16 for the sampler, GRPO and DPO lines (a GPU run: --device cuda)")
     parser.add_argument("--write", action="store_true", help="append the results to benchmarks/RESULTS.md")
     parser.add_argument("--watch-only", action="store_true", help="only the watch-overhead line (GRPO with vs without workbench.watch)")
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
@@ -724,6 +775,9 @@ def main() -> int:
     start, load_before = time.perf_counter(), _load()
     lines, results = [], {}
     base = tempfile.mkdtemp()
+    if args.model == "qwen2.5-0.5b":
+        lines = qwen05b_lines(args, chosen, base, steps, repeats)
+        return _finish(args, lines, start, load_before, steps, repeats, steps)
     tiny_folder = _save_model(f"{base}/tiny", *load("tiny-arith-qwen2"))
     if "watch" in chosen:
         results["watch"] = watch_overhead(tiny_folder, steps, repeats, args)

@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from workbench.core.batching import pad_sequences  # noqa: E402
 from workbench.experiments import checkpoints
 from workbench.modeling import realistic  # noqa: E402
+from workbench.modeling.attention import FLASH_BACKENDS, available_flash_backends, flash_attention_status  # noqa: E402
 from workbench.modeling.scoring import response_logprobs  # noqa: E402
 from workbench.tasks import rl_problems  # noqa: E402
 
@@ -55,6 +56,7 @@ def machine() -> dict:
 
     return {"gpu": smi, "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
             "python": platform.python_version(), "flash_attn_importable": importlib.util.find_spec("flash_attn") is not None,
+            "flash_backends": {name: flash_attention_status(name)[1] for name in FLASH_BACKENDS},
             "capability": ".".join(map(str, torch.cuda.get_device_capability()))}
 
 
@@ -64,8 +66,8 @@ def backends() -> dict:
 
     chosen = {"eager": ("eager", None), "sdpa": ("sdpa", None), "sdpa/math": ("sdpa", SDPBackend.MATH),
               "sdpa/efficient": ("sdpa", SDPBackend.EFFICIENT_ATTENTION), "sdpa/flash": ("sdpa", SDPBackend.FLASH_ATTENTION)}
-    if importlib.util.find_spec("flash_attn") is not None:
-        chosen["flash_attention_2"] = ("flash_attention_2", None)
+    for flash in available_flash_backends():  # flash-attn 2 and/or flash-attn 4, where installed and runnable
+        chosen[flash] = (flash, None)
     return chosen
 
 
@@ -79,7 +81,9 @@ def sequences(tokenizer, n: int = 16, response_tokens: int = 12):
 
 
 def score(model, prompts, responses, filler: int, layout: str) -> list[torch.Tensor]:
-    """Per-sequence response log-probs (fp32, CPU) in ``layout``: "alone" or "padded"."""
+    """Per-sequence response log-probs (fp32, CPU) in ``layout``: "alone", "padded" (left-padded batch) or "packed"
+    (the same batch padding-free: ``packed=True``, one row under a flash back-end, i.e. its variable-length kernel;
+    bin-packed rows under a block-diagonal mask otherwise)."""
     device = model.device
     if layout == "alone":
         out = []
@@ -90,14 +94,14 @@ def score(model, prompts, responses, filler: int, layout: str) -> list[torch.Ten
         return out
     ids, mask = (t.to(device) for t in pad_sequences(prompts, filler, side="left"))
     rid = torch.tensor(responses, device=device)
-    logp = response_logprobs(model, ids, mask, rid, torch.ones_like(rid)).float().cpu()
+    logp = response_logprobs(model, ids, mask, rid, torch.ones_like(rid), packed=layout == "packed").float().cpu()
     return list(logp)
 
 
 def attention_gaps(name: str) -> dict:
     """max / mean |Δ log p| of every (back-end, dtype, layout) against fp32 eager, same layout."""
     results = {}
-    for layout in ("alone", "padded"):
+    for layout in ("alone", "padded", "packed"):
         reference = None
         for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             for label, (implementation, kernel) in backends().items():
@@ -113,8 +117,8 @@ def attention_gaps(name: str) -> dict:
                 try:
                     with context, torch.no_grad():
                         values = torch.cat(score(model, prompts, responses, filler, layout))
-                except RuntimeError as error:  # a kernel not eligible for this layout or dtype
-                    results[key] = {"error": str(error).splitlines()[0][:160]}
+                except Exception as error:  # a kernel not eligible for this layout or dtype (flash: no fp32)
+                    results[key] = {"error": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]}"}
                     continue
                 if reference is None:  # fp32 eager comes first
                     reference = values
@@ -167,6 +171,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu_check.json", help="where the JSON goes")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the script itself")
+    parser.add_argument("--attention-only", action="store_true", help="the attention back-ends' gaps only (no trainer steps)")
     args = parser.parse_args(argv)
     global DEVICE
     DEVICE = args.device
@@ -181,6 +186,8 @@ def main(argv=None) -> int:
         report["attention"][name] = attention_gaps(name)
         for key, value in report["attention"][name].items():
             print(f"{name:16s} {key:28s} {value}")
+        if args.attention_only:
+            continue
         report["trainers"][name] = {p: trainer_step0(name, p) for p in ("fp32", "bf16-mixed", "bf16")}
         for precision, kinds in report["trainers"][name].items():
             for kind, value in kinds.items():

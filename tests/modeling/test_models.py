@@ -41,14 +41,42 @@ def test_tiny_model_dtype_and_overrides():
 
 
 def test_attention_backend_auto_falls_back_to_sdpa_and_flash_request_is_a_clear_error():
-    assert attention.resolve_attn_implementation("auto") in ("sdpa", "flash_attention_2")
-    available, reason = attention.flash_attention_status()
-    if not available:
+    assert attention.resolve_attn_implementation("auto") in ("sdpa", *attention.FLASH_BACKENDS)
+    for backend in attention.FLASH_BACKENDS:
+        available, reason = attention.flash_attention_status(backend)
+        if not available:
+            with pytest.raises(AttentionBackendUnavailable, match="sdpa"):
+                load("tiny-qwen2", attn_implementation=backend)
+    if not attention.available_flash_backends():
         assert attention.resolve_attn_implementation("auto") == "sdpa"
-        with pytest.raises(AttentionBackendUnavailable, match="sdpa"):
-            load("tiny-qwen2", attn_implementation="flash_attention_2")
     with pytest.raises(ValueError, match="not one of"):
         attention.resolve_attn_implementation("flash3")
+
+
+def _pretend_gpu(monkeypatch, distributions: set[str], capability: tuple[int, int]):
+    monkeypatch.setattr(attention.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(attention.torch.cuda, "get_device_capability", lambda *a: capability)
+    monkeypatch.setattr(attention.torch.cuda, "get_device_name", lambda *a: "a test GPU")
+    monkeypatch.setattr(attention, "_distributions_of_flash_attn", lambda: distributions)
+
+
+def test_flash_attention_4_needs_its_own_distribution_and_a_hopper_gpu(monkeypatch):
+    # FA2's distribution provides the same import name (flash_attn) but not FA4's kernels, and the reverse
+    _pretend_gpu(monkeypatch, {"flash-attn"}, (9, 0))
+    assert attention.resolve_attn_implementation("auto") == "flash_attention_2"
+    available, reason = attention.flash_attention_status("flash_attention_4")
+    assert not available and "flash-attn-4 package is not installed" in reason
+    _pretend_gpu(monkeypatch, {"flash-attn-4"}, (9, 0))
+    assert attention.resolve_attn_implementation("auto") == "flash_attention_4"
+    assert attention.resolve_attn_implementation("flash_attention_4") == "flash_attention_4"
+    with pytest.raises(AttentionBackendUnavailable, match="flash-attn package is not installed"):
+        attention.resolve_attn_implementation("flash_attention_2")
+    _pretend_gpu(monkeypatch, {"flash-attn-4"}, (8, 0))  # an A100: FA4's kernels are Hopper/Blackwell only
+    assert attention.resolve_attn_implementation("auto") == "sdpa"
+    with pytest.raises(AttentionBackendUnavailable, match=r"capability ≥ 9.0 .* has 8.0"):
+        attention.resolve_attn_implementation("flash_attention_4")
+    with pytest.raises(ValueError, match="not a flash back-end"):
+        attention.flash_attention_status("sdpa")
 
 
 @pytest.mark.parametrize("name", models.BUILTIN_NAMES)

@@ -13,7 +13,7 @@ REPORT = padding.PaddingReport("right", True, [0], True)
 
 def test_metrics_returns_write_metrics_arguments():
     kwargs = padding.metrics(divergence=DIVERGENCE, packed=PACKED, report=REPORT, throughput={"padded": 1.0, "packed": 2.0},
-                             entries={"padded": 16, "packed": 8}, flash_gap=None, flash_reason="no GPU")
+                             entries={"padded": 16, "packed": 8}, flash={"backends": {}, "skipped": {"flash_attention_2": "no GPU"}})
     check_metrics(kwargs, "02_right_padding_flash_attention")
     assert kwargs["headline"]["bug"] == 50.0 and kwargs["headline"]["fix"] == 0.0
     assert kwargs["metrics"]["packed_speedup"] == 2.0 and kwargs["metrics"]["guard_would_raise"] is True
@@ -55,3 +55,27 @@ def test_throughput_note_counts_tokens_and_entries():
     note = padding.throughput_note([40] + [2] * 30, 2.0)  # padded 1240 tokens / 100 packed; entries 49600 vs 10000 → 0.2×
     assert "12.40× the tokens" in note
     assert "dominates" in padding.throughput_note([100] + [90] * 31, 1.2)  # dense packed mask has more entries
+
+
+def test_flash_checks_skip_with_the_reason_where_no_flash_backend_can_run(monkeypatch):
+    from workbench.modeling import attention
+
+    monkeypatch.setattr(padding, "flash_attention_status", lambda name: (False, f"{name} cannot run in this test"))
+    flash = padding.flash_checks("tiny-arith-qwen2", ["1+2="], ["1+2=3"])
+    assert flash["backends"] == {} and set(flash["skipped"]) == set(attention.FLASH_BACKENDS)
+    assert "flash_attention_4: skipped: flash_attention_4 cannot run in this test" in padding.flash_lines(flash)
+
+
+def test_a_flash_backend_that_fails_is_recorded_not_fatal(monkeypatch):
+    monkeypatch.setattr(padding, "flash_attention_status", lambda name: (name == "flash_attention_4", "test"))
+
+    def broken(*args):
+        raise RuntimeError("no kernel for head_dim 12")
+
+    monkeypatch.setattr(padding, "_flash_gaps", broken)
+    flash = padding.flash_checks("tiny-arith-qwen2", ["1+2="], ["1+2=3"])
+    assert flash["errors"] == {"flash_attention_4": "RuntimeError: no kernel for head_dim 12"}
+    kwargs = padding.metrics(divergence=DIVERGENCE, packed=PACKED, report=REPORT, throughput={"padded": 1.0, "packed": 2.0},
+                             entries={"padded": 16, "packed": 8}, flash=flash)
+    assert kwargs["metrics"]["flash_vs_sdpa_max_abs_logp_diff"] is None
+    assert "flash_attention_4: failed on this machine: RuntimeError" in kwargs["metrics"]["flash_attention"]

@@ -1,40 +1,75 @@
-"""Attention back-ends: which implementation a model runs (``sdpa``, ``eager``, ``flash_attention_2``).
+"""Attention back-ends: which implementation a model runs (``sdpa``, ``eager``, ``flash_attention_2``,
+``flash_attention_4``).
 
-``"auto"`` picks flash-attention where it can run (a CUDA GPU with the flash-attn package) and
-``sdpa`` elsewhere; asking for flash-attention where it cannot run is an error that says why, rather
-than a silent fallback (right padding under flash-attention is pitfall P2).
+``"auto"`` picks flash-attention where it can run (a CUDA GPU with the flash-attn package: FA2 first,
+then FA4 on a Hopper or Blackwell GPU) and ``sdpa`` elsewhere; asking for a flash back-end where it
+cannot run is an error that says why, rather than a silent fallback (right padding under
+flash-attention is pitfall S2).
+
+The two flash packages share the import name ``flash_attn``: flash-attn 2 is the ``flash-attn``
+distribution (CUDA extensions built from source), flash-attn 4 the ``flash-attn-4`` wheel (CuTe-DSL
+kernels under ``flash_attn.cute``, compiled on first use; Hopper sm_90 and Blackwell sm_100+ only).
+transformers (≥ 5) selects both by name; the workbench only checks that the one asked for is
+installed and that the GPU can run it, by the distribution's name as transformers does.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 
 import torch
 
 from workbench.core.errors import AttentionBackendUnavailable
 
-ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash_attention_2")
+FLASH_BACKENDS = {
+    # attn_implementation: (distribution name, lowest compute capability, how to install)
+    "flash_attention_2": ("flash-attn", (8, 0), "pip install -e '.[gpu]' --no-build-isolation on a CUDA machine (builds from source)"),
+    "flash_attention_4": ("flash-attn-4", (9, 0), "pip install 'flash-attn-4[cu13]' on a Hopper or Blackwell machine (a wheel)"),
+}
+ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", *FLASH_BACKENDS)
 
 
-def flash_attention_status() -> tuple[bool, str]:
-    """Whether flash_attention_2 can run here, and the reason when it cannot."""
+def _distributions_of_flash_attn() -> set[str]:
+    """Normalised names of the installed distributions that provide the ``flash_attn`` package."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return set()
+    names = importlib.metadata.packages_distributions().get("flash_attn", [])
+    return {name.lower().replace("_", "-") for name in names}
+
+
+def flash_attention_status(implementation: str = "flash_attention_2") -> tuple[bool, str]:
+    """Whether ``implementation`` (a flash back-end) can run here, and the reason when it cannot."""
+    if implementation not in FLASH_BACKENDS:
+        raise ValueError(f"{implementation!r} is not a flash back-end; choose among {tuple(FLASH_BACKENDS)}")
+    distribution, capability, install = FLASH_BACKENDS[implementation]
     if not torch.cuda.is_available():
         return False, "flash-attention needs a CUDA GPU and this machine has none"
-    if importlib.util.find_spec("flash_attn") is None:
-        return False, "the flash-attn package is not installed (pip install -e '.[gpu]' on a CUDA machine)"
-    return True, "flash-attn is installed and CUDA is available"
+    if distribution not in _distributions_of_flash_attn():
+        return False, f"the {distribution} package is not installed ({install})"
+    found = torch.cuda.get_device_capability()
+    if found < capability:
+        return False, (f"{implementation} needs compute capability ≥ {capability[0]}.{capability[1]} and this GPU "
+                       f"({torch.cuda.get_device_name()}) has {found[0]}.{found[1]}")
+    return True, f"{distribution} is installed and the GPU can run it"
+
+
+def available_flash_backends() -> list[str]:
+    """The flash back-ends that can run here, FA2 first."""
+    return [name for name in FLASH_BACKENDS if flash_attention_status(name)[0]]
 
 
 def resolve_attn_implementation(requested: str = "auto") -> str:
-    """Map ``"auto"`` to ``flash_attention_2`` where it can run, else ``sdpa``; validate the rest."""
+    """Map ``"auto"`` to the first flash back-end that can run here, else ``sdpa``; validate the rest."""
     if requested not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"attn_implementation={requested!r} is not one of {ATTN_IMPLEMENTATIONS}")
-    available, reason = flash_attention_status()
     if requested == "auto":
-        return "flash_attention_2" if available else "sdpa"
-    if requested == "flash_attention_2" and not available:
-        raise AttentionBackendUnavailable(
-            f"attn_implementation='flash_attention_2' cannot run: {reason}. "
-            "Use attn_implementation='sdpa' (or 'auto', which falls back to sdpa)."
-        )
+        return next(iter(available_flash_backends()), "sdpa")
+    if requested in FLASH_BACKENDS:
+        available, reason = flash_attention_status(requested)
+        if not available:
+            raise AttentionBackendUnavailable(
+                f"attn_implementation={requested!r} cannot run: {reason}. "
+                "Use attn_implementation='sdpa' (or 'auto', which falls back to sdpa)."
+            )
     return requested

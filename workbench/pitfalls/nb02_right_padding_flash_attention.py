@@ -29,7 +29,7 @@ import torch
 from workbench.core.batching import pack_sequences, pad_sequences, padding_side_of, unpack_token_values
 from workbench.core.errors import RightPaddingError
 from workbench.experiments.checkpoints import load
-from workbench.modeling.attention import flash_attention_status
+from workbench.modeling.attention import FLASH_BACKENDS, flash_attention_status
 from workbench.modeling.rollout import sample, truncate_after_eos
 from workbench.modeling.scoring import logprobs_from_logits, token_logprobs
 from workbench.tasks import encode_prompts
@@ -217,16 +217,49 @@ def throughput_note(lengths: list[int], speedup: float) -> str:
     return line
 
 
-def flash_vs_sdpa(model_name: str, tokenizer, prompts: list[str]) -> float | None:
-    """max |Δ log p| between flash_attention_2 and sdpa (bf16, CUDA) on a left-padded batch; None without flash-attn."""
-    if not flash_attention_status()[0]:
-        return None
-    flash, _ = load(model_name, device="cuda", dtype=torch.bfloat16, attn_implementation="flash_attention_2")
+@torch.no_grad()
+def flash_checks(model_name: str, prompts: list[str], texts: list[str]) -> dict:
+    """Each flash back-end that can run here (``modeling.attention.FLASH_BACKENDS``: flash-attn 2, flash-attn 4)
+    against sdpa on the same weights, bf16 on CUDA: ``{"backends": {name: gaps}, "skipped": {name: reason}}``.
+
+    Gaps (max |Δ log p|, nats): ``vs_sdpa`` on a left-padded batch of ``prompts`` (flash's padded path:
+    unpad, variable-length kernel, re-pad); ``packed_vs_alone`` etc. from ``packed_vs_alone`` on ``texts``
+    (one packed row, no mask: transformers routes it to the variable-length kernel by the restarting
+    position ids); and ``right_divergent_rows``/``left_divergent_rows``: the S2 hazard itself, batched cached
+    greedy generation under the flash back-end."""
+    result: dict = {"backends": {}, "skipped": {}, "errors": {}}
+    for backend in FLASH_BACKENDS:
+        available, reason = flash_attention_status(backend)
+        if not available:
+            result["skipped"][backend] = reason
+            continue
+        try:  # a kernel that fails on this GPU, shape or dtype is recorded with its error, never hidden or fatal here
+            result["backends"][backend] = _flash_gaps(model_name, backend, prompts, texts)
+        except Exception as error:
+            result["errors"][backend] = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
+    return result
+
+
+def _flash_gaps(model_name: str, backend: str, prompts: list[str], texts: list[str]) -> dict:
+    flash, tokenizer = load(model_name, device="cuda", dtype=torch.bfloat16, attn_implementation=backend)
     sdpa, _ = load(model_name, device="cuda", dtype=torch.bfloat16, attn_implementation="sdpa")
     ids, mask = (t.cuda() for t in encode_prompts(tokenizer, prompts))
-    with torch.no_grad():
-        gap = (token_logprobs(flash, ids, mask) - token_logprobs(sdpa, ids, mask)) * mask[:, 1:]
-    return float(gap.abs().max())
+    gap = (token_logprobs(flash, ids, mask) - token_logprobs(sdpa, ids, mask)) * mask[:, 1:]
+    sequences = [tokenizer(x)["input_ids"] + [tokenizer.eos_token_id] for x in texts]
+    divergence = generation_divergence(flash, tokenizer, prompts)
+    return {"vs_sdpa": float(gap.abs().max()), **packed_vs_alone(flash, sequences),
+            "right_divergent_rows": divergence["right_divergent_rows"], "left_divergent_rows": divergence["left_divergent_rows"],
+            "rows": divergence["rows"]}
+
+
+def flash_lines(flash: dict) -> str:
+    """One line per flash back-end: its gaps, or why it was skipped."""
+    lines = [f"{name}, bf16 on CUDA: vs sdpa (left-padded batch) max |Δ log p| = {r['vs_sdpa']:.2e}; packed row vs alone "
+             f"{r['packed']:.2e} (cache on {r['packed, cache on']:.2e}); cached greedy generation, rows differing from alone: "
+             f"right-padded {r['right_divergent_rows']}/{r['rows']}, left-padded {r['left_divergent_rows']}/{r['rows']}"
+             for name, r in flash["backends"].items()]
+    lines += [f"{name}: failed on this machine: {error}" for name, error in flash.get("errors", {}).items()]
+    return "\n".join(lines + [f"{name}: skipped: {reason}" for name, reason in flash["skipped"].items()])
 
 
 def verdict(divergence: dict, packed: dict, *, tolerance: float = 1e-5) -> tuple[bool, bool]:
@@ -373,7 +406,7 @@ def figure_throughput(throughput: dict[str, float], entries: dict[str, int]):
 
 
 def metrics(*, divergence: dict, packed: dict, report: PaddingReport, throughput: dict[str, float], entries: dict[str, int],
-            flash_gap: float | None, flash_reason: str) -> dict:
+            flash: dict) -> dict:
     """Notebook 02's ``notebook_api.write_metrics`` keyword arguments."""
     reproduced, fixed = verdict(divergence, packed)
     rows = sum(d["rows"] for d in divergence.values())
@@ -385,7 +418,8 @@ def metrics(*, divergence: dict, packed: dict, report: PaddingReport, throughput
                     "packed_max_abs_logp_diff": max(p["packed"] for p in packed.values()),
                     "packed_with_cache_max_abs_logp_diff": max(p["packed, cache on"] for p in packed.values()),
                     "packed_speedup": throughput["packed"] / throughput["padded"], "attention_entries": entries,
-                    "flash_vs_sdpa_max_abs_logp_diff": flash_gap, "flash_attention": flash_reason},
+                    "flash_vs_sdpa_max_abs_logp_diff": max((r["vs_sdpa"] for r in flash["backends"].values()), default=None),
+                    "flash_backends": flash["backends"], "flash_errors": flash.get("errors", {}), "flash_attention": flash_lines(flash)},
         "headline": {"what": "batched cached greedy generation: rows whose continuation differs from generating alone",
                      "unit": "% of rows",
                      "bug": 100 * sum(d["right_divergent_rows"] for d in divergence.values()) / rows,
