@@ -182,10 +182,11 @@ def _grpo_trl(folder, settings, steps, seed, device):
 
 
 def _dtype(settings) -> dict:
-    """``load`` options of the workbench side: bf16 weights under ``precision="bf16"`` (the 0.5B-shaped model)."""
+    """``load`` options of the workbench side: sdpa as on TRL's side (``"auto"`` would take a flash back-end where one is
+    installed), bf16 weights under ``precision="bf16"`` (the 0.5B-shaped model)."""
     import torch
 
-    return {"dtype": torch.bfloat16} if settings.get("precision") == "bf16" else {}
+    return {"attn_implementation": "sdpa", **({"dtype": torch.bfloat16} if settings.get("precision") == "bf16" else {})}
 
 
 def _trl_precision(settings) -> dict:
@@ -561,7 +562,7 @@ def sampler_worker(size: str, rounds: int, device: str) -> dict:
     elif size == "large":
         model, tok = tiny_model("qwen2", seed=0, **LARGE_MODEL)
     else:
-        model, tok = tiny_model("qwen2", seed=0, dtype=torch.bfloat16, **QWEN25_05B)
+        model, tok = tiny_model("qwen2", seed=0, dtype=torch.bfloat16, attn_implementation="sdpa", **QWEN25_05B)
     model.to(device).eval()
     ids, mask = (t.to(device) for t in encode_prompts(tok, [p.prompt for p in rl_problems(settings["prompts"])
                                                              for _ in range(settings["num_generations"])]))
@@ -700,7 +701,7 @@ def qwen05b_lines(args, chosen: set[str], base: str, steps: int, repeats: int) -
 
     from workbench.modeling.tiny import tiny_model
 
-    model, tokenizer = tiny_model("qwen2", seed=0, dtype=torch.bfloat16, **QWEN25_05B)
+    model, tokenizer = tiny_model("qwen2", seed=0, dtype=torch.bfloat16, attn_implementation="sdpa", **QWEN25_05B)
     size = f"random Qwen2.5-0.5B shape, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, bf16"
     folder = _save_model(f"{base}/qwen2.5-0.5b", model, tokenizer)
     del model

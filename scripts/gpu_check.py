@@ -163,7 +163,7 @@ def trainer_step0(name: str, precision: str) -> dict:
             values = {k: float(step[k]) for k in keys[kind]}
             out[kind] = {**values, "exact": all(v == 0.0 for v in values.values()), "seconds": time.perf_counter() - start}
         except Exception as error:  # recorded, not hidden: the point is to see what breaks on a GPU
-            out[kind] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+            out[kind] = {"error": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"}
     return out
 
 

@@ -63,16 +63,18 @@ def _pretend_gpu(monkeypatch, distributions: set[str], capability: tuple[int, in
 def test_flash_attention_4_needs_its_own_distribution_and_a_hopper_gpu(monkeypatch):
     # FA2's distribution provides the same import name (flash_attn) but not FA4's kernels, and the reverse
     _pretend_gpu(monkeypatch, {"flash-attn"}, (9, 0))
-    assert attention.resolve_attn_implementation("auto") == "flash_attention_2"
+    assert attention.resolve_attn_implementation("auto", torch.bfloat16) == "flash_attention_2"
+    assert attention.resolve_attn_implementation("auto", torch.float32) == "sdpa"  # flash kernels have no fp32 path
+    assert attention.resolve_attn_implementation("auto") == "sdpa"
     available, reason = attention.flash_attention_status("flash_attention_4")
     assert not available and "flash-attn-4 package is not installed" in reason
     _pretend_gpu(monkeypatch, {"flash-attn-4"}, (9, 0))
-    assert attention.resolve_attn_implementation("auto") == "flash_attention_4"
+    assert attention.resolve_attn_implementation("auto", torch.float16) == "flash_attention_4"
     assert attention.resolve_attn_implementation("flash_attention_4") == "flash_attention_4"
     with pytest.raises(AttentionBackendUnavailable, match="flash-attn package is not installed"):
         attention.resolve_attn_implementation("flash_attention_2")
     _pretend_gpu(monkeypatch, {"flash-attn-4"}, (8, 0))  # an A100: FA4's kernels are Hopper/Blackwell only
-    assert attention.resolve_attn_implementation("auto") == "sdpa"
+    assert attention.resolve_attn_implementation("auto", torch.bfloat16) == "sdpa"
     with pytest.raises(AttentionBackendUnavailable, match=r"capability ≥ 9.0 .* has 8.0"):
         attention.resolve_attn_implementation("flash_attention_4")
     with pytest.raises(ValueError, match="not a flash back-end"):

@@ -59,12 +59,14 @@ def available_flash_backends() -> list[str]:
     return [name for name in FLASH_BACKENDS if flash_attention_status(name)[0]]
 
 
-def resolve_attn_implementation(requested: str = "auto") -> str:
-    """Map ``"auto"`` to the first flash back-end that can run here, else ``sdpa``; validate the rest."""
+def resolve_attn_implementation(requested: str = "auto", dtype: torch.dtype | None = None) -> str:
+    """Map ``"auto"`` to the first flash back-end that can run here for a half-precision model (``dtype`` fp16 or
+    bf16: flash kernels have no fp32 path), else ``sdpa``; validate the rest."""
     if requested not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"attn_implementation={requested!r} is not one of {ATTN_IMPLEMENTATIONS}")
     if requested == "auto":
-        return next(iter(available_flash_backends()), "sdpa")
+        half = dtype in (torch.float16, torch.bfloat16)
+        return next(iter(available_flash_backends()), "sdpa") if half else "sdpa"
     if requested in FLASH_BACKENDS:
         available, reason = flash_attention_status(requested)
         if not available:

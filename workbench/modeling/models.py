@@ -110,7 +110,7 @@ def load_checkpoint(
         return model.to(device), tokenizer
     path = realistic.folder_of(name) if name.startswith("realistic-") else TRAINED_CHECKPOINTS.get(name, Path(name).expanduser())
     check_checkpoint_folder(path, BUILTIN_NAMES)
-    implementation = resolve_attn_implementation(attn_implementation)
+    implementation = resolve_attn_implementation(attn_implementation, dtype)
     tokenizer = _tokenizer_from_folder(path)
     model = AutoModelForCausalLM.from_pretrained(
         str(path),

@@ -141,7 +141,7 @@ def tiny_model(
     from transformers import AutoModelForCausalLM  # transformers: on use (seconds), keeps the CLI's start light
 
     config = tiny_config(arch, **config_overrides)
-    config._attn_implementation = resolve_attn_implementation(attn_implementation)
+    config._attn_implementation = resolve_attn_implementation(attn_implementation, dtype)
     if arch == SOFTCAP_ARCHITECTURE:  # transformers' Gemma 2 runs eager attention only
         config._attn_implementation = "eager"
     if arch == MOE_ARCHITECTURE:  # all experts as batched matmuls: ~8× faster on a CPU than the per-expert loop ("eager")
