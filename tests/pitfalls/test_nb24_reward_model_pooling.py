@@ -9,7 +9,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from helpers import written_metrics  # noqa: E402
 
-from workbench.experiments.checkpoints import load  # noqa: E402
 from workbench.pitfalls import nb24_reward_model_pooling as pooling  # noqa: E402
 
 IDS = torch.tensor([[7, 8, 2, 2, 2], [2, 2, 7, 8, 2], [7, 2, 8, 9, 2]])  # right-padded, left-padded, an EOS inside; EOS = 2
@@ -21,11 +20,6 @@ def test_pool_index_rules():
     assert pooling.pool_index(IDS, MASK, 2, "rightmost non-pad").tolist() == [1, 3, 3]  # PR #35911: skips the trailing EOS
     assert pooling.pool_index(IDS, MASK, 2, "rightmost attended").tolist() == [2, 4, 4]
     assert pooling.pool_index(IDS, MASK, 0, "first pad − 1").tolist() == [4, 4, 4]  # pad 0 absent: −1 wraps to the last column
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return load("tiny-arith-qwen2")
 
 
 @pytest.fixture(scope="module")
