@@ -15,8 +15,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from workbench.core.paths import DATA_DIR
 
-PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<bos>", "<eos>", "<unk>"
-SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN]
+# each special token's role (the tokenizer's keyword) and text, in id order: <pad> 0, <bos> 1, <eos> 2, <unk> 3
+SPECIAL_TOKEN_ROLES = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>"}
+PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = SPECIAL_TOKEN_ROLES.values()
+SPECIAL_TOKENS = list(SPECIAL_TOKEN_ROLES.values())
 # 4 special + space + 10 digits + 23 punctuation + 26 letters = 64 symbols.
 CHARACTERS = " 0123456789" + "+-*/=()?.,:;!'\"_#%&[]@$" + "abcdefghijklmnopqrstuvwxyz"
 
@@ -37,16 +39,7 @@ def build_char_tokenizer():
     backend.post_processor = processors.TemplateProcessing(
         single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A $B", special_tokens=[(BOS_TOKEN, vocab[BOS_TOKEN])]
     )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token=PAD_TOKEN,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        unk_token=UNK_TOKEN,
-        padding_side="left",
-        model_max_length=256,
-    )
-    return tokenizer
+    return PreTrainedTokenizerFast(tokenizer_object=backend, padding_side="left", model_max_length=256, **SPECIAL_TOKEN_ROLES)
 
 
 def load_char_tokenizer():
