@@ -5,7 +5,8 @@ WRONG = {
         "model default": ("def position_ids(attention_mask):\n    B, T = attention_mask.shape\n"
                           "    return torch.arange(T).expand(B, T)\n", "model's default"),
         "off by one": ("def position_ids(attention_mask):\n    return attention_mask.long().cumsum(-1)\n", "off by one"),
-        "negative on padding": ("def position_ids(attention_mask):\n    return attention_mask.long().cumsum(-1) - 1\n", "−1"),
+        "negative on padding": ("def position_ids(attention_mask):\n    return attention_mask.long().cumsum(-1) - 1\n",
+                                "padding positions are −1"),
         "batch dim": ("def position_ids(attention_mask):\n    return (attention_mask.long().cumsum(0) - 1).clamp_min(0)\n",
                       "batch dimension"),
         "float positions": ("def position_ids(attention_mask):\n    return (attention_mask.float().cumsum(-1) - 1).clamp_min(0)\n",
@@ -77,16 +78,16 @@ WRONG = {
         "mean": (
             "def dpo_logps(token_logps, attention_mask, prompt_lengths):\n    mask = attention_mask[:, 1:].clone().float()\n"
             "    for r in range(mask.shape[0]):\n        mask[r, : prompt_lengths[r % len(prompt_lengths)] - 1] = 0\n"
-            "    return (token_logps * mask).sum(-1) / mask.sum(-1)\n", "sum"),
+            "    return (token_logps * mask).sum(-1) / mask.sum(-1)\n", "you average over the response tokens"),
     },
     "s5_grpo_loss": {
         "token mean": ("def grpo_loss(per_token_loss, mask):\n    return (per_token_loss * mask).sum() / mask.sum()\n",
                        "token-mean"),
         "over padding": ("def grpo_loss(per_token_loss, mask):\n    return per_token_loss.mean()\n", "normalising over padding"),
         "divide by T": ("def grpo_loss(per_token_loss, mask):\n    return ((per_token_loss * mask).sum(-1) / mask.shape[1]).mean()\n",
-                        "constant"),
+                        "divides by a constant"),
         "nan on empty row": ("def grpo_loss(per_token_loss, mask):\n"
-                             "    return ((per_token_loss * mask).sum(-1) / mask.sum(-1)).mean()\n", "empty row"),
+                             "    return ((per_token_loss * mask).sum(-1) / mask.sum(-1)).mean()\n", "0/0 on the empty row"),
     },
     "p6_logprobs": {
         "no temperature": ("def logprobs(logits, ids, temperature):\n"
@@ -102,7 +103,7 @@ WRONG = {
     },
     "p9_k3": {
         "sign error": ("def k3(logp, ref_logp):\n    r = logp - ref_logp\n    return torch.exp(r) - r - 1\n", "sign error"),
-        "k1": ("def k3(logp, ref_logp):\n    return logp - ref_logp\n", "k1"),
+        "k1": ("def k3(logp, ref_logp):\n    return logp - ref_logp\n", "this is k1"),
         "no clamp": ("def k3(logp, ref_logp):\n    r = ref_logp - logp\n    return (torch.expm1(r) - r).clamp_min(0)\n",
                      "not finite for a large gap"),
         "naive rounding": ("def k3(logp, ref_logp):\n    r = (ref_logp - logp).clamp(-20, 20)\n    return torch.exp(r) - r - 1\n",
@@ -120,6 +121,6 @@ WRONG = {
                             "    var = (((values - mean) * mask) ** 2).sum() / mask.numel()\n"
                             "    return (values - mean) / (var + 1e-8).sqrt() * mask\n", "B·T positions"),
         "no eps": ("def whiten(values, mask):\n    m = mask.bool()\n    mean = values[m].mean()\n    std = values[m].std()\n"
-                   "    return torch.where(m, (values - mean) / std, torch.zeros_like(values))\n", "eps"),
+                   "    return torch.where(m, (values - mean) / std, torch.zeros_like(values))\n", "add eps inside the square root"),
     },
 }
