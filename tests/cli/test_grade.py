@@ -13,17 +13,20 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks" / "exercises"
 TOKEN_MEAN = "import torch\n\ndef grpo_loss(per_token_loss, mask):\n    return (per_token_loss * mask).sum() / mask.sum()\n"
 
 
-def answered(source: str, to: Path, stem: str = "05_s5_grpo_loss") -> Path:
+def answered(source: str, to: Path, stem: str = "05_s5_grpo_loss", scratch: str = "") -> Path:
     nb = json.loads((NOTEBOOKS / f"{stem}.ipynb").read_text())
     nb["cells"][2]["source"] = source
     nb["cells"][4]["source"] = "raise RuntimeError('a tampered grading cell is not run by the grader')"
+    if scratch:  # a learner's own cell after the stub
+        nb["cells"].insert(3, {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": scratch})
     to.parent.mkdir(parents=True, exist_ok=True)
     to.write_text(json.dumps(nb))
     return to
 
 
 def test_grade_two_submissions(tmp_path, capsys):
-    alice = answered("%matplotlib inline\n" + solution_source("s5_grpo_loss"), tmp_path / "alice.ipynb")
+    alice = answered("%matplotlib inline\n" + solution_source("s5_grpo_loss"), tmp_path / "alice.ipynb",
+                     scratch="grpo_loss(torch.ones(2, 3), my_mask)  # a scratch cell that raises: the cells run on")
     bob = answered(TOKEN_MEAN, tmp_path / "bob" / "05_s5_grpo_loss.ipynb").parent
     out = tmp_path / "grades"
     assert main(["grade", str(alice), str(bob), "--out", str(out)]) == 0
@@ -33,7 +36,7 @@ def test_grade_two_submissions(tmp_path, capsys):
     assert float(rows["bob"]["score"]) < 1.0 and "token-mean" in rows["bob"]["mistakes"]
     page = (out / "bob.html").read_text()
     assert "token-mean" in page and "data:image/png;base64," in page
-    assert (out / "alice.html").is_file()
+    assert "note: cell 4 raised NameError: name &#x27;my_mask&#x27; is not defined" in (out / "alice.html").read_text()
 
 
 def test_bad_input_exits_2(tmp_path, capsys):

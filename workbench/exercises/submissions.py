@@ -20,6 +20,7 @@ from pathlib import Path
 from workbench.core.errors import InputError
 from workbench.exercises.grading import DEFAULT_TIME_LIMIT_S, Grade, grade
 from workbench.exercises.registry import EXERCISES
+from workbench.exercises.sandbox import cell_mark
 
 CSV_COLUMNS = ("submission", "notebook", "exercise", "score", "points", "max_points", "passed", "cases_passed", "cases", "mistakes")
 
@@ -47,7 +48,9 @@ def read_notebook(path: Path) -> dict:
         raise InputError(f"{path}: the notebook's metadata is not an object; {SAVE_AS_JUPYTER}")
     for i, cell in enumerate(nb["cells"]):
         source = cell.get("source", "") if isinstance(cell, dict) else None
-        if not isinstance(cell, dict) or not isinstance(cell.get("metadata", {}), dict) or not (
+        metadata = cell.get("metadata", {}) if isinstance(cell, dict) else None
+        if not isinstance(metadata, dict) or not isinstance(metadata.get("tags", []), list) \
+                or not isinstance(metadata.get("nbgrader") or {}, dict) or not (
                 isinstance(source, str) or (isinstance(source, list) and all(isinstance(s, str) for s in source))):
             raise InputError(f"{path}: cell {i + 1} is not a notebook cell (an object with a text source); {SAVE_AS_JUPYTER}")
     workbench = nb.get("metadata", {}).get("workbench") or {}
@@ -80,11 +83,12 @@ def _text(cell: dict) -> str:
 
 
 def code_of(nb: dict) -> str:
-    """The code a headless run executes: every code cell except the grading ones."""
-    cells = [c for c in nb["cells"] if c.get("cell_type") == "code"]
-    keep = [c for c in cells if "grade" not in (c.get("metadata", {}).get("tags") or [])
+    """The code a headless run executes: every code cell except the grading ones, each after its ``cell_mark`` (the
+    sandbox runs them one by one; one that raises does not stop the others, as in nbgrader)."""
+    keep = [(i, c) for i, c in enumerate(nb["cells"], 1) if c.get("cell_type") == "code"
+            and "grade" not in (c.get("metadata", {}).get("tags") or [])
             and not (c.get("metadata", {}).get("nbgrader") or {}).get("grade")]
-    return "\n\n".join(_text(c) for c in keep)
+    return "\n\n".join(f"{cell_mark(i)}\n{_text(c)}" for i, c in keep)
 
 
 def points_of(nb: dict) -> float:
@@ -168,7 +172,7 @@ def _figure(result: Grade) -> str:
 
     ax = result.plot()
     buffer = io.BytesIO()
-    ax.figure.savefig(buffer, format="png", dpi=90)
+    ax.figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")  # the legend below the axes and long labels whole
     plt.close(ax.figure)
     return f'<img alt="figure" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
 
