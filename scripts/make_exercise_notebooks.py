@@ -5,15 +5,21 @@ Each notebook: the pitfall in a paragraph with a link to its lesson, the tagged 
 (``raise NotImplementedError``; nbgrader solution cell), the grading cell (nbgrader autograder cell whose last
 expression is the score in points: nbgrader reads it as partial credit) and a "going further" question.
 Run it after changing an exercise's text: ``python scripts/make_exercise_notebooks.py``.
+
+``--nbgrader-source DIR``: the teacher's nbgrader source notebooks instead (``nbgrader_source``): the same notebooks
+with the reference solution inside nbgrader's solution delimiters, from which ``nbgrader generate_assignment``
+writes the stubs handed out.
 """
 
 from __future__ import annotations
 
+import argparse
+import ast
 from pathlib import Path
 
 import nbformat
 
-from workbench.exercises import EXERCISES
+from workbench.exercises import EXERCISES, solution_source
 
 OUT = Path(__file__).resolve().parents[1] / "notebooks" / "exercises"
 POINTS = 1
@@ -119,7 +125,7 @@ def notebook(name: str) -> nbformat.NotebookNode:
     cells = [
         nbformat.v4.new_markdown_cell(intro),
         nbformat.v4.new_code_cell("time_limit_s = 10.0\nshow_figure = True", metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell("import torch\n\n\n" + stub + "    # YOUR CODE HERE\n    raise NotImplementedError",
+        nbformat.v4.new_code_cell("import torch  # noqa: F401 (your function will use it)\n\n\n" + stub + "    # YOUR CODE HERE\n    raise NotImplementedError",
                                   metadata={"tags": ["solution"], "nbgrader": nbgrader}),
         nbformat.v4.new_markdown_cell("## Grade it\n\nEvery case is worth the same; the score is the fraction of cases passed."),
         nbformat.v4.new_code_cell(grading, metadata={"tags": ["grade"], "nbgrader": grade_meta}),
@@ -131,18 +137,51 @@ def notebook(name: str) -> nbformat.NotebookNode:
     return nb
 
 
-def path_of(name: str) -> Path:
-    return OUT / f"{EXERCISES[name].lesson[:2]}_{name}.ipynb"
+STUB_CELL = 2  # the index of the stub (nbgrader solution) cell
 
 
-def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
+def nbgrader_source(name: str) -> nbformat.NotebookNode:
+    """The exercise's nbgrader *source* notebook (the teacher's copy, never handed out): the stub cell holds the
+    reference solution's body between nbgrader's ``### BEGIN SOLUTION`` / ``### END SOLUTION`` delimiters, so that
+    ``nbgrader generate_assignment`` writes the stub handed out (the ``def`` and its docstring, then ``# YOUR CODE
+    HERE`` / ``raise NotImplementedError()``). Without delimiters nbgrader would replace the whole cell, ``def`` included."""
+    nb = notebook(name)
+    ex = EXERCISES[name]
+    solution = solution_source(name)
+    tree = ast.parse(solution)
+    fn = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == ex.function)
+    body = fn.body[1:] if isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) else fn.body
+    lines = solution.splitlines()
+    stub = nb.cells[STUB_CELL].source
+    head = stub[: stub.index("    # YOUR CODE HERE")]
+    nb.cells[STUB_CELL].source = (head + "    ### BEGIN SOLUTION\n" + "\n".join(lines[body[0].lineno - 1: fn.end_lineno])
+                                  + "\n    ### END SOLUTION")
+    return nb
+
+
+def path_of(name: str, folder: Path = OUT) -> Path:
+    return folder / f"{EXERCISES[name].lesson[:2]}_{name}.ipynb"
+
+
+def write(nb: nbformat.NotebookNode, name: str, path: Path) -> None:
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"{name.replace('_', '-')}-{i}"
+    nbformat.write(nb, path)
+    print(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nbgrader-source", metavar="DIR", type=Path,
+                        help="write the nbgrader source notebooks (with the solutions) into DIR, e.g. "
+                             "course/source/rlhf_exercises, instead of the stubs into notebooks/exercises/")
+    args = parser.parse_args(argv)
+    folder = args.nbgrader_source or OUT
+    if folder.resolve() == OUT.resolve() and args.nbgrader_source:
+        parser.error(f"--nbgrader-source {folder}: that is the folder handed out; name the nbgrader course's source folder")
+    folder.mkdir(parents=True, exist_ok=True)
     for name in EXERCISES:
-        nb = notebook(name)
-        for i, cell in enumerate(nb.cells):
-            cell.id = f"{name.replace('_', '-')}-{i}"
-        nbformat.write(nb, path_of(name))
-        print(path_of(name))
+        write(nbgrader_source(name) if args.nbgrader_source else notebook(name), name, path_of(name, folder))
 
 
 if __name__ == "__main__":

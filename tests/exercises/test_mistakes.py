@@ -26,3 +26,16 @@ def test_wrong_solution_feedback_names_the_mistake(name, label):
     assert not result.passed and result.score < 1
     assert any(wrong["feedback_contains"] in m for m in result.mistakes), result.feedback
     assert wrong["feedback_contains"] in result.feedback
+
+
+def test_every_failed_case_of_a_wrong_convention_names_it_not_a_side_effect():
+    """The cases that compare values name the convention too: token-mean's empty-row case says token-mean, not that the
+    empty row broke it; k1's negative values are k1, not float32 rounding; its finite 100-nat value is not an overflow."""
+    token_mean = {c.name: c for c in grade("s5_grpo_loss", WRONG["s5_grpo_loss"]["token mean"]["source"], sandbox_run=False).cases}
+    for case in ("aggregation", "empty_rows", "values"):
+        assert token_mean[case].mistake.startswith("your loss is `token-mean`"), token_mean[case]
+    k1 = {c.name: c for c in grade("p9_k3", WRONG["p9_k3"]["k1"]["source"], sandbox_run=False).cases}
+    for case in ("values", "nonnegative", "large_gap"):
+        assert not k1[case].passed and k1[case].mistake.startswith("this is k1"), k1[case]
+    no_clamp = {c.name: c for c in grade("p9_k3", WRONG["p9_k3"]["no clamp"]["source"], sandbox_run=False).cases}
+    assert no_clamp["large_gap"].mistake.startswith("not finite for a large gap")

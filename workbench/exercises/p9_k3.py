@@ -35,6 +35,12 @@ MISTAKES = {
 }
 
 
+def _relatively_close(a, b) -> bool:
+    """Equal to 1 % of each value: tells the estimators apart for gaps of 1e-5 nats (k1 ~ 1e-5, k2 and k3 ~ 1e-10)."""
+    a, b = a.detach().double(), b.detach().double()
+    return a.shape == b.shape and bool(torch.isfinite(a).all()) and torch.allclose(a, b, rtol=1e-2, atol=1e-12)
+
+
 def _inputs(seed: int, scale: float, shape=(3, 6)):
     generator = torch.Generator().manual_seed(seed)
     logp = -torch.rand(shape, generator=generator) * 3 - 0.1
@@ -58,9 +64,11 @@ def _nonnegative(fn) -> Outcome:
     logp, ref = _inputs(1, 3e-5, shape=(8, 64))
     out = _call(fn, logp, ref)
     low = float(out.min())
-    mistake = "" if low >= 0 else (  # tiny values: every estimator is close to every other, no diagnosis by value
-        f"float32 rounding makes exp(r) − r − 1 slightly negative for tiny gaps (min {low:.3g}): compute it as "
-        f"torch.expm1(r) − r and clamp at 0 — see {SEE}")
+    mistake = ""
+    if low < 0:  # another estimator (k1 is negative on half the tokens), else k3 rounded below 0
+        mistake = diagnose(out, MISTAKES, (logp, ref), same=_relatively_close) or (
+            f"float32 rounding makes exp(r) − r − 1 slightly negative for tiny gaps (min {low:.3g}): compute it as "
+            f"torch.expm1(r) − r and clamp at 0 — see {SEE}")
     return Outcome(f"min {low:.3g}", low >= 0, mistake)
 
 
@@ -77,8 +85,13 @@ def _large_gap(fn) -> Outcome:
     logp = torch.tensor([[-100.0, -0.5, -120.0]])
     ref = torch.tensor([[-0.1, -90.0, -0.2]])
     out = _call(fn, logp, ref)
-    ok = bool(torch.isfinite(out).all()) and bool((out >= 0).all()) and float(out[0, 0]) > 1.0
-    mistake = "" if ok else (
-        "not finite for a large gap: exp(ref_logp − logp) overflows float32 beyond a gap of ~88.7 nats — clamp the "
-        f"log-ratio (e.g. to [−{CLAMP:g}, {CLAMP:g}], as verl's low_var_kl) before exp — see {SEE}")
+    finite = bool(torch.isfinite(out).all())
+    ok = finite and bool((out >= 0).all()) and float(out[0, 0]) > 1.0
+    mistake = ""
+    if not finite:
+        mistake = ("not finite for a large gap: exp(ref_logp − logp) overflows float32 beyond a gap of ~88.7 nats — clamp the "
+                   f"log-ratio (e.g. to [−{CLAMP:g}, {CLAMP:g}], as verl's low_var_kl) before exp — see {SEE}")
+    elif not ok:
+        mistake = diagnose(out, MISTAKES, (logp, ref), same=_relatively_close) or (
+            f"finite, but negative or small for a gap of 100 nats: k3 there is ≥ 0 and large — see {SEE}")
     return Outcome(short(out), ok, mistake)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from workbench.audit import check_aggregation
-from workbench.exercises.common import CaseFailure, Outcome, close, lesson_link, short, tensor_out
+from workbench.exercises.common import CaseFailure, Outcome, close, diagnose, lesson_link, short, tensor_out
 from workbench.exercises.course import COURSE
 from workbench.exercises.solutions.s5_grpo_loss import grpo_loss as reference  # the reference is the graded solution
 
@@ -26,6 +26,15 @@ MODE_MISTAKES = {
     "seq-mean-token-sum-norm": "your loss divides by a constant (the Dr. GRPO / `seq-mean-token-sum-norm` normaliser, e.g. "
                                "T with padding counted): a response of length L gets weight L/(B·T), not 1/B — divide each "
                                f"response by its own length — see {SEE}",
+}
+
+OVER_PADDING = ("normalising over padding: masked positions carry weight in your loss (multiply by the mask before "
+                f"summing, divide by the real-token count) — see {SEE}")
+CONVENTIONS = {  # the wrong conventions by value, for the cases that compare values: {key: (message, loss(values, mask))}
+    "token-mean": (MODE_MISTAKES["token-mean"], lambda v, m: (v * m).sum() / m.sum()),
+    "seq-mean-token-sum": (MODE_MISTAKES["seq-mean-token-sum"], lambda v, m: (v * m).sum(-1).mean()),
+    "seq-mean-token-sum-norm": (MODE_MISTAKES["seq-mean-token-sum-norm"], lambda v, m: ((v * m).sum(-1) / m.shape[1]).mean()),
+    "over-padding": (OVER_PADDING, lambda v, m: v.mean()),
 }
 
 
@@ -43,8 +52,7 @@ def _aggregation(fn) -> Outcome:
     problems = result.details.get("problems") or []
     mistake = MODE_MISTAKES.get(mode, "")
     if mode == "unknown" and any("masked positions" in p for p in problems):
-        mistake = ("normalising over padding: masked positions carry weight in your loss (multiply by the mask before "
-                   f"summing, divide by the real-token count) — see {SEE}")
+        mistake = OVER_PADDING
     elif mode == "unknown" and problems:
         mistake = "; ".join(problems)
     weights = [round(w, 4) for w in result.details["row_weights"]]
@@ -67,7 +75,14 @@ def _empty_rows(fn) -> Outcome:
     dropped = reference(values, mask)
     counted = ((values * mask).sum(-1) / mask.sum(-1).clamp_min(1)).mean()
     ok = close(out, dropped) or close(out, counted)
-    return Outcome(f"{float(out):.5g}", ok, "" if ok else "the empty row changes the loss of the other rows")
+    mistake = ""
+    if not ok:  # a wrong convention by value, or a right one that the empty row upsets
+        mistake = diagnose(out, CONVENTIONS, (values, mask))
+        if not mistake:
+            alone = fn(values[:2].clone(), mask[:2].clone())
+            if isinstance(alone, torch.Tensor) and alone.numel() == 1 and close(alone.reshape(()), reference(values[:2], mask[:2])):
+                mistake = "the empty row changes the loss of the other rows: leave it out of the mean, or let it add 0"
+    return Outcome(f"{float(out):.5g}", ok, mistake)
 
 
 @EXERCISE.add_case("values", "random per-token losses, lengths 7, 2, 5, 3, 6", "the per-sequence mean of token means")
@@ -77,7 +92,8 @@ def _values(fn) -> Outcome:
     values = torch.randn(5, 7, generator=generator)
     out = _scalar(fn(values.clone(), mask.clone()))
     want = reference(values, mask)
-    return Outcome(f"{float(out):.6g}", close(out, want), "")
+    ok = close(out, want)
+    return Outcome(f"{float(out):.6g}", ok, "" if ok else diagnose(out, CONVENTIONS, (values, mask)))
 
 
 @EXERCISE.add_case("gradient", "backward through the loss (B = 2, lengths 4 and 2)", "gradient 1/(B·L_i) on real tokens, 0 on padding")

@@ -18,6 +18,7 @@ import json
 import linecache
 import os
 import queue
+import re
 import subprocess
 import sys
 import tempfile
@@ -35,28 +36,62 @@ def strip_magics(source: str) -> str:
     return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
 
 
-def load_function(source: str, function: str):
-    """Execute ``source`` in a fresh namespace and return (the function called ``function``, '') or (None, why not)."""
+CELL_MARK = re.compile(r"^#%% workbench cell (\d+)$")  # a line ``code_of`` puts before each notebook cell it keeps
+
+
+def cell_mark(number: int) -> str:
+    """The line that starts notebook cell ``number`` (1-based) in a submission's text: its cells load one by one."""
+    return f"#%% workbench cell {number}"
+
+
+def _chunks(text: str) -> list[tuple[str, int, str]]:
+    """(label, first line index, code) of each notebook cell in ``text``; one chunk, 'your code', without cell marks."""
+    chunks: list[tuple[str, int, list[str]]] = [("your code", 0, [])]
+    for i, line in enumerate(text.splitlines()):
+        found = CELL_MARK.match(line)
+        if found:
+            chunks.append((f"cell {found.group(1)}", i, []))
+        chunks[-1][2].append(line)
+    return [(label, first, "\n".join(lines)) for label, first, lines in chunks if any(s.strip() for s in lines)]
+
+
+def _where(exc: BaseException) -> str:
+    frames, line = exc.__traceback__, ""
+    while frames is not None:
+        if frames.tb_frame.f_code.co_filename == SUBMISSION_FILENAME:
+            line = f" (line {frames.tb_lineno})"
+        frames = frames.tb_next
+    return line
+
+
+def load_function(source: str, function: str) -> tuple:
+    """Execute ``source`` in a fresh namespace: (the function called ``function``, '', notes) or (None, why not, notes).
+
+    A notebook's text (cells marked by ``cell_mark``) runs cell by cell, and a cell that raises does not stop the
+    cells after it, as nbgrader executes notebooks (errors allowed): a scratch cell that fails costs nothing if the
+    function is defined. Each failed cell is a note; without the function, the notes say why.
+    """
     text = strip_magics(source)
     linecache.cache[SUBMISSION_FILENAME] = (len(text), None, [line + "\n" for line in text.splitlines()], SUBMISSION_FILENAME)
     namespace: dict = {"__name__": "__submission__"}
-    try:
-        exec(compile(PRELUDE, "<prelude>", "exec"), namespace)
-        exec(compile(text, SUBMISSION_FILENAME, "exec"), namespace)
-    except SyntaxError as exc:
-        return None, f"SyntaxError on line {exc.lineno}: {exc.msg}"
-    except BaseException as exc:  # top-level code of the submission raised (NameError, an assert, exit())
-        frames = exc.__traceback__
-        line = ""
-        while frames is not None:
-            if frames.tb_frame.f_code.co_filename == SUBMISSION_FILENAME:
-                line = f" (line {frames.tb_lineno})"
-            frames = frames.tb_next
-        return None, f"running your code raised {type(exc).__name__}: {exc}{line}"
+    exec(compile(PRELUDE, "<prelude>", "exec"), namespace)
+    chunks = _chunks(text)
+    notes = []
+    for label, first, code in chunks:
+        try:
+            # leading newlines: line numbers (tracebacks, ``your_line``) count in the whole text, as ``linecache`` holds it
+            exec(compile("\n" * first + code, SUBMISSION_FILENAME, "exec"), namespace)
+        except SyntaxError as exc:
+            notes.append(f"{label + ': ' if len(chunks) > 1 else ''}SyntaxError on line {exc.lineno}: {exc.msg}")
+        except BaseException as exc:  # top-level code of the submission raised (NameError, an assert, exit())
+            notes.append(f"{'running ' + label if len(chunks) == 1 else label} raised {type(exc).__name__}: {exc}{_where(exc)}")
     fn = namespace.get(function)
     if not callable(fn):
-        return None, f"your code defines no function named `{function}`"
-    return fn, ""
+        if len(chunks) == 1 and notes:
+            return None, notes[0], []
+        why = f"your code defines no function named `{function}`"
+        return None, why + (f" ({'; '.join(notes)})" if notes else ""), notes
+    return fn, "", notes
 
 
 def _child_env() -> dict:
@@ -87,14 +122,15 @@ def _failed(exercise, name: str, got: str) -> Case:
 
 
 def run_cases(name: str, source: str, function: str, case_names: list[str], *, time_limit_s: float = 10.0,
-              load_limit_s: float = LOAD_LIMIT_S) -> tuple[list[Case], str]:
-    """Run the cases of exercise ``name`` on ``function`` from ``source`` in child interpreters; (cases, load error)."""
+              load_limit_s: float = LOAD_LIMIT_S) -> tuple[list[Case], str, list[str]]:
+    """Run the cases of exercise ``name`` on ``function`` from ``source`` in child interpreters; (cases, load error, the
+    notes of ``load_function``: the cells that raised)."""
     from workbench.exercises.registry import exercise  # the registry imports the exercise modules, which import this one
 
     ex = exercise(name)
     results: dict[str, Case] = {}
     remaining = list(case_names)
-    load_error = ""
+    load_error, notes = "", []
     with tempfile.TemporaryDirectory(prefix="workbench-sandbox-") as tmp:
         while remaining:
             log = Path(tmp) / f"stderr-{len(results)}.txt"
@@ -114,6 +150,7 @@ def run_cases(name: str, source: str, function: str, case_names: list[str], *, t
                 first = None
                 load_error = f"loading your code took longer than {load_limit_s:.0f} s (a loop at the top level of the cell?)"
             hello = json.loads(first) if first else {}
+            notes = notes or hello.get("notes") or []
             if not hello.get("ready"):
                 load_error = hello.get("load_error") or load_error or \
                     f"the grader's interpreter exited while loading: {_tail(log) or 'no message'}"
@@ -140,7 +177,7 @@ def run_cases(name: str, source: str, function: str, case_names: list[str], *, t
                 done += 1
             _stop(proc)
             remaining = remaining[done:]
-    return [results[c] for c in case_names], load_error
+    return [results[c] for c in case_names], load_error, notes
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -170,11 +207,11 @@ def main() -> None:
     torch.set_num_threads(1)
     ex = exercise(request["exercise"])
     ex.prepare()
-    fn, error = load_function(request["source"], request["function"])
+    fn, error, notes = load_function(request["source"], request["function"])
     if fn is None:
         send({"load_error": error})
         return
-    send({"ready": True})
+    send({"ready": True, "notes": notes})
     for name in request["cases"]:
         send(run_case(ex, name, fn, request["source"]).to_dict())
 

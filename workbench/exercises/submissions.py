@@ -20,6 +20,7 @@ from pathlib import Path
 from workbench.core.errors import InputError
 from workbench.exercises.grading import DEFAULT_TIME_LIMIT_S, Grade, grade
 from workbench.exercises.registry import EXERCISES
+from workbench.exercises.sandbox import cell_mark
 
 CSV_COLUMNS = ("submission", "notebook", "exercise", "score", "points", "max_points", "passed", "cases_passed", "cases", "mistakes")
 
@@ -32,26 +33,48 @@ class Graded:
     points: float
 
 
+SAVE_AS_JUPYTER = "submit the .ipynb file as Jupyter saved it (File → Save), not a copy edited by hand"
+
+
 def read_notebook(path: Path) -> dict:
+    """The notebook at ``path`` as JSON, checked to be one that ``code_of`` and ``points_of`` can read."""
     try:
         nb = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not a readable notebook ({exc}); submit the .ipynb file as saved by Jupyter") from None
+        raise InputError(f"{path}: not a readable notebook ({exc}); {SAVE_AS_JUPYTER}") from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise InputError(f"{path}: no 'cells' list: not a Jupyter notebook")
+        raise InputError(f"{path}: not a Jupyter notebook (no list of cells at the top level); {SAVE_AS_JUPYTER}")
+    if not isinstance(nb.get("metadata", {}), dict):
+        raise InputError(f"{path}: the notebook's metadata is not an object; {SAVE_AS_JUPYTER}")
+    for i, cell in enumerate(nb["cells"]):
+        source = cell.get("source", "") if isinstance(cell, dict) else None
+        metadata = cell.get("metadata", {}) if isinstance(cell, dict) else None
+        if not isinstance(metadata, dict) or not isinstance(metadata.get("tags", []), list) \
+                or not isinstance(metadata.get("nbgrader") or {}, dict) or not (
+                isinstance(source, str) or (isinstance(source, list) and all(isinstance(s, str) for s in source))):
+            raise InputError(f"{path}: cell {i + 1} is not a notebook cell (an object with a text source); {SAVE_AS_JUPYTER}")
+    workbench = nb.get("metadata", {}).get("workbench") or {}
+    if not isinstance(workbench, dict):
+        raise InputError(f"{path}: metadata workbench is {workbench!r}, not an object; restore it from the notebook handed "
+                         "out, or remove it (the exercise is then told by the file name)")
+    points = workbench.get("points", 1)
+    if isinstance(points, bool) or not isinstance(points, (int, float)) or not points > 0:
+        raise InputError(f"{path}: metadata workbench.points is {points!r}, not a positive number of points; set it to "
+                         "the exercise's points (1 in the notebooks handed out) or remove it")
     return nb
 
 
 def exercise_of(nb: dict, path: Path) -> str:
     """The exercise a notebook answers: its metadata, else an exercise name in its file name."""
     name = (nb.get("metadata", {}).get("workbench") or {}).get("exercise")
-    if name in EXERCISES:
+    if isinstance(name, str) and name in EXERCISES:
         return name
     found = [n for n in EXERCISES if n in path.stem]
     if len(found) == 1:
         return found[0]
     raise InputError(f"{path}: cannot tell which exercise this notebook answers (no metadata workbench.exercise and no "
-                     f"exercise name in the file name); the exercises are: {', '.join(EXERCISES)}")
+                     f"exercise name in the file name); name the file after its exercise (e.g. 05_s5_grpo_loss.ipynb) or set "
+                     f"metadata workbench.exercise to one of: {', '.join(EXERCISES)}")
 
 
 def _text(cell: dict) -> str:
@@ -60,11 +83,12 @@ def _text(cell: dict) -> str:
 
 
 def code_of(nb: dict) -> str:
-    """The code a headless run executes: every code cell except the grading ones."""
-    cells = [c for c in nb["cells"] if c.get("cell_type") == "code"]
-    keep = [c for c in cells if "grade" not in (c.get("metadata", {}).get("tags") or [])
+    """The code a headless run executes: every code cell except the grading ones, each after its ``cell_mark`` (the
+    sandbox runs them one by one; one that raises does not stop the others, as in nbgrader)."""
+    keep = [(i, c) for i, c in enumerate(nb["cells"], 1) if c.get("cell_type") == "code"
+            and "grade" not in (c.get("metadata", {}).get("tags") or [])
             and not (c.get("metadata", {}).get("nbgrader") or {}).get("grade")]
-    return "\n\n".join(_text(c) for c in keep)
+    return "\n\n".join(f"{cell_mark(i)}\n{_text(c)}" for i, c in keep)
 
 
 def points_of(nb: dict) -> float:
@@ -75,11 +99,15 @@ def notebooks_of(path: Path) -> list[Path]:
     if path.is_dir():
         found = sorted(p for p in path.glob("*.ipynb") if not p.name.startswith("."))
         if not found:
-            raise InputError(f"{path}: a folder without notebooks (*.ipynb); pass exercise notebooks or folders of them")
+            raise InputError(f"{path}: a folder without notebooks (*.ipynb); pass exercise notebooks (.ipynb) or folders "
+                             "that hold them")
         return found
     if path.is_file() and path.suffix == ".ipynb":
         return [path]
-    raise InputError(f"{path}: " + ("no such file or folder" if not path.exists() else "not a notebook (.ipynb) or a folder"))
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder; check the path (relative paths start at {Path.cwd()})")
+    raise InputError(f"{path}: not a notebook (.ipynb) or a folder; pass the learner's exercise notebook (.ipynb) or a "
+                     "folder of them")
 
 
 def submission_name(path: Path) -> str:
@@ -103,7 +131,12 @@ def plan(paths: list[Path]) -> list[tuple[str, Path, dict, str]]:
 def grade_submissions(paths: list[Path], out: Path, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, log=print) -> list[Graded]:
     """Grade every notebook of ``paths``; write ``grades.csv`` and one feedback page per submission into ``out``."""
     jobs = plan([Path(p) for p in paths])
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: a file, not a folder; name a folder for grades.csv and the feedback pages")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot create the folder ({exc.strerror}); name a folder you can write to") from None
     graded = []
     for submission, notebook, nb, name in jobs:
         result = grade(name, source=code_of(nb), time_limit_s=time_limit_s)
@@ -139,7 +172,7 @@ def _figure(result: Grade) -> str:
 
     ax = result.plot()
     buffer = io.BytesIO()
-    ax.figure.savefig(buffer, format="png", dpi=90)
+    ax.figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")  # the legend below the axes and long labels whole
     plt.close(ax.figure)
     return f'<img alt="figure" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
 
