@@ -67,3 +67,13 @@ def test_global_generator_and_fallback():
     double = probs.double()  # not replicated: torch.multinomial's own result
     a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     assert torch.equal(multinomial_one(double, a), torch.multinomial(double, 1, generator=b).squeeze(-1))
+
+
+def test_the_exact_path_when_the_winner_is_not_alone(monkeypatch):
+    """Every element a contender (margin 1): the whole q computed exactly, still torch.multinomial's tokens."""
+    monkeypatch.setattr(draw, "_CONTENDER_MARGIN", 1.0)
+    for seed in (0, 2, 38):  # 2 and 38: a variate next to a float32 rounding midpoint, recomputed
+        probs = _probabilities(8, 32000, 1.0, seed)
+        a, b = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        assert torch.equal(multinomial_one(probs, a), torch.multinomial(probs, 1, generator=b).squeeze(-1))
+        assert torch.equal(a.get_state(), b.get_state())

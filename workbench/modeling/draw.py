@@ -39,17 +39,42 @@ def multinomial_one(probs: torch.Tensor, generator: torch.Generator | None = Non
     """One index per row of ``probs`` (R, V) as ``torch.multinomial(probs, 1, generator=generator).squeeze(-1)``."""
     if probs.device.type != "cpu" or probs.dtype != torch.float32 or probs.dim() != 2:
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    q = _exponential(probs.shape, generator)
-    return torch.div(probs, q, out=q).argmax(-1)
+    probs = probs.detach()  # (no gradient flows through a draw)
+    bits = torch.empty(probs.shape, dtype=torch.int64).random_(generator=generator).bitwise_and_(_MANTISSA_53)
+    log1p = bits.double().mul_(-(2.0**-53)).log1p_()  # log1p(-u) = -q in double, vectorised
+    ratio = torch.div(probs, log1p.float())  # -(probs / q), q rounded to float32 as exponential_ rounds it
+    token = ratio.argmin(-1)  # = argmax(probs / q), first index included (and NaN first, as argmax)
+    # Only an element within 2^-16 of its row's best ratio can win, so only the winner's q must be exponential_'s
+    # bitwise: a q one float32 ulp off elsewhere moves its ratio by ~2^-22. Else (the winner next to a rounding
+    # midpoint, near-ties, NaN/inf) the whole q exactly, as _exponential computes it.
+    best = ratio.gather(-1, token[:, None])
+    alone = (ratio <= best * (1 - _CONTENDER_MARGIN)).sum(-1) == 1
+    if not (bool(alone.all()) and not bool(_near_midpoint(log1p.gather(-1, token[:, None])).any())):
+        q = _exact(bits, log1p.neg_())
+        token = torch.div(probs, q, out=q).argmax(-1)
+    return token
+
+
+_CONTENDER_MARGIN = 2.0**-16
+
+
+def _near_midpoint(q: torch.Tensor) -> torch.Tensor:
+    """Doubles within _MARGIN ulps of a float32 rounding midpoint (either sign)."""
+    return q.view(torch.int64).add(_SHIFT).bitwise_and_(_DROPPED).le_(2 * _MARGIN)
+
+
+def _exact(bits: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """float32 ``exponential_`` variates from their masked 64-bit draws ``bits`` and ``q`` = -log1p(-u) computed by the
+    vectorised log1p: the elements next to a float32 rounding midpoint recomputed by the C library's (see module doc)."""
+    near = _near_midpoint(q)
+    if bool(near.any()):
+        index = near.nonzero(as_tuple=True)
+        exact = [-math.log1p(-(b * 2.0**-53)) for b in bits[index].tolist()]
+        q[index] = torch.tensor(exact, dtype=torch.float64)
+    return q.float()
 
 
 def _exponential(shape, generator) -> torch.Tensor:
     """``torch.empty(shape).exponential_(generator=generator)`` (float32, CPU), bitwise; see module doc."""
     bits = torch.empty(shape, dtype=torch.int64).random_(generator=generator).bitwise_and_(_MANTISSA_53)
-    q = bits.double().mul_(2.0**-53).neg_().log1p_().neg_()  # (-1 / λ) · log1p(-u) at λ = 1
-    near = q.view(torch.int64).add(_SHIFT).bitwise_and_(_DROPPED).le_(2 * _MARGIN)
-    if bool(near.any()):  # next to a float32 rounding midpoint: the C library's log1p decides
-        index = near.nonzero(as_tuple=True)
-        exact = [-math.log1p(-(b * 2.0**-53)) for b in bits[index].tolist()]
-        q[index] = torch.tensor(exact, dtype=torch.float64)
-    return q.float()
+    return _exact(bits, bits.double().mul_(2.0**-53).neg_().log1p_().neg_())  # (-1 / λ) · log1p(-u) at λ = 1
