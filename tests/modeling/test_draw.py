@@ -4,7 +4,8 @@
   midpoint that it recomputes with the C library's ``log1p`` (seeds 2 and 38 at 8 × 32,000 have one each);
 * its tokens and the generator's state afterwards equal ``torch.multinomial``'s over seeds, shapes, peaked and
   flat distributions and zero-probability entries (a top-k filter's), with the global generator too;
-* what it does not replicate (float64 probabilities) goes to ``torch.multinomial`` itself.
+* rows are drawn in chunks that fit a core's L2 cache (5 × 20,000: chunks of 3 and 2 rows), in the generator's order;
+* what it does not replicate (float64 or non-contiguous probabilities, small tensors) goes to ``torch.multinomial``.
 """
 
 import pytest
@@ -44,7 +45,7 @@ def _probabilities(rows, vocab, sharpness, seed, zeros=False):
     return torch.log_softmax(logits, -1).exp()
 
 
-@pytest.mark.parametrize("rows,vocab,seeds", [(1, 7, 12), (16, 64, 12), (3, 1000, 12), (8, 32000, 3)])
+@pytest.mark.parametrize("rows,vocab,seeds", [(1, 7, 12), (16, 64, 12), (3, 1000, 12), (5, 20000, 3), (8, 32000, 3)])
 @pytest.mark.parametrize("sharpness", [0.1, 1.0, 8.0])
 def test_tokens_and_generator_state_equal_torch_multinomial(rows, vocab, seeds, sharpness):
     for seed in range(seeds):
@@ -64,9 +65,9 @@ def test_global_generator_and_fallback():
         plain = torch.multinomial(probs, 1).squeeze(-1)
         after_plain = torch.rand(3)
     assert torch.equal(fast, plain) and torch.equal(after_fast, after_plain)
-    double = probs.double()  # not replicated: torch.multinomial's own result
-    a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
-    assert torch.equal(multinomial_one(double, a), torch.multinomial(double, 1, generator=b).squeeze(-1))
+    for other in (probs.double(), _probabilities(20000, 4, 1.0, 1).t()):  # float64, non-contiguous: torch.multinomial
+        a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+        assert torch.equal(multinomial_one(other, a), torch.multinomial(other, 1, generator=b).squeeze(-1))
 
 
 def test_the_exact_path_when_the_winner_is_not_alone(monkeypatch):
