@@ -78,8 +78,8 @@ def test_static_decoder_logits_follow_the_model_step_by_step(layout, vocab):
             assert (decoder.step(token) - expected).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8, 16])
-@pytest.mark.parametrize("hidden", [64, 256, 896])
+@pytest.mark.parametrize("rows", [1, 8, 16])
+@pytest.mark.parametrize("hidden", [256, 896])
 def test_chunked_lm_head_is_bitwise_the_plain_one(rows, hidden, one_thread):
     generator = torch.Generator().manual_seed(rows * hidden)
     weight, bias = torch.randn(32000, hidden, generator=generator) * 0.02, torch.randn(32000, generator=generator)
