@@ -30,7 +30,9 @@ to a midpoint, has a near-tie, or the ratios hold NaN/inf.
 Only for contiguous float32 probabilities on a CPU with one sample per row and at least 16,384
 entries; anything else (CUDA's philox generator, float64, bf16, GRPO's 16 × 64 at the tiny size,
 where ``torch.multinomial``'s one kernel is faster than a dozen small ops) goes to
-``torch.multinomial`` itself.
+``torch.multinomial`` itself. Not repeated: ``torch.multinomial``'s input checks (negative, inf or NaN
+entries, a row summing to 0 raise there); the sampler's probabilities are the exp of a log-softmax
+of logits it has checked to be finite.
 """
 
 from __future__ import annotations
