@@ -10,10 +10,11 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from workbench.core.batching import position_ids_from_mask
 from workbench.experiments.checkpoints import load
-from workbench.modeling.decode import StaticDecoder, unsupported_reason
+from workbench.modeling.decode import StaticDecoder, _head_chunks, unsupported_reason
 from workbench.modeling.rollout import _inverse_cdf_draw, sample
 from workbench.modeling.tiny import tiny_model
 from workbench.tasks import encode_prompts, rl_problems
@@ -46,13 +47,24 @@ def test_static_cache_samples_the_plain_tokens(name, layout, share):
     assert (rollouts[0].rollout_logprobs - rollouts[1].rollout_logprobs).abs().max() <= 1e-5
 
 
+@pytest.fixture
+def one_thread():
+    """The chunked LM head runs on one torch thread only (decode._head_chunks)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("layout", ["padded", "unpadded"])
-def test_static_decoder_logits_follow_the_model_step_by_step(layout):
-    model, tokenizer = tiny_model("qwen2", seed=3, vocab_size=300)
+@pytest.mark.parametrize("vocab", [300, 9000])  # 9000: the LM head in chunks of its rows (decode._head_chunks)
+def test_static_decoder_logits_follow_the_model_step_by_step(layout, vocab):
+    model, tokenizer = tiny_model("qwen2", seed=3, vocab_size=vocab)
     model.eval()
     ids, mask = _prompts(tokenizer, layout)
     positions = position_ids_from_mask(mask)
-    tokens = torch.randint(4, 300, (5, ids.shape[0]), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(4, vocab, (5, ids.shape[0]), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         decoder = StaticDecoder(model, ids, mask, positions, max_new_tokens=5)
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
@@ -64,6 +76,19 @@ def test_static_decoder_logits_follow_the_model_step_by_step(layout):
                              use_cache=True).logits[:, -1]
             position = position + 1
             assert (decoder.step(token) - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("rows", [1, 8, 16])
+@pytest.mark.parametrize("hidden", [256, 896])
+def test_chunked_lm_head_is_bitwise_the_plain_one(rows, hidden, one_thread):
+    generator = torch.Generator().manual_seed(rows * hidden)
+    weight, bias = torch.randn(32000, hidden, generator=generator) * 0.02, torch.randn(32000, generator=generator)
+    x = torch.randn(rows, hidden, generator=generator)
+    for b in (None, bias):
+        chunks = _head_chunks(weight, b)
+        assert len(chunks) == 63
+        assert torch.equal(torch.cat([F.linear(x, *chunk) for chunk in chunks], dim=-1), F.linear(x, weight, b))
+    assert _head_chunks(weight[:300], None) is None  # a small vocabulary: one matmul
 
 
 def test_unsupported_models_take_the_model_forward():

@@ -39,10 +39,14 @@ dropout active goes through ``model(...)`` as before. Off by default in
 ``sample`` (the prefill's LM head runs on the last position only: log-probs move by ≤ ~1e-6, float
 noise; the tests hold the tokens equal); the trainers turn it on (``RolloutConfig.static_cache``).
 
+The default draw is ``torch.multinomial``'s: on a CPU through ``workbench.modeling.draw.multinomial_one``,
+which replicates it (the same tokens and generator state, bitwise, in about half the time at a 32k
+vocabulary; see that module).
+
 ``draw="inverse_cdf"`` (default ``"multinomial"``) samples each token from one uniform per row
 against the cumulative probabilities instead of ``torch.multinomial``, which draws an exponential
 variate per vocabulary entry (Gumbel-max in disguise: ~6 ms per step for 8 rows × 32k tokens on one
-CPU core, against ~0.5 ms). The distribution is the same, the tokens for a given seed are not: a
+CPU core, ~3 ms through ``multinomial_one``, against ~0.5 ms). The distribution is the same, the tokens for a given seed are not: a
 different algorithm, its own switch, off everywhere by default (tests/modeling/test_decode.py checks
 its frequencies against the probabilities).
 """
@@ -63,6 +67,7 @@ from workbench.core.errors import NonFiniteError
 from workbench.core.losses import zero_masked
 from workbench.core.sampling_filters import check_filters, filter_logits
 from workbench.modeling.decode import StaticDecoder, unsupported_reason
+from workbench.modeling.draw import multinomial_one
 
 DRAWS = ("multinomial", "inverse_cdf")
 
@@ -281,7 +286,7 @@ def _sampling_loop(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_
         elif draw == "inverse_cdf":
             token = _inverse_cdf_draw(step_logprobs.exp(), generator)
         else:
-            token = torch.multinomial(step_logprobs.exp(), 1, generator=generator).squeeze(-1)
+            token = multinomial_one(step_logprobs.exp(), generator)
         logprob = step_logprobs.gather(-1, token[:, None]).squeeze(-1)
         if stop_at_eos:  # a finished row only pads, as generate() does
             token = token.masked_fill(finished, pad_token_id)
