@@ -19,6 +19,8 @@ from workbench.modeling.rollout import _inverse_cdf_draw, sample
 from workbench.modeling.tiny import tiny_model
 from workbench.tasks import encode_prompts, rl_problems
 
+pytestmark = pytest.mark.numeric  # held to AVX2 in .ci/run (docs/CPU_PORTABILITY.md)
+
 
 def _model(name):
     if name == "tiny-arith-qwen2":
@@ -80,14 +82,19 @@ def test_static_decoder_logits_follow_the_model_step_by_step(layout, vocab):
 
 @pytest.mark.parametrize("rows", [1, 8, 16])
 @pytest.mark.parametrize("hidden", [256, 896])
-def test_chunked_lm_head_is_bitwise_the_plain_one(rows, hidden, one_thread):
+def test_chunked_lm_head_matches_the_plain_one(rows, hidden, one_thread):
+    """Bitwise equal on the CPUs it was measured on (AVX-512 and AVX2, MKL, one thread), so the sampler draws the same
+    tokens there; other kernels may sum the dot products in another order, so the test asks 1e-5 relative to the
+    logits' scale (a different shape is a different kernel: no exact comparison across machines)."""
     generator = torch.Generator().manual_seed(rows * hidden)
     weight, bias = torch.randn(32000, hidden, generator=generator) * 0.02, torch.randn(32000, generator=generator)
     x = torch.randn(rows, hidden, generator=generator)
     for b in (None, bias):
         chunks = _head_chunks(weight, b)
         assert len(chunks) == 63
-        assert torch.equal(torch.cat([F.linear(x, *chunk) for chunk in chunks], dim=-1), F.linear(x, weight, b))
+        plain = F.linear(x, weight, b)
+        chunked = torch.cat([F.linear(x, *chunk) for chunk in chunks], dim=-1)
+        assert (chunked - plain).abs().max() <= 1e-5 * plain.abs().max()
     assert _head_chunks(weight[:300], None) is None  # a small vocabulary: one matmul
 
 

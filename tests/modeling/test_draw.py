@@ -14,6 +14,8 @@ import torch
 from workbench.modeling import draw
 from workbench.modeling.draw import multinomial_one
 
+pytestmark = pytest.mark.numeric  # held to AVX2 in .ci/run (docs/CPU_PORTABILITY.md)
+
 
 def _near_midpoint(seed, shape):
     """How many of this seed's variates the fast path recomputes with ``math.log1p``."""
