@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.core.batching import first_fit_decreasing, pack_rows, pad_sequences
+from workbench.core.batching import first_fit_decreasing, pack_rows, pack_sequences, pad_sequences
 from workbench.modeling.scoring import forward, token_logprobs
 from workbench.modeling.tiny import tiny_model
 
@@ -111,3 +111,42 @@ def test_packed_logprobs_and_gradients_equal_padded(arch, side):
     assert (hidden[~mask.bool()] == 0).all()
     lengths = mask.sum(-1).tolist()
     assert len(pack_rows([ids[i, mask[i].bool()] for i in range(len(lengths))]).bins) < len(lengths)
+
+
+@SETTINGS
+@given(lengths=st.lists(st.integers(1, 12), min_size=1, max_size=6), extra=st.integers(0, 5))
+def test_flash_varlen_kwargs_are_transformers_own_boundaries_with_int_lengths(lengths, extra):
+    """The boundaries given to a flash forward equal the ones transformers derives from the restarting position ids
+    (its own function), and the maximum is a Python int (transformers' is a 0-dim tensor, which flash-attn 4 refuses)."""
+    from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
+
+    sequences = [list(range(1, n + 1)) for n in lengths]
+    for batch in (pack_sequences(sequences), pack_rows(sequences, sum(lengths) + extra)):
+        given_kwargs = batch.flash_varlen_kwargs()
+        (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(batch.position_ids)
+        assert torch.equal(given_kwargs["cu_seq_lens_q"], cu_q.to(torch.int32))
+        assert torch.equal(given_kwargs["cu_seq_lens_k"], cu_k.to(torch.int32))
+        assert type(given_kwargs["max_length_q"]) is int and given_kwargs["max_length_q"] == int(max_q) == int(max_k)
+    with pytest.raises(ValueError, match="one packed row"):
+        pack_rows([[1, 2], [3, 4]], 2).flash_varlen_kwargs()
+
+
+def test_a_flash_model_gets_the_boundaries_and_an_sdpa_model_does_not():
+    seen = []
+
+    class Recorder(torch.nn.Module):
+        def __init__(self, attn):
+            super().__init__()
+            self.config = type("Config", (), {"_attn_implementation": attn})()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids, **kwargs):
+            seen.append(kwargs)
+            return type("Output", (), {"logits": torch.zeros(*input_ids.shape, 3)})()
+
+    ids, mask = pad_sequences([[5, 6, 7], [8, 9]], 0, side="left")
+    for attn in ("flash_attention_4", "sdpa"):
+        forward(Recorder(attn), ids, mask, packed=True)
+    flash, sdpa = seen
+    assert flash["cu_seq_lens_q"].tolist() == [0, 3, 5] and flash["max_length_q"] == 3
+    assert "cu_seq_lens_q" not in sdpa and "max_length_q" not in sdpa

@@ -21,6 +21,7 @@ Three ways to put ragged sequences in one tensor, and the one thing each needs r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -121,6 +122,10 @@ class PackedBatch:
         """Keyword arguments for a packed forward: no mask, no cache, restarting positions."""
         return dict(input_ids=self.input_ids, position_ids=self.position_ids, attention_mask=None, use_cache=False)
 
+    def flash_varlen_kwargs(self) -> dict:
+        """``flash_varlen_kwargs`` of this row (add them to ``model_inputs()`` under a flash back-end)."""
+        return flash_varlen_kwargs(self.lengths, self.input_ids.device)
+
 
 def pack_sequences(sequences: list[torch.Tensor] | list[list[int]]) -> PackedBatch:
     """Pack sequences into one row; next-token targets are shifted per sequence before packing."""
@@ -189,6 +194,16 @@ class PackedRows:
         """(rows, capacity, ...) values → (real tokens, ...) in sequence order."""
         return values.reshape(-1, *values.shape[2:])[self.gather_index]
 
+    def flash_varlen_kwargs(self) -> dict:
+        """``flash_varlen_kwargs`` of a one-row packing (flash-attention's packed path takes batch size 1); the row's
+        filler tail, if any, is one more segment."""
+        if len(self.bins) != 1:
+            raise ValueError(f"flash's variable-length path takes one packed row; this packing has {len(self.bins)} "
+                             "(pack with capacity = the total length)")
+        segments = [self.lengths[i] for i in self.bins[0]]
+        tail = self.input_ids.shape[1] - sum(segments)
+        return flash_varlen_kwargs(segments + ([tail] if tail else []), self.input_ids.device)
+
 
 def pack_rows(sequences: list[torch.Tensor] | list[list[int]], capacity: int | None = None,
               filler: int | None = None) -> PackedRows:
@@ -217,3 +232,14 @@ def pack_rows(sequences: list[torch.Tensor] | list[list[int]], capacity: int | N
         positions.append(torch.cat(restarts))
     gather_index = torch.cat([torch.arange(starts[i], starts[i] + lengths[i], device=device) for i in range(len(rows))])
     return PackedRows(torch.stack(ids), torch.stack(positions), bins, lengths, gather_index)
+
+
+def flash_varlen_kwargs(segments: list[int], device) -> dict:
+    """The variable-length arguments of a flash-attention forward over one packed row made of ``segments`` (the lengths
+    of its sequences, in row order), as transformers takes them: ``cu_seq_lens_q/k`` (int32 cumulative lengths from 0)
+    and ``max_length_q/k`` (Python ints). transformers derives the same values from restarting position ids, but keeps
+    the maximum a 0-dim tensor outside tracing, which flash-attn 4 refuses (docs/GPU.md); passed like this they are
+    used as given."""
+    cumulative = torch.tensor([0, *accumulate(segments)], dtype=torch.int32, device=device)
+    longest = int(max(segments))
+    return {"cu_seq_lens_q": cumulative, "cu_seq_lens_k": cumulative, "max_length_q": longest, "max_length_k": longest}

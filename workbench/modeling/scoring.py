@@ -67,11 +67,14 @@ def _last_layer(output) -> torch.Tensor:
     return logits if logits is not None else output.last_hidden_state
 
 
+def _runs_flash(model) -> bool:
+    return str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "").startswith("flash")
+
+
 def _pack_capacity(model, lengths: list[int]) -> int:
     """Row length of a packed batch: the longest sequence, or everything in one row under
     flash-attention (its variable-length path needs batch size 1)."""
-    attn = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
-    return sum(lengths) if attn.startswith("flash") else max(lengths)
+    return sum(lengths) if _runs_flash(model) else max(lengths)
 
 
 def forward(
@@ -96,7 +99,10 @@ def forward(
         mask = attention_mask.bool()
         sequences = [row[m] for row, m in zip(input_ids, mask, strict=False)]
         batch = pack_rows(sequences, _pack_capacity(model, [len(q) for q in sequences]))
-        values = batch.unpack(_last_layer(model(**batch.model_inputs())))
+        inputs = batch.model_inputs()
+        if _runs_flash(model):  # the sequence boundaries given, not derived (flash-attn 4 needs int lengths: docs/GPU.md)
+            inputs.update(batch.flash_varlen_kwargs())
+        values = batch.unpack(_last_layer(model(**inputs)))
         padded = values.new_zeros((*input_ids.shape, values.shape[-1]))
         padded[mask] = values
         return padded

@@ -171,7 +171,10 @@ def packed_vs_alone(model, sequences: list[list[int]]) -> dict[str, float]:
     alone = [logprobs_from_logits(model(input_ids=torch.tensor([s], device=device)).logits[0, :-1],
                                   torch.tensor(s[1:], device=device)) for s in sequences]
     batch = pack_sequences(sequences)
-    inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.model_inputs().items()}
+    inputs = batch.model_inputs()
+    if str(model.config._attn_implementation).startswith("flash"):  # boundaries given as ints (flash-attn 4: docs/GPU.md)
+        inputs.update(batch.flash_varlen_kwargs())
+    inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in inputs.items()}
     out = {}
     for label, use_cache in (("packed", False), ("packed, cache on", True)):
         logits = model(**{**inputs, "use_cache": use_cache}).logits[0]
