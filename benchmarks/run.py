@@ -125,7 +125,7 @@ def _grpo_workbench(folder, settings, steps, seed, device):
     from workbench.tasks import rl_problems
     from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 
-    model, tok = load(folder, **_dtype(settings))
+    model, tok = load(folder, **_load_options(settings))
     model.to(device)
     trainer = GRPOTrainer(model, tok, rl_problems(64), GRPOConfig(
         steps=10**6, prompts_per_step=settings["prompts"], num_generations=settings["num_generations"],
@@ -181,7 +181,7 @@ def _grpo_trl(folder, settings, steps, seed, device):
             "values": [h["reward"] for h in trainer.state.log_history if "reward" in h]}
 
 
-def _dtype(settings) -> dict:
+def _load_options(settings) -> dict:
     """``load`` options of the workbench side: sdpa as on TRL's side (``"auto"`` would take a flash back-end where one is
     installed), bf16 weights under ``precision="bf16"`` (the 0.5B-shaped model)."""
     import torch
@@ -207,7 +207,7 @@ def _dpo_workbench(folder, settings, steps, seed, device):
     from workbench.tasks import TRAIN_PREFERENCES, load_preferences
     from workbench.trainers.dpo import DPOConfig, DPOTrainer
 
-    model, tok = load(folder, **_dtype(settings))
+    model, tok = load(folder, **_load_options(settings))
     model.to(device)
     trainer = DPOTrainer(model, tok, load_preferences(TRAIN_PREFERENCES)[:512], DPOConfig(
         steps=10**6, batch_size=settings["batch_size"], learning_rate=settings["learning_rate"], beta=settings["beta"],

@@ -15,6 +15,7 @@ installed and that the GPU can run it, by the distribution's name as transformer
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 
@@ -30,6 +31,7 @@ FLASH_BACKENDS = {
 ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", *FLASH_BACKENDS)
 
 
+@functools.cache  # a scan of every installed distribution: once per process, not at every model load
 def _distributions_of_flash_attn() -> set[str]:
     """Normalised names of the installed distributions that provide the ``flash_attn`` package."""
     if importlib.util.find_spec("flash_attn") is None:
@@ -52,6 +54,11 @@ def flash_attention_status(implementation: str = "flash_attention_2") -> tuple[b
         return False, (f"{implementation} needs compute capability ≥ {capability[0]}.{capability[1]} and this GPU "
                        f"({torch.cuda.get_device_name()}) has {found[0]}.{found[1]}")
     return True, f"{distribution} is installed and the GPU can run it"
+
+
+def runs_flash(model) -> bool:
+    """Whether ``model`` runs a flash back-end (its config's attention implementation), e.g. to pack into one row."""
+    return str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "").startswith("flash")
 
 
 def available_flash_backends() -> list[str]:

@@ -47,6 +47,7 @@ from workbench.core.batching import pack_rows, padding_side_of, position_ids_fro
 from workbench.core.chunked import entropy_chunked, head_logprobs_and_entropy, lm_head_of, logprobs_and_entropy
 from workbench.core.devices import model_device
 from workbench.modeling import inline_body
+from workbench.modeling.attention import runs_flash
 
 POSITION_IDS_MODES = ("mask", "model")
 
@@ -67,14 +68,10 @@ def _last_layer(output) -> torch.Tensor:
     return logits if logits is not None else output.last_hidden_state
 
 
-def _runs_flash(model) -> bool:
-    return str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "").startswith("flash")
-
-
 def _pack_capacity(model, lengths: list[int]) -> int:
     """Row length of a packed batch: the longest sequence, or everything in one row under
     flash-attention (its variable-length path needs batch size 1)."""
-    return sum(lengths) if _runs_flash(model) else max(lengths)
+    return sum(lengths) if runs_flash(model) else max(lengths)
 
 
 def forward(
@@ -100,7 +97,7 @@ def forward(
         sequences = [row[m] for row, m in zip(input_ids, mask, strict=False)]
         batch = pack_rows(sequences, _pack_capacity(model, [len(q) for q in sequences]))
         inputs = batch.model_inputs()
-        if _runs_flash(model):  # the sequence boundaries given, not derived (flash-attn 4 needs int lengths: docs/GPU.md)
+        if runs_flash(model):  # the sequence boundaries given, not derived (flash-attn 4 needs int lengths: docs/GPU.md)
             inputs.update(batch.flash_varlen_kwargs())
         values = batch.unpack(_last_layer(model(**inputs)))
         padded = values.new_zeros((*input_ids.shape, values.shape[-1]))

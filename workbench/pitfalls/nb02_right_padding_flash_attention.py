@@ -29,7 +29,7 @@ import torch
 from workbench.core.batching import pack_sequences, pad_sequences, padding_side_of, unpack_token_values
 from workbench.core.errors import RightPaddingError
 from workbench.experiments.checkpoints import load
-from workbench.modeling.attention import FLASH_BACKENDS, flash_attention_status
+from workbench.modeling.attention import FLASH_BACKENDS, flash_attention_status, runs_flash
 from workbench.modeling.rollout import sample, truncate_after_eos
 from workbench.modeling.scoring import logprobs_from_logits, token_logprobs
 from workbench.tasks import encode_prompts
@@ -172,7 +172,7 @@ def packed_vs_alone(model, sequences: list[list[int]]) -> dict[str, float]:
                                   torch.tensor(s[1:], device=device)) for s in sequences]
     batch = pack_sequences(sequences)
     inputs = batch.model_inputs()
-    if str(model.config._attn_implementation).startswith("flash"):  # boundaries given as ints (flash-attn 4: docs/GPU.md)
+    if runs_flash(model):  # boundaries given as ints (flash-attn 4: docs/GPU.md)
         inputs.update(batch.flash_varlen_kwargs())
     inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in inputs.items()}
     out = {}
