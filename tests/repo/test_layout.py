@@ -24,3 +24,13 @@ def test_import_contracts_are_kept():
     result = subprocess.run([exe, "--no-cache"], cwd=REPO, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert ", 0 broken." in result.stdout, result.stdout[-2000:]
+
+
+def test_every_pitfall_module_is_named_in_the_package_docstring():
+    """The pitfalls package's docstring is its table of contents: a module missing from it (as nb24–nb35 were until
+    2026-11-26) is a room a newcomer cannot find from the index."""
+    import workbench.pitfalls
+
+    names = sorted(p.stem for p in (REPO / "workbench" / "pitfalls").glob("nb*.py"))
+    missing = [name for name in names if f"``{name}``" not in workbench.pitfalls.__doc__]
+    assert not missing, f"workbench/pitfalls/__init__.py's docstring does not name {missing}: add a line for each"

@@ -41,6 +41,19 @@ uses ``nb01_position_ids`` (``quickstart_metrics``).
 * ``nb21_duplicate_bos`` — P21: two BOS tokens — a chat template that writes BOS, and a tokenizer that adds one.
 * ``nb22_multiturn_retokenization`` — P22: decode → re-encode between turns is not the identity for BPE.
 * ``nb23_bf16_updates`` — P23: pure-bf16 updates are rounded away.
+* ``nb24_reward_model_pooling`` — P24: a reward model that pools the hidden state of the wrong token.
+* ``nb25_reward_on_first_pad`` — P25: PPO puts the sequence score on the first PAD after the EOS instead of on the EOS.
+* ``nb26_gspo_length_weighting`` — P26: GSPO's sequence ratio broadcast over tokens, then summed — long samples weigh more.
+* ``nb27_off_policy_remainder`` — P27: the off-policy remainder of a generation batch trained with ρ ≡ 1.
+* ``nb28_async_staleness`` — P28: asynchronous staleness — behaviour log-probs recomputed by the current actor.
+* ``nb29_stale_kv_cache`` — P29: a prefix (KV) cache reused across a weight update.
+* ``nb30_moe_router_mismatch`` — P30: a mixture-of-experts router that picks other experts in rollout and training.
+* ``nb31_logit_softcapping`` — P31: final-logit soft-capping wrong or missing in the RL log-prob path.
+* ``nb32_same_seed_every_rank`` — P32: the same sampling seed on every rank — a group split over processes holds copies.
+* ``nb33_rank_local_normalisation`` — P33: token normalisation per rank, and clipping by a shard's local norm.
+* ``nb34_packing_boundaries`` — P34: packed sequences attending across their boundaries.
+* ``nb35_multiturn_tool_tokens`` — P35: tool tokens inside a multi-turn response break reward-to-go and lengths.
 * ``nb91_audit_your_trainer`` — not a pitfall: what notebook 91 shows of a ``workbench.audit`` run (figures, explorer,
   metrics); notebook 90's figures, explorer and metrics live with the peer lab, in ``workbench.peers.expectations``.
+* ``nb92_watch_a_training_run`` — not a pitfall: what notebook 92 shows of a ``workbench.watch`` run.
 """

@@ -123,6 +123,8 @@ def figure_entropy_vs_temperature(rows: list[dict]):
 
 # ---- what the notebook prints and writes -------------------------------------------------------
 def sweep_lines(rows: list[dict]) -> str:
+    """One line per temperature: the entropy of the raw and of the sampled distribution and their gap; the step-0
+    KL with the reference at τ = 1 (exact, k1, k3 — the bug) and at τ (exact — the fix)."""
     return "\n".join(f"τ={r['temperature']:4}: entropy raw {r['bug']['entropy']:.4f} vs sampled {r['fix']['entropy']:.4f} nats "
                      f"(gap {r['entropy_gap']:+.4f}); step-0 KL bug exact {r['bug']['kl_exact']:.2e}, k1 {r['bug']['kl_k1']:+.2e}, "
                      f"k3 {r['bug']['kl_k3']:.2e}; fix exact {r['fix']['kl_exact']:.1e}" for r in rows)

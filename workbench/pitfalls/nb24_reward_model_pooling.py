@@ -140,6 +140,12 @@ def _pick(rows, side, pad_is_eos, rule):
     return next(r for r in rows if r["side"] == side and r["pad_is_eos"] == pad_is_eos and r["rule"] == rule)
 
 
+def headline_rows(rows: list[dict], inside: list[dict]) -> tuple[dict, dict, dict]:
+    """The rows the headline reads: left padding with pad = EOS under 'first pad − 1' (bug) and under the rightmost
+    attended token (fix), and 'first pad − 1' with an EOS inside the text (the worst case)."""
+    return _pick(rows, "left", True, RULES[0]), _pick(rows, "left", True, RULES[2]), _pick(inside, "left", True, RULES[0])
+
+
 def verdict(rows: list[dict], inside: list[dict], *, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed) from ``sweep`` rows without and with an EOS inside the texts.
 
@@ -219,21 +225,20 @@ def pooling_lines(rows: list[dict], inside: list[dict]) -> str:
 
 
 def headline_sentence(rows: list[dict], inside: list[dict]) -> str:
-    bug, fix = _pick(rows, "left", True, RULES[0]), _pick(rows, "left", True, RULES[2])
+    bug, fix, worst = headline_rows(rows, inside)
     reproduced, fixed = verdict(rows, inside)
-    worst = _pick(inside, "left", True, RULES[0])
+    outcome = (("the bug is reproduced" if reproduced else "the bug did not show")
+               + (" and the fix holds in every scenario." if fixed else ", and the fix does not hold everywhere."))
     return (f"Left padding with pad = EOS, texts without an EOS inside: a text's score moves by up to "
             f"{bug['max_abs_score_delta']:.3g} with its batch under 'first pad − 1' ({bug['changed_share']:.0%} of texts), "
             f"{fix['max_abs_score_delta']:.1e} pooling the rightmost attended token; with an EOS closing the prompt it moves by "
-            f"up to {worst['max_abs_score_delta']:.3g} ({worst['changed_share']:.0%} of texts); "
-            + ("the bug is reproduced" if reproduced else "the bug did not show")
-            + (" and the fix holds in every scenario." if fixed else ", and the fix does not hold everywhere."))
+            f"up to {worst['max_abs_score_delta']:.3g} ({worst['changed_share']:.0%} of texts); {outcome}")
 
 
 def metrics(rows: list[dict], inside: list[dict]) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 24."""
     reproduced, fixed = verdict(rows, inside)
-    bug, fix = _pick(rows, "left", True, RULES[0]), _pick(rows, "left", True, RULES[2])
+    bug, fix, _ = headline_rows(rows, inside)
     return dict(
         notebook="24_reward_model_pooling", reproduced=reproduced, fixed=fixed,
         metrics={"scenarios": rows, "eos_inside": inside},
