@@ -9,6 +9,8 @@
 * a group's prompt is tokenised once; DPO's per-pair token cache builds the same batches.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -107,3 +109,18 @@ def test_dpo_token_cache_builds_the_same_batches():
         expected = collate_preferences(tokenizer, [pairs[i] for i in indices])
         cached = collate_encoded([trainer._encoded[i] for i in indices], tokenizer.pad_token_id)
         assert torch.equal(cached.input_ids, expected.input_ids) and cached.prompt_lengths == expected.prompt_lengths
+
+
+@pytest.mark.parametrize("which", ["char", "bpe"])
+def test_batched_pair_encoding_equals_one_pair_at_a_time(tokenizer, which):
+    """``encode_pairs`` (three batched tokenizer calls) gives every pair the ids ``encode_pair`` gives it alone."""
+    from transformers import PreTrainedTokenizerFast
+
+    from workbench.tasks import TRAIN_PREFERENCES, load_preferences
+    from workbench.trainers.preferences import encode_pair, encode_pairs
+
+    if which == "bpe":  # the shipped byte-level BPE (data/tokenizer), a realistic tokenizer with merges
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(Path(__file__).resolve().parents[2] / "data" / "tokenizer"))
+    pairs = load_preferences(TRAIN_PREFERENCES)[:200] + [{"prompt": "", "chosen": "", "rejected": " 7"}]
+    assert encode_pairs(tokenizer, pairs) == [encode_pair(tokenizer, p) for p in pairs]
+    assert encode_pairs(tokenizer, []) == []

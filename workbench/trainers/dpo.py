@@ -42,7 +42,7 @@ from workbench.trainers.preferences import (
     build_loss_mask,
     collate_encoded,
     collate_preferences,
-    encode_pair,
+    encode_pairs,
     prompt_target_mask,
     summed_logprobs,
 )
@@ -110,7 +110,8 @@ class DPOTrainer(Trainer):
         self.dropout_on, self.learning_rate, self.optimizer = base.prepare_policy(config, policy, (self.reference,), config.disable_dropout)
         self.dist = Distributed.current()
         self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
-        self.device = next(self.policy.parameters()).device
+        self.policy_parameters = list(self.policy.parameters())  # the optimizer's: listed once, not walked every step
+        self.device = self.policy_parameters[0].device
         self.reference.to(self.device)
         # policy and reference take the same path (step-0 margins exactly 0); not with dropout on (P7),
         # nor when the model that trains cannot take the prefix-tree forward (a DDP wrapper)
@@ -140,9 +141,8 @@ class DPOTrainer(Trainer):
     def train_step(self, step: int) -> dict:
         c = self.config
         indices = self.dist.shard(self.batch_indices(step))  # this process's pairs (all of them in one process)
-        for i in indices:
-            if i not in self._encoded:
-                self._encoded[i] = encode_pair(self.tokenizer, self.pairs[i])
+        new = list(dict.fromkeys(i for i in indices if i not in self._encoded))  # first seen, each once
+        self._encoded.update(zip(new, encode_pairs(self.tokenizer, [self.pairs[i] for i in new]), strict=True))
         batch = collate_encoded([self._encoded[i] for i in indices], self.tokenizer.pad_token_id).to(self.device)
         loss_mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, c.prompt_mask)
         b = batch.num_pairs
@@ -162,7 +162,7 @@ class DPOTrainer(Trainer):
             chosen_lengths=lengths[:b], rejected_lengths=lengths[b:],
         )
         loss = per_pair.mean()
-        grad_norm = base.optimizer_step(loss, [self.optimizer], [self.policy.parameters()], c.max_grad_norm)
+        grad_norm = base.optimizer_step(loss, [self.optimizer], [self.policy_parameters], c.max_grad_norm)
 
         with torch.no_grad():
             prompt_targets = prompt_target_mask(batch.attention_mask, batch.prompt_lengths)

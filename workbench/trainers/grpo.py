@@ -163,7 +163,8 @@ class GRPOTrainer(RolloutTrainer):
         # DDP-wrapped model on this process's shard of rows.
         self.dist = Distributed.current()
         self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
-        self.device = next(self.policy.parameters()).device
+        self.policy_parameters = list(self.policy.parameters())  # the optimizer's: listed once, not walked every step
+        self.device = self.policy_parameters[0].device
         if self.reference is not None:
             self.reference.to(self.device)
 
@@ -220,7 +221,7 @@ class GRPOTrainer(RolloutTrainer):
                     kl_estimator=c.kl_estimator, max_len=c.max_new_tokens,
                     normalizer=self._global_normalizer if self.dist.enabled else None,
                 )
-                records["grad_norm"].append(base.optimizer_step(loss, [self.optimizer], [self.policy.parameters()], c.max_grad_norm))
+                records["grad_norm"].append(base.optimizer_step(loss, [self.optimizer], [self.policy_parameters], c.max_grad_norm))
                 # per-process values → global ones (the loss: the sum of the processes' shares)
                 records["loss"].append(float(self.dist.sum(float(loss.detach()))) / self.dist.world_size)
                 records["clip_fraction"].append(self.dist.mean(stats["clip_fraction"]))

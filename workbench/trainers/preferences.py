@@ -45,6 +45,19 @@ def encode_pair(tokenizer, pair: dict) -> tuple[list[int], list[int], list[int]]
             prompt + tokenizer(pair["rejected"], add_special_tokens=False)["input_ids"] + eos)
 
 
+def encode_pairs(tokenizer, pairs: list[dict]) -> list[tuple[list[int], list[int], list[int]]]:
+    """``encode_pair`` of every pair, in three batched tokenizer calls (prompts, chosen, rejected) instead of three
+    per pair: the same ids (tests/trainers/test_preferences.py), a fraction of the per-call cost."""
+    if not pairs:
+        return []
+    prompts = tokenizer([p["prompt"] for p in pairs])["input_ids"]
+    chosen = tokenizer([p["chosen"] for p in pairs], add_special_tokens=False)["input_ids"]
+    rejected = tokenizer([p["rejected"] for p in pairs], add_special_tokens=False)["input_ids"]
+    eos = [tokenizer.eos_token_id]
+    return [(list(prompt), list(prompt) + list(c) + eos, list(prompt) + list(r) + eos)
+            for prompt, c, r in zip(prompts, chosen, rejected, strict=True)]
+
+
 def collate_encoded(encoded: list[tuple[list[int], list[int], list[int]]], pad_token_id: int) -> PreferenceBatch:
     """Stack encoded pairs (``encode_pair``) right-padded: chosen rows on top of rejected rows."""
     input_ids, attention_mask = pad_sequences([e[1] for e in encoded] + [e[2] for e in encoded], pad_token_id, side="right")
@@ -53,7 +66,7 @@ def collate_encoded(encoded: list[tuple[list[int], list[int], list[int]]], pad_t
 
 def collate_preferences(tokenizer, pairs: list[dict]) -> PreferenceBatch:
     """Tokenise pairs as ``<bos> prompt response <eos>`` and stack chosen on top of rejected."""
-    return collate_encoded([encode_pair(tokenizer, p) for p in pairs], tokenizer.pad_token_id)
+    return collate_encoded(encode_pairs(tokenizer, pairs), tokenizer.pad_token_id)
 
 
 def build_loss_mask(attention_mask: torch.Tensor, prompt_lengths: list[int], prompt_mask: str) -> torch.Tensor:
