@@ -20,6 +20,9 @@ Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or 
   defaults; ``GRPO (TRL without gradient checkpointing)`` and ``DPO (…)`` — the same workbench runs
   against TRL with gradient checkpointing off (TRL 1.16 turns it on by default in both configs; it
   recomputes the forward in the backward pass), a third process in the same rotation;
+* ``GRPO, long responses`` — the shipped ``tiny-sums-qwen2`` on the sums task (scratchpad responses of 8–37 tokens,
+  the task's 48-token budget), against TRL with its defaults and without gradient checkpointing: sampling is most of
+  the step there (issue 32's long-response line);
 * ``GRPO, larger model`` — a random Qwen2 configuration of ~12M parameters with a 32k
   vocabulary, where compute rather than Python overhead dominates;
 * ``Sampler`` — the workbench's decode loop (``sample`` as the trainers call it: shared prefill,
@@ -36,7 +39,7 @@ Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or 
   (target for light: ≤ 1.05×). ``--watch-only`` runs just this line; with ``--baseline DIR`` the baseline
   tree's step without and with the light watch joins the rotation (two more processes).
 
-``--lines grpo,dpo`` runs only those lines (of watch, sampler, grpo, dpo, large, extras). ``--baseline DIR``
+``--lines grpo,dpo`` runs only those lines (of watch, sampler, grpo, dpo, long, large, extras). ``--baseline DIR``
 puts a second source tree's workbench (e.g. ``git archive <commit> | tar -x -C DIR``) into the GRPO, DPO and
 larger-model rotations as one more process: its lines say this tree ÷ baseline per repeat, whether the
 rewards/losses were identical step by step (same seeds), and the baseline against TRL from the same repeats.
@@ -72,6 +75,8 @@ DPO = dict(batch_size=8, learning_rate=1e-5, beta=0.1)
 LARGE_MODEL = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=768, vocab_size=32000, max_position_embeddings=512)
 GRPO_LARGE = dict(prompts=2, num_generations=4, max_new_tokens=16, learning_rate=1e-5)
+# long responses: the shipped tiny-sums-qwen2 on the sums task (scratchpads of 8-37 tokens), the task's 48-token budget
+GRPO_LONG = dict(prompts=2, num_generations=8, max_new_tokens=48, learning_rate=1e-5, task="sums")
 # --model qwen2.5-0.5b (GPU): a random model of Qwen2.5-0.5B's shape (494M parameters) in bf16 on both sides; longer responses
 QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
                   vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True)
@@ -127,7 +132,7 @@ def _grpo_workbench(folder, settings, steps, seed, device):
 
     model, tok = load(folder, **_load_options(settings))
     model.to(device)
-    trainer = GRPOTrainer(model, tok, rl_problems(64), GRPOConfig(
+    trainer = GRPOTrainer(model, tok, rl_problems(64, task=settings.get("task", "arith")), GRPOConfig(
         steps=10**6, prompts_per_step=settings["prompts"], num_generations=settings["num_generations"],
         max_new_tokens=settings["max_new_tokens"], learning_rate=settings["learning_rate"], progress=False, seed=seed,
         precision=settings.get("precision", "fp32")))
@@ -154,13 +159,15 @@ def _grpo_workbench(folder, settings, steps, seed, device):
 
 def _grpo_trl(folder, settings, steps, seed, device):
     from datasets import Dataset
-    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
+    from workbench.modeling.models import load_tokenizer
     from workbench.tasks import reward, rl_problems
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    problems = {p.prompt: p for p in rl_problems(64)}
+    # the tokenizer the workbench side reads from the folder: AutoTokenizer in transformers 5 takes Qwen2Tokenizer for a
+    # qwen2 config, which drops the spaces of the sums prompts ("sum 50 13 =" → other ids; modeling.models)
+    tokenizer = load_tokenizer(folder)
+    problems = {p.prompt: p for p in rl_problems(64, task=settings.get("task", "arith"))}
     eos = tokenizer.eos_token
 
     def reward_fn(prompts, completions, **kw):
@@ -224,12 +231,14 @@ def _dpo_workbench(folder, settings, steps, seed, device):
 
 def _dpo_trl(folder, settings, steps, seed, device):
     from datasets import Dataset
-    from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
+    from workbench.modeling.models import load_tokenizer
     from workbench.tasks import TRAIN_PREFERENCES, load_preferences
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    # the tokenizer the workbench side reads from the folder: AutoTokenizer in transformers 5 takes Qwen2Tokenizer for a
+    # qwen2 config, which drops the spaces of the sums prompts ("sum 50 13 =" → other ids; modeling.models)
+    tokenizer = load_tokenizer(folder)
     pairs = [{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in load_preferences(TRAIN_PREFERENCES)[:512]]
     args = DPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=device == "cpu", report_to="none", logging_steps=1, **_trl_precision(settings),
                      per_device_train_batch_size=settings["batch_size"], learning_rate=settings["learning_rate"],
@@ -541,7 +550,7 @@ def run_memory(args) -> dict:
 
 
 # ---- the sampler vs model.generate ------------------------------------------------------------
-LINES = ("watch", "sampler", "grpo", "dpo", "large", "extras")  # what --lines selects (extras: packing, memory, EOS)
+LINES = ("watch", "sampler", "grpo", "dpo", "long", "large", "extras")  # what --lines selects (extras: packing, memory, EOS)
 SAMPLER = {"tiny": dict(prompts=2, num_generations=8, max_new_tokens=8, calls=40),
            "large": dict(prompts=2, num_generations=4, max_new_tokens=16, calls=3),
            "qwen2.5-0.5b": dict(prompts=4, num_generations=8, max_new_tokens=64, calls=3)}
@@ -811,6 +820,15 @@ def main() -> int:
         lines.append(_comparison_line(f"{name} (TRL without gradient checkpointing)", results[kind]["no_gc"], measure))
         if args.baseline:
             lines += _baseline_lines(name, results[kind], measure, args.baseline)
+    if "long" in chosen:  # GRPO on the long-response task, against TRL with and without gradient checkpointing
+        long_folder = _save_model(f"{base}/sums", *load("tiny-sums-qwen2"))
+        name = (f"GRPO, long responses (tiny-sums-qwen2, sums task, "
+                f"{GRPO_LONG['prompts']}×{GRPO_LONG['num_generations']}×≤{GRPO_LONG['max_new_tokens']} tokens)")
+        results["grpo_long"] = paired("grpo", long_folder, GRPO_LONG, large_steps * 2, repeats, args, no_gc=True)
+        lines.append(_comparison_line(name, results["grpo_long"], "reward"))
+        lines.append(_comparison_line(f"{name} (TRL without gradient checkpointing)", results["grpo_long"]["no_gc"], "reward"))
+        if args.baseline:
+            lines += _baseline_lines("GRPO, long responses", results["grpo_long"], "reward", args.baseline)
     if "large" in chosen:
         label = (f"GRPO, larger model (random Qwen2, {large_params / 1e6:.1f}M parameters, {LARGE_MODEL['vocab_size']} vocabulary, "
                  f"{GRPO_LARGE['prompts']}×{GRPO_LARGE['num_generations']}×{GRPO_LARGE['max_new_tokens']} tokens)")
@@ -843,7 +861,8 @@ def _finish(args, lines: list[str], start: float, load_before: str, steps: int, 
     for line in lines:
         print(line)
     elapsed = time.perf_counter() - start
-    print(f"({elapsed:.0f} s, {steps} timed steps × {repeats} repeats per side, {args.device}, {args.threads} thread(s); "
+    print(f"({elapsed:.0f} s, {steps} timed steps ({2 * large_steps} for long responses, {large_steps} for the larger model) × "
+          f"{repeats} repeats per side, {args.device}, {args.threads} thread(s); "
           f"load average (1/5/15 min) {load_before} before, {load_after} after)")
     if args.write:
         import torch
@@ -862,8 +881,9 @@ def _finish(args, lines: list[str], start: float, load_before: str, steps: int, 
                     f"load average (1/5/15 min) {load_before} before, {load_after} after ({elapsed:.0f} s)\n\n")
             for line in lines:
                 f.write(f"- {line}\n")
-            f.write(f"\nSettings: GRPO {GRPO}, DPO {DPO}, larger-model GRPO {GRPO_LARGE} on {LARGE_MODEL}; {steps} timed steps "
-                    f"({large_steps} for the larger model) × {repeats} repeats per side, alternating, median reported.\n")
+            f.write(f"\nSettings: GRPO {GRPO}, DPO {DPO}, long-response GRPO {GRPO_LONG}, larger-model GRPO {GRPO_LARGE} on "
+                    f"{LARGE_MODEL}; {steps} timed steps ({2 * large_steps} for long responses, {large_steps} for the larger "
+                    f"model) × {repeats} repeats per side, alternating, median reported.\n")
     return 0
 
 

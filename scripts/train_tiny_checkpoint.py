@@ -48,6 +48,13 @@ def spread(values: list[int]) -> dict:
     return {"n": len(ordered), "min": ordered[0], "median": ordered[len(ordered) // 2], "max": ordered[-1]}
 
 
+# How to open the tokenizer outside the workbench (the same ids as ``workbench.load``; tests/tasks/test_train_tiny_checkpoint.py)
+TOKENIZER_NOTE = """Tokenizer: a character-level `tokenizers` file. Open it with
+`PreTrainedTokenizerFast.from_pretrained(folder)` (or `workbench.load`), not `AutoTokenizer`: for a qwen2 config
+`AutoTokenizer` in transformers 5 takes `Qwen2Tokenizer`, whose pre-tokenizer drops the spaces, so "sum 3 5 9 ="
+reaches the model as other ids (prompts without spaces, such as the arithmetic ones, are unaffected)."""
+
+
 def card_text(name: str, card: dict) -> str:
     """The checkpoint's README.md: what it is, how it was trained, how good it is, how long its responses are."""
     lengths = card["lengths"]
@@ -57,6 +64,8 @@ def card_text(name: str, card: dict) -> str:
 A tiny {card['arch']} policy ({card['parameters']:,} parameters, safetensors; opens with
 `AutoModelForCausalLM.from_pretrained`) trained by supervised fine-tuning on the `{card['task']}` task
 ({card['task_description']}). Stopped early on purpose: RL needs a policy that is right sometimes, not always.
+
+{TOKENIZER_NOTE}
 
 - training command: `{card['command']}`
 - SFT: {card['sft_steps']} steps × batch {card['batch_size']}, learning rate {card['learning_rate']}, seed {card['seed']},

@@ -67,3 +67,18 @@ def test_shipped_sums_checkpoint_is_right_part_of_the_time_on_held_out_prompts(s
     accuracy = float(rewards.mean())
     assert 0.25 <= accuracy <= 0.65, accuracy
     assert int(lengths.max()) - int(lengths.min()) >= 10
+
+
+def test_the_cards_tokenizer_instruction_gives_the_workbench_ids(shipped):
+    """The card says how to open the tokenizer outside the workbench (``PreTrainedTokenizerFast``): on the task's prompts
+    it gives the ids ``workbench.load`` gives. (``AutoTokenizer`` picks ``Qwen2Tokenizer`` for this config in
+    transformers 5.23 and loses the spaces; the benchmark's TRL side read the sums prompts that way until 2026-11-26.)"""
+    from transformers import PreTrainedTokenizerFast
+
+    folder, _ = shipped
+    assert "PreTrainedTokenizerFast.from_pretrained(folder)" in (folder / "README.md").read_text()
+    assert train_tiny_checkpoint.TOKENIZER_NOTE in (folder / "README.md").read_text()
+    _, workbench_tokenizer = load("tiny-sums-qwen2")
+    plain = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    prompts = [p.prompt for p in tasks.load_problems(tasks.task_info("sums").test_prompts)[:64]]
+    assert [plain(p)["input_ids"] for p in prompts] == [workbench_tokenizer(p)["input_ids"] for p in prompts]
