@@ -161,12 +161,9 @@ def _grpo_trl(folder, settings, steps, seed, device):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from workbench.modeling.models import load_tokenizer
     from workbench.tasks import reward, rl_problems
 
-    # the tokenizer the workbench side reads from the folder: AutoTokenizer in transformers 5 takes Qwen2Tokenizer for a
-    # qwen2 config, which drops the spaces of the sums prompts ("sum 50 13 =" → other ids; modeling.models)
-    tokenizer = load_tokenizer(folder)
+    tokenizer = _trl_tokenizer(folder)
     problems = {p.prompt: p for p in rl_problems(64, task=settings.get("task", "arith"))}
     eos = tokenizer.eos_token
 
@@ -186,6 +183,15 @@ def _grpo_trl(folder, settings, steps, seed, device):
     tokens = history[-1]["completions/mean_length"] * settings["prompts"] * settings["num_generations"] if history else 0.0
     return {**rates, "tokens_per_step": tokens,
             "values": [h["reward"] for h in trainer.state.log_history if "reward" in h]}
+
+
+def _trl_tokenizer(folder):
+    """The tokenizer the workbench side reads from ``folder``, for TRL's side: ``AutoTokenizer`` in transformers 5 takes
+    ``Qwen2Tokenizer`` for a qwen2 config, which drops the spaces of the sums prompts ("sum 50 13 =" → other ids;
+    ``modeling.models._tokenizer_from_folder``)."""
+    from workbench.modeling.models import load_tokenizer
+
+    return load_tokenizer(folder)
 
 
 def _load_options(settings) -> dict:
@@ -233,12 +239,9 @@ def _dpo_trl(folder, settings, steps, seed, device):
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from workbench.modeling.models import load_tokenizer
     from workbench.tasks import TRAIN_PREFERENCES, load_preferences
 
-    # the tokenizer the workbench side reads from the folder: AutoTokenizer in transformers 5 takes Qwen2Tokenizer for a
-    # qwen2 config, which drops the spaces of the sums prompts ("sum 50 13 =" → other ids; modeling.models)
-    tokenizer = load_tokenizer(folder)
+    tokenizer = _trl_tokenizer(folder)
     pairs = [{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in load_preferences(TRAIN_PREFERENCES)[:512]]
     args = DPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=device == "cpu", report_to="none", logging_steps=1, **_trl_precision(settings),
                      per_device_train_batch_size=settings["batch_size"], learning_rate=settings["learning_rate"],
@@ -811,24 +814,24 @@ def main() -> int:
         print("\n".join(lines))
         return 0
     # the trainers against TRL, the larger model, packing, memory and EOS stopping
-    for kind, settings, measure in (("grpo", GRPO, "reward"), ("dpo", DPO, "loss")):  # each against TRL, with and without GC
-        if kind not in chosen:
+    long_name = (f"GRPO, long responses (tiny-sums-qwen2, sums task, "
+                 f"{GRPO_LONG['prompts']}×{GRPO_LONG['num_generations']}×≤{GRPO_LONG['max_new_tokens']} tokens)")
+    against_trl = (  # each against TRL, with and without gradient checkpointing:
+        # --lines key, printed name, trainer, checkpoint, settings, timed steps, name in the baseline lines
+        ("grpo", "GRPO", "grpo", "tiny-arith-qwen2", GRPO, steps, "GRPO"),
+        ("dpo", "DPO", "dpo", "tiny-arith-qwen2", DPO, steps, "DPO"),
+        ("long", long_name, "grpo", "tiny-sums-qwen2", GRPO_LONG, 2 * large_steps, "GRPO, long responses"),
+    )
+    for line, name, kind, checkpoint, settings, line_steps, short in against_trl:
+        if line not in chosen:
             continue
-        name = kind.upper()
-        results[kind] = paired(kind, tiny_folder, settings, steps, repeats, args, no_gc=True)
-        lines.append(_comparison_line(name, results[kind], measure))
-        lines.append(_comparison_line(f"{name} (TRL without gradient checkpointing)", results[kind]["no_gc"], measure))
+        folder = tiny_folder if checkpoint == "tiny-arith-qwen2" else _save_model(f"{base}/{checkpoint}", *load(checkpoint))
+        measure = "loss" if kind == "dpo" else "reward"
+        results[line] = paired(kind, folder, settings, line_steps, repeats, args, no_gc=True)
+        lines.append(_comparison_line(name, results[line], measure))
+        lines.append(_comparison_line(f"{name} (TRL without gradient checkpointing)", results[line]["no_gc"], measure))
         if args.baseline:
-            lines += _baseline_lines(name, results[kind], measure, args.baseline)
-    if "long" in chosen:  # GRPO on the long-response task, against TRL with and without gradient checkpointing
-        long_folder = _save_model(f"{base}/sums", *load("tiny-sums-qwen2"))
-        name = (f"GRPO, long responses (tiny-sums-qwen2, sums task, "
-                f"{GRPO_LONG['prompts']}×{GRPO_LONG['num_generations']}×≤{GRPO_LONG['max_new_tokens']} tokens)")
-        results["grpo_long"] = paired("grpo", long_folder, GRPO_LONG, large_steps * 2, repeats, args, no_gc=True)
-        lines.append(_comparison_line(name, results["grpo_long"], "reward"))
-        lines.append(_comparison_line(f"{name} (TRL without gradient checkpointing)", results["grpo_long"]["no_gc"], "reward"))
-        if args.baseline:
-            lines += _baseline_lines("GRPO, long responses", results["grpo_long"], "reward", args.baseline)
+            lines += _baseline_lines(short, results[line], measure, args.baseline)
     if "large" in chosen:
         label = (f"GRPO, larger model (random Qwen2, {large_params / 1e6:.1f}M parameters, {LARGE_MODEL['vocab_size']} vocabulary, "
                  f"{GRPO_LARGE['prompts']}×{GRPO_LARGE['num_generations']}×{GRPO_LARGE['max_new_tokens']} tokens)")
@@ -861,8 +864,8 @@ def _finish(args, lines: list[str], start: float, load_before: str, steps: int, 
     for line in lines:
         print(line)
     elapsed = time.perf_counter() - start
-    print(f"({elapsed:.0f} s, {steps} timed steps ({2 * large_steps} for long responses, {large_steps} for the larger model) × "
-          f"{repeats} repeats per side, {args.device}, {args.threads} thread(s); "
+    step_counts = f"{steps} timed steps ({2 * large_steps} for long responses, {large_steps} for the larger model)"
+    print(f"({elapsed:.0f} s, {step_counts} × {repeats} repeats per side, {args.device}, {args.threads} thread(s); "
           f"load average (1/5/15 min) {load_before} before, {load_after} after)")
     if args.write:
         import torch
@@ -882,8 +885,7 @@ def _finish(args, lines: list[str], start: float, load_before: str, steps: int, 
             for line in lines:
                 f.write(f"- {line}\n")
             f.write(f"\nSettings: GRPO {GRPO}, DPO {DPO}, long-response GRPO {GRPO_LONG}, larger-model GRPO {GRPO_LARGE} on "
-                    f"{LARGE_MODEL}; {steps} timed steps ({2 * large_steps} for long responses, {large_steps} for the larger "
-                    f"model) × {repeats} repeats per side, alternating, median reported.\n")
+                    f"{LARGE_MODEL}; {step_counts} × {repeats} repeats per side, alternating, median reported.\n")
     return 0
 
 

@@ -113,14 +113,19 @@ def test_dpo_token_cache_builds_the_same_batches():
 
 @pytest.mark.parametrize("which", ["char", "bpe"])
 def test_batched_pair_encoding_equals_one_pair_at_a_time(tokenizer, which):
-    """``encode_pairs`` (three batched tokenizer calls) gives every pair the ids ``encode_pair`` gives it alone."""
+    """``encode_pairs`` (three batched tokenizer calls) gives every pair the ids three calls of its own give it."""
     from transformers import PreTrainedTokenizerFast
 
     from workbench.tasks import TRAIN_PREFERENCES, load_preferences
-    from workbench.trainers.preferences import encode_pair, encode_pairs
+    from workbench.trainers.preferences import encode_pairs
+
+    def one_pair(pair):  # <bos> prompt response <eos>, one tokenizer call per text
+        prompt, eos = tokenizer(pair["prompt"])["input_ids"], [tokenizer.eos_token_id]
+        return (prompt, prompt + tokenizer(pair["chosen"], add_special_tokens=False)["input_ids"] + eos,
+                prompt + tokenizer(pair["rejected"], add_special_tokens=False)["input_ids"] + eos)
 
     if which == "bpe":  # the shipped byte-level BPE (data/tokenizer), a realistic tokenizer with merges
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(Path(__file__).resolve().parents[2] / "data" / "tokenizer"))
     pairs = load_preferences(TRAIN_PREFERENCES)[:200] + [{"prompt": "", "chosen": "", "rejected": " 7"}]
-    assert encode_pairs(tokenizer, pairs) == [encode_pair(tokenizer, p) for p in pairs]
+    assert encode_pairs(tokenizer, pairs) == [one_pair(p) for p in pairs]
     assert encode_pairs(tokenizer, []) == []

@@ -37,17 +37,10 @@ class PreferenceBatch:
         return PreferenceBatch(self.input_ids.to(device), self.attention_mask.to(device), self.prompt_lengths)
 
 
-def encode_pair(tokenizer, pair: dict) -> tuple[list[int], list[int], list[int]]:
-    """``(prompt, prompt+chosen, prompt+rejected)`` token ids: ``<bos> prompt response <eos>``."""
-    prompt = tokenizer(pair["prompt"])["input_ids"]
-    eos = [tokenizer.eos_token_id]
-    return (prompt, prompt + tokenizer(pair["chosen"], add_special_tokens=False)["input_ids"] + eos,
-            prompt + tokenizer(pair["rejected"], add_special_tokens=False)["input_ids"] + eos)
-
-
 def encode_pairs(tokenizer, pairs: list[dict]) -> list[tuple[list[int], list[int], list[int]]]:
-    """``encode_pair`` of every pair, in three batched tokenizer calls (prompts, chosen, rejected) instead of three
-    per pair: the same ids (tests/trainers/test_preferences.py), a fraction of the per-call cost."""
+    """``(prompt, prompt+chosen, prompt+rejected)`` token ids of every pair, ``<bos> prompt response <eos>``, in three
+    batched tokenizer calls (prompts, chosen, rejected): the ids three calls per pair give (tests/trainers/
+    test_speed_paths.py), a fraction of the per-call cost."""
     if not pairs:
         return []
     prompts = tokenizer([p["prompt"] for p in pairs])["input_ids"]
@@ -59,7 +52,7 @@ def encode_pairs(tokenizer, pairs: list[dict]) -> list[tuple[list[int], list[int
 
 
 def collate_encoded(encoded: list[tuple[list[int], list[int], list[int]]], pad_token_id: int) -> PreferenceBatch:
-    """Stack encoded pairs (``encode_pair``) right-padded: chosen rows on top of rejected rows."""
+    """Stack encoded pairs (``encode_pairs``) right-padded: chosen rows on top of rejected rows."""
     input_ids, attention_mask = pad_sequences([e[1] for e in encoded] + [e[2] for e in encoded], pad_token_id, side="right")
     return PreferenceBatch(input_ids, attention_mask, [len(e[0]) for e in encoded])
 
