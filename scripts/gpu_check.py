@@ -14,7 +14,10 @@ prints, then writes as JSON:
    against the fp32 eager reference: max and mean |Δ log p| over response tokens. Two layouts: each
    sequence alone (no padding: the flash kernel is eligible) and a left-padded batch (a padding mask:
    PyTorch's flash kernel is not eligible and sdpa falls back);
-3. **trainers on CUDA**: one step of PPO, GRPO and DPO per precision (``fp32``, ``bf16-mixed``,
+3. **the sampler's decode paths on CUDA**: ``rollout.sample`` with ``static_cache=True`` (``modeling.decode.StaticDecoder``,
+   the trainers' default) against ``model(...)`` per token, same seed, on a left-padded batch and on groups of one
+   prompt (shared prefill), in fp32 and bf16: whether the tokens are equal, the largest log-prob gap, each side's time;
+4. **trainers on CUDA**: one step of PPO, GRPO and DPO per precision (``fp32``, ``bf16-mixed``,
    ``bf16``) on each realistic checkpoint with the default switches: ρ − 1, KL and clip fraction at
    step 0 must be exactly 0, DPO's step-0 margins exactly 0 (the invariances of
    ``tests/trainers/test_invariances.py``, here on the GPU), with each step's wall time.
@@ -127,6 +130,51 @@ def attention_gaps(name: str) -> dict:
     return results
 
 
+def decode_paths(name: str) -> dict:
+    """``static_cache`` True vs False on CUDA: same tokens? max |Δ log p| of the sampled tokens, and each side's seconds
+    (after one warm-up call each)."""
+    from workbench.modeling.decode import unsupported_reason
+    from workbench.modeling.rollout import sample
+    from workbench.tasks import encode_prompts
+
+    out = {}
+    for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        model, tokenizer = checkpoints.load(name, dtype=dtype, device=DEVICE)
+        model.eval()
+        reason = unsupported_reason(model)
+        texts = [p.prompt for p in rl_problems(8)]
+        for layout, prompts, share in (("padded", texts, False), ("groups", [t for t in texts[:4] for _ in range(8)], True)):
+            key = f"{dtype_name}/{layout}"
+            if reason is not None:
+                out[key] = {"static_decoder": f"not used: {reason}"}
+                continue
+            ids, mask = (t.to(DEVICE) for t in encode_prompts(tokenizer, prompts))
+
+            def run(static, ids=ids, mask=mask, share=share, model=model, tokenizer=tokenizer):
+                generator = torch.Generator(device=DEVICE).manual_seed(5)
+                with torch.inference_mode():
+                    return sample(model, ids, mask, max_new_tokens=32, eos_token_id=tokenizer.eos_token_id,
+                                  pad_token_id=tokenizer.pad_token_id, generator=generator, share_prefill=share, static_cache=static)
+
+            try:
+                seconds = {}
+                for static in (False, True):
+                    run(static)  # warm-up
+                    synchronize()
+                    start = time.perf_counter()
+                    seconds[static] = (run(static), time.perf_counter() - start)
+                    synchronize()
+                plain, static = seconds[False][0], seconds[True][0]
+                same = torch.equal(plain.response_ids, static.response_ids)
+                gap = (plain.rollout_logprobs - static.rollout_logprobs).abs().max() if same else float("nan")
+                out[key] = {"same_tokens": same, "max_abs_logprob_gap": float(gap),
+                            "first_divergent_row": None if same else int((plain.response_ids != static.response_ids).any(1).nonzero()[0]),
+                            "seconds_plain": seconds[False][1], "seconds_static": seconds[True][1]}
+            except Exception as error:  # recorded, not hidden
+                out[key] = {"error": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"}
+    return out
+
+
 def synchronize() -> None:
     if DEVICE == "cuda":
         torch.cuda.synchronize()
@@ -172,6 +220,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="gpu_check.json", help="where the JSON goes")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the script itself")
     parser.add_argument("--attention-only", action="store_true", help="the attention back-ends' gaps only (no trainer steps)")
+    parser.add_argument("--sections", default="attention,decode,trainers",
+                        help="comma-separated sections to run, of attention, decode, trainers (default: all)")
     args = parser.parse_args(argv)
     global DEVICE
     DEVICE = args.device
@@ -180,18 +230,28 @@ def main(argv=None) -> int:
         return 2
     for flavour in ("gpt2", "qwen2", "llama"):
         realistic.checkpoint(flavour)  # built locally on first use
-    report = {"machine": machine() if DEVICE == "cuda" else {"device": "cpu (dry run)"}, "attention": {}, "trainers": {}}
-    print(json.dumps(report["machine"]))
+    sections = {"attention"} if args.attention_only else set(args.sections.split(","))
+    if not sections <= {"attention", "decode", "trainers"}:
+        parser.error(f"--sections {args.sections!r}: unknown {sorted(sections - {'attention', 'decode', 'trainers'})}")
+    report = {"machine": machine() if DEVICE == "cuda" else {"device": "cpu (dry run)"}, "attention": {}, "decode": {}, "trainers": {}}
+    print(json.dumps(report["machine"]), flush=True)
     for name in CHECKPOINTS:
-        report["attention"][name] = attention_gaps(name)
-        for key, value in report["attention"][name].items():
-            print(f"{name:16s} {key:28s} {value}")
-        if args.attention_only:
+        if "attention" in sections:
+            report["attention"][name] = attention_gaps(name)
+            for key, value in report["attention"][name].items():
+                print(f"{name:16s} {key:28s} {value}", flush=True)
+        if "decode" in sections:
+            report["decode"][name] = decode_paths(name)
+            for key, value in report["decode"][name].items():
+                print(f"{name:16s} decode {key:14s} {value}", flush=True)
+            Path(args.out).write_text(json.dumps(report, indent=1))
+        if "trainers" not in sections:
             continue
         report["trainers"][name] = {p: trainer_step0(name, p) for p in ("fp32", "bf16-mixed", "bf16")}
         for precision, kinds in report["trainers"][name].items():
             for kind, value in kinds.items():
-                print(f"{name:16s} {precision:10s} {kind:4s} {value}")
+                print(f"{name:16s} {precision:10s} {kind:4s} {value}", flush=True)
+        Path(args.out).write_text(json.dumps(report, indent=1))  # what ran so far, should a later section be cut off
     Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
 
