@@ -17,7 +17,11 @@ prints, then writes as JSON:
 3. **the sampler's decode paths on CUDA**: ``rollout.sample`` with ``static_cache=True`` (``modeling.decode.StaticDecoder``,
    the trainers' default) against ``model(...)`` per token, same seed, on a left-padded batch and on groups of one
    prompt (shared prefill), in fp32 and bf16: whether the tokens are equal, the largest log-prob gap, each side's time;
-4. **trainers on CUDA**: one step of PPO, GRPO and DPO per precision (``fp32``, ``bf16-mixed``,
+4. **gradients**: the summed response log-probs' gradient per parameter group (attention, MLP,
+   embeddings, norms) under each back-end in bf16 and each layout (alone, left-padded, packed), as the relative
+   L2 distance from fp32 eager's — the forward gaps above cannot see a wrong backward (flash-attn 4's
+   variable-length path: docs/GPU.md; ``modeling.attention.UNVERIFIED_BACKWARD``);
+5. **trainers on CUDA**: one step of PPO, GRPO and DPO per precision (``fp32``, ``bf16-mixed``,
    ``bf16``) on each realistic checkpoint with the default switches: ρ − 1, KL and clip fraction at
    step 0 must be exactly 0, DPO's step-0 margins exactly 0 (the invariances of
    ``tests/trainers/test_invariances.py``, here on the GPU), with each step's wall time.
@@ -139,7 +143,7 @@ def decode_paths(name: str) -> dict:
 
     out = {}
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        model, tokenizer = checkpoints.load(name, dtype=dtype, device=DEVICE)
+        model, tokenizer = checkpoints.load(name, dtype=dtype, attn_implementation="sdpa", device=DEVICE)
         model.eval()
         reason = unsupported_reason(model)
         texts = [p.prompt for p in rl_problems(8)]
@@ -173,6 +177,44 @@ def decode_paths(name: str) -> dict:
             except Exception as error:  # recorded, not hidden
                 out[key] = {"error": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"}
     return out
+
+
+# parameter groups by name fragments (Llama/Qwen2 and GPT-2 names)
+GROUPS = {"attention": ("self_attn.", "attn."), "mlp": ("mlp.",), "embeddings": ("embed", "wte", "wpe"), "norms": ("norm", "ln_")}
+
+
+def _gradients(name: str, implementation: str, dtype, layout: str) -> dict[str, torch.Tensor]:
+    model, tokenizer = checkpoints.load(name, dtype=dtype, attn_implementation=implementation, device=DEVICE)
+    model.eval()  # dropout off (GPT-2's config has 0.1): the same function on every side; gradients flow in eval mode too
+    prompts, responses = sequences(tokenizer)
+    if layout == "alone":
+        for p, r in zip(prompts, responses, strict=True):
+            ids, rid = torch.tensor([p], device=DEVICE), torch.tensor([r], device=DEVICE)
+            response_logprobs(model, ids, torch.ones_like(ids), rid, torch.ones_like(rid)).float().sum().backward()
+    else:
+        ids, mask = (t.to(DEVICE) for t in pad_sequences(prompts, tokenizer.pad_token_id, side="left"))
+        rid = torch.tensor(responses, device=DEVICE)
+        response_logprobs(model, ids, mask, rid, torch.ones_like(rid), packed=layout == "packed").float().sum().backward()
+    return {n: p.grad.float() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32) for n, p in model.named_parameters()}
+
+
+def gradient_gaps(name: str) -> dict:
+    """Per parameter group, ‖g − g_ref‖ / ‖g_ref‖ of each (back-end, layout) in bf16 against fp32 eager, same layout."""
+    results = {}
+    for layout in ("alone", "padded", "packed"):
+        reference = _gradients(name, "eager", torch.float32, layout)
+        groups = {g: [n for n in reference if any(f in n for f in fragments)] for g, fragments in GROUPS.items()}
+        for implementation in ("eager", "sdpa", *available_flash_backends()):
+            key = f"{layout}/bf16/{implementation}"
+            try:
+                grads = _gradients(name, implementation, torch.bfloat16, layout)
+            except Exception as error:  # recorded, not hidden
+                results[key] = {"error": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]}"}
+                continue
+            results[key] = {g: float(torch.cat([(grads[n] - reference[n]).reshape(-1) for n in names]).norm()
+                                     / torch.cat([reference[n].reshape(-1) for n in names]).norm())
+                            for g, names in groups.items() if names}
+    return results
 
 
 def synchronize() -> None:
@@ -215,13 +257,16 @@ def trainer_step0(name: str, precision: str) -> dict:
     return out
 
 
+SECTIONS = ("attention", "decode", "gradients", "trainers")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu_check.json", help="where the JSON goes")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the script itself")
     parser.add_argument("--attention-only", action="store_true", help="the attention back-ends' gaps only (no trainer steps)")
-    parser.add_argument("--sections", default="attention,decode,trainers",
-                        help="comma-separated sections to run, of attention, decode, trainers (default: all)")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default: all)")
     args = parser.parse_args(argv)
     global DEVICE
     DEVICE = args.device
@@ -231,9 +276,9 @@ def main(argv=None) -> int:
     for flavour in ("gpt2", "qwen2", "llama"):
         realistic.checkpoint(flavour)  # built locally on first use
     sections = {"attention"} if args.attention_only else set(args.sections.split(","))
-    if not sections <= {"attention", "decode", "trainers"}:
-        parser.error(f"--sections {args.sections!r}: unknown {sorted(sections - {'attention', 'decode', 'trainers'})}")
-    report = {"machine": machine() if DEVICE == "cuda" else {"device": "cpu (dry run)"}, "attention": {}, "decode": {}, "trainers": {}}
+    if not sections <= set(SECTIONS):
+        parser.error(f"--sections {args.sections!r}: unknown {sorted(sections - set(SECTIONS))}; choose among {', '.join(SECTIONS)}")
+    report = {"machine": machine() if DEVICE == "cuda" else {"device": "cpu (dry run)"}, **{section: {} for section in SECTIONS}}
     print(json.dumps(report["machine"]), flush=True)
     for name in CHECKPOINTS:
         if "attention" in sections:
@@ -244,6 +289,11 @@ def main(argv=None) -> int:
             report["decode"][name] = decode_paths(name)
             for key, value in report["decode"][name].items():
                 print(f"{name:16s} decode {key:14s} {value}", flush=True)
+            Path(args.out).write_text(json.dumps(report, indent=1))
+        if "gradients" in sections:
+            report["gradients"][name] = gradient_gaps(name)
+            for key, value in report["gradients"][name].items():
+                print(f"{name:16s} gradients {key:28s} {value}", flush=True)
             Path(args.out).write_text(json.dumps(report, indent=1))
         if "trainers" not in sections:
             continue

@@ -90,3 +90,9 @@ def load_on_cpu(name):
     from workbench.experiments.checkpoints import load
 
     return load(name)
+
+
+def test_flash_and_sdpa_are_compared_only_on_targets_predicted_from_real_tokens():
+    # left padding: row 0 has two pads, row 1 none; the first real token of row 0 is "predicted" from a pad position
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    assert padding.comparable_targets(mask).tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]

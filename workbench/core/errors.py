@@ -31,6 +31,11 @@ class AttentionBackendUnavailable(RuntimeError):
     """An attention implementation was requested that cannot run on this machine."""
 
 
+class AttentionBackwardError(ValueError):
+    """A policy to be trained through an attention back-end whose gradients were measured wrong; training would
+    apply wrong updates without any error. The message says what was measured and the two ways forward."""
+
+
 class PromptMaskError(ValueError):
     """Prompt lengths and loss-mask rows disagree in number (the S4 zip truncation)."""
 

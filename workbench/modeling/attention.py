@@ -1,10 +1,16 @@
 """Attention back-ends: which implementation a model runs (``sdpa``, ``eager``, ``flash_attention_2``,
 ``flash_attention_4``).
 
-``"auto"`` picks flash-attention where it can run (a CUDA GPU with the flash-attn package: FA2 first,
-then FA4 on a Hopper or Blackwell GPU) and ``sdpa`` elsewhere; asking for a flash back-end where it
-cannot run is an error that says why, rather than a silent fallback (right padding under
-flash-attention is pitfall S2).
+``"auto"`` picks flash-attention 2 where it can run (a CUDA GPU with the flash-attn package, a half-precision
+model) and ``sdpa`` elsewhere; asking for a flash back-end where it cannot run is an error that says why,
+rather than a silent fallback (right padding under flash-attention is pitfall S2).
+
+flash-attn 4 runs only when asked for by name, and the trainers refuse to train through it
+(``unverified_backward_reason``): on an H100 (flash-attn-4 4.0.0b36, transformers 5.23) its forward agreed
+with sdpa to the printed digit on every layout, but the **gradients** of a padded or packed batch — the
+variable-length path — did not (relative error 0.3–1.1 per parameter group against fp32 eager, sdpa's
+0.005), while an unpadded batch's did and FA4's own kernel, called directly, gave sdpa's dq/dk/dv
+(docs/GPU.md). Scoring and generation under FA4 (no gradient) are unaffected.
 
 The two flash packages share the import name ``flash_attn``: flash-attn 2 is the ``flash-attn``
 distribution (CUDA extensions built from source), flash-attn 4 the ``flash-attn-4`` wheel (CuTe-DSL
@@ -66,14 +72,33 @@ def available_flash_backends() -> list[str]:
     return [name for name in FLASH_BACKENDS if flash_attention_status(name)[0]]
 
 
+# back-ends whose gradients were measured wrong somewhere the workbench ran them: the trainers refuse to train through
+# them unless their config's train_with_unverified_attention is set (base.check_attention_backward)
+UNVERIFIED_BACKWARD = {
+    "flash_attention_4": (
+        "its gradients through padded or packed batches (the variable-length kernel) were measured wrong on an H100 — "
+        "relative error 0.3–1.1 per parameter group against fp32 eager, where sdpa's is 0.005 — with flash-attn-4 "
+        "4.0.0b36 and transformers 5.23, although its forward agreed with sdpa (docs/GPU.md, 2026-11-26)"),
+}
+AUTO_FLASH = ("flash_attention_2",)  # what "auto" may pick: not a back-end with an unverified backward
+
+
+def unverified_backward_reason(model) -> str | None:
+    """Why training through ``model``'s attention back-end is not trusted (``UNVERIFIED_BACKWARD``), or None."""
+    implementation = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
+    reason = UNVERIFIED_BACKWARD.get(implementation)
+    return None if reason is None else f"attn_implementation={implementation!r}: {reason}"
+
+
 def resolve_attn_implementation(requested: str = "auto", dtype: torch.dtype | None = None) -> str:
-    """Map ``"auto"`` to the first flash back-end that can run here for a half-precision model (``dtype`` fp16 or
-    bf16: flash kernels have no fp32 path), else ``sdpa``; validate the rest."""
+    """Map ``"auto"`` to flash-attention 2 where it can run here for a half-precision model (``dtype`` fp16 or
+    bf16: flash kernels have no fp32 path), else ``sdpa`` (flash-attn 4 only by name: see the module doc);
+    validate the rest."""
     if requested not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"attn_implementation={requested!r} is not one of {ATTN_IMPLEMENTATIONS}")
     if requested == "auto":
         half = dtype in (torch.float16, torch.bfloat16)
-        return next(iter(available_flash_backends()), "sdpa") if half else "sdpa"
+        return next((name for name in available_flash_backends() if name in AUTO_FLASH), "sdpa") if half else "sdpa"
     if requested in FLASH_BACKENDS:
         available, reason = flash_attention_status(requested)
         if not available:

@@ -26,7 +26,8 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from workbench.core.errors import ConfigError, NonFiniteError, ResumeError
+from workbench.core.errors import AttentionBackwardError, ConfigError, NonFiniteError, ResumeError
+from workbench.modeling.attention import unverified_backward_reason
 from workbench.modeling.dropout import disable_dropout
 from workbench.modeling.models import count_parameters
 from workbench.trainers.checkpointing import latest_valid_checkpoint, load_checkpoint, save_checkpoint
@@ -62,6 +63,11 @@ class TrainerConfig:
     """``fp32``; ``bf16-mixed`` — forwards under bf16 autocast, fp32 master weights and optimiser
     state (the AMP convention); ``bf16`` — weights and optimiser in pure bf16, a documented hazard:
     an update smaller than ~2⁻⁹ of a weight rounds away (pitfall P23)."""
+    train_with_unverified_attention: bool = False
+    """Train a policy whose attention back-end's gradients were measured wrong
+    (``modeling.attention.UNVERIFIED_BACKWARD``: today ``flash_attention_4`` on padded or packed batches).
+    False refuses with the measurement; True trains anyway — for a later release you have checked with
+    ``scripts/gpu_check.py --sections gradients``."""
 
     # learning_rate="auto": (the value tuned for the shipped tiny models, the trainer's scale for larger ones)
     AUTO_LEARNING_RATE: ClassVar[tuple[float, float]] = (1e-3, 1.0)
@@ -203,10 +209,23 @@ def require_data(rows, trainer: str, what: str) -> None:
         raise ValueError(f"{trainer} got an empty {what} dataset; pass at least one row")
 
 
+def check_attention_backward(config: TrainerConfig, policy) -> None:
+    """Refuse (``AttentionBackwardError``) to train ``policy`` through an attention back-end whose gradients were
+    measured wrong, unless ``config.train_with_unverified_attention``."""
+    reason = unverified_backward_reason(policy)
+    if reason is None or config.train_with_unverified_attention:
+        return
+    raise AttentionBackwardError(
+        f"{type(config).__name__}: the policy runs {reason}. Training would apply those gradients without an error. "
+        "Load the policy with attn_implementation='sdpa' (or 'auto') to train; scoring and sampling under it are "
+        "unaffected. To train through it anyway (a release you have checked), set train_with_unverified_attention=True.")
+
+
 def prepare_policy(config: TrainerConfig, policy, others=(), disable_dropout: bool = True):
-    """The start every trainer shares: the P7 dropout switch on the policy and the ``others``
-    (reference, critic), the precision mode, the resolved learning rate and the policy's AdamW.
+    """The start every trainer shares: the attention back-end's backward check, the P7 dropout switch on the policy
+    and the ``others`` (reference, critic), the precision mode, the resolved learning rate and the policy's AdamW.
     Returns ``(dropout_on, learning_rate, optimizer)``."""
+    check_attention_backward(config, policy)
     models = (policy, *others)
     dropout_on = apply_dropout_switch(models, disable_dropout)
     apply_precision(models, config.precision)

@@ -153,6 +153,7 @@ class PPOTrainer(RolloutTrainer):
         super().__init__()
         self.policy, self.tokenizer, self.problems, self.config = policy, tokenizer, problems, config
         base.require_data(problems, "PPOTrainer", "prompt")
+        base.check_attention_backward(config, policy)
         self.reference = base.frozen_reference(policy, reference)
         self.critic = critic if critic is not None else ValueModel.from_policy(policy, seed=config.seed)
         self.dropout_on = base.apply_dropout_switch((self.policy, self.reference, self.critic), config.disable_dropout)

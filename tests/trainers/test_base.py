@@ -1,0 +1,46 @@
+"""``trainers.base``: the start every trainer shares refuses to train through an attention back-end whose gradients
+were measured wrong (``modeling.attention.UNVERIFIED_BACKWARD``: flash-attn 4's variable-length path, docs/GPU.md),
+names the measurement and both fixes, and trains when the config opts in. The back-end is only named on the model's
+config here (no flash kernel runs on a CPU): the check reads the name, as the trainers see it."""
+
+import pytest
+
+from workbench.core.errors import AttentionBackwardError
+from workbench.modeling.tiny import tiny_model
+from workbench.tasks import Problem, rl_problems
+from workbench.trainers.dpo import DPOConfig, DPOTrainer
+from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
+from workbench.trainers.ppo import PPOConfig, PPOTrainer
+from workbench.trainers.sft import SFTConfig, SFTTrainer
+
+PROBLEMS = [Problem(p.prompt, p.answer) for p in rl_problems(4)]
+PAIRS = [{"prompt": p.prompt, "chosen": p.answer, "rejected": p.answer + "1"} for p in PROBLEMS]
+TRAINERS = {
+    "grpo": lambda m, t, opt_in: GRPOTrainer(m, t, PROBLEMS, GRPOConfig(steps=1, progress=False, train_with_unverified_attention=opt_in)),
+    "ppo": lambda m, t, opt_in: PPOTrainer(m, t, PROBLEMS, PPOConfig(steps=1, progress=False, train_with_unverified_attention=opt_in)),
+    "dpo": lambda m, t, opt_in: DPOTrainer(m, t, PAIRS, DPOConfig(steps=1, progress=False, train_with_unverified_attention=opt_in)),
+    "sft": lambda m, t, opt_in: SFTTrainer(m, t, PROBLEMS, SFTConfig(steps=1, progress=False, train_with_unverified_attention=opt_in)),
+}
+
+
+def _model(implementation: str):
+    model, tokenizer = tiny_model("qwen2", seed=0)
+    model.config._attn_implementation = implementation
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("kind", TRAINERS)
+def test_training_through_flash_attention_4_is_refused_with_the_measurement_and_the_fixes(kind):
+    with pytest.raises(AttentionBackwardError) as refused:
+        TRAINERS[kind](*_model("flash_attention_4"), False)
+    message = str(refused.value)
+    for part in ("flash_attention_4", "measured wrong", "docs/GPU.md", "attn_implementation='sdpa'",
+                 "train_with_unverified_attention=True"):
+        assert part in message
+
+
+@pytest.mark.parametrize("kind", TRAINERS)
+def test_the_opt_in_and_the_verified_back_ends_train(kind):
+    assert TRAINERS[kind](*_model("flash_attention_4"), True) is not None  # the opt-in: built, not refused
+    for implementation in ("sdpa", "eager", "flash_attention_2"):
+        assert TRAINERS[kind](*_model(implementation), False) is not None
