@@ -20,7 +20,7 @@ prints, then writes as JSON:
 4. **gradients**: the summed response log-probs' gradient per parameter group (attention, MLP,
    embeddings, norms) under each back-end in bf16 and each layout (alone, left-padded, packed), as the relative
    L2 distance from fp32 eager's — the forward gaps above cannot see a wrong backward (flash-attn 4's
-   variable-length path: docs/GPU.md; ``modeling.attention.UNVERIFIED_BACKWARD``);
+   variable-length path: docs/GPU.md; ``core.attention_backward.UNVERIFIED_BACKWARD``);
 5. **trainers on CUDA**: one step of PPO, GRPO and DPO per precision (``fp32``, ``bf16-mixed``,
    ``bf16``) on each realistic checkpoint with the default switches: ρ − 1, KL and clip fraction at
    step 0 must be exactly 0, DPO's step-0 margins exactly 0 (the invariances of

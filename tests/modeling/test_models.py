@@ -69,7 +69,7 @@ def test_flash_attention_4_needs_its_own_distribution_and_a_hopper_gpu(monkeypat
     available, reason = attention.flash_attention_status("flash_attention_4")
     assert not available and "flash-attn-4 package is not installed" in reason
     _pretend_gpu(monkeypatch, {"flash-attn-4"}, (9, 0))
-    # FA4 by name only: "auto" never picks a back-end whose gradients were measured wrong (attention.UNVERIFIED_BACKWARD)
+    # FA4 by name only: "auto" never picks a back-end whose gradients were measured wrong (core.attention_backward)
     assert attention.resolve_attn_implementation("auto", torch.float16) == "sdpa"
     assert attention.resolve_attn_implementation("flash_attention_4") == "flash_attention_4"
     _pretend_gpu(monkeypatch, {"flash-attn", "flash-attn-4"}, (9, 0))

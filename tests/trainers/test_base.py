@@ -1,5 +1,5 @@
 """``trainers.base``: the start every trainer shares refuses to train through an attention back-end whose gradients
-were measured wrong (``modeling.attention.UNVERIFIED_BACKWARD``: flash-attn 4's variable-length path, docs/GPU.md),
+were measured wrong (``core.attention_backward.UNVERIFIED_BACKWARD``: flash-attn 4's variable-length path, docs/GPU.md),
 names the measurement and both fixes, and trains when the config opts in. The back-end is only named on the model's
 config here (no flash kernel runs on a CPU): the check reads the name, as the trainers see it."""
 

@@ -211,3 +211,58 @@ def test_switches_on_realistic_checkpoints(name, pitfall):
         s1 = [f for f in on.findings if f.pitfall == "S1"]
         assert {f.severity for f in s1} == ({"error"} if name.endswith("gpt2") else {"warning"})
         assert all(f.evidence["left_padded_rows"] > 0 for f in s1)
+
+
+def _causal_sdpa_as_flash(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Causal sdpa in a flash back-end's calling convention (output (B, T, heads, d)): lets a CPU run a model whose config
+    names flash_attention_4, so the watch sees the calls it would see on a GPU. The mask is ignored (no padding is run)."""
+    groups = query.shape[1] // key.shape[1]
+    out = torch.nn.functional.scaled_dot_product_attention(query, key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1),
+                                                           is_causal=True, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@pytest.fixture
+def flash_4_named(monkeypatch):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "flash_attention_4", _causal_sdpa_as_flash)
+    model, tokenizer = tiny_model("qwen2", seed=0)
+    model.config._attn_implementation = "flash_attention_4"
+    return model, tokenizer
+
+
+def _s2(report):
+    return [f for f in report.findings if f.pitfall == "S2"]
+
+
+def test_training_through_flash_attention_4s_variable_length_path_is_flagged_with_the_measurement(flash_4_named):
+    model, tokenizer = flash_4_named
+    ids = torch.randint(4, 50, (3, 6), generator=torch.Generator().manual_seed(0))
+    padded = torch.ones_like(ids)
+    padded[0, :2] = 0
+    with watch(model, tokenizer=tokenizer) as w:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=padded)  # scoring: no gradient, nothing to flag
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))  # unpadded: the dense kernel, whose gradients agreed
+    assert _s2(w.report()) == []
+    with watch(model, tokenizer=tokenizer) as w:
+        model(input_ids=ids, attention_mask=padded)
+    (finding,) = _s2(w.report())
+    assert finding.severity == "error" and finding.evidence["padded_rows"] == 1
+    assert "flash_attention_4" in finding.message and "docs/GPU.md" in finding.message and "sdpa" in finding.message
+    row = torch.randint(4, 50, (1, 7), generator=torch.Generator().manual_seed(1))
+    with watch(model, tokenizer=tokenizer) as w:
+        model(input_ids=row, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3]]))  # two sequences packed into one row
+    (finding,) = _s2(w.report())
+    assert finding.evidence["packed_rows"] == 1
+
+
+def test_the_same_padded_training_forward_under_sdpa_is_not_flagged():
+    model, tokenizer = tiny_model("qwen2", seed=0)
+    ids = torch.randint(4, 50, (3, 6), generator=torch.Generator().manual_seed(0))
+    padded = torch.ones_like(ids)
+    padded[0, :2] = 0
+    with watch(model, tokenizer=tokenizer) as w:
+        model(input_ids=ids, attention_mask=padded, position_ids=position_ids_from_mask(padded))
+    assert _s2(w.report()) == []

@@ -6,7 +6,7 @@ model) and ``sdpa`` elsewhere; asking for a flash back-end where it cannot run i
 rather than a silent fallback (right padding under flash-attention is pitfall S2).
 
 flash-attn 4 runs only when asked for by name, and the trainers refuse to train through it
-(``unverified_backward_reason``): on an H100 (flash-attn-4 4.0.0b36, transformers 5.23) its forward agreed
+(``core.attention_backward``): on an H100 (flash-attn-4 4.0.0b36, transformers 5.23) its forward agreed
 with sdpa to the printed digit on every layout, but the **gradients** of a padded or packed batch — the
 variable-length path — did not (relative error 0.3–1.1 per parameter group against fp32 eager, sdpa's
 0.005), while an unpadded batch's did and FA4's own kernel, called directly, gave sdpa's dq/dk/dv
@@ -27,6 +27,7 @@ import importlib.util
 
 import torch
 
+from workbench.core.attention_backward import UNVERIFIED_BACKWARD
 from workbench.core.errors import AttentionBackendUnavailable
 
 FLASH_BACKENDS = {
@@ -72,22 +73,7 @@ def available_flash_backends() -> list[str]:
     return [name for name in FLASH_BACKENDS if flash_attention_status(name)[0]]
 
 
-# back-ends whose gradients were measured wrong somewhere the workbench ran them: the trainers refuse to train through
-# them unless their config's train_with_unverified_attention is set (base.check_attention_backward)
-UNVERIFIED_BACKWARD = {
-    "flash_attention_4": (
-        "its gradients through padded or packed batches (the variable-length kernel) were measured wrong on an H100 — "
-        "relative error 0.3–1.1 per parameter group against fp32 eager, where sdpa's is 0.005 — with flash-attn-4 "
-        "4.0.0b36 and transformers 5.23, although its forward agreed with sdpa (docs/GPU.md, 2026-11-26)"),
-}
-AUTO_FLASH = ("flash_attention_2",)  # what "auto" may pick: not a back-end with an unverified backward
-
-
-def unverified_backward_reason(model) -> str | None:
-    """Why training through ``model``'s attention back-end is not trusted (``UNVERIFIED_BACKWARD``), or None."""
-    implementation = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
-    reason = UNVERIFIED_BACKWARD.get(implementation)
-    return None if reason is None else f"attn_implementation={implementation!r}: {reason}"
+AUTO_FLASH = tuple(name for name in FLASH_BACKENDS if name not in UNVERIFIED_BACKWARD)  # what "auto" may pick
 
 
 def resolve_attn_implementation(requested: str = "auto", dtype: torch.dtype | None = None) -> str:

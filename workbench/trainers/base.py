@@ -26,8 +26,8 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
+from workbench.core.attention_backward import unverified_backward_reason
 from workbench.core.errors import AttentionBackwardError, ConfigError, NonFiniteError, ResumeError
-from workbench.modeling.attention import unverified_backward_reason
 from workbench.modeling.dropout import disable_dropout
 from workbench.modeling.models import count_parameters
 from workbench.trainers.checkpointing import latest_valid_checkpoint, load_checkpoint, save_checkpoint
@@ -65,7 +65,7 @@ class TrainerConfig:
     an update smaller than ~2⁻⁹ of a weight rounds away (pitfall P23)."""
     train_with_unverified_attention: bool = False
     """Train a policy whose attention back-end's gradients were measured wrong
-    (``modeling.attention.UNVERIFIED_BACKWARD``: today ``flash_attention_4`` on padded or packed batches).
+    (``core.attention_backward``: today ``flash_attention_4`` on padded or packed batches).
     False refuses with the measurement; True trains anyway — for a later release you have checked with
     ``scripts/gpu_check.py --sections gradients``."""
 

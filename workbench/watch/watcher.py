@@ -36,6 +36,7 @@ import weakref
 import torch
 
 from workbench.core import observers
+from workbench.core.attention_backward import unverified_backward_reason
 from workbench.watch import observe
 from workbench.watch.report import Finding, Report
 
@@ -202,6 +203,8 @@ class Watch:
         self._call_cache = observe.cache_anchor(kwargs.get("past_key_values"))  # checked: _post skips it if returned
         if not grad and model.training:
             self._check_dropout(role, model)
+        if grad and role == "policy":
+            self._check_backward(role, model, mask, kwargs)
         if cached > 0 and ids is not None:
             self._decode(role, model, ids)
             return None
@@ -240,6 +243,23 @@ class Watch:
         else:
             self._flag("P7", "warning", f"a no-grad forward of the {role} ran in training mode; dropout is 0, so it is harmless "
                        "here — a bug on a checkpoint with dropout. Call model.eval() for scoring/sampling.", forwards=1, dropout_max=0.0)
+
+    def _check_backward(self, role, model, mask, kwargs):
+        """S2's variable-length path under a back-end whose gradients were measured wrong (core.attention_backward): a
+        training forward with padded rows, or a packed row (restarting position ids, or the boundaries given)."""
+        reason = unverified_backward_reason(model)
+        if reason is None:
+            return
+        padded = int((mask == 0).any(-1).sum()) if isinstance(mask, torch.Tensor) and mask.dim() == 2 else 0
+        positions = kwargs.get("position_ids")
+        packed = kwargs.get("cu_seq_lens_q") is not None or (
+            isinstance(positions, torch.Tensor) and positions.dim() == 2 and positions.shape[-1] > 1
+            and bool((positions[:, 1:] < positions[:, :-1]).any()))
+        if padded or packed:
+            what = f"{padded} padded row(s)" if padded else "a packed row"
+            self._flag("S2", "error", f"a training forward of the {role} ({what}) went through the variable-length path of "
+                       f"{reason}. Train with attn_implementation='sdpa'; scoring and sampling under it are unaffected.",
+                       forwards=1, padded_rows=padded, packed_rows=int(packed and not padded))
 
     def _check_rows(self, role, model, ids, mask, kwargs, grad):
         stats = observe.row_stats(ids, mask, self.bos, self.pad_is_eos if grad else None)
