@@ -166,8 +166,9 @@ def decode_paths(name: str) -> dict:
                     run(static)  # warm-up
                     synchronize()
                     start = time.perf_counter()
-                    seconds[static] = (run(static), time.perf_counter() - start)
+                    rollout = run(static)
                     synchronize()
+                    seconds[static] = (rollout, time.perf_counter() - start)
                 plain, static = seconds[False][0], seconds[True][0]
                 same = torch.equal(plain.response_ids, static.response_ids)
                 gap = (plain.rollout_logprobs - static.rollout_logprobs).abs().max() if same else float("nan")
@@ -204,6 +205,8 @@ def gradient_gaps(name: str) -> dict:
     for layout in ("alone", "padded", "packed"):
         reference = _gradients(name, "eager", torch.float32, layout)
         groups = {g: [n for n in reference if any(f in n for f in fragments)] for g, fragments in GROUPS.items()}
+        grouped = {n for names in groups.values() for n in names}
+        groups["other"] = [n for n in reference if n not in grouped]  # e.g. an untied LM head
         for implementation in ("eager", "sdpa", *available_flash_backends()):
             key = f"{layout}/bf16/{implementation}"
             try:

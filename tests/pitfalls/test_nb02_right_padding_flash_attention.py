@@ -72,6 +72,7 @@ def test_a_flash_path_that_fails_is_recorded_and_the_others_still_run(monkeypatc
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self: self)  # the CUDA moves run on this CPU
 
     def broken(*args):
+        assert not torch.is_grad_enabled()  # measurements only: no autograd graph (and no training forward for a watch)
         raise ValueError("Expected IntTuple, whose leaves are integers, but got 11")
 
     monkeypatch.setattr(padding, "packed_vs_alone", broken)

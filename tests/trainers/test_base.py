@@ -44,3 +44,20 @@ def test_the_opt_in_and_the_verified_back_ends_train(kind):
     assert TRAINERS[kind](*_model("flash_attention_4"), True) is not None  # the opt-in: built, not refused
     for implementation in ("sdpa", "eager", "flash_attention_2"):
         assert TRAINERS[kind](*_model(implementation), False) is not None
+
+
+def test_a_ppo_critic_of_its_own_under_flash_attention_4_is_refused_too():
+    from workbench.trainers.critic import ValueModel
+
+    policy, tokenizer = _model("sdpa")
+    critic = ValueModel.from_policy(_model("flash_attention_4")[0])
+    with pytest.raises(AttentionBackwardError, match="flash_attention_4"):
+        PPOTrainer(policy, tokenizer, PROBLEMS, PPOConfig(steps=1, progress=False), critic=critic)
+
+
+def test_the_opt_in_may_change_on_resume(tmp_path):
+    # it says whether to train, not what is computed: a run saved with it resumes after the policy was reloaded with sdpa
+    config = dict(steps=1, progress=False, output_dir=str(tmp_path), prompts_per_step=2, num_generations=2, max_new_tokens=2)
+    GRPOTrainer(*_model("sdpa"), PROBLEMS, GRPOConfig(**config, train_with_unverified_attention=True)).train()
+    resumed = GRPOTrainer(*_model("sdpa"), PROBLEMS, GRPOConfig(**{**config, "steps": 2}))
+    assert resumed.maybe_resume() and resumed.step == 1

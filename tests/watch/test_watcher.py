@@ -255,7 +255,12 @@ def test_training_through_flash_attention_4s_variable_length_path_is_flagged_wit
     with watch(model, tokenizer=tokenizer) as w:
         model(input_ids=row, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3]]))  # two sequences packed into one row
     (finding,) = _s2(w.report())
-    assert finding.evidence["packed_rows"] == 1
+    assert finding.evidence["packed_rows"] == 1 and finding.evidence["padded_rows"] == 0
+    rows = torch.randint(4, 50, (2, 7), generator=torch.Generator().manual_seed(2))
+    with watch(model, tokenizer=tokenizer) as w:  # bin-packed rows: one holds two sequences, the other one
+        model(input_ids=rows, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6]]))
+    (finding,) = _s2(w.report())
+    assert finding.evidence["packed_rows"] == 1 and "1 packed row(s)" in finding.message
 
 
 def test_the_same_padded_training_forward_under_sdpa_is_not_flagged():

@@ -9,7 +9,7 @@ flash-attn 4 runs only when asked for by name, and the trainers refuse to train 
 (``core.attention_backward``): on an H100 (flash-attn-4 4.0.0b36, transformers 5.23) its forward agreed
 with sdpa to the printed digit on every layout, but the **gradients** of a padded or packed batch — the
 variable-length path — did not (relative error 0.3–1.1 per parameter group against fp32 eager, sdpa's
-0.005), while an unpadded batch's did and FA4's own kernel, called directly, gave sdpa's dq/dk/dv
+0.005–0.008), while an unpadded batch's did and FA4's own kernel, called directly, gave sdpa's dq/dk/dv
 (docs/GPU.md). Scoring and generation under FA4 (no gradient) are unaffected.
 
 The two flash packages share the import name ``flash_attn``: flash-attn 2 is the ``flash-attn``

@@ -220,7 +220,6 @@ def throughput_note(lengths: list[int], speedup: float) -> str:
     return line
 
 
-@torch.no_grad()
 def comparable_targets(mask: torch.Tensor) -> torch.Tensor:
     """(B, T − 1): 1 where target t + 1 is a real token predicted from a real token at t. A left-padded row's first
     token is "predicted" from a pad position, whose output no back-end defines: flash's unpadded kernel never
@@ -229,15 +228,16 @@ def comparable_targets(mask: torch.Tensor) -> torch.Tensor:
     return mask[:, 1:] * mask[:, :-1]
 
 
+@torch.no_grad()
 def flash_checks(model_name: str, prompts: list[str], texts: list[str]) -> dict:
     """Each flash back-end that can run here (``modeling.attention.FLASH_BACKENDS``: flash-attn 2, flash-attn 4)
     against sdpa on the same weights, bf16 on CUDA: ``{"backends": {name: gaps}, "skipped": {name: reason}}``.
 
     Gaps (max |Δ log p|, nats): ``vs_sdpa`` on a left-padded batch of ``prompts`` (flash's padded path:
-    unpad, variable-length kernel, re-pad); ``packed_vs_alone`` etc. from ``packed_vs_alone`` on ``texts``
-    (one packed row, no mask: transformers routes it to the variable-length kernel by the restarting
-    position ids); and ``right_divergent_rows``/``left_divergent_rows``: the S2 hazard itself, batched cached
-    greedy generation under the flash back-end."""
+    unpad, variable-length kernel, re-pad), over the targets predicted from real tokens (``comparable_targets``);
+    ``packed_vs_alone`` etc. from ``packed_vs_alone`` on ``texts`` (one packed row, no mask: transformers routes it
+    to the variable-length kernel by the restarting position ids); and ``right_divergent_rows``/``left_divergent_rows``:
+    the S2 hazard itself, batched cached greedy generation under the flash back-end."""
     result: dict = {"backends": {}, "skipped": {}, "errors": {}}
     for backend in FLASH_BACKENDS:
         available, reason = flash_attention_status(backend)

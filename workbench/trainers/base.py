@@ -210,8 +210,10 @@ def require_data(rows, trainer: str, what: str) -> None:
 
 
 def check_attention_backward(config: TrainerConfig, policy) -> None:
-    """Refuse (``AttentionBackwardError``) to train ``policy`` through an attention back-end whose gradients were
-    measured wrong, unless ``config.train_with_unverified_attention``."""
+    """Refuse (``AttentionBackwardError``) to train ``policy`` (or a critic) through an attention back-end whose gradients
+    were measured wrong, unless ``config.train_with_unverified_attention``. Checked once, when the trainer is built, from
+    the model's config: a back-end switched afterwards (``set_attn_implementation``) is not seen here — a
+    ``workbench.watch`` on the run flags its training forwards (S2)."""
     reason = unverified_backward_reason(policy)
     if reason is None or config.train_with_unverified_attention:
         return
@@ -276,7 +278,7 @@ class Trainer:
         return Path(self.config.output_dir) if self.config.output_dir else None
 
     # Fields a resumed run may change: how long it runs and how it reports, not what it computes.
-    RESUMABLE_CHANGES = ("steps", "progress", "resume", "output_dir", "checkpoint_every")
+    RESUMABLE_CHANGES = ("steps", "progress", "resume", "output_dir", "checkpoint_every", "train_with_unverified_attention")
 
     def maybe_resume(self) -> bool:
         """Continue from the newest checkpoint that verifies, under the config it was saved with.

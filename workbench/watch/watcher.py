@@ -252,14 +252,16 @@ class Watch:
             return
         padded = int((mask == 0).any(-1).sum()) if isinstance(mask, torch.Tensor) and mask.dim() == 2 else 0
         positions = kwargs.get("position_ids")
-        packed = kwargs.get("cu_seq_lens_q") is not None or (
-            isinstance(positions, torch.Tensor) and positions.dim() == 2 and positions.shape[-1] > 1
-            and bool((positions[:, 1:] < positions[:, :-1]).any()))
+        packed = 0  # rows holding more than one sequence: position ids that restart, or boundaries passed as given
+        if isinstance(positions, torch.Tensor) and positions.dim() == 2 and positions.shape[-1] > 1:
+            packed = int((positions[:, 1:] < positions[:, :-1]).any(-1).sum())
+        if not packed and kwargs.get("cu_seq_lens_q") is not None:
+            packed = 1  # flash's packed path takes one row
         if padded or packed:
-            what = f"{padded} padded row(s)" if padded else "a packed row"
+            what = " and ".join(x for x in (f"{padded} padded row(s)" if padded else "", f"{packed} packed row(s)" if packed else "") if x)
             self._flag("S2", "error", f"a training forward of the {role} ({what}) went through the variable-length path of "
                        f"{reason}. Train with attn_implementation='sdpa'; scoring and sampling under it are unaffected.",
-                       forwards=1, padded_rows=padded, packed_rows=int(packed and not padded))
+                       forwards=1, padded_rows=padded, packed_rows=packed)
 
     def _check_rows(self, role, model, ids, mask, kwargs, grad):
         stats = observe.row_stats(ids, mask, self.bos, self.pad_is_eos if grad else None)
