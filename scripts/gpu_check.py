@@ -21,7 +21,12 @@ prints, then writes as JSON:
    embeddings, norms) under each back-end in bf16 and each layout (alone, left-padded, packed), as the relative
    L2 distance from fp32 eager's — the forward gaps above cannot see a wrong backward (flash-attn 4's
    variable-length path: docs/GPU.md; ``core.attention_backward.UNVERIFIED_BACKWARD``);
-5. **trainers on CUDA**: one step of PPO, GRPO and DPO per precision (``fp32``, ``bf16-mixed``,
+5. **kernels**: each installed flash package's own functions, called directly in bf16, forward and backward, against
+   fp32 sdpa on the same draw: the dense kernel and the variable-length one (one row of two sequences), contiguous
+   and transposed inputs, GQA — relative errors of the output and of dq/dk/dv, bf16 sdpa's beside them. The
+   model-level gradient gap of flash-attn 4's variable-length path (docs/GPU.md) is either its kernel's backward
+   or transformers' integration of it; this section tells which;
+6. **trainers on CUDA**: one step of PPO, GRPO and DPO per precision (``fp32``, ``bf16-mixed``,
    ``bf16``) on each realistic checkpoint with the default switches: ρ − 1, KL and clip fraction at
    step 0 must be exactly 0, DPO's step-0 margins exactly 0 (the invariances of
    ``tests/trainers/test_invariances.py``, here on the GPU), with each step's wall time.
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import json
 import platform
@@ -42,6 +48,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -220,6 +227,77 @@ def gradient_gaps(name: str) -> dict:
     return results
 
 
+def _flash_functions(backend: str):
+    """(dense, variable-length) attention functions of a flash package, as it exports them."""
+    if backend == "flash_attention_4":
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+    else:
+        from flash_attn import flash_attn_func, flash_attn_varlen_func
+    return flash_attn_func, flash_attn_varlen_func
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def kernel_gaps(functions: dict) -> dict:
+    """``functions``: {label: (dense, varlen)} taking flash's (tokens, heads, d) layouts. Relative errors of the output and
+    of dq/dk/dv against fp32 sdpa, per case; a failing case is recorded with its error."""
+    torch.manual_seed(0)
+    sequences = (100, 156)  # the variable-length row: two causal sequences, boundaries as int32 offsets
+    cu = torch.tensor([0, sequences[0], sum(sequences)], dtype=torch.int32, device=DEVICE)
+
+    def sdpa_dense(q, k, v):  # (B, T, H, d) in and out; GQA by repeating key/value heads
+        groups = q.shape[2] // k.shape[2]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.repeat_interleave(groups, 2).transpose(1, 2),
+                                             v.repeat_interleave(groups, 2).transpose(1, 2), is_causal=True)
+        return out.transpose(1, 2)
+
+    def sdpa_varlen(q, k, v):  # (total, H, d): each sequence on its own
+        parts, start = [], 0
+        for length in sequences:
+            piece = slice(start, start + length)
+            parts.append(sdpa_dense(q[None, piece], k[None, piece], v[None, piece])[0])
+            start += length
+        return torch.cat(parts)
+
+    def run(fn, dtype, tensors, transposed):
+        leaves = [t.detach().to(dtype).clone().requires_grad_() for t in tensors]
+        inputs = [t.transpose(-3, -2).contiguous().transpose(-3, -2) if transposed else t for t in leaves]  # other strides
+        out = fn(*inputs)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(gradient.to(dtype))
+        return [out.detach(), *(t.grad for t in leaves)]
+
+    cases = {  # name: (shape of q, of k/v, layout)
+        "dense hd64": ((2, 96, 4, 64), (2, 96, 4, 64), "dense"), "dense hd128": ((2, 96, 4, 128), (2, 96, 4, 128), "dense"),
+        "dense GQA 4q/2kv": ((2, 96, 4, 64), (2, 96, 2, 64), "dense"),
+        "varlen hd64": ((256, 4, 64), (256, 4, 64), "varlen"), "varlen GQA 4q/2kv": ((256, 4, 64), (256, 2, 64), "varlen"),
+    }
+    results = {}
+    for case, (q_shape, kv_shape, layout) in cases.items():
+        tensors = [torch.randn(q_shape, device=DEVICE), torch.randn(kv_shape, device=DEVICE), torch.randn(kv_shape, device=DEVICE)]
+        gradient = torch.randn(q_shape, device=DEVICE)
+        reference = run(sdpa_dense if layout == "dense" else sdpa_varlen, torch.float32, tensors, False)
+        sides = {"sdpa bf16": sdpa_dense if layout == "dense" else sdpa_varlen}
+        for label, (dense, varlen) in functions.items():
+            sides[label] = dense if layout == "dense" else functools.partial(
+                varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(sequences), max_seqlen_k=max(sequences))
+        for label, fn in sides.items():
+            for transposed in (False, True):
+                key = f"{case}/{label}/{'transposed' if transposed else 'contiguous'}"
+                try:
+                    got = run(fn if label == "sdpa bf16" else functools.partial(_causal, fn), torch.bfloat16, tensors, transposed)
+                    results[key] = {n: _relative(a, b) for n, a, b in zip(("out", "dq", "dk", "dv"), got, reference, strict=True)}
+                except Exception as error:  # recorded, not hidden
+                    results[key] = {"error": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]}"}
+    return results
+
+
+def _causal(fn, q, k, v):
+    return fn(q, k, v, causal=True)
+
+
 def synchronize() -> None:
     if DEVICE == "cuda":
         torch.cuda.synchronize()
@@ -260,7 +338,7 @@ def trainer_step0(name: str, precision: str) -> dict:
     return out
 
 
-SECTIONS = ("attention", "decode", "gradients", "trainers")
+SECTIONS = ("attention", "decode", "gradients", "kernels", "trainers")
 
 
 def main(argv=None) -> int:
@@ -283,6 +361,12 @@ def main(argv=None) -> int:
         parser.error(f"--sections {args.sections!r}: unknown {sorted(sections - set(SECTIONS))}; choose among {', '.join(SECTIONS)}")
     report = {"machine": machine() if DEVICE == "cuda" else {"device": "cpu (dry run)"}, **{section: {} for section in SECTIONS}}
     print(json.dumps(report["machine"]), flush=True)
+    if "kernels" in sections:
+        functions = {flash: _flash_functions(flash) for flash in available_flash_backends()}
+        report["kernels"] = kernel_gaps(functions) if functions else {"skipped": "no flash package can run here"}
+        for key, value in report["kernels"].items():
+            print(f"kernels {key:48s} {value}", flush=True)
+        Path(args.out).write_text(json.dumps(report, indent=1))
     for name in CHECKPOINTS:
         if "attention" in sections:
             report["attention"][name] = attention_gaps(name)
