@@ -281,21 +281,17 @@ def kernel_gaps(functions: dict) -> dict:
         reference = run(sdpa_dense if layout == "dense" else sdpa_varlen, torch.float32, tensors, False)
         sides = {"sdpa bf16": sdpa_dense if layout == "dense" else sdpa_varlen}
         for label, (dense, varlen) in functions.items():
-            sides[label] = dense if layout == "dense" else functools.partial(
-                varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(sequences), max_seqlen_k=max(sequences))
+            sides[label] = functools.partial(dense, causal=True) if layout == "dense" else functools.partial(
+                varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(sequences), max_seqlen_k=max(sequences), causal=True)
         for label, fn in sides.items():
             for transposed in (False, True):
                 key = f"{case}/{label}/{'transposed' if transposed else 'contiguous'}"
                 try:
-                    got = run(fn if label == "sdpa bf16" else functools.partial(_causal, fn), torch.bfloat16, tensors, transposed)
+                    got = run(fn, torch.bfloat16, tensors, transposed)
                     results[key] = {n: _relative(a, b) for n, a, b in zip(("out", "dq", "dk", "dv"), got, reference, strict=True)}
                 except Exception as error:  # recorded, not hidden
                     results[key] = {"error": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]}"}
     return results
-
-
-def _causal(fn, q, k, v):
-    return fn(q, k, v, causal=True)
 
 
 def synchronize() -> None:
