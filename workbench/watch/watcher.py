@@ -258,7 +258,7 @@ class Watch:
         if not packed and kwargs.get("cu_seq_lens_q") is not None:
             packed = 1  # flash's packed path takes one row
         if padded or packed:
-            what = " and ".join(x for x in (f"{padded} padded row(s)" if padded else "", f"{packed} packed row(s)" if packed else "") if x)
+            what = " and ".join(f"{count} {kind} row(s)" for count, kind in ((padded, "padded"), (packed, "packed")) if count)
             self._flag("S2", "error", f"a training forward of the {role} ({what}) went through the variable-length path of "
                        f"{reason}. Train with attn_implementation='sdpa'; scoring and sampling under it are unaffected.",
                        forwards=1, padded_rows=padded, packed_rows=packed)
