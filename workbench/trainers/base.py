@@ -209,7 +209,7 @@ def require_data(rows, trainer: str, what: str) -> None:
         raise ValueError(f"{trainer} got an empty {what} dataset; pass at least one row")
 
 
-def check_attention_backward(config: TrainerConfig, policy) -> None:
+def check_attention_backward(config: TrainerConfig, policy, role: str = "policy") -> None:
     """Refuse (``AttentionBackwardError``) to train ``policy`` (or a critic) through an attention back-end whose gradients
     were measured wrong, unless ``config.train_with_unverified_attention``. Checked once, when the trainer is built, from
     the model's config: a back-end switched afterwards (``set_attn_implementation``) is not seen here — a
@@ -218,8 +218,8 @@ def check_attention_backward(config: TrainerConfig, policy) -> None:
     if reason is None or config.train_with_unverified_attention:
         return
     raise AttentionBackwardError(
-        f"{type(config).__name__}: the policy runs {reason}. Training would apply those gradients without an error. "
-        "Load the policy with attn_implementation='sdpa' (or 'auto') to train; scoring and sampling under it are "
+        f"{type(config).__name__}: the {role} runs {reason}. Training would apply those gradients without an error. "
+        f"Load the {role} with attn_implementation='sdpa' (or 'auto') to train; scoring and sampling under it are "
         "unaffected. To train through it anyway (a release you have checked), set train_with_unverified_attention=True.")
 
 

@@ -156,7 +156,7 @@ class PPOTrainer(RolloutTrainer):
         base.check_attention_backward(config, policy)
         self.reference = base.frozen_reference(policy, reference)
         self.critic = critic if critic is not None else ValueModel.from_policy(policy, seed=config.seed)
-        base.check_attention_backward(config, getattr(self.critic, "body", self.critic))  # a critic trains through its own attention
+        base.check_attention_backward(config, getattr(self.critic, "body", self.critic), "critic")  # trained through its own attention
         self.dropout_on = base.apply_dropout_switch((self.policy, self.reference, self.critic), config.disable_dropout)
         self.rollout_model = None
         if config.rollout_dtype != "float32":  # P12: a lower-precision copy samples, the fp32 policy trains
