@@ -19,13 +19,16 @@ prints, then writes as JSON:
    prompt (shared prefill), in fp32 and bf16: whether the tokens are equal, the largest log-prob gap, each side's time;
 4. **gradients**: the summed response log-probs' gradient per parameter group (attention, MLP,
    embeddings, norms) under each back-end in bf16 and each layout (alone, left-padded, packed), as the relative
-   L2 distance from fp32 eager's — the forward gaps above cannot see a wrong backward (flash-attn 4's
-   variable-length path: docs/GPU.md; ``core.attention_backward.UNVERIFIED_BACKWARD``);
+   L2 distance from fp32 eager's — the forward gaps above cannot see a wrong backward (flash-attn 4 at head dim 16:
+   docs/GPU.md; ``core.attention_backward.MEASURED_BACKWARD``). ``--head-dims 64,128`` adds realistic-qwen2 rebuilt at
+   those head dims;
 5. **kernels**: each installed flash package's own functions, called directly in bf16, forward and backward, against
-   fp32 sdpa on the same draw: the dense kernel and the variable-length one (one row of two sequences), contiguous
-   and transposed inputs, GQA — relative errors of the output and of dq/dk/dv, bf16 sdpa's beside them. The
-   model-level gradient gap of flash-attn 4's variable-length path (docs/GPU.md) is either its kernel's backward
-   or transformers' integration of it; this section tells which;
+   fp32 sdpa on the same draw: the dense kernel and the variable-length one (two sequences across a 128-token tile,
+   and the 16 sequences of the gradients section), contiguous and transposed inputs, GQA, head dims 16-128 — relative
+   errors of the output and of dq/dk/dv, bf16 sdpa's beside them. This separates a kernel's backward from
+   transformers' integration of it. ``--kernel-map`` runs the grid that fills ``core.attention_backward``'s table
+   instead: head dims 8-256 × 4, 2 and 1 key/value heads for 4 query heads × dense and variable-length, and 2048-token
+   sequences at 16, 64 and 128 (about 10 minutes on an H100: a CuTe-DSL compile per configuration);
 6. **trainers on CUDA**: one step of PPO, GRPO and DPO per precision (``fp32``, ``bf16-mixed``,
    ``bf16``) on each realistic checkpoint with the default switches: ρ − 1, KL and clip fraction at
    step 0 must be exactly 0, DPO's step-0 margins exactly 0 (the invariances of
@@ -40,6 +43,7 @@ import argparse
 import contextlib
 import functools
 import importlib.util
+import itertools
 import json
 import platform
 import subprocess
@@ -227,6 +231,22 @@ def gradient_gaps(name: str) -> dict:
     return results
 
 
+def head_dim_variant(head_dim: int, folder: Path) -> Path:
+    """realistic-qwen2 rebuilt with ``head_dim`` (4 query and 2 key/value heads, hidden 4 × head_dim; random weights, seed 0)
+    in ``folder``: the gradients section at the head dims of real checkpoints (Qwen2.5-0.5B's is 64), not only 16."""
+    from transformers import AutoModelForCausalLM
+
+    _, tokenizer = checkpoints.load("realistic-qwen2", verbose=False)
+    config = realistic.build_config(realistic.spec_of("qwen2"), tokenizer, hidden=4 * head_dim)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config)
+    model.generation_config = realistic.generation_config(realistic.spec_of("qwen2"), tokenizer)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
 def _flash_functions(backend: str):
     """(dense, variable-length) attention functions of a flash package, as it exports them."""
     if backend == "flash_attention_4":
@@ -240,12 +260,38 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def kernel_gaps(functions: dict) -> dict:
+LONG_LENGTHS = (100, 156)  # a variable-length row of two sequences, the second across a 128-token tile
+
+
+def model_lengths(name: str = "realistic-qwen2") -> tuple[int, ...]:
+    """The sequence lengths (prompt + response) of the gradients section's batch on ``name``: 16 sequences of 17-36 tokens."""
+    _, tokenizer = checkpoints.load(name, verbose=False)
+    prompts, responses = sequences(tokenizer)
+    return tuple(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
+
+
+def kernel_map_cases(lengths: tuple[int, ...]) -> dict:
+    """``--kernel-map``: every head dim FA4 accepts of 8-256 × key/value heads 4, 2, 1 (for 4 query heads) × dense (2 × 96
+    tokens) and variable-length (``lengths``), and 2048-token sequences (one dense row; five variable-length ones up to 2048)
+    at head dims 16, 64 and 128."""
+    cases = {}
+    for head_dim in (8, 16, 24, 32, 48, 64, 80, 96, 128, 192, 256):
+        for kv_heads in (4, 2, 1):
+            cases[f"dense hd{head_dim} 4q/{kv_heads}kv"] = (4, kv_heads, head_dim, (2, 96))
+            cases[f"varlen hd{head_dim} 4q/{kv_heads}kv"] = (4, kv_heads, head_dim, lengths)
+    for head_dim in (16, 64, 128):
+        for kv_heads in (4, 2):
+            cases[f"dense T2048 hd{head_dim} 4q/{kv_heads}kv"] = (4, kv_heads, head_dim, (1, 2048))
+            cases[f"varlen long hd{head_dim} 4q/{kv_heads}kv"] = (4, kv_heads, head_dim, (700, 1300, 333, 2048, 17))
+    return cases
+
+
+def kernel_gaps(functions: dict, lengths: tuple[int, ...], cases: dict | None = None) -> dict:
     """``functions``: {label: (dense, varlen)} taking flash's (tokens, heads, d) layouts. Relative errors of the output and
-    of dq/dk/dv against fp32 sdpa, per case; a failing case is recorded with its error."""
+    of dq/dk/dv against fp32 sdpa, per case; a failing case is recorded with its error. ``lengths``: the variable-length
+    row of the model-like cases (``model_lengths``). The head dims include the
+    realistic checkpoints' 16 (where flash-attn 4's model-level gradients were wrong) and the 0.5B shape's 64."""
     torch.manual_seed(0)
-    sequences = (100, 156)  # the variable-length row: two causal sequences, boundaries as int32 offsets
-    cu = torch.tensor([0, sequences[0], sum(sequences)], dtype=torch.int32, device=DEVICE)
 
     def sdpa_dense(q, k, v):  # (B, T, H, d) in and out; GQA by repeating key/value heads
         groups = q.shape[2] // k.shape[2]
@@ -253,9 +299,9 @@ def kernel_gaps(functions: dict) -> dict:
                                              v.repeat_interleave(groups, 2).transpose(1, 2), is_causal=True)
         return out.transpose(1, 2)
 
-    def sdpa_varlen(q, k, v):  # (total, H, d): each sequence on its own
+    def sdpa_varlen(q, k, v, *, lengths):  # (total, H, d): each sequence on its own
         parts, start = [], 0
-        for length in sequences:
+        for length in lengths:
             piece = slice(start, start + length)
             parts.append(sdpa_dense(q[None, piece], k[None, piece], v[None, piece])[0])
             start += length
@@ -267,22 +313,31 @@ def kernel_gaps(functions: dict) -> dict:
         out = fn(*inputs)
         out = out[0] if isinstance(out, tuple) else out
         out.backward(gradient.to(dtype))
-        return [out.detach(), *(t.grad for t in leaves)]
+        return [out.detach(), *(torch.zeros_like(t) if t.grad is None else t.grad for t in leaves)]  # no gradient: 1.0
 
-    cases = {  # name: (shape of q, of k/v, layout)
-        "dense hd64": ((2, 96, 4, 64), (2, 96, 4, 64), "dense"), "dense hd128": ((2, 96, 4, 128), (2, 96, 4, 128), "dense"),
-        "dense GQA 4q/2kv": ((2, 96, 4, 64), (2, 96, 2, 64), "dense"),
-        "varlen hd64": ((256, 4, 64), (256, 4, 64), "varlen"), "varlen GQA 4q/2kv": ((256, 4, 64), (256, 2, 64), "varlen"),
+    cases = cases or {  # name: (heads of q, of k/v, head dim, dense (batch, tokens) or varlen lengths)
+        "dense hd16 GQA 4q/2kv": (4, 2, 16, (2, 96)), "dense hd64": (4, 4, 64, (2, 96)), "dense hd128": (4, 4, 128, (2, 96)),
+        "dense GQA 4q/2kv": (4, 2, 64, (2, 96)),
+        "varlen hd64": (4, 4, 64, LONG_LENGTHS), "varlen GQA 4q/2kv": (4, 2, 64, LONG_LENGTHS),
+        "varlen hd16 GQA 4q/2kv": (4, 2, 16, LONG_LENGTHS),
+        "varlen 16 seqs hd16 GQA 4q/2kv": (4, 2, 16, lengths), "varlen 16 seqs hd32 GQA 4q/2kv": (4, 2, 32, lengths),
+        "varlen 16 seqs hd64 GQA 14q/2kv": (14, 2, 64, lengths), "varlen 16 seqs hd128": (4, 4, 128, lengths),
     }
     results = {}
-    for case, (q_shape, kv_shape, layout) in cases.items():
+    for case, (q_heads, kv_heads, head_dim, extent) in cases.items():
+        dense = case.startswith("dense")
+        tokens = extent if dense else (sum(extent),)
+        q_shape, kv_shape = (*tokens, q_heads, head_dim), (*tokens, kv_heads, head_dim)
         tensors = [torch.randn(q_shape, device=DEVICE), torch.randn(kv_shape, device=DEVICE), torch.randn(kv_shape, device=DEVICE)]
         gradient = torch.randn(q_shape, device=DEVICE)
-        reference = run(sdpa_dense if layout == "dense" else sdpa_varlen, torch.float32, tensors, False)
-        sides = {"sdpa bf16": sdpa_dense if layout == "dense" else sdpa_varlen}
-        for label, (dense, varlen) in functions.items():
-            sides[label] = functools.partial(dense, causal=True) if layout == "dense" else functools.partial(
-                varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(sequences), max_seqlen_k=max(sequences), causal=True)
+        reference_fn = sdpa_dense if dense else functools.partial(sdpa_varlen, lengths=extent)
+        reference = run(reference_fn, torch.float32, tensors, False)
+        sides = {"sdpa bf16": reference_fn}
+        if not dense:
+            cu = torch.tensor([0, *itertools.accumulate(extent)], dtype=torch.int32, device=DEVICE)
+        for label, (dense_fn, varlen_fn) in functions.items():
+            sides[label] = functools.partial(dense_fn, causal=True) if dense else functools.partial(
+                varlen_fn, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(extent), max_seqlen_k=max(extent), causal=True)
         for label, fn in sides.items():
             for transposed in (False, True):
                 key = f"{case}/{label}/{'transposed' if transposed else 'contiguous'}"
@@ -344,6 +399,11 @@ def main(argv=None) -> int:
     parser.add_argument("--attention-only", action="store_true", help="the attention back-ends' gaps only (no trainer steps)")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument("--kernel-map", action="store_true",
+                        help="the kernels section runs the head-dim × key/value-head grid (about 10 minutes on an H100)")
+    parser.add_argument("--head-dims", default="",
+                        help="comma-separated head dims at which the gradients section also runs a rebuilt realistic-qwen2 "
+                             "(e.g. 64,128; the realistic checkpoints' own is 16)")
     args = parser.parse_args(argv)
     global DEVICE
     DEVICE = args.device
@@ -359,7 +419,9 @@ def main(argv=None) -> int:
     print(json.dumps(report["machine"]), flush=True)
     if "kernels" in sections:
         functions = {flash: _flash_functions(flash) for flash in available_flash_backends()}
-        report["kernels"] = kernel_gaps(functions) if functions else {"skipped": "no flash package can run here"}
+        lengths = model_lengths()
+        cases = kernel_map_cases(lengths) if args.kernel_map else None
+        report["kernels"] = kernel_gaps(functions, lengths, cases) if functions else {"skipped": "no flash package can run here"}
         for key, value in report["kernels"].items():
             print(f"kernels {key:48s} {value}", flush=True)
         Path(args.out).write_text(json.dumps(report, indent=1))
@@ -385,6 +447,16 @@ def main(argv=None) -> int:
             for kind, value in kinds.items():
                 print(f"{name:16s} {precision:10s} {kind:4s} {value}", flush=True)
         Path(args.out).write_text(json.dumps(report, indent=1))  # what ran so far, should a later section be cut off
+    if "gradients" in sections and args.head_dims:
+        import tempfile
+
+        for head_dim in (int(h) for h in args.head_dims.split(",")):
+            with tempfile.TemporaryDirectory() as folder:
+                name = f"realistic-qwen2 hd{head_dim}"
+                report["gradients"][name] = gradient_gaps(str(head_dim_variant(head_dim, Path(folder))))
+            for key, value in report["gradients"][name].items():
+                print(f"{name:16s} gradients {key:28s} {value}", flush=True)
+            Path(args.out).write_text(json.dumps(report, indent=1))
     Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
 

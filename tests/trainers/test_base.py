@@ -1,7 +1,8 @@
 """``trainers.base``: the start every trainer shares refuses to train through an attention back-end whose gradients
-were measured wrong (``core.attention_backward.UNVERIFIED_BACKWARD``: flash-attn 4's variable-length path, docs/GPU.md),
-names the measurement and both fixes, and trains when the config opts in. The back-end is only named on the model's
-config here (no flash kernel runs on a CPU): the check reads the name, as the trainers see it."""
+were measured wrong or not verified at the model's head dim, release and GPU (``core.attention_backward``: flash-attn 4,
+docs/GPU.md), names the measurement and both fixes, trains where it was measured right, and trains when the config opts
+in. The back-end is only named on the model's config here (no flash kernel runs on a CPU), and the release and GPU of
+the measurement are patched in where a test needs them: the check reads what the trainers read."""
 
 import pytest
 
@@ -23,20 +24,41 @@ TRAINERS = {
 }
 
 
-def _model(implementation: str):
-    model, tokenizer = tiny_model("qwen2", seed=0)
+def _model(implementation: str, **overrides):
+    model, tokenizer = tiny_model("qwen2", seed=0, **overrides)  # head dim 16 (hidden 64, 4 heads) unless overridden
     model.config._attn_implementation = implementation
     return model, tokenizer
 
 
+@pytest.fixture
+def on_the_measured_h100(monkeypatch):
+    """The release and GPU generation of the measurement (flash-attn-4 4.0.0b36, compute capability 9.0)."""
+    from workbench.core import attention_backward
+
+    monkeypatch.setattr(attention_backward, "installed_release", lambda implementation: "4.0.0b36")
+    monkeypatch.setattr(attention_backward, "device_capability", lambda model: "9.0")
+
+
 @pytest.mark.parametrize("kind", TRAINERS)
-def test_training_through_flash_attention_4_is_refused_with_the_measurement_and_the_fixes(kind):
+def test_training_through_flash_attention_4_is_refused_with_the_measurement_and_the_fixes(kind, on_the_measured_h100):
     with pytest.raises(AttentionBackwardError) as refused:
         TRAINERS[kind](*_model("flash_attention_4"), False)
     message = str(refused.value)
-    for part in ("flash_attention_4", "measured wrong", "docs/GPU.md", "attn_implementation='sdpa'",
+    for part in ("flash_attention_4", "head dim 16 ", "measured wrong", "docs/GPU.md", "attn_implementation='sdpa'",
                  "train_with_unverified_attention=True"):
         assert part in message
+
+
+@pytest.mark.parametrize("kind", TRAINERS)
+def test_flash_attention_4_trains_where_it_was_measured_right_and_is_refused_where_unmeasured(kind, on_the_measured_h100):
+    assert TRAINERS[kind](*_model("flash_attention_4", hidden_size=256), False) is not None  # head dim 64
+    with pytest.raises(AttentionBackwardError, match="head dim 40 .*not verified"):
+        TRAINERS[kind](*_model("flash_attention_4", hidden_size=160), False)
+
+
+def test_off_the_measured_machine_flash_attention_4_is_unverified():
+    with pytest.raises(AttentionBackwardError, match="release unknown.*not verified"):
+        TRAINERS["grpo"](*_model("flash_attention_4", hidden_size=256), False)
 
 
 @pytest.mark.parametrize("kind", TRAINERS)

@@ -222,21 +222,30 @@ def _causal_sdpa_as_flash(module, query, key, value, attention_mask, scaling=Non
     return out.transpose(1, 2).contiguous(), None
 
 
-@pytest.fixture
-def flash_4_named(monkeypatch):
+def _flash_4_named(monkeypatch, **overrides):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    from workbench.core import attention_backward
+
     monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "flash_attention_4", _causal_sdpa_as_flash)
-    model, tokenizer = tiny_model("qwen2", seed=0)
+    # the release and GPU generation of the measurement (flash-attn-4 4.0.0b36 on an H100), as on that machine
+    monkeypatch.setattr(attention_backward, "installed_release", lambda implementation: "4.0.0b36")
+    monkeypatch.setattr(attention_backward, "device_capability", lambda model: "9.0")
+    model, tokenizer = tiny_model("qwen2", seed=0, **overrides)
     model.config._attn_implementation = "flash_attention_4"
     return model, tokenizer
+
+
+@pytest.fixture
+def flash_4_named(monkeypatch):
+    return _flash_4_named(monkeypatch)  # head dim 16: measured wrong
 
 
 def _s2(report):
     return [f for f in report.findings if f.pitfall == "S2"]
 
 
-def test_training_through_flash_attention_4s_variable_length_path_is_flagged_with_the_measurement(flash_4_named):
+def test_training_through_flash_attention_4_at_a_head_dim_measured_wrong_is_flagged_with_the_measurement(flash_4_named):
     model, tokenizer = flash_4_named
     ids = torch.randint(4, 50, (3, 6), generator=torch.Generator().manual_seed(0))
     padded = torch.ones_like(ids)
@@ -244,13 +253,17 @@ def test_training_through_flash_attention_4s_variable_length_path_is_flagged_wit
     with watch(model, tokenizer=tokenizer) as w:
         with torch.no_grad():
             model(input_ids=ids, attention_mask=padded)  # scoring: no gradient, nothing to flag
-        model(input_ids=ids, attention_mask=torch.ones_like(ids))  # unpadded: the dense kernel, whose gradients agreed
     assert _s2(w.report()) == []
+    with watch(model, tokenizer=tokenizer) as w:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))  # unpadded: the dense kernel's dq is wrong at 16 too
+    (finding,) = _s2(w.report())
+    assert finding.evidence["rows"] == 3 and finding.evidence["padded_rows"] == 0 and "3 unpadded row(s)" in finding.message
     with watch(model, tokenizer=tokenizer) as w:
         model(input_ids=ids, attention_mask=padded)
     (finding,) = _s2(w.report())
     assert finding.severity == "error" and finding.evidence["padded_rows"] == 1
-    assert "flash_attention_4" in finding.message and "docs/GPU.md" in finding.message and "sdpa" in finding.message
+    for part in ("flash_attention_4", "head dim 16 ", "measured wrong", "docs/GPU.md", "sdpa"):
+        assert part in finding.message
     row = torch.randint(4, 50, (1, 7), generator=torch.Generator().manual_seed(1))
     with watch(model, tokenizer=tokenizer) as w:
         model(input_ids=row, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3]]))  # two sequences packed into one row
@@ -260,7 +273,17 @@ def test_training_through_flash_attention_4s_variable_length_path_is_flagged_wit
     with watch(model, tokenizer=tokenizer) as w:  # bin-packed rows: one holds two sequences, the other one
         model(input_ids=rows, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6]]))
     (finding,) = _s2(w.report())
-    assert finding.evidence["packed_rows"] == 1 and "1 packed row(s)" in finding.message
+    assert finding.evidence["packed_rows"] == 1 and "1 packed row(s) and 1 unpadded row(s)" in finding.message
+
+
+def test_training_through_flash_attention_4_at_a_head_dim_measured_right_is_not_flagged(monkeypatch):
+    model, tokenizer = _flash_4_named(monkeypatch, hidden_size=256)  # head dim 64
+    ids = torch.randint(4, 50, (3, 6), generator=torch.Generator().manual_seed(0))
+    padded = torch.ones_like(ids)
+    padded[0, :2] = 0
+    with watch(model, tokenizer=tokenizer) as w:
+        model(input_ids=ids, attention_mask=padded)
+    assert _s2(w.report()) == []
 
 
 def test_the_same_padded_training_forward_under_sdpa_is_not_flagged():

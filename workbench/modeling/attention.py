@@ -5,12 +5,11 @@
 model) and ``sdpa`` elsewhere; asking for a flash back-end where it cannot run is an error that says why,
 rather than a silent fallback (right padding under flash-attention is pitfall S2).
 
-flash-attn 4 runs only when asked for by name, and the trainers refuse to train through it
-(``core.attention_backward``): on an H100 (flash-attn-4 4.0.0b36, transformers 5.23) its forward agreed
-with sdpa to the printed digit on every layout, but the **gradients** of a padded or packed batch — the
-variable-length path — did not (relative error 0.3–1.1 per parameter group against fp32 eager, sdpa's
-0.005–0.008), while an unpadded batch's did and FA4's own kernel, called directly, gave sdpa's dq/dk/dv
-(docs/GPU.md). Scoring and generation under FA4 (no gradient) are unaffected.
+flash-attn 4 runs only when asked for by name, and the trainers train through it only where its gradients were
+measured right (``core.attention_backward``): on an H100 with flash-attn-4 4.0.0b36 its forward agreed with sdpa
+to the printed digit, but its backward's dq was wrong at head dims 8, 16, 48 and 80 (dk/dv too under shared key/value
+heads) and right at 24, 32, 64, 96, 128, 192 and 256 (docs/GPU.md). ``"auto"`` is resolved before the model's head
+dim is known, so it never picks flash-attn 4. Scoring and generation under FA4 (no gradient) are unaffected.
 
 The two flash packages share the import name ``flash_attn``: flash-attn 2 is the ``flash-attn``
 distribution (CUDA extensions built from source), flash-attn 4 the ``flash-attn-4`` wheel (CuTe-DSL
@@ -27,7 +26,7 @@ import importlib.util
 
 import torch
 
-from workbench.core.attention_backward import UNVERIFIED_BACKWARD
+from workbench.core.attention_backward import MEASURED_BACKWARD
 from workbench.core.errors import AttentionBackendUnavailable
 
 FLASH_BACKENDS = {
@@ -73,7 +72,8 @@ def available_flash_backends() -> list[str]:
     return [name for name in FLASH_BACKENDS if flash_attention_status(name)[0]]
 
 
-AUTO_FLASH = tuple(name for name in FLASH_BACKENDS if name not in UNVERIFIED_BACKWARD)  # what "auto" may pick
+# what "auto" may pick: it is resolved before the model's head dim is known
+AUTO_FLASH = tuple(name for name in FLASH_BACKENDS if name not in MEASURED_BACKWARD)
 
 
 def resolve_attn_implementation(requested: str = "auto", dtype: torch.dtype | None = None) -> str:

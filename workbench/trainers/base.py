@@ -64,10 +64,10 @@ class TrainerConfig:
     state (the AMP convention); ``bf16`` — weights and optimiser in pure bf16, a documented hazard:
     an update smaller than ~2⁻⁹ of a weight rounds away (pitfall P23)."""
     train_with_unverified_attention: bool = False
-    """Train a policy whose attention back-end's gradients were measured wrong
-    (``core.attention_backward``: today ``flash_attention_4`` on padded or packed batches).
-    False refuses with the measurement; True trains anyway — for a later release you have checked with
-    ``scripts/gpu_check.py --sections gradients``."""
+    """Train a policy whose attention back-end's gradients were measured wrong or not verified at its head dim,
+    release and GPU (``core.attention_backward``: today ``flash_attention_4`` outside head dims 24, 32, 64, 96,
+    128, 192, 256 of 4.0.0b36 on an H100). False refuses with the measurement; True trains anyway — for a
+    configuration you have checked with ``scripts/gpu_check.py --sections kernels,gradients``."""
 
     # learning_rate="auto": (the value tuned for the shipped tiny models, the trainer's scale for larger ones)
     AUTO_LEARNING_RATE: ClassVar[tuple[float, float]] = (1e-3, 1.0)
@@ -211,14 +211,15 @@ def require_data(rows, trainer: str, what: str) -> None:
 
 def check_attention_backward(config: TrainerConfig, policy, role: str = "policy") -> None:
     """Refuse (``AttentionBackwardError``) to train ``policy`` (or a critic) through an attention back-end whose gradients
-    were measured wrong, unless ``config.train_with_unverified_attention``. Checked once, when the trainer is built, from
+    were measured wrong or not verified at its head dim, release and GPU (``core.attention_backward``), unless
+    ``config.train_with_unverified_attention``. Checked once, when the trainer is built, from
     the model's config: a back-end switched afterwards (``set_attn_implementation``) is not seen here — a
     ``workbench.watch`` on the run flags its training forwards (S2)."""
     reason = unverified_backward_reason(policy)
     if reason is None or config.train_with_unverified_attention:
         return
     raise AttentionBackwardError(
-        f"{type(config).__name__}: the {role} runs {reason}. Training would apply those gradients without an error. "
+        f"{type(config).__name__}: the {role} runs {reason}. Training would apply its gradients without an error. "
         f"Load the {role} with attn_implementation='sdpa' (or 'auto') to train; scoring and sampling under it are "
         "unaffected. To train through it anyway (a release you have checked), set train_with_unverified_attention=True.")
 

@@ -204,7 +204,7 @@ class Watch:
         if not grad and model.training:
             self._check_dropout(role, model)
         if grad and role == "policy":
-            self._check_backward(role, model, mask, kwargs)
+            self._check_backward(role, model, ids, mask, kwargs)
         if cached > 0 and ids is not None:
             self._decode(role, model, ids)
             return None
@@ -244,12 +244,14 @@ class Watch:
             self._flag("P7", "warning", f"a no-grad forward of the {role} ran in training mode; dropout is 0, so it is harmless "
                        "here — a bug on a checkpoint with dropout. Call model.eval() for scoring/sampling.", forwards=1, dropout_max=0.0)
 
-    def _check_backward(self, role, model, mask, kwargs):
-        """S2's variable-length path under a back-end whose gradients were measured wrong (core.attention_backward): a
-        training forward with padded rows, or a packed row (restarting position ids, or the boundaries given)."""
+    def _check_backward(self, role, model, ids, mask, kwargs):
+        """A training forward under an attention back-end whose gradients were measured wrong or not verified at this
+        model's head dim, release and GPU (core.attention_backward) — dense, padded or packed alike (flash-attn 4's dq
+        is wrong at head dim 16 in both its kernels) — with the rows' layout as evidence."""
         reason = unverified_backward_reason(model)
         if reason is None:
             return
+        rows = int(ids.shape[0]) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else 0
         padded = int((mask == 0).any(-1).sum()) if isinstance(mask, torch.Tensor) and mask.dim() == 2 else 0
         positions = kwargs.get("position_ids")
         packed = 0  # rows holding more than one sequence: position ids that restart, or boundaries passed as given
@@ -257,11 +259,11 @@ class Watch:
             packed = int((positions[:, 1:] < positions[:, :-1]).any(-1).sum())
         if not packed and kwargs.get("cu_seq_lens_q") is not None:
             packed = 1  # flash's packed path takes one row
-        if padded or packed:
-            what = " and ".join(f"{count} {kind} row(s)" for count, kind in ((padded, "padded"), (packed, "packed")) if count)
-            self._flag("S2", "error", f"a training forward of the {role} ({what}) went through the variable-length path of "
-                       f"{reason}. Train with attn_implementation='sdpa'; scoring and sampling under it are unaffected.",
-                       forwards=1, padded_rows=padded, packed_rows=packed)
+        counts = ((padded, "padded"), (packed, "packed"), (max(rows - padded - packed, 0), "unpadded"))
+        what = " and ".join(f"{count} {kind} row(s)" for count, kind in counts if count) or "its rows"
+        self._flag("S2", "error", f"a training forward of the {role} ({what}) ran {reason}. Train with "
+                   "attn_implementation='sdpa'; scoring and sampling under it are unaffected.",
+                   forwards=1, padded_rows=padded, packed_rows=packed, rows=rows)
 
     def _check_rows(self, role, model, ids, mask, kwargs, grad):
         stats = observe.row_stats(ids, mask, self.bos, self.pad_is_eos if grad else None)
