@@ -58,3 +58,50 @@ def test_a_model_is_judged_by_its_back_end_head_dim_release_and_device():
     wide.config._attn_implementation = "flash_attention_4"
     assert ab.unverified_backward_reason(wide, release=MEASURED[0], capability=MEASURED[1]) is None
     assert ab.device_capability(wide) is None  # parameters on the CPU
+
+
+class _ConfigOnly:
+    """A model as the check sees it: a config, parameters on the CPU."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def parameters(self):
+        return iter(())
+
+
+def test_each_sub_config_is_judged_by_its_own_back_end_and_head_dim():
+    from transformers import Qwen2VLConfig
+
+    config = Qwen2VLConfig(text_config=dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2),  # head dim 64
+                           vision_config=dict(embed_dim=1280, num_heads=16))  # head dim 80: measured wrong
+    config._attn_implementation = {"text_config": "flash_attention_4", "vision_config": "sdpa", "": "sdpa"}
+    assert ab.unverified_backward_reason(_ConfigOnly(config), release=MEASURED[0], capability=MEASURED[1]) is None
+    config._attn_implementation = "flash_attention_4"  # the vision tower too
+    reason = ab.unverified_backward_reason(_ConfigOnly(config), release=MEASURED[0], capability=MEASURED[1])
+    assert "head dim 80 " in reason and "measured wrong" in reason
+
+
+def test_latent_attention_has_no_single_head_dim_and_is_unverified():
+    from transformers import DeepseekV3Config
+
+    config = DeepseekV3Config(hidden_size=256, num_attention_heads=4)
+    assert ab.head_dim_of(config) is None
+    assert "head dim None " in ab.backward_verdict("flash_attention_4", ab.head_dim_of(config), *MEASURED)
+
+
+def test_the_capability_is_that_of_every_gpu_holding_parameters(monkeypatch):
+    import torch
+
+    class OnGpus:
+        def __init__(self, *devices):
+            self.devices = devices
+
+        def parameters(self):  # stand-ins: only .device is read
+            return iter(type("P", (), {"device": torch.device(d)})() for d in self.devices)
+
+    capabilities = {0: (9, 0), 1: (10, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capabilities[device.index])
+    assert ab.device_capability(OnGpus("cpu", "cuda:0", "cuda:0")) == "9.0"  # offloaded embeddings: the GPU's still
+    assert ab.device_capability(OnGpus("cuda:0", "cuda:1")) is None  # two generations: unverified
+    assert ab.device_capability(OnGpus("cpu")) is None

@@ -46,7 +46,8 @@ MEASURED_BACKWARD = {
         evidence=("on an H100 (compute capability 9.0) with flash-attn-4 4.0.0b36, its kernels' dq was wrong at head dims "
                   "8, 16, 48 and 80 — relative error 0.4–0.6 (dense) and 1.1–1.2 (variable-length) against fp32 sdpa, "
                   "where bf16 sdpa's is 0.004 — and dk/dv too when key/value heads are shared, although the forward "
-                  "agreed with sdpa; head dims 24, 32, 64, 96, 128, 192 and 256 matched sdpa, up to 2048 tokens"),
+                  "agreed with sdpa; head dims 24, 32, 64, 96, 128, 192 and 256 matched sdpa (2 × 96 tokens dense, sequences "
+                  "of 17–36 tokens variable-length; 64 and 128 also at 2048 tokens)"),
     ),
 }
 
@@ -63,14 +64,22 @@ def installed_release(implementation: str) -> str | None:
         return None
 
 
-def head_dim_of(config) -> int | None:
-    """The attention head dim of a Hugging Face config (``head_dim``, else hidden size / heads; GPT-2's names too)."""
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+def head_dim_of(config, *, text: bool = True) -> int | None:
+    """The attention head dim of a Hugging Face config (``head_dim``, else hidden size / heads; GPT-2's names too); with
+    ``text``, of its text part (``get_text_config``). None where one number does not describe the kernel's shapes:
+    multi-head latent attention (DeepSeek-V2/V3: q/k and v of other widths than ``head_dim``)."""
+    if text and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    if any(getattr(config, name, None) for name in ("qk_nope_head_dim", "v_head_dim", "kv_lora_rank")):
+        return None
     head_dim = getattr(config, "head_dim", None)
     if isinstance(head_dim, int) and head_dim > 0:
         return head_dim
-    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    if isinstance(getattr(config, "embed_dim", None), int) and isinstance(getattr(config, "num_heads", None), int):
+        hidden, heads = config.embed_dim, config.num_heads  # vision towers (Qwen2-VL's: 1280 / 16)
+    else:
+        hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+        heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
     return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 else None
 
 
@@ -92,26 +101,40 @@ def backward_verdict(implementation: str, head_dim: int | None, release: str | N
                 f"{measured.evidence} ({MEASUREMENT_NOTE})")
     return (f"attn_implementation={implementation!r} at {where}: its gradients were not verified there ({measured_at}). "
             f"It is trusted only where measured, because {measured.evidence} ({MEASUREMENT_NOTE}). "
-            "`python scripts/gpu_check.py --sections kernels,gradients` measures a release")
+            f"`python scripts/gpu_check.py --sections kernels,gradients --kernel-map --head-dims {head_dim}` measures it")
 
 
 def device_capability(model) -> str | None:
-    """The compute capability ("9.0") of the GPU holding ``model``'s first parameter, or None off a GPU."""
+    """The compute capability ("9.0") of the GPUs holding ``model``'s parameters, or None when none is on a GPU or
+    they differ (a model split over GPUs of two generations is judged unverified)."""
     import torch  # the verdict above needs no torch; this lookup does
 
-    parameter = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
-    if parameter is None or parameter.device.type != "cuda":
-        return None
-    major, minor = torch.cuda.get_device_capability(parameter.device)
-    return f"{major}.{minor}"
+    devices = {p.device for p in model.parameters() if p.device.type == "cuda"} if hasattr(model, "parameters") else set()
+    found = {"{}.{}".format(*torch.cuda.get_device_capability(device)) for device in devices}
+    return found.pop() if len(found) == 1 else None
+
+
+def _attention_configs(config):
+    """(config, is the top level) for a model's config and each sub-config (a vision tower, a text model), each of which
+    may name its own attention back-end (``attn_implementation={"text_config": …, "vision_config": …}``)."""
+    yield config, True
+    for name in getattr(config, "sub_configs", None) or {}:
+        sub = getattr(config, name, None)
+        if sub is not None and sub is not config:
+            yield sub, False
 
 
 def unverified_backward_reason(model, *, release: str | None = None, capability: str | None = None) -> str | None:
-    """``backward_verdict`` for ``model``: its config's ``_attn_implementation`` and head dim, ``release`` (found from the
-    installed package where not given) and ``capability`` (found from the model's device where not given)."""
+    """``backward_verdict`` for ``model``: for its config and each sub-config, that config's ``_attn_implementation``
+    and head dim; ``release`` (found from the installed package where not given) and ``capability`` (found from the
+    model's devices where not given). The first reason found, or None."""
     config = getattr(model, "config", None)
-    implementation = str(getattr(config, "_attn_implementation", "") or "")
-    if implementation not in MEASURED_BACKWARD:
-        return None
-    return backward_verdict(implementation, head_dim_of(config), release or installed_release(implementation),
-                            capability or device_capability(model))
+    for part, top in _attention_configs(config):
+        implementation = str(getattr(part, "_attn_implementation", "") or "")
+        if implementation not in MEASURED_BACKWARD:
+            continue
+        reason = backward_verdict(implementation, head_dim_of(part, text=top),
+                                  release or installed_release(implementation), capability or device_capability(model))
+        if reason is not None:
+            return reason
+    return None

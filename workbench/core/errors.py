@@ -32,8 +32,9 @@ class AttentionBackendUnavailable(RuntimeError):
 
 
 class AttentionBackwardError(ValueError):
-    """A policy to be trained through an attention back-end whose gradients were measured wrong; training would
-    apply wrong updates without any error. The message says what was measured and the two ways forward."""
+    """A policy to be trained through an attention back-end whose gradients were measured wrong, or not verified, at
+    its head dim, release and GPU (``core.attention_backward``); training would apply wrong updates without any error.
+    The message says what was measured and the two ways forward."""
 
 
 class PromptMaskError(ValueError):

@@ -67,7 +67,7 @@ class TrainerConfig:
     """Train a policy whose attention back-end's gradients were measured wrong or not verified at its head dim,
     release and GPU (``core.attention_backward``: today ``flash_attention_4`` outside head dims 24, 32, 64, 96,
     128, 192, 256 of 4.0.0b36 on an H100). False refuses with the measurement; True trains anyway — for a
-    configuration you have checked with ``scripts/gpu_check.py --sections kernels,gradients``."""
+    configuration you have checked with ``scripts/gpu_check.py --sections kernels,gradients --kernel-map``."""
 
     # learning_rate="auto": (the value tuned for the shipped tiny models, the trainer's scale for larger ones)
     AUTO_LEARNING_RATE: ClassVar[tuple[float, float]] = (1e-3, 1.0)
@@ -221,7 +221,7 @@ def check_attention_backward(config: TrainerConfig, policy, role: str = "policy"
     raise AttentionBackwardError(
         f"{type(config).__name__}: the {role} runs {reason}. Training would apply its gradients without an error. "
         f"Load the {role} with attn_implementation='sdpa' (or 'auto') to train; scoring and sampling under it are "
-        "unaffected. To train through it anyway (a release you have checked), set train_with_unverified_attention=True.")
+        "unaffected. To train through it anyway (a configuration you have checked), set train_with_unverified_attention=True.")
 
 
 def prepare_policy(config: TrainerConfig, policy, others=(), disable_dropout: bool = True):
