@@ -83,3 +83,11 @@ def test_the_opt_in_may_change_on_resume(tmp_path):
     GRPOTrainer(*_model("sdpa"), PROBLEMS, GRPOConfig(**config, train_with_unverified_attention=True)).train()
     resumed = GRPOTrainer(*_model("sdpa"), PROBLEMS, GRPOConfig(**{**config, "steps": 2}))
     assert resumed.maybe_resume() and resumed.step == 1
+
+
+def test_a_ppo_critic_of_its_own_at_a_head_dim_measured_right_is_accepted(on_the_measured_h100):
+    from workbench.trainers.critic import ValueModel
+
+    policy, tokenizer = _model("sdpa")
+    critic = ValueModel.from_policy(_model("flash_attention_4", hidden_size=256)[0])  # head dim 64
+    assert PPOTrainer(policy, tokenizer, PROBLEMS, PPOConfig(steps=1, progress=False), critic=critic) is not None
