@@ -60,6 +60,7 @@ from workbench.core.batching import pad_sequences  # noqa: E402
 from workbench.experiments import checkpoints
 from workbench.modeling import realistic  # noqa: E402
 from workbench.modeling.attention import FLASH_BACKENDS, available_flash_backends, flash_attention_status  # noqa: E402
+from workbench.modeling.models import load_tokenizer  # noqa: E402
 from workbench.modeling.scoring import response_logprobs  # noqa: E402
 from workbench.tasks import rl_problems  # noqa: E402
 
@@ -236,7 +237,7 @@ def head_dim_variant(head_dim: int, folder: Path) -> Path:
     in ``folder``: the gradients section at the head dims of real checkpoints (Qwen2.5-0.5B's is 64), not only 16."""
     from transformers import AutoModelForCausalLM
 
-    _, tokenizer = checkpoints.load("realistic-qwen2", verbose=False)
+    tokenizer = load_tokenizer("realistic-qwen2")  # as shipped, as realistic.write_checkpoint saves it
     config = realistic.build_config(realistic.spec_of("qwen2"), tokenizer, hidden=4 * head_dim)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -265,8 +266,7 @@ LONG_LENGTHS = (100, 156)  # a variable-length row of two sequences, the second 
 
 def model_lengths(name: str = "realistic-qwen2") -> tuple[int, ...]:
     """The sequence lengths (prompt + response) of the gradients section's batch on ``name``: 16 sequences of 17-36 tokens."""
-    _, tokenizer = checkpoints.load(name, verbose=False)
-    prompts, responses = sequences(tokenizer)
+    prompts, responses = sequences(load_tokenizer(name))
     return tuple(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
 
 

@@ -128,13 +128,11 @@ def unverified_backward_reason(model, *, release: str | None = None, capability:
     """``backward_verdict`` for ``model``: for its config and each sub-config, that config's ``_attn_implementation``
     and head dim; ``release`` (found from the installed package where not given) and ``capability`` (found from the
     model's devices where not given). The first reason found, or None."""
-    config = getattr(model, "config", None)
-    for part, top in _attention_configs(config):
-        implementation = str(getattr(part, "_attn_implementation", "") or "")
-        if implementation not in MEASURED_BACKWARD:
-            continue
-        reason = backward_verdict(implementation, head_dim_of(part, text=top),
-                                  release or installed_release(implementation), capability or device_capability(model))
-        if reason is not None:
-            return reason
-    return None
+    measured = [(part, top, implementation) for part, top in _attention_configs(getattr(model, "config", None))
+                if (implementation := str(getattr(part, "_attn_implementation", "") or "")) in MEASURED_BACKWARD]
+    if not measured:  # eager, sdpa, flash-attn 2: no lookup (the watch asks at every training forward)
+        return None
+    capability = capability or device_capability(model)  # once per model, not per sub-config
+    reasons = (backward_verdict(implementation, head_dim_of(part, text=top), release or installed_release(implementation),
+                                capability) for part, top, implementation in measured)
+    return next((reason for reason in reasons if reason is not None), None)
