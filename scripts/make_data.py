@@ -1,18 +1,27 @@
 """Write the tasks' JSONL files into data/ (run once; the results are committed).
 
-    python scripts/make_data.py                # both tasks
-    python scripts/make_data.py --task sums    # one task (arith: prompts and preference pairs; sums: prompts)
+    python scripts/make_data.py                # every task
+    python scripts/make_data.py --task sums    # one task (arith: prompts and preference pairs; sums, restate: prompts)
 
 Deterministic (fixed seeds): rerunning rewrites the same bytes.
 """
 
 import argparse
 
-from workbench.tasks import TEST_PREFERENCES, TEST_PROMPTS, TRAIN_PREFERENCES, TRAIN_PROMPTS, task_info, write_data_files, write_sums_files
+from workbench.tasks import (
+    TEST_PREFERENCES,
+    TEST_PROMPTS,
+    TRAIN_PREFERENCES,
+    TRAIN_PROMPTS,
+    task_info,
+    write_data_files,
+    write_restate_files,
+    write_sums_files,
+)
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", choices=["arith", "sums", "all"], default="all")
+    parser.add_argument("--task", choices=["arith", "sums", "restate", "all"], default="all")
     args = parser.parse_args()
     written = []
     if args.task in ("arith", "all"):
@@ -21,5 +30,8 @@ if __name__ == "__main__":
     if args.task in ("sums", "all"):
         write_sums_files()
         written += [task_info("sums").train_prompts, task_info("sums").test_prompts]
+    if args.task in ("restate", "all"):
+        write_restate_files()
+        written += [task_info("restate").train_prompts, task_info("restate").test_prompts]
     for path in written:
         print(path, sum(1 for _ in open(path)))

@@ -93,3 +93,30 @@ def test_without_group_gaps_the_threshold_alone_decides():
     data = {truncation.BUG: {"pressure": 0.4, "mixed_groups": 3}, truncation.REFERENCE: {"pressure": 0.0}}
     assert truncation.shift_noise(data)[1] != truncation.shift_noise(data)[1]  # NaN
     assert truncation.verdict(data)[0] is True
+
+
+def test_budget_profile_counts_what_the_budget_cuts_and_what_the_bug_can_pay(tokenizer):
+    """Hand-counted: at budget 8, "55 55 55" (8 characters + EOS) is cut after a right "55" it could have stopped at;
+    "123 123" + EOS fits; "-99 -99 -99" is cut inside its third copy, right when read by its first answer. On arith at
+    budget 3, "123" is cut right after its only answer: paid, but it never went on."""
+    from workbench.tasks import arithmetic, restate
+
+    problems = [restate.make_problem("47+8=", "55", 2), restate.make_problem("99+24=", "123", 1),
+                restate.make_problem("0-99=", "-99", 2), restate.make_problem("1+1=", "2", 0)]
+    assert truncation.budget_profile(tokenizer, problems, 8) == {"problems": 4, "cut": 0.5, "paid": 1.0, "went_on": 1.0}
+    arith = [arithmetic.Problem("99+24=", "123"), arithmetic.Problem("47+8=", "55")]
+    assert truncation.budget_profile(tokenizer, arith, 3) == {"problems": 2, "cut": 0.5, "paid": 1.0, "went_on": 0.0}
+    assert truncation.budget_profile(tokenizer, arith, 8) == {"problems": 2, "cut": 0.0, "paid": 0.0, "went_on": 0.0}
+    sentence = truncation.budget_sentence({"problems": 4, "cut": 0.5, "paid": 1.0, "went_on": 1.0}, "restate", 8)
+    assert "50.0% of 4 supervised responses" in sentence and "budget 8 tokens" in sentence
+
+
+def test_on_the_restate_checkpoint_the_bug_pays_responses_that_went_on_past_their_answer():
+    """The default regime of notebook 11: tiny-restate-qwen2 at budget 8. Truncated responses are rewarded only under the
+    bug, and the bug moves the in-loss advantage towards them by more than 2 s.e. over the mixed groups."""
+    model, tokenizer = load("tiny-restate-qwen2")
+    measured = truncation.pressure(model, tokenizer, rl_problems(32, "restate"), VARIANTS, max_new_tokens=8)
+    assert measured[truncation.BUG]["truncated_rewarded"] > 0 == measured[truncation.REFERENCE]["truncated_rewarded"]
+    value, se, groups = truncation.shift_noise(measured)
+    assert groups >= 10 and value > 0.2 and value > 2 * se
+    assert truncation.verdict(measured) == (True, True)

@@ -7,12 +7,12 @@ from workbench.core.errors import ParameterError
 from workbench.modeling.tiny import TRAINED_CHECKPOINTS
 
 
-def test_both_tasks_are_registered_with_their_files_lengths_and_checkpoints():
-    assert set(tasks.TASKS) == {"arith", "sums"}
-    arith, sums = tasks.task_info("arith"), tasks.task_info("sums")
+def test_every_task_is_registered_with_its_files_lengths_and_checkpoint():
+    assert set(tasks.TASKS) == {"arith", "sums", "restate"}
+    arith, sums, restate = tasks.task_info("arith"), tasks.task_info("sums"), tasks.task_info("restate")
     assert (arith.train_prompts, arith.test_prompts) == (tasks.TRAIN_PROMPTS, tasks.TEST_PROMPTS)
-    assert arith.max_new_tokens == 8 and sums.max_new_tokens == 48
-    for info in (arith, sums):
+    assert arith.max_new_tokens == 8 and sums.max_new_tokens == 48 and restate.max_new_tokens == 16
+    for info in (arith, sums, restate):
         assert info.train_prompts.exists() and info.test_prompts.exists()
         assert TRAINED_CHECKPOINTS[info.checkpoint] == info.checkpoint_folder
 

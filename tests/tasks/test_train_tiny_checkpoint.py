@@ -82,3 +82,30 @@ def test_the_cards_tokenizer_instruction_gives_the_workbench_ids(shipped):
     plain = PreTrainedTokenizerFast.from_pretrained(str(folder))
     prompts = [p.prompt for p in tasks.load_problems(tasks.task_info("sums").test_prompts)[:64]]
     assert [plain(p)["input_ids"] for p in prompts] == [workbench_tokenizer(p)["input_ids"] for p in prompts]
+
+
+def test_shipped_restate_checkpoint_is_right_part_of_the_time_and_sometimes_goes_on():
+    """``tiny-restate-qwen2``: greedy accuracy in the card's 30-60 % band, and sampled at temperature 1 (as RL samples)
+    it restates its first answer a varying number of times — the room pitfall P11 needs (docs/LEARNING.md, regime E)."""
+    import torch
+
+    from workbench.tasks import restate
+
+    info = tasks.task_info("restate")
+    card = json.loads((info.checkpoint_folder / "training.json").read_text())
+    assert card["task"] == "restate" and card["parameters"] < 3_000_000 and 0.30 <= card["greedy_test_accuracy"] <= 0.60
+    assert "sampled at temperature 1" in card["lengths"] and f"{card['sampled_reward']:.3f}" in (
+        info.checkpoint_folder / "README.md").read_text()
+    model, tokenizer = load("tiny-restate-qwen2")
+    test = tasks.load_problems(info.test_prompts)[:128]
+    rewards, _ = greedy_results(model, tokenizer, test)
+    assert 0.25 <= float(rewards.mean()) <= 0.65
+    _, _, finished = train_tiny_checkpoint.sampled_results(model, tokenizer, test, info.max_new_tokens)
+    assert float(finished.float().mean()) > 0.95  # at its own budget it stops
+    ids, mask = tasks.encode_prompts(tokenizer, [p.prompt for p in test])
+    from workbench.modeling.rollout import sample
+
+    r = sample(model, ids, mask, max_new_tokens=info.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
+    counts = [restate.restatement_count(t) for t in tasks.decode_responses(tokenizer, r.response_ids, r.response_mask)]
+    assert {0, 1, 2} <= set(counts)  # stops at once, restates once, restates twice or more

@@ -1,6 +1,7 @@
 """The tiny models: randomly initialised Llama, Qwen2, GPT-2 (and a Gemma-2-style one, P31, and a Mixtral-style MoE, P30) built
 from configs, and the names of
-the built-in ones (random ``tiny-<arch>`` and the shipped trained ``tiny-arith-*`` and ``tiny-sums-qwen2`` checkpoints).
+the built-in ones (random ``tiny-<arch>`` and the shipped trained ``tiny-arith-*``, ``tiny-sums-qwen2`` and
+``tiny-restate-qwen2`` checkpoints).
 
 Small enough for a laptop CPU (~0.1M parameters, the 64-token character tokenizer). Llama and Qwen2
 use rotary position embeddings (relative: a constant position shift is a no-op); GPT-2 uses learned
@@ -18,11 +19,12 @@ from workbench.modeling.tokenizer import load_char_tokenizer
 ARCHITECTURES = ("llama", "qwen2", "gpt2")
 ROPE_ARCHITECTURES = ("llama", "qwen2")
 
-# Shipped checkpoints trained by scripts/train_tiny_checkpoint.py (supervised; arithmetic and sums tasks, tasks.registry).
+# Shipped checkpoints trained by scripts/train_tiny_checkpoint.py (supervised; the tasks of tasks.registry).
 TRAINED_CHECKPOINTS = {
     "tiny-arith-qwen2": DATA_DIR / "checkpoints" / "tiny-arith-qwen2",
     "tiny-arith-gpt2": DATA_DIR / "checkpoints" / "tiny-arith-gpt2",
     "tiny-sums-qwen2": DATA_DIR / "checkpoints" / "tiny-sums-qwen2",
+    "tiny-restate-qwen2": DATA_DIR / "checkpoints" / "tiny-restate-qwen2",
 }
 # Gemma-2 style (final-logit soft-capping; pitfall P31) is built in but outside ARCHITECTURES, which the S1 sweeps walk.
 SOFTCAP_ARCHITECTURE = "gemma2"

@@ -7,7 +7,12 @@ A_i > 0: the update raises the probability of *not* stopping. The switches live 
 (``score_truncated_as_finished`` = the bug; the fixes: zero reward without EOS — the default —,
 ``mask_truncated_completions`` (TRL), ``missing_eos_penalty`` (TRL; DAPO's overlong shaping)).
 
-``pressure`` measures the mechanism on sampled batches before any update: in groups that mix truncated and
+``budget_profile`` says what a budget cuts on a task before anything is sampled: the share of the supervised
+responses that do not fit with their EOS, and how many of those the task's reward pays when cut there and scored as
+finished (what the bug can pay). On ``arith`` a budget of 3 cuts the 3-character answers right after their last
+digit; on ``restate`` (answers restated 0–3 times, a reward that reads the first answer) a budget of 8 cuts a 2–3
+character answer restated twice or more, long after it was stated. ``pressure`` measures the mechanism on sampled
+batches before any update: in groups that mix truncated and
 finished responses, how much more in-loss advantage the truncated ones get than their finished
 siblings. Positive: the loss pushes towards truncation; ≤ 0: it does not. ``comparison.train_variants`` runs the variants
 and ``plot_training_bands`` draws them.
@@ -22,7 +27,7 @@ import torch
 from workbench.core import losses
 from workbench.experiments import comparison, statistics
 from workbench.modeling.rollout import sample
-from workbench.tasks import encode_prompts, score_responses
+from workbench.tasks import encode_prompts, encode_response, reward, score_responses
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
@@ -37,6 +42,38 @@ def variants(missing_eos_penalty: float = 0.5) -> dict[str, dict]:
         "masked out of the loss": {"mask_truncated_completions": True},
         f"penalised ({missing_eos_penalty})": {"missing_eos_penalty": missing_eos_penalty},
     }
+
+
+def budget_profile(tokenizer, problems, max_new_tokens: int) -> dict:
+    """What ``max_new_tokens`` cuts among the supervised responses (``problem.answer``) of ``problems``:
+
+    * ``cut`` — the share whose tokens and EOS do not fit;
+    * ``paid`` — of those, the share whose first ``max_new_tokens`` tokens the task's reward pays when scored as
+      finished (a truncated copy of a right response: what the bug can reward);
+    * ``went_on`` — of those paid, the share with a shorter prefix the reward already pays as finished: the response
+      had stated a right answer and could have stopped there, so rewarding it rewards *not stopping* (on ``arith`` the
+      cut falls inside or right at the end of the only answer: 0);
+    * ``problems`` — how many were read."""
+    cut = paid = went_on = 0
+    for problem in problems:
+        ids = encode_response(tokenizer, problem.answer, add_eos=False)
+        if len(ids) + 1 <= max_new_tokens:
+            continue
+        cut += 1
+        if reward(tokenizer.decode(ids[:max_new_tokens], skip_special_tokens=True), True, problem) > 0:
+            paid += 1
+            went_on += any(reward(tokenizer.decode(ids[:k], skip_special_tokens=True), True, problem) > 0
+                           for k in range(1, max_new_tokens))
+    return {"problems": len(problems), "cut": cut / len(problems), "paid": paid / cut if cut else 0.0,
+            "went_on": went_on / paid if paid else 0.0}
+
+
+def budget_sentence(profile: dict, task: str, max_new_tokens: int) -> str:
+    """``budget_profile`` in words, for the notebook's setup cell."""
+    return (f"task {task}, budget {max_new_tokens} tokens: {profile['cut']:.1%} of {profile['problems']} supervised responses do "
+            f"not fit with their EOS; {profile['paid']:.1%} of those read as right when cut there and scored as finished "
+            f"(what the bug can pay), and {profile['went_on']:.1%} of these had stated a right answer before the cut and could "
+            "have stopped there (what makes paying them a reward for not stopping).")
 
 
 @torch.no_grad()
@@ -205,6 +242,7 @@ def eos_rate_explorer(runs: dict) -> Explorer:
 
 # Stated before any run (issue 29): a rewarded truncated response gets a positive advantage, so the update raises
 # the probability of not stopping and fewer responses end with EOS than when a truncated response earns nothing.
+# Task: ``restate`` since 2026-11-26 (docs/LEARNING.md, regime E, stated before its run); ``arith`` before it.
 PREDICTION = statistics.Prediction("finished_fraction", "share of responses ending with EOS", "-")
 
 

@@ -3,6 +3,7 @@ them is held-out evaluation: ``workbench.experiments.evaluation``):
 
 * ``arithmetic`` — digit arithmetic: problems, wrong answers, its reward, preference pairs;
 * ``sums`` — running sums of a list written as a scratchpad (long, variable-length responses);
+* ``restate`` — arithmetic whose responses restate the answer 0–3 times (room for truncation after the answer);
 * ``registry`` — the tasks by name (``TASKS``, ``task_info``: files, ``max_new_tokens``, checkpoint) and
   the reward that scores a response by its problem's task;
 * ``files`` — the JSONL data files in ``data/`` (train/test prompts, preference pairs);
@@ -34,6 +35,7 @@ from workbench.tasks.files import (
     rl_problems,
     write_data_files,
     write_jsonl,
+    write_restate_files,
     write_sums_files,
 )
 from workbench.tasks.registry import TASKS, TaskInfo, max_new_tokens_for, reward, task_info
@@ -43,6 +45,6 @@ __all__ = [
     "CHAT_TEMPLATE_MODES", "prompt_ids", "uses_chat_template", "decode_responses", "encode_prompts", "encode_response",
     "score_responses",
     "TEST_PREFERENCES", "TEST_PROMPTS", "TRAIN_PREFERENCES", "TRAIN_PROMPTS", "load_preferences", "load_problems",
-    "problem_row", "read_jsonl", "rl_problems", "write_data_files", "write_jsonl", "write_sums_files",
+    "problem_row", "read_jsonl", "rl_problems", "write_data_files", "write_jsonl", "write_restate_files", "write_sums_files",
     "TASKS", "TaskInfo", "max_new_tokens_for", "task_info",
 ]

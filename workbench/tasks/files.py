@@ -1,7 +1,7 @@
-"""The tasks' data files in ``data/``: held-out train/test prompts (both tasks) and preference pairs (arithmetic) as JSONL.
+"""The tasks' data files in ``data/``: held-out train/test prompts (every task) and preference pairs (arithmetic) as JSONL.
 
-Made by ``python scripts/make_data.py`` (``write_data_files``, ``write_sums_files``). ``python -m workbench train --data``
-points the same readers at user files, so every defect is an ``InputError`` of the form
+Made by ``python scripts/make_data.py`` (``write_data_files``, ``write_sums_files``, ``write_restate_files``).
+``python -m workbench train --data`` points the same readers at user files, so every defect is an ``InputError`` of the form
 ``FILE:LINE: problem. fix``: a missing or empty file, bytes that are not UTF-8, a line that is not
 JSON, a row that is not an object, a row without the keys its kind needs (named, with the keys
 found), a value that is not a string. Line numbers are the file's own (1-based, blank lines counted).
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from workbench.core.errors import InputError
 from workbench.core.paths import DATA_DIR
-from workbench.tasks import sums
+from workbench.tasks import restate, sums
 from workbench.tasks.arithmetic import Problem, make_preferences, split_problems
 from workbench.tasks.registry import TASKS, task_info
 
@@ -148,5 +148,13 @@ def write_sums_files() -> None:
     """The sums task's files: train/test prompts (``tasks.sums.split_problems``, seed 0, disjoint)."""
     train, test = sums.split_problems()
     info = task_info("sums")
+    write_jsonl(info.train_prompts, [problem_row(p) for p in train])
+    write_jsonl(info.test_prompts, [problem_row(p) for p in test])
+
+
+def write_restate_files() -> None:
+    """The restate task's files: the arithmetic split, each response restated by ``tasks.restate.split_problems``."""
+    train, test = restate.split_problems()
+    info = task_info("restate")
     write_jsonl(info.train_prompts, [problem_row(p) for p in train])
     write_jsonl(info.test_prompts, [problem_row(p) for p in test])

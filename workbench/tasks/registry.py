@@ -1,7 +1,8 @@
 """The tasks by name: what a trainer, an evaluation or a script needs to know about each one.
 
 ``TASKS["arith"]`` is the digit arithmetic of ``tasks.arithmetic`` (answers of 1–3 characters);
-``TASKS["sums"]`` the running sums of ``tasks.sums`` (scratchpad responses of 8–37 tokens). A
+``TASKS["sums"]`` the running sums of ``tasks.sums`` (scratchpad responses of 8–37 tokens);
+``TASKS["restate"]`` the arithmetic of ``tasks.restate``, whose responses restate the answer 0–3 times. A
 ``TaskInfo`` names the task's prompt files in ``data/``, the ``max_new_tokens`` its held-out evaluation
 decodes (room for its longest correct response), its default shipped checkpoint (a built-in name of
 ``workbench.modeling.models.load``) and its reward. ``reward`` scores a response by ``problem.task``,
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from workbench.core.errors import ParameterError
 from workbench.core.paths import DATA_DIR
-from workbench.tasks import arithmetic, sums
+from workbench.tasks import arithmetic, restate, sums
 from workbench.tasks.arithmetic import Problem
 
 
@@ -58,6 +59,15 @@ TASKS = {
         max_new_tokens=48,  # the longest correct response is 37 tokens: room for a policy that rambles a little
         checkpoint="tiny-sums-qwen2",
         reward=sums.reward,
+    ),
+    "restate": TaskInfo(
+        name="restate",
+        description='digit arithmetic, the answer restated 0-3 times: "47+8=" -> "55 55" (the reward reads the first answer)',
+        train_prompts=DATA_DIR / "restate_train.jsonl",
+        test_prompts=DATA_DIR / "restate_test.jsonl",
+        max_new_tokens=16,  # the longest supervised response: "-99 -99 -99 -99" + EOS
+        checkpoint="tiny-restate-qwen2",
+        reward=restate.reward,
     ),
 }
 
