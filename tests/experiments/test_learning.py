@@ -46,6 +46,14 @@ def test_gain_larger_than_seed_noise_only_when_it_is():
         statistics.gain({"a": [[{"step": 0, "x": 1.0}]]}, "a")
 
 
+def test_an_effect_without_spread_is_not_called_larger():
+    """Every seed moved held-out accuracy by exactly the same amount (a discrete metric: the same prompts flipped): the
+    s.e. is 0, so the t threshold has nothing to scale and the verdict is not "larger" (notebook 11, 2026-11-26: +0.005 ± 0)."""
+    same = statistics.gain({"a": _runs([0.5, 0.5, 0.5], [0.75, 0.75, 0.75])}, "a")
+    assert same.noise == 0 and same.difference == 0.25 and not same.larger_than_noise
+    assert "every seed gave the same difference" in same.sentence() and "not larger than seed noise" in same.sentence()
+
+
 def test_effect_at_start_separates_a_step0_gap_from_learning():
     # the bug starts 0.5 higher and the gap closes: present at step 0, absent at the end
     bug = [[{"step": i, "r": 0.5 * (i == 0) + 0.01 * s} for i in range(8)] for s in range(3)]
@@ -83,11 +91,12 @@ def test_train_variants_on_all_prompts_records_held_out_accuracy():
 
 
 def test_drift_of_a_key_against_seed_noise():
-    rising = [[{"step": i, "x": i * 0.1 + 0.01 * s} for i in range(8)] for s in range(3)]
+    rising = [[{"step": i, "x": i * (0.1 + 0.001 * s) + 0.01 * s} for i in range(8)] for s in range(3)]  # slopes differ a little
     wobbling = [[{"step": i, "x": (0.05, -0.05, 0.0)[s] * (i > 0)} for i in range(8)] for s in range(3)]
     runs = {"up": rising, "flat": wobbling}
     up = statistics.drift(runs, "up", "x")
-    assert up.larger_than_noise and up.fix == pytest.approx(0.01) and up.bug == pytest.approx(0.65 + 0.01)
+    assert up.larger_than_noise and up.fix == pytest.approx(0.01) and up.bug == pytest.approx(6.5 * 0.101 + 0.01)
+    assert not statistics.drift({"same": [rising[0]] * 3}, "same", "x").larger_than_noise  # no spread: nothing to test against
     assert not statistics.drift(runs, "flat", "x").larger_than_noise
     assert not statistics.drift({"one": rising[:1]}, "one", "x").larger_than_noise  # one seed: no noise estimate
 

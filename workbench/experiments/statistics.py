@@ -93,7 +93,10 @@ class Effect:
                       else "one seed: no noise estimate")
         verdict = "larger than" if self.larger_than_noise else "not larger than"
         verdict += " seed noise" if self.seeds > 1 else " the noise"
-        if not self.larger_than_noise:
+        if not self.larger_than_noise and self.noise == 0:  # e.g. a held-out accuracy that moved by the same prompts in every seed
+            verdict += (" — every seed gave the same difference" if self.seeds > 1 else " — the metric did not vary") + (
+                ", so there is no spread to test it against and it is not called larger")
+        elif not self.larger_than_noise:
             verdict += (f" — no effect larger than {self.mde:.2g}{unit} could be seen" if math.isfinite(self.mde)
                         else " — without a noise estimate no effect can be called larger")
         a, b = self.names
@@ -103,14 +106,17 @@ class Effect:
 
 def _paired(key: str, a, b, names: tuple[str, str], threshold: float, noise: float | None = None) -> Effect:
     """a − b per seed (paired: same seed, same prompts), its mean against ``noise`` — by default the
-    standard error over seeds (one seed: none) — and counted as real beyond ``threshold`` × noise."""
+    standard error over seeds (one seed: none) — and counted as real beyond ``threshold`` × noise. A noise of
+    exactly 0 (every seed gave the same difference: a discrete metric such as greedy accuracy that moved by the
+    same prompts in each run) leaves nothing to test against: never called larger."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     n = len(a)
     if noise is None:
         noise = float(np.std(a - b, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
     difference = float(np.mean(a - b))
     return Effect(key=key, bug=float(np.mean(a)), fix=float(np.mean(b)), difference=difference, noise=noise, seeds=n,
-                  larger_than_noise=bool(np.isfinite(noise) and abs(difference) > threshold * noise), threshold=threshold, names=names,
+                  larger_than_noise=bool(np.isfinite(noise) and noise > 0 and abs(difference) > threshold * noise),
+                  threshold=threshold, names=names,
                   mde=float(threshold * noise))
 
 
