@@ -149,7 +149,7 @@ def test_tokenizer_without_pad_token_names_the_fix(tmp_path):
         pad_policy.check_tokenizer(loaded)
 
 
-@pytest.mark.parametrize("name", ["tiny-arith-qwen2", "tiny-arith-gpt2", "tiny-sums-qwen2"])
+@pytest.mark.parametrize("name", ["tiny-arith-qwen2", "tiny-arith-gpt2", "tiny-sums-qwen2", "tiny-restate-qwen2"])
 def test_trained_checkpoints_tokenize_like_the_shipped_tokenizer(name, tokenizer):
     """AutoTokenizer would read a qwen2 folder as Qwen2Tokenizer: spaces dropped, no lowercasing (the sums
     prompts have spaces). The loader reads the class the folder names instead."""

@@ -10,7 +10,7 @@ A run writes checkpoints atomically into ``--output-dir``; running the same comm
 from the latest one (weights, optimiser, RNG and history), so a killed run finishes with exactly the
 numbers an uninterrupted run would have given. The final history goes to ``history.json``.
 
-``--task`` picks the task (``arith`` or ``sums``, ``workbench.tasks.registry.TASKS``): its training prompts
+``--task`` picks the task (``arith``, ``sums`` or ``restate``, ``workbench.tasks.registry.TASKS``): its training prompts
 (unless ``--data``), its shipped checkpoint (unless ``--model``) and, for PPO/GRPO, its response budget
 ``max_new_tokens`` (unless set): ``train grpo --task sums`` trains ``tiny-sums-qwen2`` on the scratchpad sums with
 room for their 8-37-token responses. DPO needs preference pairs, which only ``arith`` ships (a ``--data`` file of
@@ -174,11 +174,11 @@ def log_each_step(trainer, writer, observer=None) -> None:
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=tuple(TASKS), default="arith",
-                        help="arith (answers of 1-3 characters) or sums (scratchpad responses of 8-37 tokens): the "
-                             "default data, checkpoint and max_new_tokens")
+                        help="arith (answers of 1-3 characters), sums (scratchpad responses of 8-37 tokens) or restate "
+                             "(answers restated 0-3 times): the default data, checkpoint and max_new_tokens")
     parser.add_argument("--model", default=None,
-                        help="built-in name or local checkpoint folder (default: the task's checkpoint, tiny-arith-qwen2 "
-                             "or tiny-sums-qwen2)")
+                        help="built-in name or local checkpoint folder (default: the task's checkpoint, tiny-arith-qwen2, "
+                             "tiny-sums-qwen2 or tiny-restate-qwen2)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, …")
     parser.add_argument("--pad-token", default="auto",
                         help="auto: the tokenizer's, else a safe choice (printed; never EOS); or a token, added if new")

@@ -18,7 +18,7 @@ def greedy_results(model, tokenizer, problems: list[Problem], *, max_new_tokens:
                    batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rewards, lengths)`` of greedy responses to ``problems`` (stopped at EOS), one entry per problem:
     the task reward and the response's token count (EOS included when produced). ``max_new_tokens`` None:
-    the task's (``tasks.registry``: 8 for arithmetic, 48 for sums)."""
+    the task's (``tasks.registry``: 8 for arithmetic, 48 for sums, 16 for restate)."""
     max_new_tokens = max_new_tokens_for(problems) if max_new_tokens is None else max_new_tokens
     rewards, lengths = [], []
     for start in range(0, len(problems), batch_size):

@@ -1,5 +1,5 @@
-"""Supervised fine-tuning on a task (``tasks.registry``): how the shipped ``tiny-arith-*`` and ``tiny-sums-qwen2``
-checkpoints are made (``scripts/train_tiny_checkpoint.py``).
+"""Supervised fine-tuning on a task (``tasks.registry``): how the shipped ``tiny-arith-*``, ``tiny-sums-qwen2`` and
+``tiny-restate-qwen2`` checkpoints are made (``scripts/train_tiny_checkpoint.py``).
 
 Each example is ``<bos> prompt answer <eos>``, right-padded; the loss is the token mean of the
 negative log-likelihood over answer tokens and EOS only (prompt tokens are masked). Training is
