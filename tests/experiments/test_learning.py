@@ -50,8 +50,13 @@ def test_an_effect_without_spread_is_not_called_larger():
     """Every seed moved held-out accuracy by exactly the same amount (a discrete metric: the same prompts flipped): the
     s.e. is 0, so the t threshold has nothing to scale and the verdict is not "larger" (notebook 11, 2026-11-26: +0.005 ± 0)."""
     same = statistics.gain({"a": _runs([0.5, 0.5, 0.5], [0.75, 0.75, 0.75])}, "a")
-    assert same.noise == 0 and same.difference == 0.25 and not same.larger_than_noise
-    assert "every seed gave the same difference" in same.sentence() and "not larger than seed noise" in same.sentence()
+    assert same.noise == 0 and same.difference == 0.25 and not same.larger_than_noise and same.no_spread
+    assert math.isnan(same.mde)  # no detectable-effect size: not "no effect > 0"
+    assert "every seed gave the same difference" in same.sentence() and "not testable" in same.sentence()
+    record = statistics.prediction(same, "held-out accuracy", "+", "arith")
+    assert record["larger"] is False and record["agrees"] is False and record["mde"] == "nan"
+    assert statistics.prediction_verdict(record) == ("null", "not testable: no spread over seeds (s.e. 0)")
+    assert "s.e. 0: no spread" in statistics.prediction_sentence(record) and "= 0" not in statistics.prediction_sentence(record)
 
 
 def test_effect_at_start_separates_a_step0_gap_from_learning():

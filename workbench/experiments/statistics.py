@@ -79,23 +79,31 @@ class Effect:
     mde: float = float("nan")  # threshold × noise: the smallest |effect| that could be called larger
 
     def __post_init__(self):
-        if not math.isfinite(self.mde):
+        if not math.isfinite(self.mde) and self.noise != 0:  # noise 0: no spread, no detectable-effect size (NaN)
             self.mde = float(self.threshold * self.noise)
+
+    @property
+    def no_spread(self) -> bool:
+        """The noise is exactly 0 (every seed gave the same difference; with one seed, the difference did not vary
+        from step to step): there is nothing to test the effect against, so it is never called larger."""
+        return self.noise == 0
 
     def sentence(self, unit: str = "") -> str:
         """One line: both sides, the effect ± noise, the threshold and the verdict; a null names the
         largest effect it rules out ("no effect larger than <mde> could be seen")."""
         unit = f" {unit}" if unit else ""
-        if self.seeds > 1:
+        if self.no_spread:
+            source = (f"s.e. over {self.seeds} seeds 0: every seed gave the same difference" if self.seeds > 1
+                      else "one seed, the difference did not vary from step to step")
+        elif self.seeds > 1:
             source = f"s.e. over {self.seeds} seeds; 95 % needs |effect| > {self.threshold:.2f} s.e. = {self.mde:.2g}"
         else:
             source = (f"one seed, step-to-step std; needs > {self.threshold:.0f} std = {self.mde:.2g}" if math.isfinite(self.noise)
                       else "one seed: no noise estimate")
         verdict = "larger than" if self.larger_than_noise else "not larger than"
         verdict += " seed noise" if self.seeds > 1 else " the noise"
-        if not self.larger_than_noise and self.noise == 0:  # e.g. a held-out accuracy that moved by the same prompts in every seed
-            verdict += (" — every seed gave the same difference" if self.seeds > 1 else " — the metric did not vary") + (
-                ", so there is no spread to test it against and it is not called larger")
+        if self.no_spread:  # e.g. a held-out accuracy that moved by the same net count of prompts in every seed
+            verdict = "not testable: no spread to test it against, so not called larger"
         elif not self.larger_than_noise:
             verdict += (f" — no effect larger than {self.mde:.2g}{unit} could be seen" if math.isfinite(self.mde)
                         else " — without a noise estimate no effect can be called larger")
@@ -108,7 +116,7 @@ def _paired(key: str, a, b, names: tuple[str, str], threshold: float, noise: flo
     """a − b per seed (paired: same seed, same prompts), its mean against ``noise`` — by default the
     standard error over seeds (one seed: none) — and counted as real beyond ``threshold`` × noise. A noise of
     exactly 0 (every seed gave the same difference: a discrete metric such as greedy accuracy that moved by the
-    same prompts in each run) leaves nothing to test against: never called larger."""
+    same net count of prompts in each run) leaves nothing to test against: never called larger, MDE NaN."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     n = len(a)
     if noise is None:
@@ -117,7 +125,7 @@ def _paired(key: str, a, b, names: tuple[str, str], threshold: float, noise: flo
     return Effect(key=key, bug=float(np.mean(a)), fix=float(np.mean(b)), difference=difference, noise=noise, seeds=n,
                   larger_than_noise=bool(np.isfinite(noise) and noise > 0 and abs(difference) > threshold * noise),
                   threshold=threshold, names=names,
-                  mde=float(threshold * noise))
+                  mde=float(threshold * noise) if noise != 0 else float("nan"))
 
 
 def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, fraction: float = 0.25,
@@ -241,13 +249,15 @@ def recorded_number(value) -> float:
 
 def prediction_verdict(record: dict) -> tuple[str, str]:
     """``(kind, text)`` of a ``prediction`` record, chosen by its numbers only: "as predicted" (larger than the
-    noise with the predicted sign), "opposite" (larger, the other sign) or "null" ("no effect > MDE", or no noise
-    estimate with one seed)."""
+    noise with the predicted sign), "opposite" (larger, the other sign) or "null" ("no effect > MDE", no noise
+    estimate with one seed, or no spread at all: s.e. 0, "not testable")."""
     effect, mde = recorded_number(record.get("effect")), recorded_number(record.get("mde"))
     if record.get("larger") is True:
         if ("+" if effect > 0 else "-") == record.get("direction"):
             return "as predicted", "larger, as predicted"
         return "opposite", "larger, opposite to the prediction"
+    if recorded_number(record.get("se")) == 0:
+        return "null", "not testable: no spread over seeds (s.e. 0)"
     return "null", (f"no effect > {mde:.3g}" if math.isfinite(mde) else "no effect seen (no noise estimate)")
 
 
@@ -260,8 +270,9 @@ def prediction_sentence(record: dict, unit: str = "") -> str:
     threshold, mde = recorded_number(record.get("threshold")), recorded_number(record.get("mde"))
     sign = ">" if record.get("direction") == "+" else "<"
     _, text = prediction_verdict(record)
+    power = "s.e. 0: no spread" if se == 0 else f"needs > {threshold:.2f} s.e. = {mde:.2g}{unit}"
     return (f"predicted on {record.get('task')}: {record.get('consequence')}, bug − fix {sign} 0; measured "
-            f"{effect:+.3g} ± {se:.2g}{unit} ({record.get('seeds')} seed(s), needs > {threshold:.2f} s.e. = {mde:.2g}{unit}): {text}")
+            f"{effect:+.3g} ± {se:.2g}{unit} ({record.get('seeds')} seed(s), {power}): {text}")
 
 
 @dataclass(frozen=True)

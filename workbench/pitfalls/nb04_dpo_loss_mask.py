@@ -163,6 +163,8 @@ def heldout_explanation(heldout: Effect, chosen: Effect, rejected: Effect) -> st
                f"{heldout.noise:.3f}); on held-out pairs log p(chosen) {chosen.fix:.2f} → {chosen.bug:.2f} nats "
                f"({chosen.difference:+.2f} ± {chosen.noise:.2f}), log p(rejected) {rejected.fix:.2f} → {rejected.bug:.2f} "
                f"({rejected.difference:+.2f} ± {rejected.noise:.2f}), {chosen.seeds} seed(s)")
+    if heldout.no_spread:
+        return numbers + ": held-out accuracy moved by the same amount in every seed, so there is no spread to test it against."
     if not heldout.larger_than_noise:
         return numbers + ": no change in held-out accuracy beyond the seed noise."
     if heldout.difference < 0 and chosen.larger_than_noise and chosen.difference < 0:
