@@ -9,6 +9,7 @@ Deterministic (fixed seeds): rerunning rewrites the same bytes.
 import argparse
 
 from workbench.tasks import (
+    TASKS,
     TEST_PREFERENCES,
     TEST_PROMPTS,
     TRAIN_PREFERENCES,
@@ -21,7 +22,7 @@ from workbench.tasks import (
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", choices=["arith", "sums", "restate", "all"], default="all")
+    parser.add_argument("--task", choices=[*TASKS, "all"], default="all")
     args = parser.parse_args()
     written = []
     if args.task in ("arith", "all"):

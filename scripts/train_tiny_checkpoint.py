@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from workbench.core.paths import DATA_DIR
 from workbench.experiments.evaluation import greedy_results
 from workbench.modeling.models import count_parameters, save
 from workbench.modeling.rollout import sample
@@ -43,6 +44,14 @@ DEFAULTS = {
     ("restate", "qwen2"): dict(steps=400, lr=3e-3),
 }
 EVAL_PROBLEMS = {"arith": None, "sums": 500, "restate": None}  # held-out problems scored for the card (None: the whole test file)
+
+
+def output_folder(task: str, arch: str) -> Path:
+    """The default ``--out``: ``data/checkpoints/tiny-<task>-<arch>``, the built-in's folder when one is shipped under
+    that name — never the task's default checkpoint of another architecture (``--arch llama`` would otherwise have
+    written into ``tiny-arith-qwen2``)."""
+    name = f"tiny-{task}-{arch}"
+    return TRAINED_CHECKPOINTS.get(name, DATA_DIR / "checkpoints" / name)
 
 
 def spread(values: list[int]) -> dict:
@@ -106,7 +115,7 @@ Response lengths in tokens (EOS included when produced), on the same held-out pr
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", choices=["arith", "sums", "restate"], default="arith")
+    parser.add_argument("--task", choices=list(SIZES), default="arith")
     parser.add_argument("--arch", choices=["qwen2", "gpt2", "llama"], default="qwen2")
     parser.add_argument("--steps", type=int, default=None, help="default: per task and architecture, see DEFAULTS")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -143,7 +152,7 @@ def main(argv=None) -> dict:
     test = load_problems(info.test_prompts)[:n_eval]
     rewards, lengths = greedy_results(model, tokenizer, test)
     sampled_rewards, sampled_lengths, sampled_finished = sampled_results(model, tokenizer, test, info.max_new_tokens)
-    out = Path(args.out) if args.out else TRAINED_CHECKPOINTS.get(name, info.checkpoint_folder)
+    out = Path(args.out) if args.out else output_folder(args.task, args.arch)
     save(model, tokenizer, out)
     reference = [len(tokenizer(p.answer, add_special_tokens=False)["input_ids"]) + 1 for p in test]
     generated = lengths.tolist()

@@ -1,5 +1,8 @@
 """nb11_truncated_responses: metrics(), figures and the EOS-rate explorer."""
 
+import math
+
+import pytest
 from pitfall_fakes import axes, check_metrics, drew, fake_runs
 
 from workbench.experiments.checkpoints import load
@@ -97,18 +100,26 @@ def test_without_group_gaps_the_threshold_alone_decides():
 
 def test_budget_profile_counts_what_the_budget_cuts_and_what_the_bug_can_pay(tokenizer):
     """Hand-counted: at budget 8, "55 55 55" (8 characters + EOS) is cut after a right "55" it could have stopped at;
-    "123 123" + EOS fits; "-99 -99 -99" is cut inside its third copy, right when read by its first answer. On arith at
-    budget 3, "123" is cut right after its only answer: paid, but it never went on."""
+    "123 123" + EOS fits; "-99 -99 -99" is cut just before its third copy ("-99 -99 "), right when read by its first
+    answer; a wrong-looking "x5 5 5 5 5" (first field not an integer) is cut and not paid. On arith at budget 3, "123"
+    is cut right after its only answer: paid, but it never went on, and no right response fits with its EOS."""
     from workbench.tasks import arithmetic, restate
 
     problems = [restate.make_problem("47+8=", "55", 2), restate.make_problem("99+24=", "123", 1),
-                restate.make_problem("0-99=", "-99", 2), restate.make_problem("1+1=", "2", 0)]
-    assert truncation.budget_profile(tokenizer, problems, 8) == {"problems": 4, "cut": 0.5, "paid": 1.0, "went_on": 1.0}
+                restate.make_problem("0-99=", "-99", 2), restate.make_problem("1+1=", "2", 0),
+                arithmetic.Problem("2+3=", "x5 5 5 5 5", task="restate")]
+    profile = truncation.budget_profile(tokenizer, problems, 8)
+    assert profile == {"problems": 5, "cut": 0.6, "paid": 2 / 3, "went_on": 1.0, "unfinishable": 0.2}
     arith = [arithmetic.Problem("99+24=", "123"), arithmetic.Problem("47+8=", "55")]
-    assert truncation.budget_profile(tokenizer, arith, 3) == {"problems": 2, "cut": 0.5, "paid": 1.0, "went_on": 0.0}
-    assert truncation.budget_profile(tokenizer, arith, 8) == {"problems": 2, "cut": 0.0, "paid": 0.0, "went_on": 0.0}
-    sentence = truncation.budget_sentence({"problems": 4, "cut": 0.5, "paid": 1.0, "went_on": 1.0}, "restate", 8)
-    assert "50.0% of 4 supervised responses" in sentence and "budget 8 tokens" in sentence
+    assert truncation.budget_profile(tokenizer, arith, 3) == {"problems": 2, "cut": 0.5, "paid": 1.0, "went_on": 0.0,
+                                                               "unfinishable": 0.5}
+    nothing = truncation.budget_profile(tokenizer, arith, 8)
+    assert nothing["cut"] == 0.0 and nothing["unfinishable"] == 0.0 and math.isnan(nothing["paid"]) and math.isnan(nothing["went_on"])
+    assert "% of those" not in truncation.budget_sentence(nothing, "arith", 8)  # nothing cut: no shares of nothing
+    sentence = truncation.budget_sentence(profile, "restate", 8)
+    assert "60.0% of 5 supervised responses" in sentence and "66.7% of those" in sentence and "20.0% of the problems" in sentence
+    with pytest.raises(ValueError, match="at least one problem"):
+        truncation.budget_profile(tokenizer, [], 8)
 
 
 def test_on_the_restate_checkpoint_the_bug_pays_responses_that_went_on_past_their_answer():

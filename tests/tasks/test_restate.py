@@ -47,10 +47,13 @@ def test_negative_answers_and_the_arithmetic_rule_unchanged():
 
 
 def test_lengths_span_2_to_16_tokens_and_round_trip(tokenizer):
+    train, test = restate.split_problems()
     extremes = [restate.make_problem("1*0=", "0", 0), restate.make_problem("0-99=", "-99", 3)]
-    _, test = restate.split_problems()
+    assert [restate.response_tokens(p) for p in extremes] == [2, 16]
+    # the data's own lengths: (answer characters + 1) × (restatements + 1) for answers of 1-3 characters, 0-3 restatements
+    assert {restate.response_tokens(p) for p in train + test} == {2, 3, 4, 6, 8, 9, 12, 16}
     lengths = []
-    for p in test + extremes:
+    for p in test:
         ids = tokenizer(p.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         assert len(ids) == restate.response_tokens(p)
         assert tokenizer.decode(ids, skip_special_tokens=True) == p.answer

@@ -109,3 +109,12 @@ def test_shipped_restate_checkpoint_is_right_part_of_the_time_and_sometimes_goes
                pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
     counts = [restate.restatement_count(t) for t in tasks.decode_responses(tokenizer, r.response_ids, r.response_mask)]
     assert {0, 1, 2} <= set(counts)  # stops at once, restates once, restates twice or more
+
+
+def test_the_default_output_is_the_task_and_architecture_folder_never_another_checkpoint():
+    from workbench.core.paths import DATA_DIR
+
+    assert train_tiny_checkpoint.output_folder("arith", "qwen2") == tasks.task_info("arith").checkpoint_folder
+    assert train_tiny_checkpoint.output_folder("restate", "qwen2") == tasks.task_info("restate").checkpoint_folder
+    assert train_tiny_checkpoint.output_folder("arith", "llama") == DATA_DIR / "checkpoints" / "tiny-arith-llama"
+    assert train_tiny_checkpoint.output_folder("restate", "gpt2") == DATA_DIR / "checkpoints" / "tiny-restate-gpt2"

@@ -53,27 +53,44 @@ def budget_profile(tokenizer, problems, max_new_tokens: int) -> dict:
     * ``went_on`` — of those paid, the share with a shorter prefix the reward already pays as finished: the response
       had stated a right answer and could have stopped there, so rewarding it rewards *not stopping* (on ``arith`` the
       cut falls inside or right at the end of the only answer: 0);
-    * ``problems`` — how many were read."""
-    cut = paid = went_on = 0
+    * ``unfinishable`` — of all problems, the share with no right response that fits with its EOS (no prefix of at
+      most ``max_new_tokens − 1`` tokens is paid as finished): under "zero reward without EOS" such a problem can
+      earn nothing at all, under the bug its cut answer is paid — a difference that is not about stopping;
+    * ``problems`` — how many were read. ``cut``, ``paid`` and ``went_on`` are NaN when there is nothing to count."""
+    if not problems:
+        raise ValueError("budget_profile needs at least one problem")
+    cut = paid = went_on = unfinishable = 0
     for problem in problems:
         ids = encode_response(tokenizer, problem.answer, add_eos=False)
+
+        def paid_as_finished(k: int, ids=ids, problem=problem) -> bool:
+            return reward(tokenizer.decode(ids[:k], skip_special_tokens=True), True, problem) > 0
+
+        stops_right = any(paid_as_finished(k) for k in range(1, min(len(ids), max_new_tokens - 1) + 1))
+        unfinishable += not stops_right
         if len(ids) + 1 <= max_new_tokens:
             continue
         cut += 1
-        if reward(tokenizer.decode(ids[:max_new_tokens], skip_special_tokens=True), True, problem) > 0:
+        if paid_as_finished(max_new_tokens):
             paid += 1
-            went_on += any(reward(tokenizer.decode(ids[:k], skip_special_tokens=True), True, problem) > 0
-                           for k in range(1, max_new_tokens))
-    return {"problems": len(problems), "cut": cut / len(problems), "paid": paid / cut if cut else 0.0,
-            "went_on": went_on / paid if paid else 0.0}
+            went_on += stops_right
+    nan = float("nan")
+    return {"problems": len(problems), "cut": cut / len(problems), "paid": paid / cut if cut else nan,
+            "went_on": went_on / paid if paid else nan, "unfinishable": unfinishable / len(problems)}
 
 
 def budget_sentence(profile: dict, task: str, max_new_tokens: int) -> str:
     """``budget_profile`` in words, for the notebook's setup cell."""
-    return (f"task {task}, budget {max_new_tokens} tokens: {profile['cut']:.1%} of {profile['problems']} supervised responses do "
-            f"not fit with their EOS; {profile['paid']:.1%} of those read as right when cut there and scored as finished "
-            f"(what the bug can pay), and {profile['went_on']:.1%} of these had stated a right answer before the cut and could "
-            "have stopped there (what makes paying them a reward for not stopping).")
+    head = (f"task {task}, budget {max_new_tokens} tokens: {profile['cut']:.1%} of {profile['problems']} supervised responses "
+            "do not fit with their EOS")
+    if profile["cut"] > 0:
+        head += (f"; {profile['paid']:.1%} of those read as right when cut there and scored as finished (what the bug can "
+                 "pay)")
+        if profile["paid"] > 0:
+            head += (f", and {profile['went_on']:.1%} of these had stated a right answer before the cut and could have "
+                     "stopped there (what makes paying them a reward for not stopping)")
+    return head + (f". {profile['unfinishable']:.1%} of the problems have no right response that fits with its EOS (zero reward "
+                   "without EOS gives them nothing to learn from; the bug pays their cut answers).")
 
 
 @torch.no_grad()

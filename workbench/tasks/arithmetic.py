@@ -19,7 +19,7 @@ from dataclasses import dataclass
 class Problem:
     """One question: ``prompt`` (e.g. ``"47+8="``), its correct response ``answer`` (``"55"``; the text SFT
     trains on and a preference pair's chosen side) and the ``task`` it belongs to (``"arith"`` here,
-    ``"sums"`` for ``tasks.sums``; ``tasks.registry.reward`` scores a response by it)."""
+    ``"sums"`` for ``tasks.sums``, ``"restate"`` for ``tasks.restate``; ``tasks.registry.reward`` scores a response by it)."""
 
     prompt: str
     answer: str
