@@ -77,3 +77,33 @@ def test_data_files_are_the_arithmetic_split_restated_reproducibly():
     assert set(counts) == set(restate.RESTATEMENTS)
     for k, w in zip(restate.RESTATEMENTS, restate.RESTATEMENT_WEIGHTS, strict=True):
         assert abs(counts[k] / len(train) - w) < 0.015, (k, counts[k] / len(train))
+
+
+@pytest.mark.parametrize("task, answer, message", [
+    ("restate", "x 55", r"p.jsonl:2: the restate answer 'x 55' does not start with an integer"),
+    ("restate", "", r"p.jsonl:2: the restate answer '' does not start with an integer"),
+    ("sums", "3 8 17", r"p.jsonl:2: the sums answer '3 8 17' has no integer after the marker ';'"),
+    ("sums", "3 8 ; x", r"p.jsonl:2: the sums answer '3 8 ; x' has no integer after the marker"),
+])
+def test_a_data_row_whose_answer_the_task_cannot_score_names_file_line_and_fix(tmp_path, task, answer, message):
+    """Caught when the file is read, not as an IndexError or ValueError in the middle of a training run's scoring."""
+    import json
+
+    from workbench.core.errors import InputError
+
+    path = tmp_path / "p.jsonl"
+    good = {"prompt": "1+1=", "answer": "2 2", "task": "restate"} if task == "restate" else {
+        "prompt": "sum 1 2 =", "answer": "1 3 ; 3", "task": "sums"}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({"prompt": good["prompt"], "answer": answer, "task": task}) + "\n")
+    with pytest.raises(InputError, match=message) as exc:
+        tasks.load_problems(path)
+    assert "e.g." in str(exc.value)
+    assert tasks.load_problems(_one_row(tmp_path, good))[0].task == task  # the same row with a scorable answer loads
+
+
+def _one_row(tmp_path, row):
+    import json
+
+    path = tmp_path / "ok.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    return path

@@ -113,6 +113,9 @@ def load_problems(path: str | Path = TRAIN_PROMPTS) -> list[Problem]:
         if task not in TASKS:
             raise InputError(f"{path}:{number}: task {task!r} is not a task of the workbench. Write one of "
                              f"{', '.join(map(repr, TASKS))}, or leave 'task' out for arithmetic.")
+        why = TASKS[task].answer_error(row["answer"])
+        if why is not None:
+            raise InputError(f"{path}:{number}: {why} (the task's reward reads it; task {task!r}).")
         problems.append(Problem(row["prompt"], row["answer"], task))
     return problems
 

@@ -25,7 +25,8 @@ from workbench.tasks.arithmetic import Problem
 class TaskInfo:
     """One task: its name, a one-line description, train/test prompt files (JSONL), the greedy
     evaluation's ``max_new_tokens``, the default checkpoint's built-in name and the reward function
-    ``reward(response_text, finished, problem) -> float``."""
+    ``reward(response_text, finished, problem) -> float``; ``answer_error(answer) -> str | None`` says why a data
+    row's answer cannot be scored on the task (None: it can), checked when a data file is read."""
 
     name: str
     description: str
@@ -34,6 +35,7 @@ class TaskInfo:
     max_new_tokens: int
     checkpoint: str
     reward: Callable[[str, bool, Problem], float]
+    answer_error: Callable[[str], str | None] = lambda answer: None  # arith: any text is compared exactly
 
     @property
     def checkpoint_folder(self) -> Path:
@@ -59,6 +61,7 @@ TASKS = {
         max_new_tokens=48,  # the longest correct response is 37 tokens: room for a policy that rambles a little
         checkpoint="tiny-sums-qwen2",
         reward=sums.reward,
+        answer_error=sums.answer_error,
     ),
     "restate": TaskInfo(
         name="restate",
@@ -68,6 +71,7 @@ TASKS = {
         max_new_tokens=16,  # the longest supervised response: "-99 -99 -99 -99" + EOS
         checkpoint="tiny-restate-qwen2",
         reward=restate.reward,
+        answer_error=restate.answer_error,
     ),
 }
 

@@ -62,6 +62,14 @@ def first_answer(response_text: str) -> str | None:
     return first if digits.isdigit() and digits.isascii() else None
 
 
+def answer_error(answer: str) -> str | None:
+    """Why a data row's ``answer`` cannot be scored on this task (its first field must be an integer), or None;
+    ``files.load_problems`` reports it with the file and line."""
+    if first_answer(answer) is None:
+        return f"the restate answer {answer!r} does not start with an integer; write the answer, restated or not, e.g. '55 55'"
+    return None
+
+
 def restatement_count(response_text: str) -> int:
     """How many fields follow the first one (0 for a response that stopped at its answer)."""
     return max(len(response_text.split()) - 1, 0)

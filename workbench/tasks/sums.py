@@ -70,6 +70,15 @@ def target(problem: Problem) -> str:
     return problem.answer.split(MARKER, 1)[1].strip()
 
 
+def answer_error(answer: str) -> str | None:
+    """Why a data row's ``answer`` cannot be scored on this task (its total must be an integer after the marker), or
+    None; ``files.load_problems`` reports it with the file and line."""
+    if final_answer(answer) is None:
+        return (f"the sums answer {answer!r} has no integer after the marker {MARKER!r}; write the scratchpad and its total, "
+                f"e.g. {response_of([3, 5, 9])!r}")
+    return None
+
+
 def final_answer(response_text: str) -> str | None:
     """The integer written after the first marker, or None (no marker, nothing or not one integer after it)."""
     if MARKER not in response_text:
