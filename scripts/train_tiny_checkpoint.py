@@ -21,11 +21,10 @@ from pathlib import Path
 import torch
 
 from workbench.core.paths import DATA_DIR
-from workbench.experiments.evaluation import greedy_results
+from workbench.experiments.evaluation import greedy_results, response_results
 from workbench.modeling.models import count_parameters, save
-from workbench.modeling.rollout import sample
 from workbench.modeling.tiny import TRAINED_CHECKPOINTS, tiny_model
-from workbench.tasks import encode_prompts, load_problems, score_responses, task_info
+from workbench.tasks import load_problems, task_info
 from workbench.trainers.sft import SFTConfig, SFTTrainer
 
 SIZES = {  # per task (the same tiny Qwen2 family: 422k parameters with the 64-token character tokenizer)
@@ -60,23 +59,6 @@ def spread(values: list[int]) -> dict:
     if not ordered:
         return {"n": 0, "min": None, "median": None, "max": None}
     return {"n": len(ordered), "min": ordered[0], "median": ordered[len(ordered) // 2], "max": ordered[-1]}
-
-
-@torch.no_grad()
-def sampled_results(model, tokenizer, problems, max_new_tokens: int, seed: int = 0, batch_size: int = 256):
-    """``(rewards, lengths, finished)`` of one response per problem sampled at temperature 1 (``seed``), as RL
-    samples them: the spread of lengths a policy explores, which the greedy responses do not show."""
-    rewards, lengths, finished = [], [], []
-    generator = torch.Generator().manual_seed(seed)
-    for start in range(0, len(problems), batch_size):
-        chunk = problems[start : start + batch_size]
-        ids, mask = encode_prompts(tokenizer, [p.prompt for p in chunk])
-        r = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-                   pad_token_id=tokenizer.pad_token_id, generator=generator)
-        rewards.append(score_responses(tokenizer, chunk, r.response_ids, r.response_mask, r.finished))
-        lengths.append(r.response_mask.sum(-1).long())
-        finished.append(r.finished)
-    return torch.cat(rewards), torch.cat(lengths), torch.cat(finished)
 
 
 # How to open the tokenizer outside the workbench (the same ids as ``workbench.load``; tests/tasks/test_train_tiny_checkpoint.py)
@@ -151,7 +133,8 @@ def main(argv=None) -> dict:
     n_eval = args.eval_problems or EVAL_PROBLEMS[args.task]
     test = load_problems(info.test_prompts)[:n_eval]
     rewards, lengths = greedy_results(model, tokenizer, test)
-    sampled_rewards, sampled_lengths, sampled_finished = sampled_results(model, tokenizer, test, info.max_new_tokens)
+    sampled_rewards, sampled_lengths, sampled_finished = response_results(  # as RL samples: temperature 1, seed 0
+        model, tokenizer, test, greedy=False, generator=torch.Generator().manual_seed(0), max_new_tokens=info.max_new_tokens)
     out = Path(args.out) if args.out else output_folder(args.task, args.arch)
     save(model, tokenizer, out)
     reference = [len(tokenizer(p.answer, add_special_tokens=False)["input_ids"]) + 1 for p in test]

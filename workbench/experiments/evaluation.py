@@ -14,23 +14,33 @@ from workbench.trainers.preferences import build_loss_mask, collate_preferences,
 
 
 @torch.no_grad()
-def greedy_results(model, tokenizer, problems: list[Problem], *, max_new_tokens: int | None = None,
-                   batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rewards, lengths)`` of greedy responses to ``problems`` (stopped at EOS), one entry per problem:
-    the task reward and the response's token count (EOS included when produced). ``max_new_tokens`` None:
-    the task's (``tasks.registry``: 8 for arithmetic, 48 for sums, 16 for restate)."""
+def response_results(model, tokenizer, problems: list[Problem], *, greedy: bool = True, generator: torch.Generator | None = None,
+                     max_new_tokens: int | None = None, batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(rewards, lengths, finished)`` of one response per problem (stopped at EOS), one entry per problem: the task
+    reward, the response's token count (EOS included when produced) and whether it ended with EOS. ``greedy``, or
+    sampled at temperature 1 with ``generator`` (as RL samples: the spread of lengths a policy explores, which greedy
+    responses do not show). ``max_new_tokens`` None: the task's (``tasks.registry``: 8 for arithmetic, 48 for sums,
+    16 for restate)."""
     max_new_tokens = max_new_tokens_for(problems) if max_new_tokens is None else max_new_tokens
-    rewards, lengths = [], []
+    rewards, lengths, finished = [], [], []
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
         ids, mask = encode_prompts(tokenizer, [p.prompt for p in chunk])
         rollout = sample(
             model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, greedy=True,
+            pad_token_id=tokenizer.pad_token_id, greedy=greedy, generator=generator,
         )
         rewards.append(score_responses(tokenizer, chunk, rollout.response_ids, rollout.response_mask, rollout.finished))
         lengths.append(rollout.response_mask.sum(-1).long())
-    return torch.cat(rewards), torch.cat(lengths)
+        finished.append(rollout.finished)
+    return torch.cat(rewards), torch.cat(lengths), torch.cat(finished)
+
+
+def greedy_results(model, tokenizer, problems: list[Problem], *, max_new_tokens: int | None = None,
+                   batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rewards, lengths)`` of greedy responses to ``problems`` (``response_results`` with ``greedy=True``)."""
+    rewards, lengths, _ = response_results(model, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    return rewards, lengths
 
 
 def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens: int | None = None,
