@@ -138,26 +138,26 @@ def load_preferences(path: str | Path = TRAIN_PREFERENCES) -> list[dict]:
     return [row for _, row in numbered_rows(path, PREFERENCE_ROW)]
 
 
+def write_prompt_files(task: str, train: list[Problem], test: list[Problem]) -> None:
+    """A task's train/test prompt files (``tasks.registry``: ``data/<task>_{train,test}.jsonl``), one row per problem."""
+    info = task_info(task)
+    write_jsonl(info.train_prompts, [problem_row(p) for p in train])
+    write_jsonl(info.test_prompts, [problem_row(p) for p in test])
+
+
 def write_data_files(n_preferences_train: int = 4000, n_preferences_test: int = 500) -> None:
     """The arithmetic task's files: train/test prompts and preference pairs."""
     train, test = split_problems()
-    write_jsonl(TRAIN_PROMPTS, [problem_row(p) for p in train])
-    write_jsonl(TEST_PROMPTS, [problem_row(p) for p in test])
+    write_prompt_files("arith", train, test)
     write_jsonl(TRAIN_PREFERENCES, make_preferences(train[:n_preferences_train], seed=1))
     write_jsonl(TEST_PREFERENCES, make_preferences(test[:n_preferences_test], seed=2))
 
 
 def write_sums_files() -> None:
     """The sums task's files: train/test prompts (``tasks.sums.split_problems``, seed 0, disjoint)."""
-    train, test = sums.split_problems()
-    info = task_info("sums")
-    write_jsonl(info.train_prompts, [problem_row(p) for p in train])
-    write_jsonl(info.test_prompts, [problem_row(p) for p in test])
+    write_prompt_files("sums", *sums.split_problems())
 
 
 def write_restate_files() -> None:
     """The restate task's files: the arithmetic split, each response restated by ``tasks.restate.split_problems``."""
-    train, test = restate.split_problems()
-    info = task_info("restate")
-    write_jsonl(info.train_prompts, [problem_row(p) for p in train])
-    write_jsonl(info.test_prompts, [problem_row(p) for p in test])
+    write_prompt_files("restate", *restate.split_problems())

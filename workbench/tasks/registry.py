@@ -21,6 +21,11 @@ from workbench.tasks import arithmetic, restate, sums
 from workbench.tasks.arithmetic import Problem
 
 
+def any_text_scores(answer: str) -> str | None:
+    """``answer_error`` of a task whose reward compares any text exactly (arith): nothing to refuse."""
+    return None
+
+
 @dataclass(frozen=True)
 class TaskInfo:
     """One task: its name, a one-line description, train/test prompt files (JSONL), the greedy
@@ -35,7 +40,16 @@ class TaskInfo:
     max_new_tokens: int
     checkpoint: str
     reward: Callable[[str, bool, Problem], float]
-    answer_error: Callable[[str], str | None] = lambda answer: None  # arith: any text is compared exactly
+    answer_error: Callable[[str], str | None] = any_text_scores
+
+    @classmethod
+    def shipped(cls, name: str, description: str, *, max_new_tokens: int, reward: Callable[[str, bool, Problem], float],
+                answer_error: Callable[[str], str | None] = any_text_scores) -> TaskInfo:
+        """A task shipped with the workbench, by its naming convention: prompts in ``data/<name>_{train,test}.jsonl``
+        (``scripts/make_data.py``), checkpoint ``tiny-<name>-qwen2`` (``scripts/train_tiny_checkpoint.py``)."""
+        return cls(name=name, description=description, train_prompts=DATA_DIR / f"{name}_train.jsonl",
+                   test_prompts=DATA_DIR / f"{name}_test.jsonl", max_new_tokens=max_new_tokens,
+                   checkpoint=f"tiny-{name}-qwen2", reward=reward, answer_error=answer_error)
 
     @property
     def checkpoint_folder(self) -> Path:
@@ -44,34 +58,20 @@ class TaskInfo:
 
 
 TASKS = {
-    "arith": TaskInfo(
-        name="arith",
-        description='digit arithmetic: "47+8=" -> "55" (answers of 1-3 characters)',
-        train_prompts=DATA_DIR / "arith_train.jsonl",
-        test_prompts=DATA_DIR / "arith_test.jsonl",
+    "arith": TaskInfo.shipped(
+        "arith", 'digit arithmetic: "47+8=" -> "55" (answers of 1-3 characters)',
         max_new_tokens=8,  # greedy_accuracy's value since the first checkpoint: the longest answer (3) + EOS, with room
-        checkpoint="tiny-arith-qwen2",
         reward=arithmetic.reward,
     ),
-    "sums": TaskInfo(
-        name="sums",
-        description='running sums of 2-8 numbers as a scratchpad: "sum 3 5 9 =" -> "3 8 17 ; 17" (8-37 tokens)',
-        train_prompts=DATA_DIR / "sums_train.jsonl",
-        test_prompts=DATA_DIR / "sums_test.jsonl",
+    "sums": TaskInfo.shipped(
+        "sums", 'running sums of 2-8 numbers as a scratchpad: "sum 3 5 9 =" -> "3 8 17 ; 17" (8-37 tokens)',
         max_new_tokens=48,  # the longest correct response is 37 tokens: room for a policy that rambles a little
-        checkpoint="tiny-sums-qwen2",
-        reward=sums.reward,
-        answer_error=sums.answer_error,
+        reward=sums.reward, answer_error=sums.answer_error,
     ),
-    "restate": TaskInfo(
-        name="restate",
-        description='digit arithmetic, the answer restated 0-3 times: "47+8=" -> "55 55" (the reward reads the first answer)',
-        train_prompts=DATA_DIR / "restate_train.jsonl",
-        test_prompts=DATA_DIR / "restate_test.jsonl",
+    "restate": TaskInfo.shipped(
+        "restate", 'digit arithmetic, the answer restated 0-3 times: "47+8=" -> "55 55" (the reward reads the first answer)',
         max_new_tokens=16,  # the longest supervised response: "-99 -99 -99 -99" + EOS
-        checkpoint="tiny-restate-qwen2",
-        reward=restate.reward,
-        answer_error=restate.answer_error,
+        reward=restate.reward, answer_error=restate.answer_error,
     ),
 }
 
