@@ -57,6 +57,9 @@ def test_an_effect_without_spread_is_not_called_larger():
     assert record["larger"] is False and record["agrees"] is False and record["mde"] == "nan"
     assert statistics.prediction_verdict(record) == ("null", "not testable: no spread over seeds (s.e. 0)")
     assert "s.e. 0: no spread" in statistics.prediction_sentence(record) and "= 0" not in statistics.prediction_sentence(record)
+    # equal differences whose std rounds to ~1.4e-16 rather than 0 (the mean of three 0.7s): still no spread, never "larger"
+    repeated = statistics.gain({"a": _runs([0.0, 0.0, 0.0], [0.7, 0.7, 0.7])}, "a")
+    assert repeated.no_spread and not repeated.larger_than_noise and math.isnan(repeated.mde)
 
 
 def test_effect_at_start_separates_a_step0_gap_from_learning():
