@@ -12,13 +12,15 @@ WRITE_METRICS_KEYS = {"notebook", "reproduced", "fixed", "metrics", "headline"} 
 
 def fake_runs(labels, keys, *, seeds: int = 2, steps: int = 4, heldout=("heldout_accuracy",)) -> dict:
     """``{label: [history per seed]}``: every step records each of ``keys`` (a value that differs by label,
-    seed and step) and its step number; the last step carries each held-out key and ``{key}_start``."""
+    seed and step) and its step number; the last step carries each held-out key and ``{key}_start``. The gap between
+    two labels varies with the seed (the ``0.002 * i * seed`` term), so an effect has a spread over seeds to be
+    tested against: with a constant gap its s.e. is 0 ("not testable", ``statistics``)."""
     runs = {}
     for i, label in enumerate(labels):
         histories = []
         for seed in range(seeds):
-            history = [{"step": t, **{k: 0.1 * i + 0.01 * seed + 0.05 * t for k in keys}} for t in range(steps)]
-            history[-1].update({k: 0.5 + 0.1 * i + 0.01 * seed for k in heldout})
+            history = [{"step": t, **{k: 0.1 * i + 0.01 * seed + 0.002 * i * seed + 0.05 * t for k in keys}} for t in range(steps)]
+            history[-1].update({k: 0.5 + 0.1 * i + 0.01 * seed + 0.002 * i * seed for k in heldout})
             history[-1].update({f"{k}_start": 0.4 + 0.01 * seed for k in heldout})
             histories.append(history)
         runs[label] = histories
