@@ -26,11 +26,13 @@ smoke: $(STAMP)
 	$(BIN)/python -m workbench run --smoke $(ARGS)
 
 # The default suite on every core (pytest-xdist; one torch thread per worker, tests/conftest.py), a test file per worker
-# so that a file's session fixtures (the smoke catalogue, the shared models) are built once. `ARGS="-n 0"`: one process.
+# so that a file's session fixtures (the smoke catalogue, the shared models) are built once, the heaviest files first
+# (tests/conftest.py's RUN_FIRST; --no-loadscope-reorder keeps that order instead of xdist's most-tests-first).
+# `ARGS="-n 0"`: one process.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -n auto --dist loadfile $(ARGS)
+	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder $(ARGS)
 
 # Every notebook of the catalogue executed with --smoke by the runner and judged (the default suite runs 00-05; CI runs
 # this too).

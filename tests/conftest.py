@@ -23,3 +23,35 @@ def pytest_configure(config):
     """One torch thread per xdist worker: two workers on two cores, not four threads fighting for them."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+
+
+# The test files that take longest (seconds of one 2-core run, `pytest -n auto --dist loadfile --junitxml`, 2026-11-27:
+# process-level checks that start kernels, CLIs or browsers), heaviest first. Under `--dist loadfile` a file is one unit
+# of work; run last, a 70-second file keeps one worker busy while the other has nothing left, so the Makefile passes
+# `--no-loadscope-reorder` (xdist otherwise orders files by their number of tests, which puts these near the end) and
+# they are moved to the front here: the longest jobs first, the short ones filling in behind them. The order does not
+# change what a test checks; a file missing from this list keeps its place after them.
+RUN_FIRST = (
+    "tests/integration/test_runner.py",        # 72 s: an interrupted batch run resumed, a failing notebook among others
+    "tests/integration/test_notebooks.py",     # 46 s: the smoke catalogue of notebooks 00-05
+    "tests/cli/test_audit_cli.py",             # 37 s: the audit CLI through real processes
+    "tests/integration/test_browser.py",       # 30 s: JupyterLab in Chromium
+    "tests/integration/test_distributed.py",   # 20 s: two CPU processes against one
+    "tests/cli/test_watch.py",                 # 16 s
+    "tests/catalogue/test_kernel_fork.py",     # 16 s
+    "tests/integration/test_real_checkpoints.py",  # 12 s
+    "tests/exercises/test_sandbox.py",         # 11 s
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files of ``RUN_FIRST`` first, in its order; every other test keeps its collected order (a stable sort, the
+    same on every xdist worker, as xdist requires)."""
+    rank = {path: i for i, path in enumerate(RUN_FIRST)}
+    root = config.rootpath
+
+    def key(item):
+        path = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else str(item.path)
+        return rank.get(path, len(RUN_FIRST))
+
+    items.sort(key=key)

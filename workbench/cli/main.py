@@ -4,20 +4,32 @@ sub-command in its own module of this folder).
 Exit codes: 0 success, 1 a notebook failed, 2 bad input (unknown notebook or parameter, wrong
 type) — the message names the problem and the valid choices, 130 interrupted (Ctrl-C; the report of
 what finished is written, ``--out DIR --resume`` runs the rest).
+
+Only the chosen sub-command's module is imported (``SUBCOMMANDS``): each process pays for its own imports and
+no other's — the catalogue's listing reads notebooks through nbformat, whose jsonschema builds a grammar at import
+(about 2 s of CPU), and ``watch``'s parent process needs neither torch nor transformers.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from workbench.catalogue.listing import catalogue
-from workbench.cli import audit as audit_command
-from workbench.cli import train
 from workbench.core.errors import ParameterError
+
+# name: (module of this folder with add_arguments(parser) and main(args), help), imported only when chosen
+SUBCOMMANDS = {
+    "train": ("workbench.cli.train", "train with PPO, GRPO, DPO or SFT (resumes from --output-dir)"),
+    "audit": ("workbench.cli.audit", "run a workbench.audit check on your own loss / log-prob / generate / step function"),
+    "grade": ("workbench.cli.grade", "grade submitted exercise notebooks: grades.csv and one feedback page each"),
+    "watch": ("workbench.cli.watch", "run a training script with every Hugging Face model it builds watched (workbench.watch)"),
+}
 
 
 def _list(args) -> int:
+    from workbench.catalogue.listing import catalogue  # nbformat behind it: only for the commands that read notebooks
+
     for info in catalogue():
         print(f"{info.stem}\n    {info.purpose}")
         print("    parameters: " + ", ".join(f"{k}={v!r}" for k, v in info.parameters.items()))
@@ -57,14 +69,19 @@ def _run(args) -> int:
     return 0
 
 
-def _add_command(sub, name: str, help_text: str, module) -> None:
-    """Sub-command ``name`` from a module of this folder: its ``add_arguments(parser)`` and ``main(args)``."""
+def _add_command(sub, name: str, chosen: bool) -> None:
+    """Sub-command ``name`` of ``SUBCOMMANDS``; its module's ``add_arguments(parser)`` and ``main(args)`` when it is
+    the ``chosen`` one (the others appear in ``--help`` by name and help text only)."""
+    module_name, help_text = SUBCOMMANDS[name]
     command = sub.add_parser(name, help=help_text)
-    module.add_arguments(command)
-    command.set_defaults(func=module.main)
+    if chosen:
+        module = importlib.import_module(module_name)
+        module.add_arguments(command)
+        command.set_defaults(func=module.main)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="python -m workbench", description="RLHF pitfalls workbench")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the notebooks with their parameters and purpose").set_defaults(func=_list)
@@ -80,13 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                           "(same parameters), then report over all")
     run.add_argument("--no-html", action="store_true", help="skip rendering executed notebooks to HTML")
     run.set_defaults(func=_run)
-    _add_command(sub, "train", "train with PPO, GRPO, DPO or SFT (resumes from --output-dir)", train)
-    _add_command(sub, "audit", "run a workbench.audit check on your own loss / log-prob / generate / step function", audit_command)
-    from workbench.cli import grade as grade_command
-    from workbench.cli import watch as watch_command
-
-    _add_command(sub, "grade", "grade submitted exercise notebooks: grades.csv and one feedback page each", grade_command)
-    _add_command(sub, "watch", "run a training script with every Hugging Face model it builds watched (workbench.watch)", watch_command)
+    for name in SUBCOMMANDS:  # the sub-command is the first argument (the top level has no option but --help)
+        _add_command(sub, name, chosen=bool(argv) and argv[0] == name)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
