@@ -32,15 +32,15 @@ def pytest_configure(config):
 # they are moved to the front here: the longest jobs first, the short ones filling in behind them. The order does not
 # change what a test checks; a file missing from this list keeps its place after them.
 RUN_FIRST = (
-    "tests/integration/test_runner.py",        # 72 s: an interrupted batch run resumed, a failing notebook among others
-    "tests/integration/test_notebooks.py",     # 46 s: the smoke catalogue of notebooks 00-05
-    "tests/cli/test_audit_cli.py",             # 37 s: the audit CLI through real processes
+    "tests/integration/test_runner.py",        # 60-100 s: an interrupted batch run resumed, a failing notebook among others
+    "tests/integration/test_notebooks.py",     # 45-52 s: the smoke catalogue of notebooks 00-05
     "tests/integration/test_browser.py",       # 30 s: JupyterLab in Chromium
     "tests/integration/test_distributed.py",   # 20 s: two CPU processes against one
-    "tests/cli/test_watch.py",                 # 16 s
     "tests/catalogue/test_kernel_fork.py",     # 16 s
-    "tests/integration/test_real_checkpoints.py",  # 12 s
-    "tests/exercises/test_sandbox.py",         # 11 s
+    "tests/cli/test_audit_cli.py",             # 15 s: the audit CLI through real processes
+    "tests/exercises/test_sandbox.py",         # 10 s
+    "tests/integration/test_real_checkpoints.py",  # 10 s
+    "tests/cli/test_watch.py",                 # 9 s
 )
 
 
