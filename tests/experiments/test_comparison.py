@@ -7,11 +7,25 @@ from workbench.experiments import comparison
 
 @pytest.mark.slow
 def test_train_variants_in_processes_matches_serial():
-    kwargs = dict(steps=1, seeds=(0, 1), problems=16, prompts_per_step=4, mini_batches=1, max_new_tokens=4)
-    variants = {"a": {"whiten_over": "real"}}
+    """Every record of every run, held-out accuracy included, equal in worker processes and in this one: what lets the
+    batch runner lower a notebook's ``processes`` to its share of the cores (``catalogue.batch.share_cores``)."""
+    kwargs = dict(steps=2, seeds=(0, 1), problems=16, prompts_per_step=4, mini_batches=1, max_new_tokens=4, held_out=8)
+    variants = {"a": {"whiten_over": "real"}, "b": {"whiten_over": "padded"}}
     serial = comparison.train_variants("ppo", "tiny-arith-qwen2", variants, **kwargs)
     parallel = comparison.train_variants("ppo", "tiny-arith-qwen2", variants, processes=2, **kwargs)
-    assert [[h["reward"] for h in run] for run in serial["a"]] == [[h["reward"] for h in run] for run in parallel["a"]]
+    # a worker takes cores // processes threads, this process 1 for a tiny model: equal bits where both are 1 thread (2
+    # cores), a reduction split over threads elsewhere; hence a tolerance on floats, equality for the rest
+    assert list(serial) == list(parallel)
+    for label in serial:
+        for run_serial, run_parallel in zip(serial[label], parallel[label], strict=True):
+            for record_serial, record_parallel in zip(run_serial, run_parallel, strict=True):
+                assert record_serial.keys() == record_parallel.keys()
+                for key, value in record_serial.items():
+                    if isinstance(value, float):
+                        assert record_parallel[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (label, key)
+                    else:
+                        assert record_parallel[key] == value, (label, key)
+    assert "heldout_accuracy" in serial["a"][0][-1] and serial["a"][0] != serial["a"][1]  # two seeds, two runs
 
 
 def test_train_variants_on_the_sums_task_trains_grpo_end_to_end(monkeypatch):
@@ -51,3 +65,14 @@ def test_learning_settings_take_the_tasks_length():
     assert comparison.learning_settings("grpo")["max_new_tokens"] == 6  # measured on arithmetic, unchanged
     assert comparison.learning_settings("grpo", task="sums")["max_new_tokens"] == 48
     assert comparison.learning_settings("grpo", task="sums", max_new_tokens=40)["max_new_tokens"] == 40
+
+
+def test_runs_in_this_process_leave_the_callers_generator_as_a_worker_would():
+    """Each run seeds the global generator (P7's dropout masks); the caller's state afterwards is the one it had, as when
+    the runs train in worker processes — so the cells after a notebook's training draw the same numbers either way."""
+    import torch
+
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    comparison.train_variants("grpo", "tiny-qwen2", {"a": {}}, steps=1, problems=4, prompts_per_step=2, num_generations=2)
+    assert torch.equal(torch.get_rng_state(), state)

@@ -241,7 +241,7 @@ PARAMETER_RULES: dict[str, Rule] = {
     # counts
     **{name: COUNT for name in ("train_steps", "ppo_steps", "sft_steps", "adam_steps", "curve_steps", "n_prompts",
                                 "n_episodes", "n_texts", "batch_size", "trials", "eval_prompts", "examples",
-                                "step0_batches", "throughput_rows", "train_micro_batch", "workers", "processes",
+                                "step0_batches", "throughput_rows", "train_micro_batch", "workers", "processes", "world_size",
                                 "max_new_tokens", "short_budget", "short_length")},
     "group_size": integer(2),
     "vocab": integer(2),

@@ -70,7 +70,8 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
     ``heldout_gain`` to the run's last record.
     ``processes`` > 1 runs the (variant, seed) pairs in that many worker processes, each with its
     share of the CPU threads (``before`` must then be picklable: a module-level function or a
-    ``functools.partial`` of one). Results do not depend on ``processes``. ``device`` and
+    ``functools.partial`` of one). Results do not depend on ``processes``, nor does the caller's global torch
+    generator afterwards (each run seeds it for its dropout masks; in this process under ``fork_rng``). ``device`` and
     ``pad_token`` go to ``workbench.modeling.models.load`` (the notebooks' parameters of those names).
     ``return_models``: return ``(runs, {label: trained policy of the first seed})`` instead.
     ``task`` (a name of ``tasks.registry.TASKS``): whose train/test prompts and reward the runs use; PPO/GRPO
@@ -92,9 +93,10 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
                                    loading, held_out, k, task)
                        for (label, seed), k in zip(jobs, keep, strict=True)]
             results = [f.result() for f in futures]
-    else:
-        results = [_train_one(kind, model, {**common, **variants[label]}, steps, seed, problems, before, None, loading,
-                              held_out, k, task) for (label, seed), k in zip(jobs, keep, strict=True)]
+    else:  # the caller's global generators left as a worker process leaves them: untouched (each run seeds its own)
+        with torch.random.fork_rng():
+            results = [_train_one(kind, model, {**common, **variants[label]}, steps, seed, problems, before, None, loading,
+                                  held_out, k, task) for (label, seed), k in zip(jobs, keep, strict=True)]
     runs: dict[str, list[list[dict]]] = {label: [] for label in variants}
     models = {}
     for (label, _), (history, state) in zip(jobs, results, strict=True):
