@@ -7,7 +7,8 @@ what finished is written, ``--out DIR --resume`` runs the rest).
 
 Only the chosen sub-command's module is imported (``SUBCOMMANDS``): each process pays for its own imports and
 no other's — the catalogue's listing reads notebooks through nbformat, whose jsonschema builds a grammar at import
-(about 2 s of CPU), and ``watch``'s parent process needs neither torch nor transformers.
+(about 2 s of CPU), and ``train`` and ``audit`` import transformers, which ``grade`` and ``watch``'s parent process
+do not need.
 """
 
 from __future__ import annotations
