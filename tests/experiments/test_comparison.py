@@ -1,14 +1,15 @@
 """experiments.comparison: variants trained in processes match the serial run."""
 
 import pytest
+import torch
 
 from workbench.experiments import comparison
 
 
 @pytest.mark.slow
 def test_train_variants_in_processes_matches_serial():
-    """Every record of every run, held-out accuracy included, equal in worker processes and in this one: what lets the
-    batch runner lower a notebook's ``processes`` to its share of the cores (``catalogue.batch.share_cores``)."""
+    """Every record of every run, held-out accuracy included, equal in worker processes and in this one (what
+    ``train_variants`` promises: results do not depend on ``processes``)."""
     kwargs = dict(steps=2, seeds=(0, 1), problems=16, prompts_per_step=4, mini_batches=1, max_new_tokens=4, held_out=8)
     variants = {"a": {"whiten_over": "real"}, "b": {"whiten_over": "padded"}}
     serial = comparison.train_variants("ppo", "tiny-arith-qwen2", variants, **kwargs)
@@ -72,8 +73,6 @@ def test_learning_settings_take_the_tasks_length():
 def test_runs_in_this_process_leave_the_callers_generator_as_a_worker_would():
     """Each run seeds the global generator (P7's dropout masks); the caller's state afterwards is the one it had, as when
     the runs train in worker processes — so the cells after a notebook's training draw the same numbers either way."""
-    import torch
-
     torch.manual_seed(123)
     state = torch.get_rng_state()
     comparison.train_variants("grpo", "tiny-qwen2", {"a": {}}, steps=1, problems=4, prompts_per_step=2, num_generations=2)
