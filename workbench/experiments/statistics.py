@@ -119,13 +119,13 @@ def _paired(key: str, a, b, names: tuple[str, str], threshold: float, noise: flo
     same net count of prompts in each run) leaves nothing to test against: never called larger, MDE NaN."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     n = len(a)
+    differences = a - b
     if noise is None:
-        differences = a - b
         if n > 1 and bool(np.all(differences == differences[0])):
             noise = 0.0  # set, not computed: np.std of equal values can round to ~1e-16 (three 0.7s), not 0
         else:
             noise = float(np.std(differences, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
-    difference = float(np.mean(a - b))
+    difference = float(np.mean(differences))
     return Effect(key=key, bug=float(np.mean(a)), fix=float(np.mean(b)), difference=difference, noise=noise, seeds=n,
                   larger_than_noise=bool(np.isfinite(noise) and noise > 0 and abs(difference) > threshold * noise),
                   threshold=threshold, names=names,
