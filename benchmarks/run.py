@@ -34,6 +34,10 @@ Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or 
 * ``Scoring memory`` — peak memory of one scoring call (log-probs + entropy) on a random Qwen2 with
   Qwen2.5's 151,936-token vocabulary, the naive full-logits path vs the chunked one;
 * ``EOS stopping`` — the rollout time saved by stopping at EOS (pitfall S3);
+* ``Training workers`` — the CPU-seconds of one ``train_variants`` call with 2 worker processes (every process under
+  it counted), the workers spawned (fresh interpreters) vs forked from a clean copy of the calling process
+  (``core.worker_processes``, what a catalogue kernel does), each call in a fresh process, rounds alternating; and
+  whether the two give identical records;
 * ``Watch overhead`` — the workbench's GRPO step (the ``GRPO`` configuration) without a watch, inside the light
   ``workbench.watch`` and inside the deep one, three processes alternating; time per step with ÷ without
   (target for light: ≤ 1.05×). ``--watch-only`` runs just this line; with ``--baseline DIR`` the baseline
@@ -553,7 +557,7 @@ def run_memory(args) -> dict:
 
 
 # ---- the sampler vs model.generate ------------------------------------------------------------
-LINES = ("watch", "sampler", "grpo", "dpo", "long", "large", "extras")  # what --lines selects (extras: packing, memory, EOS)
+LINES = ("watch", "sampler", "grpo", "dpo", "long", "large", "workers", "extras")  # what --lines selects (extras: packing, memory, EOS)
 SAMPLER = {"tiny": dict(prompts=2, num_generations=8, max_new_tokens=8, calls=40),
            "large": dict(prompts=2, num_generations=4, max_new_tokens=16, calls=3),
            "qwen2.5-0.5b": dict(prompts=4, num_generations=8, max_new_tokens=64, calls=3)}
@@ -623,6 +627,65 @@ def _sampler_line(label: str, result: dict, side: str = "workbench") -> str:
     return (f"{label} ({s['prompts']}×{s['num_generations']} rows, ≤ {s['max_new_tokens']} tokens, {s['calls']} calls per round): "
             f"{statistics.median(rates[side]):.0f} vs model.generate {statistics.median(rates['generate']):.0f} tokens per "
             f"{'second' if 'cuda' in label else 'CPU-second'}, per-round ratios {', '.join(f'{p:.2f}' for p in pairs)} → {ratio:.2f}×")
+
+
+# ---- training workers: spawned, or forked from a clean copy of the kernel ---------------------------------------
+WORKERS = dict(variants=2, steps=1, problems=4, prompts_per_step=2, max_new_tokens=4)
+
+
+def workers_worker(mode: str) -> dict:
+    """One ``train_variants`` call with 2 worker processes in a process that has the catalogue kernel's imports:
+    CPU-seconds of this process and all its descendants during the call, and the records (wall times dropped)."""
+    import torch
+
+    from workbench.catalogue import kernel_fork
+    from workbench.core import worker_processes
+    from workbench.experiments import comparison
+
+    kernel_fork.preload()  # the imports a catalogue kernel starts with (forked from the zygote)
+    if mode == "forked":
+        worker_processes.start_fork_server()  # what catalogue.kernel_fork does in each kernel before ipykernel starts
+    variants = {f"v{i}": {} for i in range(WORKERS["variants"])}
+
+    def cpu() -> float:
+        return sum(getattr(resource.getrusage(who), field) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                   for field in ("ru_utime", "ru_stime"))
+
+    start, wall = cpu(), time.perf_counter()
+    runs = comparison.train_variants("ppo", "tiny-arith-qwen2", variants, steps=WORKERS["steps"], problems=WORKERS["problems"],
+                                     prompts_per_step=WORKERS["prompts_per_step"], max_new_tokens=WORKERS["max_new_tokens"],
+                                     processes=2)
+    wall = time.perf_counter() - wall
+    worker_processes.stop_fork_server()  # reaped: its workers' CPU time is counted in RUSAGE_CHILDREN from here on
+    records = {label: [[{k: v for k, v in r.items() if k != "seconds" and not k.endswith("_seconds")} for r in history]
+                       for history in histories] for label, histories in runs.items()}
+    return {"cpu_s": cpu() - start, "wall_s": wall, "records": records, "threads": torch.get_num_threads()}
+
+
+def run_workers(repeats: int, args) -> dict:
+    """``repeats`` rounds alternating spawned and forked, each call in a fresh process."""
+    rounds: dict[str, list[dict]] = {"spawned": [], "forked": []}
+    for _ in range(repeats):
+        for mode in rounds:
+            done = subprocess.run([sys.executable, __file__, "--workers-worker", mode], capture_output=True, text=True,
+                                  env=_worker_env(args))
+            if done.returncode != 0:
+                raise RuntimeError(f"workers worker ({mode}) failed:\n{done.stderr[-3000:]}")
+            rounds[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return rounds
+
+
+def _workers_line(rounds: dict) -> str:
+    spawned, forked = ([r["cpu_s"] for r in rounds[m]] for m in ("spawned", "forked"))
+    same = all(a["records"] == b["records"] for a, b in zip(rounds["spawned"], rounds["forked"], strict=True))
+    w = WORKERS
+    return (f"Training workers (one train_variants call, 2 worker processes, {w['variants']} PPO runs of {w['steps']} step on "
+            f"tiny-arith-qwen2): spawned {statistics.median(spawned):.1f} vs forked from the kernel's clean copy "
+            f"{statistics.median(forked):.1f} CPU-seconds (the call and every process under it), per-round ratios "
+            f"{', '.join(f'{a / b:.2f}' for a, b in zip(spawned, forked, strict=True))}; wall "
+            f"{statistics.median(r['wall_s'] for r in rounds['spawned']):.1f} vs "
+            f"{statistics.median(r['wall_s'] for r in rounds['forked']):.1f} s; "
+            f"records {'identical' if same else 'DIFFERENT'} → {statistics.median(spawned) / statistics.median(forked):.2f}×")
 
 
 # ---- packing and EOS -------------------------------------------------------------------------
@@ -749,6 +812,7 @@ def main() -> int:
     parser.add_argument("--settings", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sampler-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--workers-worker", default=None, choices=("spawned", "forked"), help=argparse.SUPPRESS)
     parser.add_argument("--only-sampler", action="store_true", help="run the sampler lines only")
     parser.add_argument("--lines", default=",".join(LINES),
                         help=f"comma-separated lines to run, of {', '.join(LINES)} (default: all)")
@@ -774,6 +838,9 @@ def main() -> int:
 
             torch.set_num_threads(args.threads)
         print(json.dumps(sampler_worker(args.sampler_worker, repeats, args.device)))
+        return 0
+    if args.workers_worker:
+        print(json.dumps(workers_worker(args.workers_worker)))
         return 0
     if args.device == "cuda":
         import torch
@@ -839,6 +906,9 @@ def main() -> int:
         lines.append(_comparison_line(label, results["grpo_large"], "reward"))
         if args.baseline:
             lines += _baseline_lines("GRPO, larger model", results["grpo_large"], "reward", args.baseline)
+    if "workers" in chosen and args.device == "cpu":
+        results["workers"] = run_workers(max(3, repeats), args)
+        lines.append(_workers_line(results["workers"]))
     if "extras" not in chosen:
         return _finish(args, lines, start, load_before, steps, repeats, large_steps)
     extra = extras(args)

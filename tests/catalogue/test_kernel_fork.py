@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(kernel_fork.supported() is not None, reason=str(
 
 PROBE = ("import os, sys, json; print(json.dumps({'preloaded': 'torch' in sys.modules and 'workbench.pitfalls' in sys.modules, "
          "'cwd': os.getcwd(), 'threads': __import__('torch').get_num_threads(), 'marker': os.environ.get('MARKER'), "
-         "'sys_path': sys.path}))")
+         "'sys_path': sys.path, 'workers': __import__('workbench.core.worker_processes', fromlist=['_']).context().get_start_method()}))")
 # an inline figure: the backend hooks into IPython when the kernel first draws, as in an ordinary kernel
 FIGURE = "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([0, 1])\nplt.show()"
 
@@ -67,11 +67,15 @@ def test_a_forked_kernel_runs_where_and_as_asked_with_the_modules_loaded(zygote_
     try:
         facts = json.loads("".join(_run(client, PROBE)))
         sys_path = facts.pop("sys_path")
-        assert facts == {"preloaded": True, "cwd": str(tmp_path), "threads": 1, "marker": "from-the-launcher"}
+        # training workers fork from a copy of the kernel made before ipykernel's threads (core.worker_processes)
+        assert facts == {"preloaded": True, "cwd": str(tmp_path), "threads": 1, "marker": "from-the-launcher",
+                         "workers": "forkserver"}
         monkeypatch.delenv(kernel_fork.SOCKET_ENV)  # an ordinary kernel started the same way has the same sys.path
         ordinary, ordinary_client = _started_kernel(tmp_path, monkeypatch)
         try:
-            assert json.loads("".join(_run(ordinary_client, PROBE)))["sys_path"] == sys_path
+            ordinary_facts = json.loads("".join(_run(ordinary_client, PROBE)))
+            assert ordinary_facts["sys_path"] == sys_path
+            assert ordinary_facts["workers"] == "spawn"  # a threaded kernel from the start: its workers are spawned
         finally:
             ordinary_client.stop_channels()
             ordinary.shutdown_kernel(now=True)
@@ -111,13 +115,15 @@ def test_a_dead_client_costs_only_its_own_request(zygote_socket, tmp_path, monke
 def test_killing_the_client_kills_its_forked_kernel(zygote_socket, tmp_path, monkeypatch):
     manager, client = _started_kernel(tmp_path, monkeypatch)
     try:
-        kernel_pid = int("".join(_run(client, "import os; print(os.getpid())")).strip())
+        kernel_pid, server_pid = map(int, "".join(_run(
+            client, "import os; from workbench.core import worker_processes; print(os.getpid(), worker_processes.fork_server())")).split())
         assert kernel_pid != manager.provisioner.process.pid  # a fork, not the launched process itself
         os.kill(manager.provisioner.process.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and os.path.exists(f"/proc/{kernel_pid}"):
+        while time.monotonic() < deadline and (os.path.exists(f"/proc/{kernel_pid}") or _running(server_pid)):
             time.sleep(0.1)
         assert not os.path.exists(f"/proc/{kernel_pid}")
+        assert not _running(server_pid)  # the kernel's fork server for training workers goes with it
     finally:
         client.stop_channels()
         manager.cleanup_resources()
@@ -145,3 +151,12 @@ def test_terminating_the_zygote_kills_its_kernels(zygote_socket, tmp_path, monke
         time.sleep(0.1)
     assert str(zygote_socket).startswith("@") and not os.path.exists(f"/proc/{kernel_pid}")
     manager.cleanup_resources()
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` runs: a zombie (left, its reaping pending) or a missing process is not running."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

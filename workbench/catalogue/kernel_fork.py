@@ -59,6 +59,7 @@ PRELOAD = (
     "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel",
     "transformers.models.qwen2.modeling_qwen2", "transformers.models.llama.modeling_llama",
     "transformers.models.gpt2.modeling_gpt2", "transformers.models.gemma2.modeling_gemma2",
+    "transformers.models.auto.tokenization_auto", "transformers.tokenization_utils_tokenizers",  # imported by the first load()
     "workbench.catalogue.notebook_api", "workbench.experiments.checkpoints", "workbench.experiments.comparison",
     "workbench.experiments.statistics", "workbench.modeling.models", "workbench.viz.plots", "workbench.pitfalls",
 )
@@ -149,13 +150,7 @@ def serve(path: str) -> None:
     with contextlib.suppress(Exception):
         importlib.import_module("numpy")
     allowed = _threads()  # this process and OpenBLAS's pool, which pthread_atfork shuts down at every fork
-    for name in PRELOAD:
-        with contextlib.suppress(Exception):
-            importlib.import_module(name)
-    if "workbench.pitfalls" in sys.modules:
-        for module in pkgutil.iter_modules(sys.modules["workbench.pitfalls"].__path__):
-            with contextlib.suppress(Exception):
-                importlib.import_module(f"workbench.pitfalls.{module.name}")
+    preload()
     kernels: dict[socket.socket, int] = {}  # a client's connection → its kernel
     orphans: set[int] = set()  # kernels whose client died: killed, waiting to be reaped
     global _wakeup
@@ -184,6 +179,17 @@ def serve(path: str) -> None:
         for pid in [*kernels.values(), *orphans]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+def preload() -> None:
+    """Import ``PRELOAD`` and every pitfall module, skipping any that fails (the kernel then imports it itself)."""
+    for name in PRELOAD:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+    if "workbench.pitfalls" in sys.modules:
+        for module in pkgutil.iter_modules(sys.modules["workbench.pitfalls"].__path__):
+            with contextlib.suppress(Exception):
+                importlib.import_module(f"workbench.pitfalls.{module.name}")
 
 
 def _accept(listener: socket.socket, kernels: dict, orphans: set, allowed: int) -> None:
@@ -277,6 +283,10 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
         sys.argv = ["ipykernel_launcher", *request["argv"], *([f"--IPKernelApp.parent_handle={parent}"] if parent.isdigit() else [])]
         from ipykernel import kernelapp  # already imported by the zygote
 
+        from workbench.core import worker_processes  # imported by the zygote (PRELOAD's comparison)
+
+        if _threads() == 1:  # still one thread, before ipykernel starts its own: training workers fork from a copy of this
+            worker_processes.start_fork_server()
         kernelapp.launch_new_instance()
         code = 0
         atexit._run_exitfuncs()  # the exit handlers an ordinary interpreter would run (IPython's history, temp files)
@@ -288,6 +298,8 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        with contextlib.suppress(Exception):
+            sys.modules["workbench.core.worker_processes"].stop_fork_server()
         os._exit(code)
 
 

@@ -16,12 +16,12 @@ held-out accuracy rose by more than the seed noise.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
+from workbench.core import worker_processes
 from workbench.core.errors import ParameterError
 from workbench.experiments.checkpoints import load
 from workbench.experiments.evaluation import held_out_accuracy, held_out_pair_logps
@@ -68,11 +68,12 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
     of them (None: the learning settings). ``held_out`` > 0 scores the first ``held_out`` test prompts greedily (eval
     mode) before and after training and adds ``heldout_accuracy_start``, ``heldout_accuracy`` and
     ``heldout_gain`` to the run's last record.
-    ``processes`` > 1 runs the (variant, seed) pairs in that many worker processes, each with its
-    share of the CPU threads (``before`` must then be picklable: a module-level function or a
-    ``functools.partial`` of one). Results do not depend on ``processes``, nor does the caller's global torch
-    generator afterwards (each run seeds it for its dropout masks; in this process under ``fork_rng``). ``device`` and
-    ``pad_token`` go to ``workbench.modeling.models.load`` (the notebooks' parameters of those names).
+    ``processes`` > 1 runs the (variant, seed) pairs in that many worker processes (``core.worker_processes``: forks
+    of a clean copy of a catalogue kernel, spawned elsewhere), each with its share of the CPU threads (``before`` must
+    then be picklable: a module-level function or a ``functools.partial`` of one). Results do not depend on
+    ``processes``, nor does the caller's global torch generator afterwards (each run seeds it for its dropout masks; in
+    this process under ``fork_rng``). ``device`` and ``pad_token`` go to ``workbench.modeling.models.load`` (the
+    notebooks' parameters of those names).
     ``return_models``: return ``(runs, {label: trained policy of the first seed})`` instead.
     ``task`` (a name of ``tasks.registry.TASKS``): whose train/test prompts and reward the runs use; PPO/GRPO
     decode the task's ``max_new_tokens`` unless ``common`` or a variant sets it. DPO has arithmetic pairs only.
@@ -88,7 +89,7 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
     keep = [return_models and seed == seeds[0] for _, seed in jobs]
     if processes > 1 and len(jobs) > 1:
         threads = max(1, (os.cpu_count() or 1) // processes)
-        with ProcessPoolExecutor(max_workers=min(processes, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(max_workers=min(processes, len(jobs)), mp_context=worker_processes.context()) as pool:
             futures = [pool.submit(_train_one, kind, model, {**common, **variants[label]}, steps, seed, problems, before, threads,
                                    loading, held_out, k, task)
                        for (label, seed), k in zip(jobs, keep, strict=True)]

@@ -1,0 +1,151 @@
+"""Worker processes for parallel training runs: forked from a clean copy of a warm process where one exists, spawned otherwise.
+
+``experiments.comparison.train_variants`` trains its (variant, seed) pairs in worker processes. A spawned worker is a
+fresh interpreter that imports torch, transformers and the workbench again before its first step — about 8 CPU-seconds
+on this project's 2-core machine, twice per training notebook. Forking the caller instead would skip the imports, but
+the caller is usually a notebook kernel that runs threads (ipykernel's channels, torch's pool), and a fork of a threaded
+process can inherit a lock held by a thread that does not exist in the child, and hang (seen in a CI rehearsal).
+
+A catalogue kernel is the exception at one moment of its life: it starts as a fork of the runner's zygote
+(``catalogue.kernel_fork``) — one thread, the imports done, no torch op run — and only then becomes an ipykernel.
+At that moment ``start_fork_server()`` forks a copy of it to be the process's multiprocessing *fork server*: the
+standard library's ``multiprocessing.forkserver.main``, the very server that ``get_context("forkserver")`` would
+otherwise start by spawning a fresh interpreter. From then on ``context()`` hands out the forkserver context, and
+every worker is a fork of that clean, single-threaded copy: no imports to pay, no lock to inherit. Everywhere else (a
+JupyterLab kernel, a script, a Python whose fork server this module does not know) ``context()`` is the spawn
+context, as before.
+
+A worker computes the same thing whichever way it starts. It has the same modules and the same thread setting (the
+runs set their own); torch's global generator is untouched in the copy (no op ran), as in a fresh interpreter; Python's
+and numpy's global generators are re-seeded from the OS in each worker, as a fresh interpreter's are. The fork server
+leaves when its kernel does (the standard library's "alive" pipe), and dies with it if the kernel is killed
+(``PR_SET_PDEATHSIG``). ``tests/core/test_worker_processes.py`` checks where the workers come from; the slow
+processes-vs-serial test of ``tests/experiments/test_comparison.py`` checks their records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import inspect
+import multiprocessing
+import os
+import random
+import signal
+import socket
+import sys
+import time
+
+_owner: int | None = None  # the pid of the process whose fork server start_fork_server() started
+_server: int | None = None  # that server's pid
+# The arguments of multiprocessing.forkserver.main this module knows how to call (Python 3.9–3.13): a newer server
+# (3.14 adds an authentication key) is left to the standard library, and the workers are spawned.
+KNOWN_SERVER_ARGUMENTS = ["listener_fd", "alive_r", "preload", "main_path", "sys_path"]
+
+
+def context() -> multiprocessing.context.BaseContext:
+    """The multiprocessing context for worker processes: ``forkserver`` when this process started its fork server with
+    ``start_fork_server()`` (the workers are forks of a clean copy of it), ``spawn`` otherwise."""
+    return multiprocessing.get_context("forkserver" if fork_server() is not None else "spawn")
+
+
+def fork_server() -> int | None:
+    """The pid of the fork server ``start_fork_server()`` started for this process, or None."""
+    return _server if _owner == os.getpid() else None
+
+
+def unsupported() -> str | None:
+    """None where ``start_fork_server()`` can work here; otherwise why not."""
+    if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+        return f"a fork server needs fork() (Linux); this is {sys.platform}"
+    from multiprocessing import forkserver
+
+    if list(inspect.signature(forkserver.main).parameters) != KNOWN_SERVER_ARGUMENTS:
+        return f"this Python's multiprocessing.forkserver.main takes {list(inspect.signature(forkserver.main).parameters)}"
+    server = forkserver._forkserver
+    if not all(hasattr(server, name) for name in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_lock")):
+        return "this Python's multiprocessing.forkserver keeps its state under other names"
+    if server._forkserver_pid is not None:
+        return "this process already has a fork server"
+    return None
+
+
+def start_fork_server() -> int | None:
+    """Fork this process's multiprocessing fork server now; its pid, or None (the reason is ``unsupported()``).
+
+    Call it only in a process that runs one thread and whose imports are done: every worker will be a fork of the
+    copy made here. ``catalogue.kernel_fork`` calls it in each forked kernel before ipykernel starts."""
+    global _owner, _server
+    if unsupported() is not None:
+        return None
+    from multiprocessing import connection, forkserver
+
+    listener = socket.socket(socket.AF_UNIX)
+    address = connection.arbitrary_address("AF_UNIX")
+    listener.bind(address)  # Linux: the abstract namespace (no file)
+    listener.listen()
+    alive_r, alive_w = os.pipe()  # the workers and this process hold the write end; EOF tells the server to leave
+    pid = os.fork()
+    if pid == 0:  # the server: never returns
+        code = 0
+        try:
+            os.close(alive_w)
+            with contextlib.suppress(Exception):
+                ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the kernel
+            os.register_at_fork(after_in_child=_reseed)  # each worker's global generators, as a fresh interpreter's
+            forkserver.main(listener.fileno(), alive_r, [])  # no preload: the modules are imported already
+        except SystemExit:  # the alive pipe reached EOF: every holder has gone
+            pass
+        except BaseException:  # noqa: BLE001 — a server that fails must still leave through os._exit
+            code = 1
+        finally:
+            os._exit(code)
+    listener.close()
+    os.close(alive_r)
+    server = forkserver._forkserver
+    with server._lock:
+        server._forkserver_address = address
+        server._forkserver_alive_fd = alive_w
+        server._forkserver_pid = pid
+    _owner, _server = os.getpid(), pid
+    return pid
+
+
+def _reseed() -> None:
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def stop_fork_server(timeout_s: float = 5.0) -> None:
+    """Ask this process's fork server to leave (close the alive pipe) and reap it, killing it after ``timeout_s``
+    (a worker still running holds the pipe open). Nothing to do where ``start_fork_server()`` started none."""
+    global _owner, _server
+    if fork_server() is None:
+        return
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    pid, _owner, _server = _server, None, None
+    with server._lock:
+        if server._forkserver_pid != pid:  # the standard library found it dead and started its own: that one is the library's
+            return
+        alive = server._forkserver_alive_fd
+        server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+    with contextlib.suppress(OSError):
+        os.close(alive)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            return
+        time.sleep(0.01)
