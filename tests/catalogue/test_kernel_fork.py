@@ -129,6 +129,47 @@ def test_killing_the_client_kills_its_forked_kernel(zygote_socket, tmp_path, mon
         manager.cleanup_resources()
 
 
+def test_a_kernel_shut_down_leaves_no_fork_server_behind(zygote_socket, tmp_path, monkeypatch):
+    """The kernel's fork server for training workers goes with it and is reaped by the zygote (a subreaper), not left
+    a zombie of init: its CPU time counts in the runner's."""
+    manager, client = _started_kernel(tmp_path, monkeypatch)
+    kernel_pid, server_pid = map(int, "".join(_run(
+        client, "import os; from workbench.core import worker_processes; print(os.getpid(), worker_processes.fork_server())")).split())
+    client.stop_channels()
+    manager.shutdown_kernel(now=False)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in (kernel_pid, server_pid)):
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{kernel_pid}") and not os.path.exists(f"/proc/{server_pid}")
+
+
+ORPHAN = '''
+import os, time
+zygote = os.getppid()
+if os.fork() == 0:  # a child that leaves at once, its own child orphaned; only os calls after the fork
+    if os.fork() == 0:
+        time.sleep(0.5)
+        os.write(os.open({path!r}, os.O_WRONLY | os.O_CREAT), f"{{os.getppid()}} {{zygote}}".encode())
+    os._exit(0)
+'''
+
+
+def test_a_kernels_orphans_are_adopted_by_the_zygote(zygote_socket, tmp_path, monkeypatch):
+    """The zygote is a child subreaper: a process orphaned under a kernel gets the zygote as parent, not init."""
+    manager, client = _started_kernel(tmp_path, monkeypatch)
+    try:
+        _run(client, ORPHAN.format(path=str(tmp_path / "ppid")))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (tmp_path / "ppid").exists():
+            time.sleep(0.1)
+        time.sleep(0.1)
+        parent, zygote = map(int, (tmp_path / "ppid").read_text().split())
+        assert parent == zygote
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
 @pytest.mark.slow
 def test_a_forked_run_gives_the_numbers_of_ordinary_kernels(tmp_path):
     runs = {}

@@ -22,6 +22,12 @@ zygote that finds a thread in itself beyond OpenBLAS's pool (a fork of a threade
 lock — the reason the batch runner spawns its own workers; OpenBLAS, loaded by numpy, shuts its pool down
 at fork through ``pthread_atfork``, so its threads are allowed). ``WORKBENCH_FORK_KERNELS=0`` turns the zygote off.
 
+Each forked kernel, while it still runs one thread, forks a copy of itself to serve as its multiprocessing fork
+server (``core.worker_processes``): the training workers of ``train_variants`` are forks of that copy, with the imports
+already done, instead of fresh interpreters. The zygote is a child subreaper (``PR_SET_CHILD_SUBREAPER``): such a
+server, killed with its kernel, is reaped here rather than left a zombie of init, and its CPU time counts in the
+runner's.
+
 The zygote is started with the thread settings the runner gives its kernels (``OMP_NUM_THREADS``,
 ``MKL_NUM_THREADS``), so libraries that read them when imported (numpy's OpenBLAS) see what an ordinary
 kernel would. Its socket is in Linux's abstract namespace (no file, no path-length limit, gone with the
@@ -142,6 +148,7 @@ def serve(path: str) -> None:
     or the zygote is terminated; its kernels are killed on the way out."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the runner, which terminates the zygote
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so that the finally below kills the kernels
+    _become_subreaper()
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(_address(path))
@@ -236,7 +243,9 @@ def _recv_or_empty(sock: socket.socket) -> bytes:
 
 
 def _reap(kernels: dict, orphans: set) -> None:
-    while kernels or orphans:
+    """Reap every exited child: kernels (their clients get the exit code), and the descendants orphaned to this
+    subreaper (a kernel's fork server and workers when the kernel left first)."""
+    while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
@@ -301,6 +310,14 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
         with contextlib.suppress(Exception):
             sys.modules["workbench.core.worker_processes"].stop_fork_server()
         os._exit(code)
+
+
+def _become_subreaper() -> None:
+    """prctl(PR_SET_CHILD_SUBREAPER): a kernel's descendants that outlive it (its fork server for training workers,
+    killed with it) become this process's children, reaped here, rather than init's: no zombies, and their CPU time
+    counted in the runner's (Linux; silently skipped elsewhere)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # 36 = PR_SET_CHILD_SUBREAPER
 
 
 def _die_with_parent() -> None:
