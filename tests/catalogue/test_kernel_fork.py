@@ -54,6 +54,7 @@ def _started_kernel(tmp_path, monkeypatch):
     manager = ipc_kernel_manager()()
     monkeypatch.setenv("MARKER", "from-the-launcher")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("WORKBENCH_FORK_WORKERS", raising=False)  # core.worker_processes' switch: on, as by default
     manager.start_kernel(cwd=str(tmp_path))
     client = manager.client()
     client.start_channels()

@@ -14,7 +14,8 @@ import pytest
 
 from workbench.core import worker_processes
 
-pytestmark = pytest.mark.skipif(worker_processes.unsupported() is not None, reason=str(worker_processes.unsupported()))
+_why_not = worker_processes.unsupported()  # the switch, set by whoever runs the tests, is not a reason to skip
+pytestmark = pytest.mark.skipif(_why_not is not None and not _why_not.startswith(worker_processes.SWITCH_ENV), reason=str(_why_not))
 
 PROBE = '''
 import os, random, sys
@@ -51,9 +52,10 @@ print(json.dumps({"before": before, "after": worker_processes.context().get_star
 '''
 
 
-def _run(tmp_path, script: str) -> dict:
+def _run(tmp_path, script: str, **variables: str) -> dict:
     (tmp_path / "probe.py").write_text(PROBE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    env = {k: v for k, v in os.environ.items() if k != worker_processes.SWITCH_ENV}
+    env.update(variables, PYTHONPATH=os.pathsep.join([str(tmp_path), os.getcwd(), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -96,6 +98,16 @@ def test_stop_reaps_the_server_and_falls_back_to_spawn(tmp_path):
         print(json.dumps({"again": again, "reaped": reaped, "after": worker_processes.context().get_start_method()}))
     ''')
     assert seen == {"again": "this process already has a fork server", "reaped": True, "after": "spawn"}
+
+
+def test_the_switch_turns_the_server_off(tmp_path):
+    seen = _run(tmp_path, '''
+        import json
+        from workbench.core import worker_processes
+        print(json.dumps({"server": worker_processes.start_fork_server(), "why": worker_processes.unsupported(),
+                          "context": worker_processes.context().get_start_method()}))
+    ''', WORKBENCH_FORK_WORKERS="0")
+    assert seen == {"server": None, "why": "WORKBENCH_FORK_WORKERS=0", "context": "spawn"}
 
 
 def test_a_child_of_the_owner_does_not_use_the_owners_server():

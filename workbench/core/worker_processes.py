@@ -12,8 +12,8 @@ At that moment ``start_fork_server()`` forks a copy of it to be the process's mu
 standard library's ``multiprocessing.forkserver.main``, the very server that ``get_context("forkserver")`` would
 otherwise start by spawning a fresh interpreter. From then on ``context()`` hands out the forkserver context, and
 every worker is a fork of that clean, single-threaded copy: no imports to pay, no lock to inherit. Everywhere else (a
-JupyterLab kernel, a script, a Python whose fork server this module does not know) ``context()`` is the spawn
-context, as before.
+JupyterLab kernel, a script, a Python whose fork server this module does not know, ``WORKBENCH_FORK_WORKERS=0``)
+``context()`` is the spawn context, as before.
 
 A worker computes the same thing whichever way it starts. It has the same modules and the same thread setting (the
 runs set their own); torch's global generator is untouched in the copy (no op ran), as in a fresh interpreter; Python's
@@ -36,6 +36,7 @@ import socket
 import sys
 import time
 
+SWITCH_ENV = "WORKBENCH_FORK_WORKERS"  # "0": never start a fork server, spawn every worker
 _owner: int | None = None  # the pid of the process whose fork server start_fork_server() started
 _server: int | None = None  # that server's pid
 # The arguments of multiprocessing.forkserver.main this module knows how to call (Python 3.9–3.13): a newer server
@@ -56,6 +57,8 @@ def fork_server() -> int | None:
 
 def unsupported() -> str | None:
     """None where ``start_fork_server()`` can work here; otherwise why not."""
+    if os.environ.get(SWITCH_ENV, "1") == "0":
+        return f"{SWITCH_ENV}=0"
     if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
         return f"a fork server needs fork() (Linux); this is {sys.platform}"
     from multiprocessing import forkserver
