@@ -52,12 +52,12 @@ print(json.dumps({"before": before, "after": worker_processes.context().get_star
 '''
 
 
-def _run(tmp_path, script: str, **variables: str) -> dict:
+def _run(tmp_path, script: str, expect_code: int = 0, **variables: str) -> dict:
     (tmp_path / "probe.py").write_text(PROBE)
     env = {k: v for k, v in os.environ.items() if k != worker_processes.SWITCH_ENV}
     env.update(variables, PYTHONPATH=os.pathsep.join([str(tmp_path), os.getcwd(), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == expect_code, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -98,6 +98,21 @@ def test_stop_reaps_the_server_and_falls_back_to_spawn(tmp_path):
         print(json.dumps({"again": again, "reaped": reaped, "after": worker_processes.context().get_start_method()}))
     ''')
     assert seen == {"again": "this process already has a fork server", "reaped": True, "after": "spawn"}
+
+
+def test_the_server_leaves_no_file_behind(tmp_path):
+    """Its socket is in the abstract namespace: no socket file, no temporary folder left by a kernel that is killed."""
+    (tmp_path / "tmp").mkdir()
+    _run(tmp_path, '''
+        import json, os
+        from concurrent.futures import ProcessPoolExecutor
+        from workbench.core import worker_processes
+        worker_processes.start_fork_server()
+        with ProcessPoolExecutor(1, mp_context=worker_processes.context()) as pool:
+            print(json.dumps(pool.submit(os.getpid).result()))
+        os.kill(os.getpid(), 9)  # as jupyter ends a kernel that does not stop in time: no exit handler runs
+    ''', expect_code=-9, TMPDIR=str(tmp_path / "tmp"))
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_the_switch_turns_the_server_off(tmp_path):

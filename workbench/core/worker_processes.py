@@ -81,11 +81,12 @@ def start_fork_server() -> int | None:
     global _owner, _server
     if unsupported() is not None:
         return None
-    from multiprocessing import connection, forkserver
+    from multiprocessing import forkserver
 
     listener = socket.socket(socket.AF_UNIX)
-    address = connection.arbitrary_address("AF_UNIX")
-    listener.bind(address)  # Linux: the abstract namespace (no file)
+    # Linux's abstract namespace (a leading NUL): no socket file left behind by a kernel that is killed
+    address = f"\0workbench-fork-server-{os.getpid()}-{os.urandom(6).hex()}"
+    listener.bind(address)
     listener.listen()
     alive_r, alive_w = os.pipe()  # the workers and this process hold the write end; EOF tells the server to leave
     pid = os.fork()
