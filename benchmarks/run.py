@@ -643,14 +643,15 @@ def workers_worker(mode: str) -> dict:
     from workbench.experiments import comparison
 
     kernel_fork.preload()  # the imports a catalogue kernel starts with (forked from the zygote)
-    if mode == "forked":
-        worker_processes.start_fork_server()  # what catalogue.kernel_fork does in each kernel before ipykernel starts
+    if mode == "forked" and worker_processes.start_fork_server() is None:  # what catalogue.kernel_fork does in each kernel
+        raise RuntimeError(f"no fork server here: {worker_processes.unsupported()}")
     variants = {f"v{i}": {} for i in range(WORKERS["variants"])}
 
     def cpu() -> float:
         return sum(getattr(resource.getrusage(who), field) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
                    for field in ("ru_utime", "ru_stime"))
 
+    start_method = worker_processes.context().get_start_method()
     start, wall = cpu(), time.perf_counter()
     runs = comparison.train_variants("ppo", "tiny-arith-qwen2", variants, steps=WORKERS["steps"], problems=WORKERS["problems"],
                                      prompts_per_step=WORKERS["prompts_per_step"], max_new_tokens=WORKERS["max_new_tokens"],
@@ -659,7 +660,8 @@ def workers_worker(mode: str) -> dict:
     worker_processes.stop_fork_server()  # reaped: its workers' CPU time is counted in RUSAGE_CHILDREN from here on
     records = {label: [[{k: v for k, v in r.items() if k != "seconds" and not k.endswith("_seconds")} for r in history]
                        for history in histories] for label, histories in runs.items()}
-    return {"cpu_s": cpu() - start, "wall_s": wall, "records": records, "threads": torch.get_num_threads()}
+    return {"cpu_s": cpu() - start, "wall_s": wall, "records": records, "threads": torch.get_num_threads(),
+            "start_method": start_method}
 
 
 def run_workers(repeats: int, args) -> dict:
@@ -672,6 +674,9 @@ def run_workers(repeats: int, args) -> dict:
             if done.returncode != 0:
                 raise RuntimeError(f"workers worker ({mode}) failed:\n{done.stderr[-3000:]}")
             rounds[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            expected = "forkserver" if mode == "forked" else "spawn"
+            if rounds[mode][-1]["start_method"] != expected:
+                raise RuntimeError(f"the {mode} round started its workers by {rounds[mode][-1]['start_method']}, not {expected}")
     return rounds
 
 

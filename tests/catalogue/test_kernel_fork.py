@@ -65,6 +65,9 @@ def _started_kernel(tmp_path, monkeypatch):
 def test_a_forked_kernel_runs_where_and_as_asked_with_the_modules_loaded(zygote_socket, tmp_path, monkeypatch):
     assert zygote_socket is not None and os.environ[kernel_fork.SOCKET_ENV] == str(zygote_socket)
     manager, client = _started_kernel(tmp_path, monkeypatch)
+    # only this user may ask the zygote for a kernel: a 0600 socket file in a 0700 folder
+    assert os.stat(zygote_socket).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(zygote_socket)).st_mode & 0o777 == 0o700
     try:
         facts = json.loads("".join(_run(client, PROBE)))
         sys_path = facts.pop("sys_path")
@@ -182,16 +185,36 @@ def test_a_forked_run_gives_the_numbers_of_ordinary_kernels(tmp_path):
     assert runs[True] == runs[False]
 
 
+@pytest.mark.slow
+def test_training_workers_forked_in_a_forked_kernel_give_the_numbers_of_spawned_ones(tmp_path, monkeypatch):
+    """Two training notebooks with 2 worker processes each: forks of the kernel's clean copy (forked kernels) against
+    fresh interpreters (ordinary kernels) — every metric equal."""
+    monkeypatch.delenv("WORKBENCH_FORK_WORKERS", raising=False)
+    runs = {}
+    for fork in (True, False):
+        folder, results = run_catalogue(["04", "07"], smoke=True, overrides={"processes": 2}, out_dir=tmp_path / str(fork),
+                                        progress=False, render_html=False, jobs_in_parallel=2, exercises=False, fork_kernels=fork)
+        assert all(r.ok for r in results) and all(r.parameters["processes"] == 2 for r in results)
+        runs[fork] = {r.stem: json.loads((folder / r.stem / "metrics.json").read_text())["metrics"] for r in results}
+    assert runs[True] == runs[False]
+
+
 def test_terminating_the_zygote_kills_its_kernels(zygote_socket, tmp_path, monkeypatch):
     """Last in the module: it terminates the module's zygote (the way ``kernel_fork.zygote`` ends it, SIGTERM)."""
     manager, client = _started_kernel(tmp_path, monkeypatch)
-    kernel_pid, zygote_pid = map(int, "".join(_run(client, "import os; print(os.getpid(), os.getppid())")).split())
+    kernel_pid, zygote_pid, socket_file = "".join(_run(
+        client, "import os; from multiprocessing import forkserver; "
+                "print(os.getpid(), os.getppid(), forkserver._forkserver._forkserver_address)")).split()
+    kernel_pid, zygote_pid = int(kernel_pid), int(zygote_pid)
+    folder = os.path.dirname(socket_file)  # the zygote's private folder of fork-server sockets
+    assert os.path.exists(socket_file) and os.stat(folder).st_mode & 0o777 == 0o700 and os.stat(socket_file).st_mode & 0o777 == 0o600
     client.stop_channels()
     os.kill(zygote_pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and os.path.exists(f"/proc/{kernel_pid}"):
+    while time.monotonic() < deadline and (os.path.exists(f"/proc/{kernel_pid}") or os.path.exists(folder)):
         time.sleep(0.1)
-    assert str(zygote_socket).startswith("@") and not os.path.exists(f"/proc/{kernel_pid}")
+    assert os.path.dirname(str(zygote_socket)) == folder and not os.path.exists(f"/proc/{kernel_pid}")
+    assert not os.path.exists(folder)  # removed with the zygote, though the kernel never removed its socket
     manager.cleanup_resources()
 
 

@@ -30,8 +30,10 @@ runner's.
 
 The zygote is started with the thread settings the runner gives its kernels (``OMP_NUM_THREADS``,
 ``MKL_NUM_THREADS``), so libraries that read them when imported (numpy's OpenBLAS) see what an ordinary
-kernel would. Its socket is in Linux's abstract namespace (no file, no path-length limit, gone with the
-process). The inline figure backend and ipywidgets are *not* preloaded: they hook into IPython when first
+kernel would. Its socket is a file in a private folder (mode 0700, made by the runner, removed after the zygote
+leaves): the kernel forked for a request runs as this user, so only this user may send one (a socket in Linux's
+abstract namespace, used before, is open to every local user). The kernels' fork-server sockets are files in the same
+folder. The inline figure backend and ipywidgets are *not* preloaded: they hook into IPython when first
 imported, which only works inside the kernel.
 
 The module imports only the standard library at the top: the client must start in milliseconds. The
@@ -72,6 +74,7 @@ PRELOAD = (
 MESSAGE_BYTES = 1 << 20  # one request: the kernel's arguments, folder and environment
 CONNECT_SECONDS = 30.0  # a client may start before the zygote has bound its socket
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_private_folder: str | None = None  # the zygote's folder for its kernels' fork-server sockets (removed when it leaves)
 _wakeup: tuple[int, int] | None = None  # the zygote's SIGCHLD pipe (read end, write end)
 
 
@@ -93,7 +96,16 @@ def zygote(enabled: bool = True, threads: int | None = None):
     if not enabled or supported() is not None:
         yield None
         return
-    name = f"@workbench-zygote-{os.getpid()}-{os.urandom(6).hex()}"  # '@': the abstract namespace (see _address)
+    import shutil
+    import tempfile
+
+    # a socket file in a private folder (mode 0700): a request names a connection file, folder and environment, and the
+    # kernel forked for it runs as this user — only this user may send one (an abstract socket is open to every user)
+    folder = tempfile.mkdtemp(prefix="workbench-zygote-")
+    if len(folder) > 90:  # a Unix socket path holds 107 bytes: a long TMPDIR falls back to /tmp
+        os.rmdir(folder)
+        folder = tempfile.mkdtemp(prefix="workbench-zygote-", dir="/tmp")
+    name = os.path.join(folder, "zygote.sock")
     env = {**os.environ, **({v: str(threads) for v in THREAD_VARIABLES} if threads is not None else {})}
     process = subprocess.Popen([sys.executable, "-m", "workbench.catalogue.kernel_fork", "serve", name],
                                stdin=subprocess.DEVNULL, env=env)
@@ -112,6 +124,7 @@ def zygote(enabled: bool = True, threads: int | None = None):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _address(name: str) -> str:
@@ -149,9 +162,17 @@ def serve(path: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the runner, which terminates the zygote
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so that the finally below kills the kernels
     _become_subreaper()
+    import shutil
+    import tempfile
+
+    global _private_folder
     parent = os.getppid()
+    # the kernels' fork-server sockets go beside this one: in its private folder, or in one of the zygote's own
+    _private_folder = os.path.dirname(path) if not path.startswith("@") else tempfile.mkdtemp(prefix="workbench-zygote-")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(_address(path))
+    if not path.startswith("@"):
+        os.chmod(path, 0o600)
     listener.listen(64)  # clients may connect now; they wait for their reply while the imports run
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")  # what ipykernel would set
     with contextlib.suppress(Exception):
@@ -186,6 +207,7 @@ def serve(path: str) -> None:
         for pid in [*kernels.values(), *orphans]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+        shutil.rmtree(_private_folder, ignore_errors=True)
 
 
 def preload() -> None:
@@ -283,6 +305,12 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
         random.seed()
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()
+        if _threads() == 1 and "workbench.core.worker_processes" in sys.modules:  # one thread still (a fork child): training
+            # workers fork from a copy of this, made before set_num_threads (torch's pool) and ipykernel start threads
+            try:
+                sys.modules["workbench.core.worker_processes"].start_fork_server(_private_folder)
+            except Exception:  # noqa: BLE001 — the kernel still runs; its workers are spawned
+                traceback.print_exc()
         threads = os.environ.get("OMP_NUM_THREADS")
         if threads and threads.isdigit() and "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(int(threads))
@@ -292,10 +320,6 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
         sys.argv = ["ipykernel_launcher", *request["argv"], *([f"--IPKernelApp.parent_handle={parent}"] if parent.isdigit() else [])]
         from ipykernel import kernelapp  # already imported by the zygote
 
-        from workbench.core import worker_processes  # imported by the zygote (PRELOAD's comparison)
-
-        if _threads() == 1:  # still one thread, before ipykernel starts its own: training workers fork from a copy of this
-            worker_processes.start_fork_server()
         kernelapp.launch_new_instance()
         code = 0
         atexit._run_exitfuncs()  # the exit handlers an ordinary interpreter would run (IPython's history, temp files)

@@ -15,30 +15,43 @@ every worker is a fork of that clean, single-threaded copy: no imports to pay, n
 JupyterLab kernel, a script, a Python whose fork server this module does not know, ``WORKBENCH_FORK_WORKERS=0``)
 ``context()`` is the spawn context, as before.
 
-A worker computes the same thing whichever way it starts. It has the same modules and the same thread setting (the
-runs set their own); torch's global generator is untouched in the copy (no op ran), as in a fresh interpreter; Python's
-and numpy's global generators are re-seeded from the OS in each worker, as a fresh interpreter's are. The fork server
-leaves when its kernel does (the standard library's "alive" pipe), and dies with it if the kernel is killed
-(``PR_SET_PDEATHSIG``). ``tests/core/test_worker_processes.py`` checks where the workers come from; the slow
-processes-vs-serial test of ``tests/experiments/test_comparison.py`` checks their records.
+A worker computes the same thing whichever way it starts. It has the kernel's modules (more than a spawned worker
+imports; none draws at import) and the same thread setting (the runs set their own); torch's global generator is
+untouched in the copy (no op ran), as in a fresh interpreter; Python's and numpy's global generators are re-seeded from
+the OS in each worker, as a fresh interpreter's are; ``pool()`` hands each worker the caller's environment as it is at
+the call (a fork would see the kernel's at its start). Two differences remain: a forked worker shares the kernel's
+string-hash secret (a spawned one draws its own; no result may depend on set order, and none does — results are
+reproducible with spawned workers), and ``__main__`` in a worker is an empty module (a function defined in a notebook
+cannot be sent to a worker either way). The server's socket is a file in a private folder (mode 0700): the standard
+library's server unpickles whatever a client sends, so only this user may reach it. The fork server leaves when its
+kernel does (the standard library's "alive" pipe), and dies with it if the kernel is killed (``PR_SET_PDEATHSIG``),
+as do its workers. ``tests/core/test_worker_processes.py`` checks where the workers come from; the slow
+processes-vs-serial test of ``tests/experiments/test_comparison.py`` and the forked-kernel test of
+``tests/catalogue/test_kernel_fork.py`` check their records.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import inspect
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
+import types
+from concurrent.futures import ProcessPoolExecutor
 
 SWITCH_ENV = "WORKBENCH_FORK_WORKERS"  # "0": never start a fork server, spawn every worker
 _owner: int | None = None  # the pid of the process whose fork server start_fork_server() started
 _server: int | None = None  # that server's pid
+_own_folder: str | None = None  # the private folder of its socket, when start_fork_server() made it
 # The arguments of multiprocessing.forkserver.main this module knows how to call (Python 3.9–3.13): a newer server
 # (3.14 adds an authentication key) is left to the standard library, and the workers are spawned.
 KNOWN_SERVER_ARGUMENTS = ["listener_fd", "alive_r", "preload", "main_path", "sys_path"]
@@ -73,30 +86,50 @@ def unsupported() -> str | None:
     return None
 
 
-def start_fork_server() -> int | None:
-    """Fork this process's multiprocessing fork server now; its pid, or None (the reason is ``unsupported()``).
+def start_fork_server(folder: str | None = None) -> int | None:
+    """Fork this process's multiprocessing fork server now; its pid, or None (the reason is ``unsupported()``, or the
+    fork failed: the workers are then spawned).
 
     Call it only in a process that runs one thread and whose imports are done: every worker will be a fork of the
-    copy made here. ``catalogue.kernel_fork`` calls it in each forked kernel before ipykernel starts."""
-    global _owner, _server
+    copy made here. ``catalogue.kernel_fork`` calls it in each forked kernel before ipykernel starts. The server's
+    socket is a file in ``folder`` (the zygote's private folder, removed when the zygote leaves), or in a private
+    folder of its own (mode 0700, removed by ``stop_fork_server()`` or at exit): the standard library's server
+    unpickles whatever a client sends, so only this user may reach it."""
+    global _owner, _server, _own_folder
     if unsupported() is not None:
         return None
     from multiprocessing import forkserver
 
+    own = folder is None
+    if own:
+        folder = tempfile.mkdtemp(prefix="workbench-fork-server-")  # mode 0700
+    address = os.path.join(folder, f"fork-server-{os.getpid()}")
     listener = socket.socket(socket.AF_UNIX)
-    # Linux's abstract namespace (a leading NUL): no socket file left behind by a kernel that is killed
-    address = f"\0workbench-fork-server-{os.getpid()}-{os.urandom(6).hex()}"
-    listener.bind(address)
-    listener.listen()
-    alive_r, alive_w = os.pipe()  # the workers and this process hold the write end; EOF tells the server to leave
-    pid = os.fork()
+    alive_r = alive_w = -1
+    try:
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()  # the workers and this process hold the write end; EOF tells the server to leave
+        pid = os.fork()
+    except OSError as error:  # no fork (a pids limit, memory) or no socket: spawn the workers, say why
+        for fd in (alive_r, alive_w):
+            if fd >= 0:
+                os.close(fd)
+        listener.close()
+        if own:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            _unlink(address)
+        print(f"workbench: no fork server for training workers ({error}); they will be spawned", file=sys.stderr)
+        return None
     if pid == 0:  # the server: never returns
         code = 0
         try:
             os.close(alive_w)
-            with contextlib.suppress(Exception):
-                ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the kernel
-            os.register_at_fork(after_in_child=_reseed)  # each worker's global generators, as a fresh interpreter's
+            _die_with_parent()  # with the kernel (PR_SET_PDEATHSIG)
+            os.register_at_fork(after_in_child=_as_a_fresh_worker)
+            sys.modules["__main__"] = types.ModuleType("__main__")  # a worker finds no kernel function under __main__
             forkserver.main(listener.fileno(), alive_r, [])  # no preload: the modules are imported already
         except SystemExit:  # the alive pipe reached EOF: every holder has gone
             pass
@@ -111,33 +144,64 @@ def start_fork_server() -> int | None:
         server._forkserver_address = address
         server._forkserver_alive_fd = alive_w
         server._forkserver_pid = pid
-    _owner, _server = os.getpid(), pid
+    _owner, _server, _own_folder = os.getpid(), pid, folder if own else None
+    if own:
+        atexit.register(shutil.rmtree, folder, True)
     return pid
 
 
-def _reseed() -> None:
+def pool(max_workers: int) -> ProcessPoolExecutor:
+    """A process pool of ``max_workers`` in ``context()``. Forked workers first take this process's environment as it
+    is now (a spawned worker inherits it; a fork would see the kernel's at its start)."""
+    if context().get_start_method() == "forkserver":
+        return ProcessPoolExecutor(max_workers, mp_context=context(), initializer=_adopt_environment, initargs=(dict(os.environ),))
+    return ProcessPoolExecutor(max_workers, mp_context=context())
+
+
+def _adopt_environment(environment: dict[str, str]) -> None:
+    os.environ.clear()
+    os.environ.update(environment)
+
+
+def _as_a_fresh_worker() -> None:
+    """In each worker the server forks: die with the server (so with the kernel), and re-seed the global generators
+    from the OS, as a fresh interpreter does (Python's own is re-seeded at fork already; numpy's is not)."""
+    _die_with_parent()
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
 
 
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
 def stop_fork_server(timeout_s: float = 5.0) -> None:
     """Ask this process's fork server to leave (close the alive pipe) and reap it, killing it after ``timeout_s``
     (a worker still running holds the pipe open). Nothing to do where ``start_fork_server()`` started none."""
-    global _owner, _server
+    global _owner, _server, _own_folder
     if fork_server() is None:
         return
     from multiprocessing import forkserver
 
     server = forkserver._forkserver
-    pid, _owner, _server = _server, None, None
+    pid, folder, _owner, _server, _own_folder = _server, _own_folder, None, None, None
     with server._lock:
         if server._forkserver_pid != pid:  # the standard library found it dead and started its own: that one is the library's
             return
         alive = server._forkserver_alive_fd
+        _unlink(server._forkserver_address)
         server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
     with contextlib.suppress(OSError):
         os.close(alive)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
     deadline = time.monotonic() + timeout_s
     while True:
         try:

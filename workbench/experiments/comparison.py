@@ -17,7 +17,6 @@ held-out accuracy rose by more than the seed noise.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
@@ -89,7 +88,7 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
     keep = [return_models and seed == seeds[0] for _, seed in jobs]
     if processes > 1 and len(jobs) > 1:
         threads = max(1, (os.cpu_count() or 1) // processes)
-        with ProcessPoolExecutor(max_workers=min(processes, len(jobs)), mp_context=worker_processes.context()) as pool:
+        with worker_processes.pool(min(processes, len(jobs))) as pool:
             futures = [pool.submit(_train_one, kind, model, {**common, **variants[label]}, steps, seed, problems, before, threads,
                                    loading, held_out, k, task)
                        for (label, seed), k in zip(jobs, keep, strict=True)]
