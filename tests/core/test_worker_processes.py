@@ -145,7 +145,8 @@ def test_workers_die_with_a_killed_server(tmp_path):
         while time.monotonic() < deadline and running(worker):
             time.sleep(0.05)
         print(json.dumps({"worker_running": running(worker)}))
-        os._exit(0)
+        worker_processes.stop_fork_server()  # reaps the killed server, removes its socket's folder
+        os._exit(0)  # not through the broken pool's exit handler
     ''')
     assert seen == {"worker_running": False}
 
