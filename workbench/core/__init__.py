@@ -1,3 +1,4 @@
 """Pure foundations: tensor maths (losses, batching, chunked log-probs, sampling filters, devices), the
-errors, JSON safety and config options. Imports nothing else of the package.
+errors, JSON safety, config options, paths, and how worker processes start (``worker_processes``). Imports
+nothing else of the package.
 """
