@@ -105,7 +105,7 @@ def test_a_dead_client_costs_only_its_own_request(zygote_socket, tmp_path, monke
     import socket
 
     broken = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # connects, sends garbage, leaves
-    broken.connect(kernel_fork._address(str(zygote_socket)))
+    broken.connect(str(zygote_socket))
     broken.send(b"not json")
     broken.close()
     manager, client = _started_kernel(tmp_path, monkeypatch)  # the zygote still forks for the next client

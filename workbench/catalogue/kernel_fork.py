@@ -127,11 +127,6 @@ def zygote(enabled: bool = True, threads: int | None = None):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _address(name: str) -> str:
-    """A socket name: ``@name`` is Linux's abstract namespace (a leading NUL byte), anything else a file path."""
-    return "\0" + name[1:] if name.startswith("@") else name
-
-
 def kernel_command(cmd: list[str]) -> list[str]:
     """The kernel command line with ``-m ipykernel_launcher`` replaced by the client when a zygote runs."""
     path = os.environ.get(SOCKET_ENV)
@@ -163,16 +158,13 @@ def serve(path: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so that the finally below kills the kernels
     _become_subreaper()
     import shutil
-    import tempfile
 
     global _private_folder
     parent = os.getppid()
-    # the kernels' fork-server sockets go beside this one: in its private folder, or in one of the zygote's own
-    _private_folder = os.path.dirname(path) if not path.startswith("@") else tempfile.mkdtemp(prefix="workbench-zygote-")
+    _private_folder = os.path.dirname(path)  # the runner's private folder: the kernels' fork-server sockets go beside this one
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(_address(path))
-    if not path.startswith("@"):
-        os.chmod(path, 0o600)
+    listener.bind(path)
+    os.chmod(path, 0o600)
     listener.listen(64)  # clients may connect now; they wait for their reply while the imports run
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")  # what ipykernel would set
     with contextlib.suppress(Exception):
@@ -287,7 +279,9 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
     code = 1
     try:
         os.setsid()  # like a kernel jupyter_client starts: its own session, out of reach of the runner's Ctrl-C
-        _die_with_parent()  # a zygote killed outright (SIGKILL) takes its kernels with it
+        from workbench.core.worker_processes import die_with_parent  # imported by the zygote's preload
+
+        die_with_parent()  # a zygote killed outright (SIGKILL) takes its kernels with it
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -344,12 +338,6 @@ def _become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # 36 = PR_SET_CHILD_SUBREAPER
 
 
-def _die_with_parent() -> None:
-    """prctl(PR_SET_PDEATHSIG, SIGKILL): the kernel dies with the zygote (Linux; silently skipped elsewhere)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-
-
 # ---- the client ----------------------------------------------------------------------------------------------------
 def launch(path: str, argv: list[str]) -> int:
     """Ask the zygote at ``path`` for a kernel with ``argv``; wait for it and return its exit code. Falls back
@@ -377,7 +365,7 @@ def _connect(path: str) -> socket.socket:
     while True:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            conn.connect(_address(path))
+            conn.connect(path)
             return conn
         except (ConnectionRefusedError, FileNotFoundError):
             conn.close()

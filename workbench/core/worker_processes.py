@@ -76,8 +76,9 @@ def unsupported() -> str | None:
         return f"a fork server needs fork() (Linux); this is {sys.platform}"
     from multiprocessing import forkserver
 
-    if list(inspect.signature(forkserver.main).parameters) != KNOWN_SERVER_ARGUMENTS:
-        return f"this Python's multiprocessing.forkserver.main takes {list(inspect.signature(forkserver.main).parameters)}"
+    arguments = list(inspect.signature(forkserver.main).parameters)
+    if arguments != KNOWN_SERVER_ARGUMENTS:
+        return f"this Python's multiprocessing.forkserver.main takes {arguments}"
     server = forkserver._forkserver
     if not all(hasattr(server, name) for name in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_lock")):
         return "this Python's multiprocessing.forkserver keeps its state under other names"
@@ -127,7 +128,7 @@ def start_fork_server(folder: str | None = None) -> int | None:
         code = 0
         try:
             os.close(alive_w)
-            _die_with_parent()  # with the kernel (PR_SET_PDEATHSIG)
+            die_with_parent()  # with the kernel (PR_SET_PDEATHSIG)
             os.register_at_fork(after_in_child=_as_a_fresh_worker)
             sys.modules["__main__"] = types.ModuleType("__main__")  # a worker finds no kernel function under __main__
             forkserver.main(listener.fileno(), alive_r, [])  # no preload: the modules are imported already
@@ -153,9 +154,10 @@ def start_fork_server(folder: str | None = None) -> int | None:
 def pool(max_workers: int) -> ProcessPoolExecutor:
     """A process pool of ``max_workers`` in ``context()``. Forked workers first take this process's environment as it
     is now (a spawned worker inherits it; a fork would see the kernel's at its start)."""
-    if context().get_start_method() == "forkserver":
-        return ProcessPoolExecutor(max_workers, mp_context=context(), initializer=_adopt_environment, initargs=(dict(os.environ),))
-    return ProcessPoolExecutor(max_workers, mp_context=context())
+    workers = context()
+    if workers.get_start_method() == "forkserver":
+        return ProcessPoolExecutor(max_workers, mp_context=workers, initializer=_adopt_environment, initargs=(dict(os.environ),))
+    return ProcessPoolExecutor(max_workers, mp_context=workers)
 
 
 def _adopt_environment(environment: dict[str, str]) -> None:
@@ -166,13 +168,14 @@ def _adopt_environment(environment: dict[str, str]) -> None:
 def _as_a_fresh_worker() -> None:
     """In each worker the server forks: die with the server (so with the kernel), and re-seed the global generators
     from the OS, as a fresh interpreter does (Python's own is re-seeded at fork already; numpy's is not)."""
-    _die_with_parent()
+    die_with_parent()
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL): this process dies with its parent (Linux; silently skipped elsewhere)."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
