@@ -584,9 +584,9 @@ def sampler_worker(size: str, rounds: int, device: str) -> dict:
                                                              for _ in range(settings["num_generations"])]))
     common = dict(max_new_tokens=settings["max_new_tokens"], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
 
-    def workbench(seed, draw="multinomial"):
+    def workbench(seed, draw="multinomial", cuda_graph=False):
         r = sample(model, ids, mask, generator=torch.Generator(device).manual_seed(seed), share_prefill=True, static_cache=True,
-                   draw=draw, **common)
+                   draw=draw, cuda_graph=cuda_graph, **common)
         return r.tokens_generated
 
     def generate(seed):
@@ -598,6 +598,8 @@ def sampler_worker(size: str, rounds: int, device: str) -> dict:
     sides = {"workbench": workbench, "generate": generate}
     if size == "large":
         sides["inverse_cdf"] = lambda seed: workbench(seed, "inverse_cdf")
+    if device == "cuda":  # the decode step replayed as a CUDA graph (recorded once per call, inside the timing)
+        sides["cuda_graph"] = lambda seed: workbench(seed, cuda_graph=True)
     rates: dict[str, list[float]] = {side: [] for side in sides}
     for fn in sides.values():
         fn(0)  # warm-up
@@ -609,7 +611,32 @@ def sampler_worker(size: str, rounds: int, device: str) -> dict:
             if device == "cuda":
                 torch.cuda.synchronize()
             rates[side].append(tokens / (_timer(device) - start))
-    return {"settings": settings, "rates": rates}
+    result = {"settings": settings, "rates": rates}
+    if device == "cuda":
+        result["cuda_graph_agreement"] = _graph_agreement(model, ids, mask, common)
+    return result
+
+
+def _graph_agreement(model, ids, mask, common) -> dict:
+    """The CUDA-graph path against the static decoder on the benchmark's prompts, same seeds: rows whose sampled tokens
+    are identical, and the largest |Δ log p| over the tokens both sampled while they still agreed."""
+    import torch
+
+    from workbench.modeling.rollout import sample
+
+    rows = same = 0
+    worst = 0.0
+    for seed in range(3):
+        a, b = (sample(model, ids, mask, generator=torch.Generator(ids.device).manual_seed(seed), share_prefill=True, static_cache=True,
+                       cuda_graph=graph, **common) for graph in (False, True))
+        width = min(a.response_ids.shape[1], b.response_ids.shape[1])
+        agree = (a.response_ids[:, :width] == b.response_ids[:, :width]).long().cumprod(-1).bool() & a.response_mask[:, :width].bool()
+        rows += a.response_ids.shape[0]
+        same += int(((a.response_ids[:, :width] == b.response_ids[:, :width]).all(-1)
+                     & (a.response_ids.shape[1] == b.response_ids.shape[1])).sum())
+        if agree.any():
+            worst = max(worst, float((a.rollout_logprobs[:, :width] - b.rollout_logprobs[:, :width])[agree].abs().max()))
+    return {"rows": rows, "identical_rows": same, "max_abs_logprob_difference": worst}
 
 
 def run_sampler(size: str, rounds: int, args) -> dict:
@@ -627,6 +654,20 @@ def _sampler_line(label: str, result: dict, side: str = "workbench") -> str:
     return (f"{label} ({s['prompts']}×{s['num_generations']} rows, ≤ {s['max_new_tokens']} tokens, {s['calls']} calls per round): "
             f"{statistics.median(rates[side]):.0f} vs model.generate {statistics.median(rates['generate']):.0f} tokens per "
             f"{'second' if 'cuda' in label else 'CPU-second'}, per-round ratios {', '.join(f'{p:.2f}' for p in pairs)} → {ratio:.2f}×")
+
+
+def _graph_lines(label: str, result: dict) -> list[str]:
+    """On a GPU: the CUDA-graph side against model.generate and against the static decoder, and their agreement."""
+    if "cuda_graph" not in result["rates"]:
+        return []
+    rates, agreement = result["rates"], result["cuda_graph_agreement"]
+    pairs = [a / b for a, b in zip(rates["cuda_graph"], rates["workbench"], strict=True)]
+    return [_sampler_line(f"{label}, cuda_graph=True", result, side="cuda_graph"),
+            f"{label}: cuda_graph=True vs the static decoder {statistics.median(rates['cuda_graph']):.0f} vs "
+            f"{statistics.median(rates['workbench']):.0f} tokens per second, per-round ratios {', '.join(f'{p:.2f}' for p in pairs)} → "
+            f"{statistics.median(rates['cuda_graph']) / statistics.median(rates['workbench']):.2f}×; same seeds: "
+            f"{agreement['identical_rows']}/{agreement['rows']} rows identical, max |Δ log p| "
+            f"{agreement['max_abs_logprob_difference']:.2e} while the tokens agree"]
 
 
 # ---- training workers: spawned, or forked from a clean copy of the kernel ---------------------------------------
@@ -787,7 +828,9 @@ def qwen05b_lines(args, chosen: set[str], base: str, steps: int, repeats: int) -
     del model
     lines = []
     if "sampler" in chosen:
-        lines.append(_sampler_line(f"Sampler, {size}, {args.device}", run_sampler("qwen2.5-0.5b", max(3, repeats), args)))
+        result = run_sampler("qwen2.5-0.5b", max(3, repeats), args)
+        lines.append(_sampler_line(f"Sampler, {size}, {args.device}", result))
+        lines.extend(_graph_lines(f"Sampler, {size}, {args.device}", result))
     for kind, settings, measure in (("grpo", GRPO_05B, "reward"), ("dpo", DPO_05B, "loss")):
         if kind in chosen:
             summary = paired(kind, folder, settings, steps, repeats, args, no_gc=True)
@@ -876,10 +919,12 @@ def main() -> int:
         large_folder = _save_model(f"{base}/large", large, large_tok)
         del large
     if "sampler" in chosen:
-        results["sampler"] = {size: run_sampler(size, max(3, repeats), args) for size in SAMPLER}
+        results["sampler"] = {size: run_sampler(size, max(3, repeats), args) for size in ("tiny", "large")}
         lines.append(_sampler_line("Sampler, tiny model", results["sampler"]["tiny"]))
-        lines.append(_sampler_line(f"Sampler, larger model ({large_params / 1e6:.1f}M parameters, "
-                                   f"{LARGE_MODEL['vocab_size']} vocabulary)", results["sampler"]["large"]))
+        lines.extend(_graph_lines(f"Sampler, tiny model, {args.device}", results["sampler"]["tiny"]))
+        large_label = f"Sampler, larger model ({large_params / 1e6:.1f}M parameters, {LARGE_MODEL['vocab_size']} vocabulary)"
+        lines.append(_sampler_line(large_label, results["sampler"]["large"]))
+        lines.extend(_graph_lines(f"{large_label}, {args.device}", results["sampler"]["large"]))
         lines.append(_sampler_line("Sampler, larger model, draw='inverse_cdf' (other tokens per seed)", results["sampler"]["large"],
                                    side="inverse_cdf"))
     if args.only_sampler or args.watch_only:

@@ -39,6 +39,11 @@ dropout active goes through ``model(...)`` as before. Off by default in
 ``sample`` (the prefill's LM head runs on the last position only: log-probs move by ≤ ~1e-6, float
 noise; the tests hold the tokens equal); the trainers turn it on (``RolloutConfig.static_cache``).
 
+``cuda_graph=True`` (with ``static_cache``, on a CUDA model; default off) records that decoder's step once per
+call as a CUDA graph and replays it per token (``workbench.modeling.graphed_decode``): one launch instead of a
+dozen per layer. Its attention spans the whole preallocated cache under a mask, so the log-probs move by float
+noise: its own switch (``RolloutConfig.cuda_graph``).
+
 The default draw is ``torch.multinomial``'s: on a CPU through ``workbench.modeling.draw.multinomial_one``,
 which replicates it (the same tokens and generator state, bitwise, in about half the time at a 32k
 vocabulary; see that module).
@@ -68,6 +73,7 @@ from workbench.core.losses import zero_masked
 from workbench.core.sampling_filters import check_filters, filter_logits
 from workbench.modeling.decode import StaticDecoder, unsupported_reason
 from workbench.modeling.draw import multinomial_one
+from workbench.modeling.graphed_decode import GraphedDecoder, capturable
 
 DRAWS = ("multinomial", "inverse_cdf")
 
@@ -165,6 +171,7 @@ def sample(
     share_prefill: bool = False,
     static_cache: bool = False,
     draw: str = "multinomial",
+    cuda_graph: bool = False,
 ) -> Rollout:
     """Sample up to ``max_new_tokens`` tokens for each left-padded prompt (see module doc).
 
@@ -173,6 +180,9 @@ def sample(
     ``static_cache``: decode steps by ``workbench.modeling.decode.StaticDecoder`` where it supports the model
     (see module doc); False always calls ``model(...)``.
     ``draw``: ``"multinomial"`` (``torch.multinomial``) or ``"inverse_cdf"`` (see module doc).
+    ``cuda_graph``: with ``static_cache`` on a CUDA model, each decode step replays one captured CUDA graph
+    (``workbench.modeling.graphed_decode``: attention over the whole cache buffer under a mask, so log-probs move by
+    float noise); elsewhere ignored.
     """
     check_filters(top_k, top_p)
     truncated = (top_k > 0 or top_p < 1.0) and not greedy
@@ -206,7 +216,7 @@ def sample(
             model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
             pad_token_id=pad_token_id, temperature=temperature, stop_at_eos=stop_at_eos, greedy=greedy,
             generator=generator, truncated=truncated, top_k=top_k, top_p=top_p, share_prefill=share_prefill,
-            static_cache=static_cache, draw=draw,
+            static_cache=static_cache, draw=draw, cuda_graph=cuda_graph,
         )
     # clones made outside inference mode: ordinary tensors that autograd may use later
     raw_response = torch.stack(tokens, dim=1).clone()
@@ -253,7 +263,8 @@ def _prefill(model, prompt_ids, attention_mask, position_ids, share: bool):
 
 
 def _sampling_loop(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_id, pad_token_id, temperature,
-                   stop_at_eos, greedy, generator, truncated, top_k, top_p, share_prefill, static_cache, draw):
+                   stop_at_eos, greedy, generator, truncated, top_k, top_p, share_prefill, static_cache, draw,
+                   cuda_graph=False):
     """The cached decoding loop: the sampled tokens and their log-probs, one tensor per step."""
     stop_ids = _stop_ids(eos_token_id, prompt_ids.device)
     attention_mask = prompt_mask.clone()
@@ -261,7 +272,9 @@ def _sampling_loop(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_
     next_position = position_ids[:, -1:] + 1
     decoder = None
     if static_cache and unsupported_reason(model) is None:
-        decoder = StaticDecoder(model, prompt_ids, prompt_mask, position_ids, max_new_tokens - 1, share_prefill=share_prefill)
+        graphed = cuda_graph and max_new_tokens > 1 and capturable(model)
+        decoder = (GraphedDecoder if graphed else StaticDecoder)(model, prompt_ids, prompt_mask, position_ids, max_new_tokens - 1,
+                                                                 share_prefill=share_prefill)
         last_logits = decoder.first_logits
     else:
         last_logits, cache = _prefill(model, prompt_ids, attention_mask, position_ids, share_prefill)

@@ -71,6 +71,10 @@ class RolloutConfig(TrainerConfig):
     """Sampling: Llama/Qwen2 models under sdpa decode on a preallocated KV cache without
     ``model(...)`` (``modeling.decode.StaticDecoder``): the same tokens, log-probs within float
     noise (≤ 1e-6 measured in fp32); other models, hooks (but a watch's) or active dropout take ``model(...)``."""
+    cuda_graph: bool = False
+    """Sampling on a CUDA GPU, with ``static_cache``: each decode step replays one CUDA graph recorded per
+    rollout (``modeling.graphed_decode``). Attention then spans the whole preallocated cache under a mask, so
+    log-probs move by float noise (measured in docs/GPU.md): off by default; ignored on a CPU."""
     sampling_draw: str = "multinomial"
     """Sampling: ``multinomial`` (``torch.multinomial``) or ``inverse_cdf`` (one uniform per row
     against the cumulative probabilities: the same distribution, other tokens per seed; ~10× cheaper
@@ -138,7 +142,7 @@ class RolloutTrainer(Trainer):
             self.policy if sampler is None else sampler, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens,
             temperature=c.temperature, eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
             stop_at_eos=c.stop_at_eos, generator=sampling_generator(generator, self.device, c.seed, step),
-            share_prefill=repeats > 1, static_cache=c.static_cache, draw=c.sampling_draw,
+            share_prefill=repeats > 1, static_cache=c.static_cache, draw=c.sampling_draw, cuda_graph=c.cuda_graph,
         )
         return problems, rollout
 

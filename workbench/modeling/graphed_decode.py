@@ -1,0 +1,116 @@
+"""The static decoder's step with fixed shapes, captured once per batch as a CUDA graph.
+
+Why: on a GPU, a decode step of a small or mid-sized model is bound by kernel launches, not by
+its matmuls — about fifteen launches per layer, each a few microseconds of CPU time, for one
+token per row (Qwen2.5-0.5B: 24 layers, ~360 launches a token). A CUDA graph records the step's
+kernels once and replays them with one launch. ``StaticDecoder``'s step cannot be captured as it
+is: it attends over a slice of the cache that grows by one column per token, so every step has
+other shapes.
+
+``GraphedDecoder`` changes that and nothing else:
+
+* the step's column (where the token's key and value go) is a 0-dim tensor on the device, and
+  the graph advances it itself;
+* the rotary cos/sin of the step are picked with ``index_select`` on that tensor, and the key and
+  value written with ``index_copy_`` — the same values ``StaticDecoder`` slices;
+* attention covers the **whole** preallocated buffer (prompt + every future position) under a
+  boolean mask that keeps the prompt's real tokens and the columns written so far. The other
+  columns hold zeros (never uninitialised memory: a NaN there would poison a masked softmax).
+
+So the step computes the same attention as ``StaticDecoder``'s, over more columns whose weights
+are exactly zero: a masked reduction over a longer row, which a kernel may sum in another order
+or with another algorithm (an unpadded batch goes from sdpa without a mask to sdpa with one).
+Its logits therefore agree with the plain path's within float noise, not bitwise — a different
+computation, behind its own switch (``sample(cuda_graph=True)``, ``RolloutConfig.cuda_graph``,
+off by default). Tolerance tested on the CPU (the captured code runs there eagerly:
+``capture=False``) and, where a GPU is present, the replayed graph against the eager step
+(``tests/modeling/test_graphed_decode.py``; measurements in ``docs/GPU.md``).
+
+Capture happens once per ``sample`` call (the buffers belong to the batch): two warm-up steps on
+a side stream, then the recording, both undone (the column reset; the warm-up's keys and values
+sit in masked columns until the real steps overwrite them). Sampling, the stop check and the
+``NonFiniteError`` check stay outside the graph, as in every other path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from workbench.modeling.decode import StaticDecoder, _rms_norm, _rotate_half
+
+WARMUP_STEPS = 2  # eager steps on a side stream before recording (PyTorch's advice: kernels chosen, workspaces allocated)
+
+
+def capturable(model) -> bool:
+    """True when ``GraphedDecoder`` can record its step as a CUDA graph for ``model`` (on a CUDA device)."""
+    return model.lm_head.weight.device.type == "cuda"
+
+
+class GraphedDecoder(StaticDecoder):
+    """``StaticDecoder`` whose step has fixed shapes (see module doc); ``capture`` (default: on CUDA) records it
+    as a CUDA graph and replays it per token, otherwise the same fixed-shape step runs eagerly."""
+
+    def __init__(self, model, prompt_ids, prompt_mask, position_ids, max_new_tokens: int, share_prefill: bool = False,
+                 capture: bool | None = None):
+        super().__init__(model, prompt_ids, prompt_mask, position_ids, max_new_tokens, share_prefill=share_prefill)
+        device = self.embedding.device
+        batch = prompt_mask.shape[0]
+        for *_, keys, values in self.layers:  # the future columns: zeros, not whatever new_empty left there
+            keys[:, :, self.prompt_len :].zero_()
+            values[:, :, self.prompt_len :].zero_()
+        total = self.prompt_len + max_new_tokens
+        # the columns a token may attend to: the prompt's real tokens and every future position, cut at the step's column
+        self._allowed = torch.cat([prompt_mask.bool(), prompt_mask.new_ones((batch, max_new_tokens), dtype=torch.bool)], dim=1)
+        self._allowed = self._allowed[:, None, None, :]
+        self._columns = torch.arange(total, device=device)
+        self._column = torch.full((), self.prompt_len, dtype=torch.long, device=device)
+        self._token = torch.zeros(batch, dtype=torch.long, device=device)
+        self._graph, self._logits = None, None
+        if capture is None:
+            capture = device.type == "cuda"
+        if capture:
+            self._capture()
+
+    def _capture(self) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                self._column.fill_(self.prompt_len)  # always the first column: in range whatever max_new_tokens is
+                self._fixed_step()
+        torch.cuda.current_stream().wait_stream(side)
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph):
+            self._logits = self._fixed_step()
+        self._column.fill_(self.prompt_len)  # the warm-up steps advanced it
+
+    def _step(self, token: torch.Tensor) -> torch.Tensor:
+        self.step_index += 1
+        self._token.copy_(token)
+        if self._graph is None:
+            return self._fixed_step()
+        self._graph.replay()
+        return self._logits.clone()  # the graph's output buffer is overwritten by the next replay
+
+    def _fixed_step(self) -> torch.Tensor:
+        """One decode step on fixed shapes: the token in ``self._token``, its column in ``self._column`` (then advanced)."""
+        column = self._column.view(1)
+        offset = column - self.prompt_len
+        batch, head_dim = self._token.shape[0], self.head_dim
+        x = F.embedding(self._token[:, None], self.embedding, self.padding_idx)
+        cos, sin = self.cos.index_select(1, offset)[:, None], self.sin.index_select(1, offset)[:, None]
+        mask = self._allowed & (self._columns <= column)
+        shape = (batch, 1, -1, head_dim)
+        for norm1, projections, o_proj, norm2, act, down, keys, values in self.layers:
+            h = _rms_norm(norm1, x)
+            q, k, v = self._qkv(h, projections, shape)
+            q = (q * cos) + (_rotate_half(q) * sin)
+            k = (k * cos) + (_rotate_half(k) * sin)
+            keys.index_copy_(2, column, k)
+            values.index_copy_(2, column, v)
+            x = x + F.linear(self._attention(q, keys, values, mask, batch), *o_proj)
+            x = x + self._mlp(_rms_norm(norm2, x), projections, act, down)
+        self._column.add_(1)
+        x = _rms_norm(self.norm, x)
+        return self._head(x[:, -1])
