@@ -139,7 +139,7 @@ def _grpo_workbench(folder, settings, steps, seed, device):
     trainer = GRPOTrainer(model, tok, rl_problems(64, task=settings.get("task", "arith")), GRPOConfig(
         steps=10**6, prompts_per_step=settings["prompts"], num_generations=settings["num_generations"],
         max_new_tokens=settings["max_new_tokens"], learning_rate=settings["learning_rate"], progress=False, seed=seed,
-        precision=settings.get("precision", "fp32")))
+        precision=settings.get("precision", "fp32"), cuda_graph=settings.get("cuda_graph", False)))
     state = {"step": 0, "tokens": 0.0, "rewards": []}
 
     def step():
@@ -352,10 +352,16 @@ def paired(name: str, folder: str, settings: dict, steps: int, repeats: int, arg
         workers["trl_no_gc"] = Worker(f"{name}-trl_no_gc", folder, {**settings, **NO_GC}, steps, args)
     if args.baseline:
         workers["baseline"] = Worker(f"{name}-workbench", folder, settings, steps, args, tree=args.baseline)
+    graphed = args.cuda_graph and args.device == "cuda" and name == "grpo"
+    if graphed:  # the workbench again with its decode steps replayed as CUDA graphs (RolloutConfig.cuda_graph), same rotation
+        workers["workbench_graph"] = Worker(f"{name}-workbench", folder, {**settings, "cuda_graph": True}, steps, args)
     runs = alternate(workers, repeats)
     summary = _summary(runs["workbench"], runs["trl"], repeats, args)
     if no_gc:
         summary["no_gc"] = _summary(runs["workbench"], runs["trl_no_gc"], repeats, args)
+    if graphed:
+        summary["graph"] = {other: _summary(runs["workbench_graph"], runs[other], repeats, args)
+                            for other in ("workbench", "trl", "trl_no_gc") if other in runs}
     if args.baseline:  # this tree's workbench against the baseline tree's, and the baseline against TRL
         summary["baseline"] = _summary(runs["workbench"], runs["baseline"], repeats, args)
         summary["baseline_vs_trl"] = {other: _summary(runs["baseline"], runs[other], repeats, args)
@@ -611,7 +617,7 @@ def sampler_worker(size: str, rounds: int, device: str) -> dict:
             if device == "cuda":
                 torch.cuda.synchronize()
             rates[side].append(tokens / (_timer(device) - start))
-    result = {"settings": settings, "rates": rates}
+    result = {"settings": settings, "rates": rates, "device": device}
     if device == "cuda":
         result["cuda_graph_agreement"] = _graph_agreement(model, ids, mask, common)
     return result
@@ -653,7 +659,7 @@ def _sampler_line(label: str, result: dict, side: str = "workbench") -> str:
     ratio = statistics.median(rates[side]) / statistics.median(rates["generate"])
     return (f"{label} ({s['prompts']}×{s['num_generations']} rows, ≤ {s['max_new_tokens']} tokens, {s['calls']} calls per round): "
             f"{statistics.median(rates[side]):.0f} vs model.generate {statistics.median(rates['generate']):.0f} tokens per "
-            f"{'second' if 'cuda' in label else 'CPU-second'}, per-round ratios {', '.join(f'{p:.2f}' for p in pairs)} → {ratio:.2f}×")
+            f"{'second' if result.get('device') == 'cuda' else 'CPU-second'}, per-round ratios {', '.join(f'{p:.2f}' for p in pairs)} → {ratio:.2f}×")
 
 
 def _graph_lines(label: str, result: dict) -> list[str]:
@@ -836,7 +842,15 @@ def qwen05b_lines(args, chosen: set[str], base: str, steps: int, repeats: int) -
             summary = paired(kind, folder, settings, steps, repeats, args, no_gc=True)
             lines.append(_comparison_line(f"{kind.upper()}, {size}", summary, measure))
             lines.append(_comparison_line(f"{kind.upper()}, {size} (TRL without gradient checkpointing)", summary["no_gc"], measure))
+            lines += _graph_comparison_lines(f"{kind.upper()}, {size}", summary, measure)
     return lines
+
+
+def _graph_comparison_lines(label: str, summary: dict, measure: str) -> list[str]:
+    """``--cuda-graph`` on a GPU: the workbench with CUDA-graph decoding against TRL (both settings) and against itself without."""
+    names = {"trl": "TRL", "trl_no_gc": "TRL without gradient checkpointing", "workbench": "the workbench without cuda_graph"}
+    return [_comparison_line(f"{label}, cuda_graph=True (the 'TRL' side: {names[other]})", s, measure)
+            for other, s in summary.get("graph", {}).items()]
 
 
 def _load() -> str:
@@ -845,6 +859,9 @@ def _load() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="with --device cuda: the GRPO lines also time the workbench with RolloutConfig.cuda_graph=True "
+                             "(decode steps replayed as CUDA graphs) in the same rotation")
     parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (about 1.5 minutes)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per repeat (tiny model)")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per side (≥ 3 for a median worth quoting)")
@@ -947,6 +964,7 @@ def main() -> int:
         results[line] = paired(kind, folder, settings, line_steps, repeats, args, no_gc=True)
         lines.append(_comparison_line(name, results[line], measure))
         lines.append(_comparison_line(f"{name} (TRL without gradient checkpointing)", results[line]["no_gc"], measure))
+        lines += _graph_comparison_lines(name, results[line], measure)
         if args.baseline:
             lines += _baseline_lines(short, results[line], measure, args.baseline)
     if "large" in chosen:
