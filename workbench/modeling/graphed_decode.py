@@ -1,9 +1,9 @@
 """The static decoder's step with fixed shapes, captured once per batch as a CUDA graph.
 
 Why: on a GPU, a decode step of a small or mid-sized model is bound by kernel launches, not by
-its matmuls — about fifteen launches per layer, each a few microseconds of CPU time, for one
-token per row (Qwen2.5-0.5B: 24 layers, ~360 launches a token). A CUDA graph records the step's
-kernels once and replays them with one launch. ``StaticDecoder``'s step cannot be captured as it
+its matmuls: dozens of kernel launches per layer (norms, projections, rotary, cache writes,
+attention, MLP), each microseconds of CPU time, for one token per row, and Qwen2.5-0.5B has 24
+layers. A CUDA graph records the step's kernels once and replays them with one launch. ``StaticDecoder``'s step cannot be captured as it
 is: it attends over a slice of the cache that grows by one column per token, so every step has
 other shapes.
 
