@@ -659,7 +659,8 @@ def _sampler_line(label: str, result: dict, side: str = "workbench") -> str:
     ratio = statistics.median(rates[side]) / statistics.median(rates["generate"])
     return (f"{label} ({s['prompts']}×{s['num_generations']} rows, ≤ {s['max_new_tokens']} tokens, {s['calls']} calls per round): "
             f"{statistics.median(rates[side]):.0f} vs model.generate {statistics.median(rates['generate']):.0f} tokens per "
-            f"{'second' if result.get('device') == 'cuda' else 'CPU-second'}, per-round ratios {', '.join(f'{p:.2f}' for p in pairs)} → {ratio:.2f}×")
+            f"{'second' if result.get('device') == 'cuda' else 'CPU-second'}, "
+            f"per-round ratios {', '.join(f'{p:.2f}' for p in pairs)} → {ratio:.2f}×")
 
 
 def _graph_lines(label: str, result: dict) -> list[str]:

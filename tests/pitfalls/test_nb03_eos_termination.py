@@ -75,3 +75,17 @@ def test_missing_eos_note_follows_the_counts():
     assert "not below" in eos.missing_eos_note(torch.tensor([1.0, 0.0, 0.0, 0.0]), finished, 0.0)
     assert "no finished-but-wrong" in eos.missing_eos_note(torch.tensor([1.0, 1.0, 0.0, 0.0]), finished, 1.0)
     assert "changes nothing" in eos.missing_eos_note(torch.tensor([1.0, 0.0]), torch.tensor([True, True]), 1.0)
+
+
+def test_the_one_step_tolerance_follows_the_trainers_precision():
+    """Under bf16 autocast the step with and without decoding past EOS moved by 1.5e-4 on an H200 (two batch widths,
+    bf16 kernels): float noise there, a failure in fp32."""
+    import pytest
+
+    runs = fake_runs(eos.PPO_VARIANTS, ("reward", "tokens_generated", "rollout_seconds"), seeds=1)
+    assert not eos.metrics(costs=COSTS, loss_gap=1.5e-4, masks=MASKS, runs=runs)["fixed"]
+    mixed = eos.metrics(costs=COSTS, loss_gap=1.5e-4, masks=MASKS, runs=runs, precision="bf16-mixed")
+    assert mixed["fixed"] and mixed["metrics"]["one_step_loss_tolerance"] == eos.LOSS_TOLERANCE["bf16-mixed"]
+    assert not eos.metrics(costs=COSTS, loss_gap=0.05, masks=MASKS, runs=runs, precision="bf16")["fixed"]
+    with pytest.raises(ValueError, match="precision='fp64'.*use one of"):
+        eos.metrics(costs=COSTS, loss_gap=0.0, masks=MASKS, runs=runs, precision="fp64")

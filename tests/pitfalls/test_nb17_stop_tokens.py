@@ -17,7 +17,7 @@ PROMPTS = ["1+2=", "Say something.", "12+3=", "Say something."]
 
 def fake_run(truncated: float, tokens: float) -> dict:
     return {"stopped_fraction": 1 - truncated, "counted_finished_fraction": 1 - truncated, "truncated_fraction": truncated,
-            "mean_length": tokens, "tokens_generated_per_response": tokens, "example": "4<|im_end|>"}
+            "miscounted_fraction": 0.0, "mean_length": tokens, "tokens_generated_per_response": tokens, "example": "4<|im_end|>"}
 
 
 RUNS = dict(zip(["stop on generation config", "stop on turn end, count tokenizer EOS", "union of all three (fix)"],
@@ -95,12 +95,22 @@ def test_p17_partial_stop_sets_truncate_everything_and_the_union_does_not():
     never, miscounted, union = runs.values()
     assert never["stopped_fraction"] == 0.0 and never["truncated_fraction"] == 1.0 and never["mean_length"] == 16
     assert miscounted["stopped_fraction"] == 1.0 and miscounted["truncated_fraction"] == 1.0
-    assert union["truncated_fraction"] == 0.0 and union["mean_length"] < 8
-    assert p17.verdict(never["truncated_fraction"], union["truncated_fraction"]) == (True, True)
+    assert miscounted["miscounted_fraction"] == 1.0 and never["miscounted_fraction"] == 0.0
+    assert union["truncated_fraction"] == 0.0 and union["miscounted_fraction"] == 0.0 and union["mean_length"] < 8
+    assert p17.verdict(never["truncated_fraction"], union["truncated_fraction"], union["miscounted_fraction"]) == (True, True)
 
 
 def test_p17_verdict_false_on_bug_absent_numbers():
     from workbench.pitfalls import nb17_stop_tokens as p17
 
-    assert p17.verdict(0.0, 0.0) == (False, True)
-    assert p17.verdict(1.0, 1.0) == (True, False)
+    assert p17.verdict(0.0, 0.0, 0.0) == (False, True)
+    assert p17.verdict(1.0, 1.0, 0.0) == (True, False)  # the union stopped nothing
+
+
+def test_p17_verdict_judges_the_fix_by_its_counting_not_by_responses_that_never_stopped():
+    """On an H200 in bf16 one of 8 responses emitted no stop id within 16 tokens under the union: truncated for real,
+    counted so. That is not the bug; a response that stopped and is counted truncated is."""
+    from workbench.pitfalls import nb17_stop_tokens as p17
+
+    assert p17.verdict(1.0, 0.125, 0.0) == (True, True)
+    assert p17.verdict(1.0, 0.125, 0.125) == (True, False)

@@ -65,6 +65,7 @@ def rollout_under(model, tokenizer, prompts: list[str], *, stop_ids: list[int], 
         "stopped_fraction": float(rollout.finished.float().mean()),
         "counted_finished_fraction": float(finished.float().mean()),
         "truncated_fraction": 1.0 - float(finished.float().mean()),
+        "miscounted_fraction": float((rollout.finished & ~finished).float().mean()),  # stopped, yet counted truncated
         "mean_length": float(rollout.response_lengths.float().mean()),
         "tokens_generated_per_response": rollout.tokens_generated / len(prompts),
         "example": tokenizer.decode(rollout.response_ids[0][rollout.response_mask[0].bool()]),
@@ -95,9 +96,12 @@ def not_shown(sources: dict[str, list[int]]) -> str | None:
     return None
 
 
-def verdict(bug_truncated: float, fix_truncated: float, *, signature: float = 0.5, tolerance: float = 0.1) -> tuple[bool, bool]:
-    """``(reproduced, fixed)``: most responses counted truncated with a partial stop set, few with the union."""
-    return bug_truncated > signature, fix_truncated < tolerance
+def verdict(bug_truncated: float, fix_truncated: float, fix_miscounted: float, *, signature: float = 0.5) -> tuple[bool, bool]:
+    """``(reproduced, fixed)``: more than ``signature`` of the responses counted truncated with a partial stop set; with
+    the union no response that stopped is counted truncated (``fix_miscounted`` is 0: a share of whole responses) and
+    fewer than ``signature`` are truncated. Those left are responses that emitted no stop id within the budget — a
+    sampling outcome, not a counting error: one of 8 in bf16 on a GPU (docs/GPU.md), none on the CPU."""
+    return bug_truncated > signature, fix_miscounted == 0.0 and fix_truncated < signature
 
 
 def checkpoint_audit_lines() -> str:
@@ -151,7 +155,8 @@ def run_lines(runs: dict) -> str:
 def metrics(runs: dict, sources: dict[str, list[int]]) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 17 (``runs``: the three ``scenarios``, in order)."""
     never_stops, counted_wrong, union = runs.values()
-    reproduced, fixed = verdict(min(never_stops["truncated_fraction"], counted_wrong["truncated_fraction"]), union["truncated_fraction"])
+    reproduced, fixed = verdict(min(never_stops["truncated_fraction"], counted_wrong["truncated_fraction"]), union["truncated_fraction"],
+                                union["miscounted_fraction"])
     return dict(
         notebook="17_stop_tokens", not_shown=not_shown(sources), reproduced=reproduced, fixed=fixed,
         metrics={"sources": sources, "runs": {n: {k: v for k, v in r.items() if k != "example"} for n, r in runs.items()}},

@@ -28,6 +28,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core.devices import model_device
 from workbench.tasks import encode_prompts
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
@@ -104,7 +105,8 @@ def step0_kl(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mode:
     m = attention_mask.bool()
     ref, pol = ref[m], pol[m]
     kl = (ref.exp() * (ref - pol)).sum(-1)
-    token = torch.multinomial(ref.exp(), 1, generator=torch.Generator().manual_seed(seed))
+    # drawn on the CPU whatever the model's device: the same token for a seed on any machine's CPU generator
+    token = torch.multinomial(ref.exp().cpu(), 1, generator=torch.Generator().manual_seed(seed)).to(ref.device)
     log_r = (ref.gather(-1, token) - pol.gather(-1, token)).squeeze(-1)  # log π_ref − log π
     k3 = log_r.exp() - log_r - 1
     return {"mode": mode, "cap": cap, "kl": float(kl.mean()), "k3": float(k3.mean()), "max_raw_logit": float(raw[m].abs().max()),
@@ -112,8 +114,10 @@ def step0_kl(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mode:
 
 
 def spread_sweep(model, tokenizer, prompts: list[str], spreads: list[float], *, seed: int = 0) -> list[dict]:
-    """``step0_kl`` for every cap mode at every raw-logit spread: ``[{"spread", mode: result, ...}]``."""
-    ids, mask = encode_prompts(tokenizer, prompts)
+    """``step0_kl`` for every cap mode at every raw-logit spread: ``[{"spread", mode: result, ...}]``. The prompts are
+    encoded on the CPU and moved to the model's device."""
+    device = model_device(model)
+    ids, mask = (t.to(device) for t in encode_prompts(tokenizer, prompts))
     rows = []
     for spread in spreads:
         scaled = with_logit_spread(model, ids, mask, spread)
