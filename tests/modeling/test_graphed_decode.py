@@ -124,13 +124,33 @@ def test_replayed_graph_equals_the_eager_fixed_step(name, layout):
 @pytest.mark.parametrize("name", ["tiny-arith-qwen2", "llama"])
 @pytest.mark.parametrize("layout", ["padded", "unpadded", "groups"])
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 16])
-def test_graphed_sampling_on_cuda_samples_the_static_tokens(name, layout, max_new_tokens):
+def test_graphed_sampling_on_cuda_samples_the_static_tokens(name, layout, max_new_tokens, monkeypatch):
     model, tokenizer = _model(name, "cuda")
     ids, mask = _prompts(tokenizer, layout, "cuda")
     common = dict(max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                   share_prefill=layout == "groups", static_cache=True)
+    recorded = []
+    capture = GraphedDecoder._capture
+    monkeypatch.setattr(GraphedDecoder, "_capture", lambda self: (recorded.append(self), capture(self)))
     a, b = (sample(model, ids, mask, generator=torch.Generator("cuda").manual_seed(5), cuda_graph=graph, **common)
             for graph in (False, True))
+    assert len(recorded) == (max_new_tokens > 1)  # one graph for the graphed call (one token: no decode step to record)
     assert torch.equal(a.response_ids, b.response_ids)
     assert a.decode_steps == b.decode_steps
     assert (a.rollout_logprobs - b.rollout_logprobs).abs().max() <= LOGPROB_TOLERANCE
+
+
+def test_a_graphed_decoder_needs_a_decode_step():
+    model, tokenizer = _model("tiny-arith-qwen2")
+    ids, mask = _prompts(tokenizer, "padded")
+    with pytest.raises(ValueError, match="max_new_tokens=0: a graphed decoder needs at least one decode step"):
+        GraphedDecoder(model, ids, mask, position_ids_from_mask(mask), 0, capture=False)
+
+
+@cuda
+def test_no_graph_under_cuda_autocast():
+    """``precision="bf16-mixed"`` samples under CUDA autocast: not verified with graphs, so the static decoder runs."""
+    model, _ = _model("tiny-arith-qwen2", "cuda")
+    assert capturable(model)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert not capturable(model)

@@ -97,20 +97,20 @@ def test_p17_partial_stop_sets_truncate_everything_and_the_union_does_not():
     assert miscounted["stopped_fraction"] == 1.0 and miscounted["truncated_fraction"] == 1.0
     assert miscounted["miscounted_fraction"] == 1.0 and never["miscounted_fraction"] == 0.0
     assert union["truncated_fraction"] == 0.0 and union["miscounted_fraction"] == 0.0 and union["mean_length"] < 8
-    assert p17.verdict(never["truncated_fraction"], union["truncated_fraction"], union["miscounted_fraction"]) == (True, True)
+    assert p17.verdict(never["truncated_fraction"], union["counted_finished_fraction"], miscounted["stopped_fraction"]) == (True, True)
 
 
 def test_p17_verdict_false_on_bug_absent_numbers():
     from workbench.pitfalls import nb17_stop_tokens as p17
 
-    assert p17.verdict(0.0, 0.0, 0.0) == (False, True)
-    assert p17.verdict(1.0, 1.0, 0.0) == (True, False)  # the union stopped nothing
+    assert p17.verdict(0.0, 1.0, 1.0) == (False, True)
+    assert p17.verdict(1.0, 0.0, 0.0) == (True, False)  # the union counted nothing finished
 
 
-def test_p17_verdict_judges_the_fix_by_its_counting_not_by_responses_that_never_stopped():
-    """On an H200 in bf16 one of 8 responses emitted no stop id within 16 tokens under the union: truncated for real,
-    counted so. That is not the bug; a response that stopped and is counted truncated is."""
+def test_p17_verdict_judges_the_fix_by_the_responses_that_stop_not_by_those_that_never_do():
+    """On an H200 in bf16, 7 of 8 responses stopped on the turn end and 1 emitted no stop id within 16 tokens: under the
+    union the 7 are counted finished and the 1 truncated, for real. A union that counted fewer than stopped would not be the fix."""
     from workbench.pitfalls import nb17_stop_tokens as p17
 
-    assert p17.verdict(1.0, 0.125, 0.0) == (True, True)
-    assert p17.verdict(1.0, 0.125, 0.125) == (True, False)
+    assert p17.verdict(1.0, 0.875, 0.875) == (True, True)
+    assert p17.verdict(1.0, 0.75, 0.875) == (True, False)

@@ -28,8 +28,10 @@ off by default). Tolerance tested on the CPU (the captured code runs there eager
 
 Capture happens once per ``sample`` call (the buffers belong to the batch): two warm-up steps on
 a side stream, then the recording, both undone (the column reset; the warm-up's keys and values
-sit in masked columns until the real steps overwrite them). Sampling, the stop check and the
-``NonFiniteError`` check stay outside the graph, as in every other path.
+sit in masked columns until the real steps overwrite them). Entering ``torch.cuda.graph``
+synchronises the device and empties the caching allocator's free blocks, once per call. Sampling,
+the stop check and the ``NonFiniteError`` check stay outside the graph, as in every other path.
+Under CUDA autocast (``precision="bf16-mixed"``) the static decoder runs instead (``capturable``).
 """
 
 from __future__ import annotations
@@ -43,8 +45,12 @@ WARMUP_STEPS = 2  # eager steps on a side stream before recording (PyTorch's adv
 
 
 def capturable(model) -> bool:
-    """True when ``GraphedDecoder`` can record its step as a CUDA graph for ``model`` (on a CUDA device)."""
-    return model.lm_head.weight.device.type == "cuda"
+    """True when ``GraphedDecoder`` can record its step as a CUDA graph for ``model``: on a CUDA device, and outside
+    CUDA autocast (``precision="bf16-mixed"``). Under autocast the recorded step would read autocast's cached bf16
+    copies of the weights, valid only while that cache lives; PyTorch's CUDA-graph notes ask for
+    ``cache_enabled=False`` instead, and no graph under autocast has been run on a GPU here — so that case takes the
+    static decoder. fp32 and pure bf16 (``precision="bf16"``) were measured (docs/GPU.md)."""
+    return model.lm_head.weight.device.type == "cuda" and not torch.is_autocast_enabled("cuda")
 
 
 class GraphedDecoder(StaticDecoder):
@@ -53,6 +59,9 @@ class GraphedDecoder(StaticDecoder):
 
     def __init__(self, model, prompt_ids, prompt_mask, position_ids, max_new_tokens: int, share_prefill: bool = False,
                  capture: bool | None = None):
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens}: a graphed decoder needs at least one decode step "
+                             "(sample() uses the static decoder when only one token is sampled)")
         super().__init__(model, prompt_ids, prompt_mask, position_ids, max_new_tokens, share_prefill=share_prefill)
         device = self.embedding.device
         batch = prompt_mask.shape[0]
@@ -73,6 +82,10 @@ class GraphedDecoder(StaticDecoder):
             self._capture()
 
     def _capture(self) -> None:
+        with torch.cuda.device(self.embedding.device):  # streams and graph on the model's GPU, not the current one
+            self._record()
+
+    def _record(self) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

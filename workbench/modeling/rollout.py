@@ -182,7 +182,7 @@ def sample(
     ``draw``: ``"multinomial"`` (``torch.multinomial``) or ``"inverse_cdf"`` (see module doc).
     ``cuda_graph``: with ``static_cache`` on a CUDA model, each decode step replays one captured CUDA graph
     (``workbench.modeling.graphed_decode``: attention over the whole cache buffer under a mask, so log-probs move by
-    float noise); elsewhere ignored.
+    float noise); ignored on a CPU and under CUDA autocast (``graphed_decode.capturable``).
     """
     check_filters(top_k, top_p)
     truncated = (top_k > 0 or top_p < 1.0) and not greedy

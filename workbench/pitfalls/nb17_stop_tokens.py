@@ -96,12 +96,14 @@ def not_shown(sources: dict[str, list[int]]) -> str | None:
     return None
 
 
-def verdict(bug_truncated: float, fix_truncated: float, fix_miscounted: float, *, signature: float = 0.5) -> tuple[bool, bool]:
+def verdict(bug_truncated: float, fix_counted_finished: float, stopped_on_turn_end: float, *,
+            signature: float = 0.5) -> tuple[bool, bool]:
     """``(reproduced, fixed)``: more than ``signature`` of the responses counted truncated with a partial stop set; with
-    the union no response that stopped is counted truncated (``fix_miscounted`` is 0: a share of whole responses) and
-    fewer than ``signature`` are truncated. Those left are responses that emitted no stop id within the budget — a
-    sampling outcome, not a counting error: one of 8 in bf16 on a GPU (docs/GPU.md), none on the CPU."""
-    return bug_truncated > signature, fix_miscounted == 0.0 and fix_truncated < signature
+    the union, every response that stopped on the turn end alone is counted finished (``fix_counted_finished ≥
+    stopped_on_turn_end``: the same seed samples the same tokens up to the first stop, and the union contains the turn
+    end) and more than ``signature`` are. Responses left truncated under the union emitted no stop id within the
+    budget — a sampling outcome, not a counting error: one of 8 in bf16 on a GPU (docs/GPU.md), none on the CPU."""
+    return bug_truncated > signature, fix_counted_finished >= stopped_on_turn_end and fix_counted_finished > signature
 
 
 def checkpoint_audit_lines() -> str:
@@ -155,8 +157,8 @@ def run_lines(runs: dict) -> str:
 def metrics(runs: dict, sources: dict[str, list[int]]) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 17 (``runs``: the three ``scenarios``, in order)."""
     never_stops, counted_wrong, union = runs.values()
-    reproduced, fixed = verdict(min(never_stops["truncated_fraction"], counted_wrong["truncated_fraction"]), union["truncated_fraction"],
-                                union["miscounted_fraction"])
+    reproduced, fixed = verdict(min(never_stops["truncated_fraction"], counted_wrong["truncated_fraction"]),
+                                union["counted_finished_fraction"], counted_wrong["stopped_fraction"])
     return dict(
         notebook="17_stop_tokens", not_shown=not_shown(sources), reproduced=reproduced, fixed=fixed,
         metrics={"sources": sources, "runs": {n: {k: v for k, v in r.items() if k != "example"} for n, r in runs.items()}},

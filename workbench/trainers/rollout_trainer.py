@@ -74,7 +74,8 @@ class RolloutConfig(TrainerConfig):
     cuda_graph: bool = False
     """Sampling on a CUDA GPU, with ``static_cache``: each decode step replays one CUDA graph recorded per
     rollout (``modeling.graphed_decode``). Attention then spans the whole preallocated cache under a mask, so
-    log-probs move by float noise (measured in docs/GPU.md): off by default; ignored on a CPU."""
+    log-probs move by float noise (measured in docs/GPU.md): off by default; ignored on a CPU and under
+    ``precision="bf16-mixed"`` (autocast: not verified with graphs), where the static decoder runs."""
     sampling_draw: str = "multinomial"
     """Sampling: ``multinomial`` (``torch.multinomial``) or ``inverse_cdf`` (one uniform per row
     against the cumulative probabilities: the same distribution, other tokens per seed; ~10× cheaper
