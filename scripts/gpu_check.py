@@ -15,8 +15,10 @@ prints, then writes as JSON:
    sequence alone (no padding: the flash kernel is eligible) and a left-padded batch (a padding mask:
    PyTorch's flash kernel is not eligible and sdpa falls back);
 3. **the sampler's decode paths on CUDA**: ``rollout.sample`` with ``static_cache=True`` (``modeling.decode.StaticDecoder``,
-   the trainers' default) against ``model(...)`` per token, same seed, on a left-padded batch and on groups of one
-   prompt (shared prefill), in fp32 and bf16: whether the tokens are equal, the largest log-prob gap, each side's time;
+   the trainers' default) against ``model(...)`` per token, and ``cuda_graph=True`` (``modeling.graphed_decode``)
+   against the static decoder, same seed, on a left-padded batch and on groups of one prompt (shared prefill), in fp32
+   and bf16: whether the tokens are equal, the largest log-prob gap, each side's time, and whether a graph was
+   recorded (and would be under ``bf16-mixed``'s autocast: it is refused there);
 4. **gradients**: the summed response log-probs' gradient per parameter group (attention, MLP,
    embeddings, norms) under each back-end in bf16 and each layout (alone, left-padded, packed), as the relative
    L2 distance from fp32 eager's — the forward gaps above cannot see a wrong backward (flash-attn 4 at head dim 16:
@@ -150,6 +152,7 @@ def decode_paths(name: str) -> dict:
     """``static_cache`` True vs False on CUDA: same tokens? max |Δ log p| of the sampled tokens, and each side's seconds
     (after one warm-up call each)."""
     from workbench.modeling.decode import unsupported_reason
+    from workbench.modeling.graphed_decode import capturable
     from workbench.modeling.rollout import sample
     from workbench.tasks import encode_prompts
 
@@ -166,30 +169,42 @@ def decode_paths(name: str) -> dict:
                 continue
             ids, mask = (t.to(DEVICE) for t in encode_prompts(tokenizer, prompts))
 
-            def run(static, ids=ids, mask=mask, share=share, model=model, tokenizer=tokenizer):
+            def run(side, ids=ids, mask=mask, share=share, model=model, tokenizer=tokenizer):
                 generator = torch.Generator(device=DEVICE).manual_seed(5)
                 with torch.inference_mode():
                     return sample(model, ids, mask, max_new_tokens=32, eos_token_id=tokenizer.eos_token_id,
-                                  pad_token_id=tokenizer.pad_token_id, generator=generator, share_prefill=share, static_cache=static)
+                                  pad_token_id=tokenizer.pad_token_id, generator=generator, share_prefill=share,
+                                  static_cache=side != "plain", cuda_graph=side == "graphed")
 
             try:
-                seconds = {}
-                for static in (False, True):
-                    run(static)  # warm-up
+                timed = {}
+                for side in ("plain", "static", "graphed"):
+                    run(side)  # warm-up
                     synchronize()
                     start = time.perf_counter()
-                    rollout = run(static)
+                    rollout = run(side)
                     synchronize()
-                    seconds[static] = (rollout, time.perf_counter() - start)
-                plain, static = seconds[False][0], seconds[True][0]
-                same = torch.equal(plain.response_ids, static.response_ids)
-                gap = (plain.rollout_logprobs - static.rollout_logprobs).abs().max() if same else float("nan")
-                out[key] = {"same_tokens": same, "max_abs_logprob_gap": float(gap),
-                            "first_divergent_row": None if same else int((plain.response_ids != static.response_ids).any(1).nonzero()[0]),
-                            "seconds_plain": seconds[False][1], "seconds_static": seconds[True][1]}
+                    timed[side] = (rollout, time.perf_counter() - start)
+                out[key] = {**_agreement(timed["plain"][0], timed["static"][0]),
+                            "graphed_vs_static": _agreement(timed["static"][0], timed["graphed"][0]),
+                            "graph_recorded": capturable(model),  # False on a CPU: cuda_graph is ignored there
+                            **{f"seconds_{side}": seconds for side, (_, seconds) in timed.items()}}
+                with torch.autocast(DEVICE, dtype=torch.bfloat16):  # precision="bf16-mixed": graphs refused (not verified)
+                    out[key]["graph_under_autocast"] = capturable(model)
             except Exception as error:  # recorded, not hidden
                 out[key] = {"error": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"}
     return out
+
+
+def _agreement(a, b) -> dict:
+    """Two rollouts of the same seed: the same tokens? the largest |Δ log p| (NaN when the tokens differ) and the first
+    row where they do."""
+    same = a.response_ids.shape == b.response_ids.shape and torch.equal(a.response_ids, b.response_ids)
+    gap = (a.rollout_logprobs - b.rollout_logprobs).abs().max() if same else float("nan")
+    width = min(a.response_ids.shape[1], b.response_ids.shape[1])
+    differs = (a.response_ids[:, :width] != b.response_ids[:, :width]).any(1).nonzero()
+    return {"same_tokens": same, "max_abs_logprob_gap": float(gap),
+            "first_divergent_row": None if same else (int(differs[0]) if len(differs) else "lengths differ")}
 
 
 # parameter groups by name fragments (Llama/Qwen2 and GPT-2 names)

@@ -44,3 +44,16 @@ def test_the_kernels_measure_sees_a_wrong_dq_and_passes_a_right_one():
     assert max(sdpa.values()) < 0.02 and right == sdpa  # the same function: bf16 rounding only
     assert wrong["out"] < 0.02 and wrong["dq"] > 0.5 and wrong["dk"] < 0.02  # the forward agrees, dq does not
     assert len(gpu_check.kernel_map_cases((9, 14, 5))) == 11 * 3 * 2 + 3 * 2 * 2
+
+
+def test_the_decode_section_compares_all_three_paths_on_a_cpu():
+    """The decode section's dry run: plain, static and graphed sampling of the same seed. On a CPU no graph is recorded
+    (``cuda_graph`` is ignored) and the graphed side is the static decoder, token for token; a GPU run fills the same
+    keys with the recorded graph's agreement and times (docs/GPU.md)."""
+    rows = _script().decode_paths("realistic-qwen2")
+    assert set(rows) == {"fp32/padded", "fp32/groups", "bf16/padded", "bf16/groups"}
+    for row in rows.values():
+        assert row["same_tokens"] and row["graphed_vs_static"]["same_tokens"], row
+        assert row["graphed_vs_static"]["max_abs_logprob_gap"] == 0.0
+        assert row["graph_recorded"] is False and row["graph_under_autocast"] is False
+        assert row["seconds_graphed"] > 0
