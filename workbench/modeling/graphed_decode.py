@@ -47,8 +47,8 @@ WARMUP_STEPS = 2  # eager steps on a side stream before recording (PyTorch's adv
 def capturable(model) -> bool:
     """True when ``GraphedDecoder`` can record its step as a CUDA graph for ``model``: on a CUDA device, and outside
     CUDA autocast (``precision="bf16-mixed"``). Under autocast the recorded step would read autocast's cached bf16
-    copies of the weights, valid only while that cache lives; PyTorch's CUDA-graph notes ask for
-    ``cache_enabled=False`` instead, and no graph under autocast has been run on a GPU here — so that case takes the
+    copies of the weights, valid only while that cache lives; PyTorch's ``make_graphed_callables`` refuses that
+    cache (``cache_enabled=False`` required), and no graph under autocast has been run on a GPU here — so that case takes the
     static decoder. fp32 and pure bf16 (``precision="bf16"``) were measured (docs/GPU.md)."""
     return model.lm_head.weight.device.type == "cuda" and not torch.is_autocast_enabled("cuda")
 
