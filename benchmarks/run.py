@@ -636,10 +636,10 @@ def _graph_agreement(model, ids, mask, common) -> dict:
         a, b = (sample(model, ids, mask, generator=torch.Generator(ids.device).manual_seed(seed), share_prefill=True, static_cache=True,
                        cuda_graph=graph, **common) for graph in (False, True))
         width = min(a.response_ids.shape[1], b.response_ids.shape[1])
-        agree = (a.response_ids[:, :width] == b.response_ids[:, :width]).long().cumprod(-1).bool() & a.response_mask[:, :width].bool()
+        equal = a.response_ids[:, :width] == b.response_ids[:, :width]
+        agree = equal.long().cumprod(-1).bool() & a.response_mask[:, :width].bool()
         rows += a.response_ids.shape[0]
-        same += int(((a.response_ids[:, :width] == b.response_ids[:, :width]).all(-1)
-                     & (a.response_ids.shape[1] == b.response_ids.shape[1])).sum())
+        same += int((equal.all(-1) & (a.response_ids.shape[1] == b.response_ids.shape[1])).sum())
         if agree.any():
             worst = max(worst, float((a.rollout_logprobs[:, :width] - b.rollout_logprobs[:, :width])[agree].abs().max()))
     return {"rows": rows, "identical_rows": same, "max_abs_logprob_difference": worst}

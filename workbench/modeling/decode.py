@@ -91,6 +91,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def cache_columns_mask(prompt_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """(B, 1, 1, P + max_new_tokens) boolean: the columns of the KV cache a decoded token may attend to — the prompt's
+    real tokens and every position after the prompt (the decoders cut it at the step's column)."""
+    batch = prompt_mask.shape[0]
+    allowed = torch.cat([prompt_mask.bool(), prompt_mask.new_ones((batch, max_new_tokens), dtype=torch.bool)], dim=1)
+    return allowed[:, None, None, :]
+
+
 HEAD_CHUNK = 512  # LM-head weight rows per matmul on a CPU (see _head_chunks)
 
 
@@ -147,10 +155,7 @@ class StaticDecoder:
         padded = not bool(prompt_mask.all())
         # what transformers' mask builder passes to sdpa for one query token: nothing when no row is padded
         # (sdpa then takes the grouped heads itself), else a boolean mask over the cache's columns
-        self.mask = None
-        if padded:
-            self.mask = torch.cat([prompt_mask.bool(), prompt_mask.new_ones((batch, max_new_tokens), dtype=torch.bool)], dim=1)
-            self.mask = self.mask[:, None, None, :]
+        self.mask = cache_columns_mask(prompt_mask, max_new_tokens) if padded else None
         next_position = position_ids[:, -1:] + 1
         positions = next_position + torch.arange(max_new_tokens, device=next_position.device)
         self.cos, self.sin = self.rotary(torch.empty(0, dtype=self.embedding.dtype, device=positions.device), positions)
@@ -252,19 +257,34 @@ class StaticDecoder:
     def _step(self, token: torch.Tensor) -> torch.Tensor:
         s, column = self.step_index, self.prompt_len + self.step_index
         self.step_index += 1
-        batch, head_dim = token.shape[0], self.head_dim
-        x = F.embedding(token[:, None], self.embedding, self.padding_idx)
         cos, sin = self.cos[:, None, s : s + 1], self.sin[:, None, s : s + 1]
         mask = None if self.mask is None else self.mask[..., : column + 1]
-        shape = (batch, 1, -1, head_dim)
+        return self._layers(token, cos, sin, mask, column)
+
+    def _layers(self, token: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, column) -> torch.Tensor:
+        """One decode step from the embedding to the logits (B, V): each layer stores the token's key and value at
+        ``column`` (``_store``) and attends over ``_visible`` columns of its buffers under ``mask``."""
+        batch = token.shape[0]
+        x = F.embedding(token[:, None], self.embedding, self.padding_idx)
+        shape = (batch, 1, -1, self.head_dim)
         for norm1, projections, o_proj, norm2, act, down, keys, values in self.layers:
             h = _rms_norm(norm1, x)
             q, k, v = self._qkv(h, projections, shape)
             q = (q * cos) + (_rotate_half(q) * sin)
             k = (k * cos) + (_rotate_half(k) * sin)
-            keys[:, :, column : column + 1] = k
-            values[:, :, column : column + 1] = v
-            x = x + F.linear(self._attention(q, keys[:, :, : column + 1], values[:, :, : column + 1], mask, batch), *o_proj)
+            self._store(keys, k, column)
+            self._store(values, v, column)
+            x = x + F.linear(self._attention(q, self._visible(keys, column), self._visible(values, column), mask, batch), *o_proj)
             x = x + self._mlp(_rms_norm(norm2, x), projections, act, down)
         x = _rms_norm(self.norm, x)
         return self._head(x[:, -1])
+
+    @staticmethod
+    def _store(buffer: torch.Tensor, new: torch.Tensor, column: int) -> None:
+        """Write one token's keys or values (B, heads, 1, d) at ``column`` of a cache buffer."""
+        buffer[:, :, column : column + 1] = new
+
+    @staticmethod
+    def _visible(buffer: torch.Tensor, column: int) -> torch.Tensor:
+        """The filled part of a cache buffer: its columns up to and including ``column``."""
+        return buffer[:, :, : column + 1]

@@ -37,9 +37,8 @@ Under CUDA autocast (``precision="bf16-mixed"``) the static decoder runs instead
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from workbench.modeling.decode import StaticDecoder, _rms_norm, _rotate_half
+from workbench.modeling.decode import StaticDecoder, cache_columns_mask
 
 WARMUP_STEPS = 2  # eager steps on a side stream before recording (PyTorch's advice: kernels chosen, workspaces allocated)
 
@@ -64,17 +63,13 @@ class GraphedDecoder(StaticDecoder):
                              "(sample() uses the static decoder when only one token is sampled)")
         super().__init__(model, prompt_ids, prompt_mask, position_ids, max_new_tokens, share_prefill=share_prefill)
         device = self.embedding.device
-        batch = prompt_mask.shape[0]
         for *_, keys, values in self.layers:  # the future columns: zeros, not whatever new_empty left there
             keys[:, :, self.prompt_len :].zero_()
             values[:, :, self.prompt_len :].zero_()
-        total = self.prompt_len + max_new_tokens
-        # the columns a token may attend to: the prompt's real tokens and every future position, cut at the step's column
-        self._allowed = torch.cat([prompt_mask.bool(), prompt_mask.new_ones((batch, max_new_tokens), dtype=torch.bool)], dim=1)
-        self._allowed = self._allowed[:, None, None, :]
-        self._columns = torch.arange(total, device=device)
+        self._allowed = cache_columns_mask(prompt_mask, max_new_tokens)  # cut at the step's column by _fixed_step
+        self._columns = torch.arange(self.prompt_len + max_new_tokens, device=device)
         self._column = torch.full((), self.prompt_len, dtype=torch.long, device=device)
-        self._token = torch.zeros(batch, dtype=torch.long, device=device)
+        self._token = torch.zeros(prompt_mask.shape[0], dtype=torch.long, device=device)
         self._graph, self._logits = None, None
         if capture is None:
             capture = device.type == "cuda"
@@ -110,20 +105,17 @@ class GraphedDecoder(StaticDecoder):
         """One decode step on fixed shapes: the token in ``self._token``, its column in ``self._column`` (then advanced)."""
         column = self._column.view(1)
         offset = column - self.prompt_len
-        batch, head_dim = self._token.shape[0], self.head_dim
-        x = F.embedding(self._token[:, None], self.embedding, self.padding_idx)
         cos, sin = self.cos.index_select(1, offset)[:, None], self.sin.index_select(1, offset)[:, None]
-        mask = self._allowed & (self._columns <= column)
-        shape = (batch, 1, -1, head_dim)
-        for norm1, projections, o_proj, norm2, act, down, keys, values in self.layers:
-            h = _rms_norm(norm1, x)
-            q, k, v = self._qkv(h, projections, shape)
-            q = (q * cos) + (_rotate_half(q) * sin)
-            k = (k * cos) + (_rotate_half(k) * sin)
-            keys.index_copy_(2, column, k)
-            values.index_copy_(2, column, v)
-            x = x + F.linear(self._attention(q, keys, values, mask, batch), *o_proj)
-            x = x + self._mlp(_rms_norm(norm2, x), projections, act, down)
+        logits = self._layers(self._token, cos, sin, self._allowed & (self._columns <= column), column)
         self._column.add_(1)
-        x = _rms_norm(self.norm, x)
-        return self._head(x[:, -1])
+        return logits
+
+    @staticmethod
+    def _store(buffer: torch.Tensor, new: torch.Tensor, column: torch.Tensor) -> None:
+        """Write at the column a (1,) device tensor names: no host value, so the graph replays it at every step."""
+        buffer.index_copy_(2, column, new)
+
+    @staticmethod
+    def _visible(buffer: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
+        """The whole buffer, whatever the column: fixed shapes; the mask hides the columns not yet written."""
+        return buffer

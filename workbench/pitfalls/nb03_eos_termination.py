@@ -138,7 +138,7 @@ def loss_tolerance(precision: str) -> float:
     return LOSS_TOLERANCE[precision]
 
 
-def verdict(costs: dict, loss_gap: float, tolerance: float = 1e-6) -> tuple[bool, bool]:
+def verdict(costs: dict, loss_gap: float, tolerance: float = LOSS_TOLERANCE["fp32"]) -> tuple[bool, bool]:
     """(reproduced, fixed): at the largest batch the bug decodes more steps and tokens than needed;
     with the fix every batch stops at its longest response and one PPO step is unchanged (≤ ``tolerance``:
     ``loss_tolerance(precision)`` in ``metrics``)."""
