@@ -21,8 +21,7 @@ import torch
 
 from workbench.core.batching import position_ids_from_mask
 from workbench.experiments.checkpoints import load
-from workbench.modeling import decode
-from workbench.modeling import graphed_decode
+from workbench.modeling import decode, graphed_decode
 from workbench.modeling.graphed_decode import GraphedDecoder, capturable, graphed_decoder
 from workbench.modeling.rollout import sample
 from workbench.modeling.tiny import tiny_model
@@ -198,25 +197,25 @@ def test_kept_decoders_one_per_shape_dropped_when_the_weights_move(monkeypatch):
     ids, mask = _prompts(tokenizer, "padded")
     positions = position_ids_from_mask(mask)
 
-    def get(steps, rows=ids.shape[0]):
+    def get(model, steps, rows=ids.shape[0]):
         return graphed_decoder(model, ids[:rows], mask[:rows], positions[:rows], steps, capture=False)
 
-    first = get(4)
-    assert get(4) is first  # the same shapes: reloaded, not rebuilt
-    assert get(5) is not first and get(4, rows=2) is not first  # another budget, other rows: decoders of their own
+    first = get(model, 4)
+    assert get(model, 4) is first  # the same shapes: reloaded, not rebuilt
+    assert get(model, 5) is not first and get(model, 4, rows=2) is not first  # another budget, other rows: decoders of their own
     assert len(graphed_decode._kept[model][1]) == 3
     with torch.no_grad():
         model.lm_head.weight.mul_(1.5)  # in place: the addresses hold, so does the decoder
-    assert get(4) is first
+    assert get(model, 4) is first
     model.lm_head.weight.data = model.lm_head.weight.data.clone()  # moved: every kept decoder read the old tensor
-    moved = get(4)
+    moved = get(model, 4)
     assert moved is not first and len(graphed_decode._kept[model][1]) == 1
     monkeypatch.setattr(graphed_decode, "KEPT_PER_MODEL", 2)
-    get(5), get(6)
+    get(model, 5), get(model, 6)
     assert list(graphed_decode._kept[model][1]) == [(ids.shape[0], ids.shape[1], s, "cpu") for s in (5, 6)]  # 4 evicted
     graphed_decode.forget_graphs(model)
     assert model not in graphed_decode._kept
-    get(4)
+    get(model, 4)
     alive = weakref.ref(model)
     del model, first, moved
     gc.collect()

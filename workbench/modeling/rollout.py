@@ -41,8 +41,9 @@ noise; the tests hold the tokens equal); the trainers turn it on (``RolloutConfi
 
 ``cuda_graph=True`` (with ``static_cache``, on a CUDA model; default off) records that decoder's step as a CUDA
 graph and replays it per token (``workbench.modeling.graphed_decode``): one launch instead of a dozen per layer;
-the recording is kept for the next call with the same shapes (rows, prompt length, token budget). Its attention spans the whole preallocated cache under a mask, so the log-probs move by float
-noise: its own switch (``RolloutConfig.cuda_graph``).
+the recording is kept for the next call with the same shapes (rows, prompt length, token budget). Its attention
+spans the whole preallocated cache under a mask, so the log-probs move by float noise: its own switch
+(``RolloutConfig.cuda_graph``).
 
 The default draw is ``torch.multinomial``'s: on a CPU through ``workbench.modeling.draw.multinomial_one``,
 which replicates it (the same tokens and generator state, bitwise, in about half the time at a 32k
