@@ -37,6 +37,34 @@ def test_the_kernel_command_is_replaced_only_for_ipykernel_and_only_while_a_zygo
     assert kernel_fork.kernel_command(cmd) == cmd and kernel_fork.supported() == f"{kernel_fork.SWITCH_ENV}=0"
 
 
+FORK_PROBE = """
+import json, os, sys
+from workbench.catalogue import kernel_fork
+allowed = kernel_fork._allowed_threads()
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(write, str(kernel_fork._threads()).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(json.dumps({"allowed": allowed, "in_the_fork": int(os.read(read, 16)),
+                  "pools": [name for name in kernel_fork.BLAS_POOLS if name in sys.modules]}))
+"""
+
+
+def test_the_threads_the_zygote_allows_are_gone_in_a_fork():
+    """The zygote allows the threads of the BLAS pools in ``BLAS_POOLS`` (numpy's OpenBLAS; scipy's copy where scipy is
+    installed): a fork of a process that started them runs one thread — OpenBLAS stops its pool at fork."""
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
+    facts = json.loads(subprocess.run([sys.executable, "-c", FORK_PROBE], env=env, capture_output=True, text=True,
+                                      check=True).stdout)
+    assert "numpy" in facts["pools"]
+    assert facts["allowed"] >= 2, facts  # a pool was there to be stopped (two threads asked for)
+    assert facts["in_the_fork"] == 1, facts
+
+
 def _run(client, code: str, timeout: float = 60) -> list[str]:
     lines = []
     client.execute_interactive(code, timeout=timeout, output_hook=lambda m: lines.append(m["content"].get("text", ""))

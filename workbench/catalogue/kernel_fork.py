@@ -18,9 +18,9 @@ the kernel; if the runner dies, the zygote kills its kernels and exits.
 
 Where forking is unsafe or impossible the client execs an ordinary kernel instead, and says why on stderr:
 no zygote socket, a platform without ``fork`` or ``SOCK_SEQPACKET`` Unix sockets (Linux has both), or a
-zygote that finds a thread in itself beyond OpenBLAS's pool (a fork of a threaded process can inherit a held
-lock — the reason the batch runner spawns its own workers; OpenBLAS, loaded by numpy, shuts its pool down
-at fork through ``pthread_atfork``, so its threads are allowed). ``WORKBENCH_FORK_KERNELS=0`` turns the zygote off.
+zygote that finds a thread in itself beyond OpenBLAS's pools (a fork of a threaded process can inherit a held
+lock — the reason the batch runner spawns its own workers; OpenBLAS, loaded by numpy and, where scipy is
+installed, once more by scipy, shuts its pool down at fork through ``pthread_atfork``, so those threads are allowed). ``WORKBENCH_FORK_KERNELS=0`` turns the zygote off.
 
 Each forked kernel, while it still runs one thread, forks a copy of itself to serve as its multiprocessing fork
 server (``core.worker_processes``): the training workers of ``train_variants`` are forks of that copy, with the imports
@@ -71,6 +71,10 @@ PRELOAD = (
     "workbench.catalogue.notebook_api", "workbench.experiments.checkpoints", "workbench.experiments.comparison",
     "workbench.experiments.statistics", "workbench.modeling.models", "workbench.viz.plots", "workbench.pitfalls",
 )
+# Modules that start an OpenBLAS thread pool when imported: numpy's, and scipy's own copy of OpenBLAS (scipy-openblas),
+# which transformers' imports load where scipy is installed (the GPU image: docs/GPU.md). Their pools are the zygote's
+# only allowed threads.
+BLAS_POOLS = ("numpy", "scipy.linalg")
 MESSAGE_BYTES = 1 << 20  # one request: the kernel's arguments, folder and environment
 CONNECT_SECONDS = 30.0  # a client may start before the zygote has bound its socket
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -151,6 +155,15 @@ def _threads() -> int:
         return 1
 
 
+def _allowed_threads() -> int:
+    """This process's threads once the ``BLAS_POOLS`` modules are imported: itself and their OpenBLAS pools, which
+    OpenBLAS stops at every fork (``pthread_atfork``; tests/catalogue/test_kernel_fork.py forks and counts)."""
+    for name in BLAS_POOLS:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+    return _threads()
+
+
 def serve(path: str) -> None:
     """Listen on ``path`` at once, import ``PRELOAD``, then fork a kernel per request until the parent exits
     or the zygote is terminated; its kernels are killed on the way out."""
@@ -167,9 +180,7 @@ def serve(path: str) -> None:
     os.chmod(path, 0o600)
     listener.listen(64)  # clients may connect now; they wait for their reply while the imports run
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")  # what ipykernel would set
-    with contextlib.suppress(Exception):
-        importlib.import_module("numpy")
-    allowed = _threads()  # this process and OpenBLAS's pool, which pthread_atfork shuts down at every fork
+    allowed = _allowed_threads()
     preload()
     kernels: dict[socket.socket, int] = {}  # a client's connection → its kernel
     orphans: set[int] = set()  # kernels whose client died: killed, waiting to be reaped
