@@ -4,25 +4,18 @@
   tensor), run eagerly on the CPU, gives the static decoder's logits step by step within 1e-5 of
   their scale: padded or not, shared prefill or not, Qwen2 (GQA) and Llama;
 * the buffer's future columns are zeroed: NaNs left there by the allocation do not reach the logits;
-* a decoder reloaded with another batch of its shapes steps exactly as one built for that batch; ``graphed_decoder``
-  keeps one per shape and model, drops them when the weights move, evicts the least recently used, and lets the
-  model go;
 * ``sample(cuda_graph=True)`` on a CPU model is the static-cache path, bitwise (the switch applies on CUDA only);
 * on a CUDA GPU (skipped elsewhere): the replayed graph equals the eager fixed-shape step, and
-  ``sample(cuda_graph=True)`` samples the static path's tokens, log-probs within 1e-4 in fp32, and a graph kept from
-  an earlier call replays on the next batch — after an in-place weight update too — without a new recording.
+  ``sample(cuda_graph=True)`` samples the static path's tokens, log-probs within 1e-4 in fp32.
 """
-
-import gc
-import weakref
 
 import pytest
 import torch
 
 from workbench.core.batching import position_ids_from_mask
 from workbench.experiments.checkpoints import load
-from workbench.modeling import decode, graphed_decode
-from workbench.modeling.graphed_decode import GraphedDecoder, capturable, graphed_decoder
+from workbench.modeling import decode
+from workbench.modeling.graphed_decode import GraphedDecoder, capturable
 from workbench.modeling.rollout import sample
 from workbench.modeling.tiny import tiny_model
 from workbench.tasks import encode_prompts, rl_problems
@@ -161,93 +154,3 @@ def test_no_graph_under_cuda_autocast():
     assert capturable(model)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         assert not capturable(model)
-
-
-@pytest.mark.parametrize("layout", ["padded", "groups"])
-@torch.inference_mode()
-def test_a_reloaded_decoder_steps_as_one_built_for_the_batch(layout):
-    """``reload`` puts a new prompt into the same buffers (what a kept graph replays on): afterwards every step's logits
-    are those of a decoder built for that prompt, bitwise (the same ops on the same shapes), and nothing of the first
-    batch is left in the columns to come."""
-    model, tokenizer = _model("tiny-arith-qwen2")
-    ids, mask = _prompts(tokenizer, layout)
-    steps, rows, share = 6, torch.arange(ids.shape[0] - 1, -1, -1), layout == "groups"
-    other_ids, other_mask = ids[rows], mask[rows]  # other rows, the same shapes
-    kept = GraphedDecoder(model, ids, mask, position_ids_from_mask(mask), steps, share_prefill=share, capture=False)
-    for _ in range(steps):  # the first batch fills every column
-        kept.step(torch.full((ids.shape[0],), 7))
-    kept.reload(model, other_ids, other_mask, position_ids_from_mask(other_mask), share_prefill=share)
-    assert kept.step_index == 0 and int(kept._column) == ids.shape[1]
-    assert all(not keys[:, :, ids.shape[1]:].any() for *_, keys, _ in kept.layers)
-    fresh = GraphedDecoder(model, other_ids, other_mask, position_ids_from_mask(other_mask), steps, share_prefill=share,
-                           capture=False)
-    assert torch.equal(kept.first_logits, fresh.first_logits)
-    token = fresh.first_logits.argmax(-1)
-    for _ in range(steps):
-        a, b = kept.step(token), fresh.step(token)
-        assert torch.equal(a, b)
-        token = a.argmax(-1)
-    with pytest.raises(ValueError, match=r"reload: prompts of shape \(2, \d+\) into a decoder built for"):
-        kept.reload(model, ids[:2], mask[:2], position_ids_from_mask(mask[:2]))
-
-
-@torch.inference_mode()
-def test_kept_decoders_one_per_shape_dropped_when_the_weights_move(monkeypatch):
-    model, tokenizer = _model("tiny-arith-qwen2")
-    ids, mask = _prompts(tokenizer, "padded")
-    positions = position_ids_from_mask(mask)
-
-    def get(model, steps, rows=ids.shape[0]):
-        return graphed_decoder(model, ids[:rows], mask[:rows], positions[:rows], steps, capture=False)
-
-    first = get(model, 4)
-    assert get(model, 4) is first  # the same shapes: reloaded, not rebuilt
-    assert get(model, 5) is not first and get(model, 4, rows=2) is not first  # another budget, other rows: decoders of their own
-    assert len(graphed_decode._kept[model][1]) == 3
-    with torch.no_grad():
-        model.lm_head.weight.mul_(1.5)  # in place: the addresses hold, so does the decoder
-    assert get(model, 4) is first
-    model.lm_head.weight.data = model.lm_head.weight.data.clone()  # moved: every kept decoder read the old tensor
-    moved = get(model, 4)
-    assert moved is not first and len(graphed_decode._kept[model][1]) == 1
-    monkeypatch.setattr(graphed_decode, "KEPT_PER_MODEL", 2)
-    get(model, 5), get(model, 6)
-    assert list(graphed_decode._kept[model][1]) == [(ids.shape[0], ids.shape[1], s, "cpu") for s in (5, 6)]  # 4 evicted
-    graphed_decode.forget_graphs(model)
-    assert model not in graphed_decode._kept
-    get(model, 4)
-    alive = weakref.ref(model)
-    del model, first, moved
-    gc.collect()
-    assert alive() is None  # the kept decoders do not keep their model alive
-    assert len(graphed_decode._kept) == 0 or all(m is not None for m in graphed_decode._kept)
-
-
-@cuda
-def test_a_kept_graph_replays_on_the_next_batch_and_reads_the_current_weights(monkeypatch):
-    model, tokenizer = _model("tiny-arith-qwen2", "cuda")
-    ids, mask = _prompts(tokenizer, "padded", "cuda")
-    common = dict(max_new_tokens=12, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                  static_cache=True, stop_at_eos=False)
-    recorded = []
-    capture = GraphedDecoder._capture
-    monkeypatch.setattr(GraphedDecoder, "_capture", lambda self: (recorded.append(self), capture(self)))
-
-    def agree(ids, mask):
-        a, b = (sample(model, ids, mask, generator=torch.Generator("cuda").manual_seed(9), cuda_graph=graph, **common)
-                for graph in (False, True))
-        assert torch.equal(a.response_ids, b.response_ids)
-        assert (a.rollout_logprobs - b.rollout_logprobs).abs().max() <= LOGPROB_TOLERANCE
-
-    agree(ids, mask)
-    rows = torch.arange(ids.shape[0] - 1, -1, -1, device="cuda")
-    agree(ids[rows], mask[rows])  # another batch of the same shapes: the kept graph replays
-    assert len(recorded) == 1
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(1.1)  # an optimiser step's kind of update: in place
-    agree(ids, mask)
-    assert len(recorded) == 1
-    model.lm_head.weight.data = model.lm_head.weight.data * 0.9  # a new tensor: recorded afresh
-    agree(ids, mask)
-    assert len(recorded) == 2

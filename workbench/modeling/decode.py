@@ -152,18 +152,12 @@ class StaticDecoder:
         self.norm, self.head = inner.norm, (model.lm_head.weight, model.lm_head.bias)
         self.head_chunks = _head_chunks(*self.head)
         self.rotary = inner.rotary_emb
-        self.max_new_tokens = max_new_tokens
-        self._load(prompt_ids, prompt_mask, position_ids, share_prefill)
-
-    def _load(self, prompt_ids, prompt_mask, position_ids, share_prefill: bool) -> None:
-        """Take a batch's prompt: its attention mask, the rotary cos/sin of the positions to come, the prefill
-        (keys and values into the buffers' first columns, ``first_logits``); the step count back to 0."""
         padded = not bool(prompt_mask.all())
         # what transformers' mask builder passes to sdpa for one query token: nothing when no row is padded
         # (sdpa then takes the grouped heads itself), else a boolean mask over the cache's columns
-        self.mask = cache_columns_mask(prompt_mask, self.max_new_tokens) if padded else None
+        self.mask = cache_columns_mask(prompt_mask, max_new_tokens) if padded else None
         next_position = position_ids[:, -1:] + 1
-        positions = next_position + torch.arange(self.max_new_tokens, device=next_position.device)
+        positions = next_position + torch.arange(max_new_tokens, device=next_position.device)
         self.cos, self.sin = self.rotary(torch.empty(0, dtype=self.embedding.dtype, device=positions.device), positions)
         self.step_index = 0
         # the decode steps' inputs as model(...) would get them (prompt mask + ones, one position per step): for the events

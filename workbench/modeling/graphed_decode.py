@@ -26,39 +26,21 @@ off by default). Tolerance tested on the CPU (the captured code runs there eager
 ``capture=False``) and, where a GPU is present, the replayed graph against the eager step
 (``tests/modeling/test_graphed_decode.py``; measurements in ``docs/GPU.md``).
 
-Recording: two warm-up steps on a side stream, then the recording, both undone (the column reset;
-the warm-up's keys and values sit in masked columns until the real steps overwrite them). Entering
-``torch.cuda.graph`` synchronises the device and empties the caching allocator's free blocks. Sampling,
+Capture happens once per ``sample`` call (the buffers belong to the batch): two warm-up steps on
+a side stream, then the recording, both undone (the column reset; the warm-up's keys and values
+sit in masked columns until the real steps overwrite them). Entering ``torch.cuda.graph``
+synchronises the device and empties the caching allocator's free blocks, once per call. Sampling,
 the stop check and the ``NonFiniteError`` check stay outside the graph, as in every other path.
 Under CUDA autocast (``precision="bf16-mixed"``) the static decoder runs instead (``capturable``).
-
-A recorded decoder is **kept for the next batch of the same shapes** (``graphed_decoder``): rows, prompt
-length and token budget, the model's weights at the same addresses. ``reload`` then runs the new prompt's
-prefill into the same buffers and copies its mask and rotary tables into place, so the recorded graph
-replays on it without a new recording (at a handful of tokens per call the recording cost more than the
-replays saved: docs/GPU.md). The graph reads the weights where they are, so in-place updates (an
-optimiser step, ``load_state_dict``) are seen; weights that moved (``model.to(...)``, new tensors) change
-the addresses, and every decoder kept for that model is dropped and the batch recorded afresh. Per model,
-the ``KEPT_PER_MODEL`` most recently used shapes are kept (each holds its KV buffers and the graph's
-memory), and none outlives its model (``forget_graphs`` drops them at once). One sampling call at a time
-per model: two interleaved calls of the same shapes would share the buffers.
 """
 
 from __future__ import annotations
-
-import weakref
-from collections import OrderedDict
 
 import torch
 
 from workbench.modeling.decode import StaticDecoder, cache_columns_mask
 
 WARMUP_STEPS = 2  # eager steps on a side stream before recording (PyTorch's advice: kernels chosen, workspaces allocated)
-KEPT_PER_MODEL = 8  # recorded decoders kept per model, the most recently used shapes (see module doc)
-
-# model → (its weights' addresses when recorded, {(rows, prompt length, token budget, device): decoder}); weak on the
-# model, and the decoders hold it weakly too (GraphedDecoder.model), so a model's graphs go with it
-_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def capturable(model) -> bool:
@@ -81,7 +63,9 @@ class GraphedDecoder(StaticDecoder):
                              "(sample() uses the static decoder when only one token is sampled)")
         super().__init__(model, prompt_ids, prompt_mask, position_ids, max_new_tokens, share_prefill=share_prefill)
         device = self.embedding.device
-        self._clear_future()
+        for *_, keys, values in self.layers:  # the future columns: zeros, not whatever new_empty left there
+            keys[:, :, self.prompt_len :].zero_()
+            values[:, :, self.prompt_len :].zero_()
         self._allowed = cache_columns_mask(prompt_mask, max_new_tokens)  # cut at the step's column by _fixed_step
         self._columns = torch.arange(self.prompt_len + max_new_tokens, device=device)
         self._column = torch.full((), self.prompt_len, dtype=torch.long, device=device)
@@ -91,43 +75,6 @@ class GraphedDecoder(StaticDecoder):
             capture = device.type == "cuda"
         if capture:
             self._capture()
-
-    @property
-    def model(self):
-        """The model sampled from (a weak reference: a decoder kept for later calls must not keep its model alive)."""
-        return self._model()
-
-    @model.setter
-    def model(self, model) -> None:
-        self._model = weakref.ref(model)
-
-    @property
-    def recorded(self) -> bool:
-        """Whether the step replays a recorded CUDA graph (False: the fixed-shape step runs eagerly)."""
-        return self._graph is not None
-
-    def reload(self, model, prompt_ids, prompt_mask, position_ids, share_prefill: bool = False) -> None:
-        """Take a new batch of the shapes this decoder was built for, in the same buffers — so the recorded graph,
-        which reads them at fixed addresses, replays on it: the prefill writes the prompt's columns, the rotary tables
-        and the mask are copied into place, the columns to come zeroed, the column counter reset."""
-        if tuple(prompt_mask.shape) != (self._token.shape[0], self.prompt_len):
-            raise ValueError(f"reload: prompts of shape {tuple(prompt_mask.shape)} into a decoder built for "
-                             f"{(self._token.shape[0], self.prompt_len)}; build a decoder for these shapes (graphed_decoder)")
-        cos, sin = self.cos, self.sin
-        self.model = model
-        self._load(prompt_ids, prompt_mask, position_ids, share_prefill)
-        cos.copy_(self.cos)
-        sin.copy_(self.sin)
-        self.cos, self.sin = cos, sin
-        self._allowed.copy_(cache_columns_mask(prompt_mask, self.max_new_tokens))
-        self._clear_future()
-        self._column.fill_(self.prompt_len)
-
-    def _clear_future(self) -> None:
-        """Zeros in the columns after the prompt: never uninitialised memory or an earlier batch's values there."""
-        for *_, keys, values in self.layers:
-            keys[:, :, self.prompt_len :].zero_()
-            values[:, :, self.prompt_len :].zero_()
 
     def _capture(self) -> None:
         with torch.cuda.device(self.embedding.device):  # streams and graph on the model's GPU, not the current one
@@ -172,39 +119,3 @@ class GraphedDecoder(StaticDecoder):
     def _visible(buffer: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
         """The whole buffer, whatever the column: fixed shapes; the mask hides the columns not yet written."""
         return buffer
-
-
-def _addresses(model) -> tuple[int, ...]:
-    return tuple(p.data_ptr() for p in model.parameters())
-
-
-def graphed_decoder(model, prompt_ids, prompt_mask, position_ids, max_new_tokens: int, share_prefill: bool = False,
-                    capture: bool | None = None) -> GraphedDecoder:
-    """A ``GraphedDecoder`` for this batch: the one kept from an earlier call with the same shapes and the model's
-    weights at the same addresses, reloaded with this prompt (no new recording), else a new one, recorded and kept
-    (see module doc)."""
-    addresses = _addresses(model)
-    key = (*prompt_mask.shape, max_new_tokens, str(prompt_mask.device))
-    recorded_for, decoders = _kept.get(model, (None, None))
-    if recorded_for != addresses:  # first call, or the weights moved: every kept decoder reads the old ones
-        decoders = OrderedDict()
-        _kept[model] = (addresses, decoders)
-    decoder = decoders.get(key)
-    if decoder is not None and (capture is None or capture == decoder.recorded):
-        decoders.move_to_end(key)
-        decoder.reload(model, prompt_ids, prompt_mask, position_ids, share_prefill)
-        return decoder
-    decoder = GraphedDecoder(model, prompt_ids, prompt_mask, position_ids, max_new_tokens, share_prefill=share_prefill,
-                             capture=capture)
-    decoders[key] = decoder
-    while len(decoders) > KEPT_PER_MODEL:
-        decoders.popitem(last=False)
-    return decoder
-
-
-def forget_graphs(model=None) -> None:
-    """Drop the decoders kept for ``model`` (every model's when None), with their buffers and graphs."""
-    if model is None:
-        _kept.clear()
-    else:
-        _kept.pop(model, None)

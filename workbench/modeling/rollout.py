@@ -39,11 +39,10 @@ dropout active goes through ``model(...)`` as before. Off by default in
 ``sample`` (the prefill's LM head runs on the last position only: log-probs move by ≤ ~1e-6, float
 noise; the tests hold the tokens equal); the trainers turn it on (``RolloutConfig.static_cache``).
 
-``cuda_graph=True`` (with ``static_cache``, on a CUDA model; default off) records that decoder's step as a CUDA
-graph and replays it per token (``workbench.modeling.graphed_decode``): one launch instead of a dozen per layer;
-the recording is kept for the next call with the same shapes (rows, prompt length, token budget). Its attention
-spans the whole preallocated cache under a mask, so the log-probs move by float noise: its own switch
-(``RolloutConfig.cuda_graph``).
+``cuda_graph=True`` (with ``static_cache``, on a CUDA model; default off) records that decoder's step once per
+call as a CUDA graph and replays it per token (``workbench.modeling.graphed_decode``): one launch instead of a
+dozen per layer. Its attention spans the whole preallocated cache under a mask, so the log-probs move by float
+noise: its own switch (``RolloutConfig.cuda_graph``).
 
 The default draw is ``torch.multinomial``'s: on a CPU through ``workbench.modeling.draw.multinomial_one``,
 which replicates it (the same tokens and generator state, bitwise, in about half the time at a 32k
@@ -74,7 +73,7 @@ from workbench.core.losses import zero_masked
 from workbench.core.sampling_filters import check_filters, filter_logits
 from workbench.modeling.decode import StaticDecoder, unsupported_reason
 from workbench.modeling.draw import multinomial_one
-from workbench.modeling.graphed_decode import capturable, graphed_decoder
+from workbench.modeling.graphed_decode import GraphedDecoder, capturable
 
 DRAWS = ("multinomial", "inverse_cdf")
 
@@ -273,10 +272,9 @@ def _sampling_loop(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_
     next_position = position_ids[:, -1:] + 1
     decoder = None
     if static_cache and unsupported_reason(model) is None:
-        if cuda_graph and max_new_tokens > 1 and capturable(model):  # kept across calls of the same shapes
-            decoder = graphed_decoder(model, prompt_ids, prompt_mask, position_ids, max_new_tokens - 1, share_prefill=share_prefill)
-        else:
-            decoder = StaticDecoder(model, prompt_ids, prompt_mask, position_ids, max_new_tokens - 1, share_prefill=share_prefill)
+        graphed = cuda_graph and max_new_tokens > 1 and capturable(model)
+        decoder = (GraphedDecoder if graphed else StaticDecoder)(model, prompt_ids, prompt_mask, position_ids, max_new_tokens - 1,
+                                                                 share_prefill=share_prefill)
         last_logits = decoder.first_logits
     else:
         last_logits, cache = _prefill(model, prompt_ids, attention_mask, position_ids, share_prefill)
