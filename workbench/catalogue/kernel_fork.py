@@ -20,7 +20,8 @@ Where forking is unsafe or impossible the client execs an ordinary kernel instea
 no zygote socket, a platform without ``fork`` or ``SOCK_SEQPACKET`` Unix sockets (Linux has both), or a
 zygote that finds a thread in itself beyond OpenBLAS's pools (a fork of a threaded process can inherit a held
 lock — the reason the batch runner spawns its own workers; OpenBLAS, loaded by numpy and, where scipy is
-installed, once more by scipy, shuts its pool down at fork through ``pthread_atfork``, so those threads are allowed). ``WORKBENCH_FORK_KERNELS=0`` turns the zygote off.
+installed, once more by scipy, shuts its pool down at fork through ``pthread_atfork``, so those threads are
+allowed). ``WORKBENCH_FORK_KERNELS=0`` turns the zygote off.
 
 Each forked kernel, while it still runs one thread, forks a copy of itself to serve as its multiprocessing fork
 server (``core.worker_processes``): the training workers of ``train_variants`` are forks of that copy, with the imports

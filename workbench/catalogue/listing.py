@@ -21,20 +21,19 @@ tokenizers differ (``SHARED_TOKENIZER``).
 from __future__ import annotations
 
 import ast
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
-
 from workbench.core.config_options import convert_value
 from workbench.core.errors import ModelLoadError, ParameterError
-from workbench.core.losses import LOSS_AGG_ALIASES, LOSS_AGG_MODES
 from workbench.core.paths import REPO_ROOT
-from workbench.modeling.models import check_model_name, check_same_tokenizer
-from workbench.tasks.registry import TASKS
-from workbench.trainers.base import PRECISIONS
+
+# Reading the catalogue imports neither torch nor nbformat (whose jsonschema builds a grammar at import: ~3 s): the
+# rules that need the loss modes, precisions, tasks or the model loader import them when a value is checked, so
+# ``python -m workbench list`` answers in well under a second (tests/catalogue/test_listing.py).
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 REQUIRED_PARAMETERS = ("model", "seed", "smoke", "out_dir")
@@ -57,10 +56,12 @@ class NotebookInfo:
         return [name for name in REQUIRED_PARAMETERS if name not in self.parameters and not self.absences.get(name)]
 
 
-def parameters_cell_source(notebook) -> str:
-    for cell in notebook.cells:
+def parameters_cell_source(notebook: dict) -> str:
+    """The source of the cell tagged ``parameters`` of a notebook as its JSON reads (or an ``nbformat`` node)."""
+    for cell in notebook["cells"]:
         if "parameters" in cell.get("metadata", {}).get("tags", []):
-            return cell.source
+            source = cell["source"]
+            return source if isinstance(source, str) else "".join(source)  # the file's JSON keeps it as lines
     raise ParameterError("the notebook has no cell tagged 'parameters'")
 
 
@@ -85,8 +86,14 @@ def parse_parameters(source: str) -> dict:
 
 def read_notebook_info(path: str | Path) -> NotebookInfo:
     path = Path(path)
-    notebook = nbformat.read(str(path), as_version=4)
-    meta = notebook.metadata.get("workbench", {})
+    try:
+        notebook = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ParameterError(f"{path}: cannot be read as a notebook ({exc}); pass a Jupyter notebook (.ipynb, JSON)") from None
+    if not isinstance(notebook, dict) or notebook.get("nbformat") != 4 or not isinstance(notebook.get("cells"), list):
+        raise ParameterError(f"{path}: not a Jupyter notebook in format 4 (no 'nbformat': 4 with a list of 'cells'); "
+                             "save it with Jupyter 4 or later")
+    meta = notebook.get("metadata", {}).get("workbench", {})
     return NotebookInfo(
         stem=path.stem,
         path=path,
@@ -169,6 +176,8 @@ def _model_problem(v) -> str | None:
     if not isinstance(v, str) or not v:
         return "is not a checkpoint name"
 
+    from workbench.modeling.models import check_model_name  # torch behind it: only when a model name is checked
+
     try:
         check_model_name(v)
     except ModelLoadError as exc:
@@ -177,18 +186,26 @@ def _model_problem(v) -> str | None:
 
 
 def _loss_agg_modes() -> tuple[str, ...]:
+    from workbench.core.losses import LOSS_AGG_ALIASES, LOSS_AGG_MODES
+
     return LOSS_AGG_MODES + tuple(LOSS_AGG_ALIASES)
 
 
 def _trl_loss_types() -> tuple[str, ...]:
+    from workbench.core.losses import LOSS_AGG_ALIASES
+
     return tuple(LOSS_AGG_ALIASES)
 
 
 def _precisions() -> tuple[str, ...]:
+    from workbench.trainers.base import PRECISIONS
+
     return PRECISIONS
 
 
 def _tasks() -> tuple[str, ...]:
+    from workbench.tasks.registry import TASKS
+
     return tuple(TASKS)
 
 
@@ -300,6 +317,8 @@ def check_parameters(info: NotebookInfo, values: dict) -> None:
     for first, second in SHARED_TOKENIZER:
         a, b = values.get(first), values.get(second)
         if a is not None and b is not None and a != b:
+            from workbench.modeling.models import check_same_tokenizer  # torch behind it: only for such a pair
+
             try:
                 check_same_tokenizer(a, b)
             except ModelLoadError as exc:

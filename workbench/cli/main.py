@@ -6,9 +6,9 @@ type) — the message names the problem and the valid choices, 130 interrupted (
 what finished is written, ``--out DIR --resume`` runs the rest).
 
 Only the chosen sub-command's module is imported (``SUBCOMMANDS``): each process pays for its own imports and
-no other's — the catalogue's listing reads notebooks through nbformat, whose jsonschema builds a grammar at import
-(about 2 s of CPU), and ``train`` and ``audit`` import transformers, which ``grade`` and ``watch``'s parent process
-do not need.
+no other's — ``run`` reads and writes notebooks through nbformat, whose jsonschema builds a grammar at import
+(about 3 s of CPU), and ``train`` and ``audit`` import transformers, which ``grade`` and ``watch``'s parent process
+do not need; ``list`` reads the notebooks' JSON and imports neither torch nor nbformat.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ SUBCOMMANDS = {
 
 
 def _list(args) -> int:
-    from workbench.catalogue.listing import catalogue  # nbformat behind it: only for the commands that read notebooks
+    from workbench.catalogue.listing import catalogue  # the notebooks' JSON: no torch, no nbformat
 
     for info in catalogue():
         print(f"{info.stem}\n    {info.purpose}")
