@@ -624,24 +624,21 @@ def sampler_worker(size: str, rounds: int, device: str) -> dict:
 
 
 def _graph_agreement(model, ids, mask, common) -> dict:
-    """The CUDA-graph path against the static decoder on the benchmark's prompts, same seeds: rows whose sampled tokens
-    are identical, and the largest |Δ log p| over the tokens both sampled while they still agreed."""
+    """The CUDA-graph path against the static decoder on the benchmark's prompts, same seeds (three): rows whose sampled
+    tokens are identical, and the largest |Δ log p| over the tokens both sampled while they still agreed
+    (``rollout_agreement``)."""
     import torch
 
-    from workbench.modeling.rollout import sample
+    from workbench.modeling.rollout import rollout_agreement, sample
 
     rows = same = 0
     worst = 0.0
     for seed in range(3):
         a, b = (sample(model, ids, mask, generator=torch.Generator(ids.device).manual_seed(seed), share_prefill=True, static_cache=True,
                        cuda_graph=graph, **common) for graph in (False, True))
-        width = min(a.response_ids.shape[1], b.response_ids.shape[1])
-        equal = a.response_ids[:, :width] == b.response_ids[:, :width]
-        agree = equal.long().cumprod(-1).bool() & a.response_mask[:, :width].bool()
-        rows += a.response_ids.shape[0]
-        same += int((equal.all(-1) & (a.response_ids.shape[1] == b.response_ids.shape[1])).sum())
-        if agree.any():
-            worst = max(worst, float((a.rollout_logprobs[:, :width] - b.rollout_logprobs[:, :width])[agree].abs().max()))
+        agreement = rollout_agreement(a, b)
+        rows, same = rows + agreement["rows"], same + agreement["identical_rows"]
+        worst = max(worst, agreement["max_abs_logprob_gap"])
     return {"rows": rows, "identical_rows": same, "max_abs_logprob_difference": worst}
 
 

@@ -63,6 +63,7 @@ from workbench.experiments import checkpoints
 from workbench.modeling import realistic  # noqa: E402
 from workbench.modeling.attention import FLASH_BACKENDS, available_flash_backends, flash_attention_status  # noqa: E402
 from workbench.modeling.models import load_tokenizer  # noqa: E402
+from workbench.modeling.rollout import rollout_agreement  # noqa: E402
 from workbench.modeling.scoring import response_logprobs  # noqa: E402
 from workbench.tasks import rl_problems  # noqa: E402
 
@@ -185,8 +186,8 @@ def decode_paths(name: str) -> dict:
                     rollout = run(side)
                     synchronize()
                     timed[side] = (rollout, time.perf_counter() - start)
-                out[key] = {**_agreement(timed["plain"][0], timed["static"][0]),
-                            "graphed_vs_static": _agreement(timed["static"][0], timed["graphed"][0]),
+                out[key] = {**rollout_agreement(timed["plain"][0], timed["static"][0]),
+                            "graphed_vs_static": rollout_agreement(timed["static"][0], timed["graphed"][0]),
                             "graph_recorded": capturable(model),  # False on a CPU: cuda_graph is ignored there
                             **{f"seconds_{side}": seconds for side, (_, seconds) in timed.items()}}
                 with torch.autocast(DEVICE, dtype=torch.bfloat16):  # precision="bf16-mixed": graphs refused (not verified)
@@ -194,17 +195,6 @@ def decode_paths(name: str) -> dict:
             except Exception as error:  # recorded, not hidden
                 out[key] = {"error": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"}
     return out
-
-
-def _agreement(a, b) -> dict:
-    """Two rollouts of the same seed: the same tokens? the largest |Δ log p| (NaN when the tokens differ) and the first
-    row where they do."""
-    same = a.response_ids.shape == b.response_ids.shape and torch.equal(a.response_ids, b.response_ids)
-    gap = (a.rollout_logprobs - b.rollout_logprobs).abs().max() if same else float("nan")
-    width = min(a.response_ids.shape[1], b.response_ids.shape[1])
-    differs = (a.response_ids[:, :width] != b.response_ids[:, :width]).any(1).nonzero()
-    return {"same_tokens": same, "max_abs_logprob_gap": float(gap),
-            "first_divergent_row": None if same else (int(differs[0]) if len(differs) else "lengths differ")}
 
 
 # parameter groups by name fragments (Llama/Qwen2 and GPT-2 names)
