@@ -39,3 +39,23 @@ def test_a_sub_command_process_does_not_import_the_notebook_readers():
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
     assert done.stdout.split("\n")[-2] == "2 []", done.stdout + done.stderr
     assert "pass --model" in done.stderr
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """``python -m workbench list | head -1``: the listing stops when the pipe closes, quietly (exit 1, as Python's
+    documentation advises for a broken pipe), instead of a BrokenPipeError traceback. The reader here is gone before
+    the first write (a race-free stand-in for ``head`` leaving after one line)."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        listing = subprocess.run([sys.executable, "-m", "workbench", "list"], stdout=write, capture_output=False,
+                                 stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write)
+    stderr = listing.stderr.decode()
+    assert listing.returncode == 1, (listing.returncode, stderr)
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
