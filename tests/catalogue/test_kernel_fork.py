@@ -61,7 +61,8 @@ def test_the_threads_the_zygote_allows_are_gone_in_a_fork():
     facts = json.loads(subprocess.run([sys.executable, "-c", FORK_PROBE], env=env, capture_output=True, text=True,
                                       check=True).stdout)
     assert "numpy" in facts["pools"]
-    assert facts["allowed"] >= 2, facts  # a pool was there to be stopped (two threads asked for)
+    if facts["allowed"] < 2:  # one CPU (OpenBLAS caps its pool at the CPU count) or a numpy without OpenBLAS's pool
+        pytest.skip(f"no BLAS thread pool started here to be stopped at fork: {facts}")
     assert facts["in_the_fork"] == 1, facts
 
 

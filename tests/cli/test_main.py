@@ -41,21 +41,30 @@ def test_a_sub_command_process_does_not_import_the_notebook_readers():
     assert "pass --model" in done.stderr
 
 
-def test_a_reader_that_leaves_early_gets_no_traceback():
-    """``python -m workbench list | head -1``: the listing stops when the pipe closes, quietly (exit 1, as Python's
-    documentation advises for a broken pipe), instead of a BrokenPipeError traceback. The reader here is gone before
-    the first write (a race-free stand-in for ``head`` leaving after one line)."""
+STUB = ("import sys; import workbench.catalogue.listing as listing; everything = listing.catalogue; "
+        "listing.catalogue = lambda: everything()[:{n}]; from workbench.cli.main import main; sys.exit(main(['list']))")
+
+
+@pytest.mark.parametrize("notebooks", [2, 1000])  # a listing shorter than a pipe's buffer, and the whole catalogue
+def test_a_reader_that_leaves_early_gets_no_traceback(notebooks):
+    """``python -m workbench list | head -1``: the listing stops when the pipe closes, quietly, with exit 141 (as a
+    shell reports a writer stopped by SIGPIPE) — also when the whole listing fits the output buffer and the failing
+    write would otherwise be the interpreter's flush at exit. The reader is gone before the first write (a race-free
+    stand-in for ``head``), and stdout is block-buffered as in a real pipe."""
     import os
     import subprocess
     import sys
 
+    from workbench.cli.main import READER_LEFT
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     read, write = os.pipe()
     os.close(read)
     try:
-        listing = subprocess.run([sys.executable, "-m", "workbench", "list"], stdout=write, capture_output=False,
-                                 stderr=subprocess.PIPE, timeout=60)
+        listing = subprocess.run([sys.executable, "-c", STUB.format(n=notebooks)], stdout=write, stderr=subprocess.PIPE,
+                                 env=env, timeout=60)
     finally:
         os.close(write)
     stderr = listing.stderr.decode()
-    assert listing.returncode == 1, (listing.returncode, stderr)
-    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+    assert listing.returncode == READER_LEFT == 141, (listing.returncode, stderr)
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "Exception ignored" not in stderr, stderr

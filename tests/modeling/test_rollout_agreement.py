@@ -25,12 +25,15 @@ def test_identical_rollouts_agree_everywhere():
 
 def test_the_gap_counts_only_tokens_sampled_while_the_row_still_agreed():
     # row 1 diverges at its second token: its later gap (9.0) compares different tokens and is not counted;
-    # row 0's last token is masked (after EOS) in b only: not counted either
+    # row 0's last token is masked (after EOS) in b only: not counted, and row 0 is not identical (another end)
     a = _rollout([[1, 2, 3], [4, 5, 6]], [[-0.5, -1.0, -2.0], [-0.1, -0.2, -0.3]])
     b = _rollout([[1, 2, 3], [4, 7, 6]], [[-0.75, -1.0, -2.0], [-0.2, -5.0, -9.3]], mask=[[1, 1, 0], [1, 1, 1]])
     agreement = rollout_agreement(a, b)
-    assert agreement["identical_rows"] == 1 and agreement["first_divergent_row"] == 1 and not agreement["same_tokens"]
+    assert agreement["identical_rows"] == 0 and agreement["first_divergent_row"] == 0 and not agreement["same_tokens"]
     assert math.isclose(agreement["max_abs_logprob_gap"], 0.25, rel_tol=1e-6)  # row 0's first token; row 1's first: 0.1
+    # the same tokens ending elsewhere (row 0) are another response; row 1 keeps its divergence
+    assert rollout_agreement(a, _rollout([[1, 2, 3], [4, 5, 6]], [[-0.5, -1.0, -2.0], [-0.1, -0.2, -0.3]],
+                                         mask=[[1, 1, 0], [1, 1, 1]]))["first_divergent_row"] == 0
 
 
 def test_different_widths_are_not_identical():

@@ -60,7 +60,7 @@ def parameters_cell_source(notebook: dict) -> str:
     """The source of the cell tagged ``parameters`` of a notebook as its JSON reads (or an ``nbformat`` node)."""
     for cell in notebook["cells"]:
         if "parameters" in cell.get("metadata", {}).get("tags", []):
-            source = cell["source"]
+            source = cell.get("source", "")
             return source if isinstance(source, str) else "".join(source)  # the file's JSON keeps it as lines
     raise ParameterError("the notebook has no cell tagged 'parameters'")
 
@@ -93,7 +93,7 @@ def read_notebook_info(path: str | Path) -> NotebookInfo:
     if not isinstance(notebook, dict) or notebook.get("nbformat") != 4 or not isinstance(notebook.get("cells"), list):
         raise ParameterError(f"{path}: not a Jupyter notebook in format 4 (no 'nbformat': 4 with a list of 'cells'); "
                              "save it with Jupyter 4 or later")
-    meta = notebook.get("metadata", {}).get("workbench", {})
+    meta = (notebook.get("metadata") or {}).get("workbench") or {}
     return NotebookInfo(
         stem=path.stem,
         path=path,

@@ -3,7 +3,8 @@ sub-command in its own module of this folder).
 
 Exit codes: 0 success, 1 a notebook failed, 2 bad input (unknown notebook or parameter, wrong
 type) — the message names the problem and the valid choices, 130 interrupted (Ctrl-C; the report of
-what finished is written, ``--out DIR --resume`` runs the rest).
+what finished is written, ``--out DIR --resume`` runs the rest), 141 ``list``'s reader left early (``| head``; as
+a shell reports a writer stopped by SIGPIPE), without a traceback.
 
 Only the chosen sub-command's module is imported (``SUBCOMMANDS``): each process pays for its own imports and
 no other's — ``run`` reads and writes notebooks through nbformat, whose jsonschema builds a grammar at import
@@ -29,14 +30,22 @@ SUBCOMMANDS = {
 }
 
 
+READER_LEFT = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left (`workbench list | head`)
+
+
 def _list(args) -> int:
     from workbench.catalogue.listing import catalogue  # the notebooks' JSON: no torch, no nbformat
 
-    for info in catalogue():
-        print(f"{info.stem}\n    {info.purpose}")
-        print("    parameters: " + ", ".join(f"{k}={v!r}" for k, v in info.parameters.items()))
-        if info.smoke_parameters:
-            print("    --smoke:    " + ", ".join(f"{k}={v!r}" for k, v in info.smoke_parameters.items()))
+    try:
+        for info in catalogue():
+            print(f"{info.stem}\n    {info.purpose}")
+            print("    parameters: " + ", ".join(f"{k}={v!r}" for k, v in info.parameters.items()))
+            if info.smoke_parameters:
+                print("    --smoke:    " + ", ".join(f"{k}={v!r}" for k, v in info.smoke_parameters.items()))
+        sys.stdout.flush()  # here, not at exit: a reader that left then ends the listing below, not in a traceback
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush goes nowhere
+        return READER_LEFT
     return 0
 
 
@@ -107,9 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     except ParameterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # the reader left (`workbench list | head`): stop writing, without a traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the interpreter's final flush cannot fail
-        return 1
 
 
 if __name__ == "__main__":

@@ -156,21 +156,24 @@ def rollout_agreement(a: Rollout, b: Rollout) -> dict:
     """How far two rollouts of the same prompts agree — one seed through two sampling paths, say (the benchmarks' and
     ``scripts/gpu_check.py``'s check of a speed path against the plain one).
 
-    ``rows``; ``identical_rows``: rows whose sampled tokens are all equal, at equal widths; ``same_tokens``: every row
-    is; ``first_divergent_row``: None when they are, else the first row that differs (``"lengths differ"`` when only
-    the widths do); ``max_abs_logprob_gap``: the largest |Δ log p| over the response tokens both sampled while their row
-    still agreed (0.0 when none did) — a gap after a row diverged compares different tokens."""
+    ``rows``; ``identical_rows``: rows whose sampled tokens and response masks are all equal, at equal widths (the same
+    tokens with another end of response are another response); ``same_tokens``: every row is; ``first_divergent_row``:
+    None when they are, else the first row that differs (``"lengths differ"`` when only the widths do);
+    ``max_abs_logprob_gap``: the largest |Δ log p| over the response tokens both sampled while their row still agreed
+    (0.0 when none did) — a gap after a row diverged compares different tokens."""
     width = min(a.response_ids.shape[1], b.response_ids.shape[1])
     equal = a.response_ids[:, :width] == b.response_ids[:, :width]
     same_width = a.response_ids.shape[1] == b.response_ids.shape[1]
-    identical = equal.all(-1) & same_width
+    rows_equal = equal.all(-1) & (a.response_mask[:, :width] == b.response_mask[:, :width]).all(-1)
+    identical = rows_equal & same_width
     agreeing = equal.long().cumprod(-1).bool() & a.response_mask[:, :width].bool() & b.response_mask[:, :width].bool()
     gap = (a.rollout_logprobs[:, :width] - b.rollout_logprobs[:, :width])[agreeing].abs()
-    differs = (~equal.all(-1)).nonzero()
+    differs = (~rows_equal).nonzero()
     same = bool(identical.all())
     return {"rows": int(a.response_ids.shape[0]), "identical_rows": int(identical.sum()), "same_tokens": same,
             "first_divergent_row": None if same else (int(differs[0]) if len(differs) else "lengths differ"),
             "max_abs_logprob_gap": float(gap.max()) if gap.numel() else 0.0}
+
 
 @torch.no_grad()
 def sample(
