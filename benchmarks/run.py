@@ -650,12 +650,16 @@ def run_sampler(size: str, rounds: int, args) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _sampler_line(label: str, result: dict, side: str = "workbench") -> str:
+SAMPLER_SIDES = {"generate": "model.generate", "workbench": "the static decoder"}  # what a sampler line compares against
+
+
+def _sampler_line(label: str, result: dict, side: str = "workbench", against: str = "generate") -> str:
+    """``side``'s tokens per (CPU-)second against ``against``'s: medians, per-round ratios, the ratio of the medians."""
     rates, s = result["rates"], result["settings"]
-    pairs = [a / b for a, b in zip(rates[side], rates["generate"], strict=True)]
-    ratio = statistics.median(rates[side]) / statistics.median(rates["generate"])
+    pairs = [a / b for a, b in zip(rates[side], rates[against], strict=True)]
+    ratio = statistics.median(rates[side]) / statistics.median(rates[against])
     return (f"{label} ({s['prompts']}×{s['num_generations']} rows, ≤ {s['max_new_tokens']} tokens, {s['calls']} calls per round): "
-            f"{statistics.median(rates[side]):.0f} vs model.generate {statistics.median(rates['generate']):.0f} tokens per "
+            f"{statistics.median(rates[side]):.0f} vs {SAMPLER_SIDES[against]} {statistics.median(rates[against]):.0f} tokens per "
             f"{'second' if result.get('device') == 'cuda' else 'CPU-second'}, "
             f"per-round ratios {', '.join(f'{p:.2f}' for p in pairs)} → {ratio:.2f}×")
 
@@ -664,14 +668,11 @@ def _graph_lines(label: str, result: dict) -> list[str]:
     """On a GPU: the CUDA-graph side against model.generate and against the static decoder, and their agreement."""
     if "cuda_graph" not in result["rates"]:
         return []
-    rates, agreement = result["rates"], result["cuda_graph_agreement"]
-    pairs = [a / b for a, b in zip(rates["cuda_graph"], rates["workbench"], strict=True)]
+    agreement = result["cuda_graph_agreement"]
     return [_sampler_line(f"{label}, cuda_graph=True", result, side="cuda_graph"),
-            f"{label}: cuda_graph=True vs the static decoder {statistics.median(rates['cuda_graph']):.0f} vs "
-            f"{statistics.median(rates['workbench']):.0f} tokens per second, per-round ratios {', '.join(f'{p:.2f}' for p in pairs)} → "
-            f"{statistics.median(rates['cuda_graph']) / statistics.median(rates['workbench']):.2f}×; same seeds: "
-            f"{agreement['identical_rows']}/{agreement['rows']} rows identical, max |Δ log p| "
-            f"{agreement['max_abs_logprob_difference']:.2e} while the tokens agree"]
+            _sampler_line(f"{label}, cuda_graph=True", result, side="cuda_graph", against="workbench")
+            + f"; same seeds: {agreement['identical_rows']}/{agreement['rows']} rows identical, max |Δ log p| "
+              f"{agreement['max_abs_logprob_difference']:.2e} while the tokens agree"]
 
 
 # ---- training workers: spawned, or forked from a clean copy of the kernel ---------------------------------------
