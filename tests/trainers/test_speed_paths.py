@@ -3,8 +3,9 @@
 * the sampler under inference mode returns ordinary tensors and makes no forward pass for a token
   it never samples from; ``share_prefill`` (one prompt forward per distinct prompt) samples the
   same tokens for the same seed;
-* ``share_prompts`` (a group's prompt run once in the training forward, prefix-tree rows) gives
-  the plain path's log-probs and gradients, and GRPO with it keeps ρ = 1 and KL = 0 at step 0 (fp32
+* ``share_prompts`` (a group's prompt run once in the training forward, prefix-tree rows, each response
+  cut after its last real token) gives the plain path's log-probs and gradients at every real token and 0
+  after a row's last one (an empty response included), and GRPO with it keeps ρ = 1 and KL = 0 at step 0 (fp32
   and bf16);
 * a group's prompt is tokenised once; DPO's per-pair token cache builds the same batches.
 """
@@ -17,7 +18,7 @@ import torch
 from workbench.core.batching import pad_sequences
 from workbench.experiments.checkpoints import load
 from workbench.modeling.rollout import sample
-from workbench.modeling.scoring import response_logprobs
+from workbench.modeling.scoring import response_extent, response_logprobs
 from workbench.modeling.tiny import tiny_model
 from workbench.tasks import Problem, encode_prompts, rl_problems
 from workbench.trainers.dpo import DPOConfig, DPOTrainer
@@ -76,8 +77,31 @@ def test_shared_prompts_give_the_plain_log_probs_and_gradients(arch):
     real = response_mask.bool()
     assert (results[0][0] - results[1][0])[real].abs().max() <= 1e-5
     assert (results[0][1] - results[1][1])[real].abs().max() <= 1e-5
+    # the pads after each response's last token are not run on the shared path: 0 there (the padded path scores them)
+    assert torch.equal(results[1][0][~real], torch.zeros(int((~real).sum()))) and bool(results[0][0][~real].ne(0).all())
+    assert torch.equal(results[1][1][~real], torch.zeros(int((~real).sum())))
     for name, grad in results[0][2].items():
         assert torch.allclose(grad, results[1][2][name], atol=1e-5, rtol=1e-4), name
+
+
+def test_response_extent_keeps_every_position_up_to_the_last_real_token():
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    assert response_extent(mask) == [2, 3, 0, 4]  # a hole before the last real token is kept
+
+
+def test_shared_prompts_score_an_empty_response_and_a_full_one_like_the_padded_path():
+    model, _ = tiny_model("qwen2", seed=3)
+    g = torch.Generator().manual_seed(1)
+    prompt_ids, prompt_mask = pad_sequences([p for p in (torch.randint(4, 60, (n,), generator=g) for n in (4, 6)) for _ in range(3)],
+                                            0, side="left")
+    response_ids = torch.randint(4, 60, (6, 5), generator=g)
+    response_mask = (torch.arange(5) < torch.tensor([3, 0, 5, 2, 4, 1])[:, None]).long()  # as the sampler masks: up to EOS
+    with torch.no_grad():
+        padded, shared = (response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, share_prompts=share)
+                          for share in (False, True))
+    real = response_mask.bool()
+    assert float((padded - shared)[real].abs().max()) <= 1e-5 and int(real.sum()) == 15
+    assert bool(shared[~real].eq(0).all()) and bool(padded[~real].ne(0).all())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -19,8 +19,10 @@ rows (``prefix_tree``): the prompt once, then every response after it, each resp
 ids continuing from the prompt and a boolean 4-D attention mask letting a response token see the
 prompt and its own response only. Every token sees what it sees in its own padded row, at the
 same position, so the numbers are the padded forward's up to float noise (~1e-6 on a per-token
-log-prob in fp32: other matmul shapes), with fewer tokens through the model (on GRPO's 2 × 8
-rollouts of 7-token prompts and ~4-token responses, ~75 tokens instead of ~171). Needs a plain LM-head
+log-prob in fp32: other matmul shapes), with fewer tokens through the model: the prompt once, and
+each response only up to its last real token (the pads after EOS are not run; values there are 0).
+On GRPO's 2 × 8 rollouts of 7-token prompts and ~4-token responses, ~75 tokens instead of ~171;
+on the sums task's groups (8 responses of 8–48 tokens) rows of ~300 tokens instead of 414. Needs a plain LM-head
 model under sdpa attention (``tree_capable``); otherwise the padded forward runs.
 
 Log-probabilities are taken in fp32: logits are upcast *before* they are divided by the sampling
@@ -209,8 +211,10 @@ def response_logprobs(
 def _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature, with_entropy, chunk_size):
     """Log-probs of the responses with each distinct prompt run once (GRPO's groups), in ONE
     forward over prefix-tree rows (``prefix_tree``: one row per distinct prompt, the prompt then
-    every response sharing it). Same maths as the padded forward; float noise differs (other matmul
-    shapes). None when no prompt repeats or ``tree_capable(model)`` is False (e.g. a DDP wrapper)."""
+    every response sharing it, each cut after its last real token — ``response_extent``: the pads after
+    EOS, up to half of a row on the sums task, are not run). Same maths as the padded forward at every
+    real token; float noise differs (other matmul shapes); log-prob and entropy 0 past a row's last real
+    token. None when no prompt repeats or ``tree_capable(model)`` is False (e.g. a DDP wrapper)."""
     if not tree_capable(model):
         return None
     repeated = repeated_rows(torch.cat([prompt_ids, prompt_mask], dim=1))
@@ -219,16 +223,29 @@ def _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, respons
     groups = repeated[1]
     prompts = [prompt_ids[g[0]][prompt_mask[g[0]].bool()].tolist() for g in groups]
     responses = response_ids.tolist()
-    sequences, prefix_lengths = [None] * len(responses), []
-    for g, prompt in zip(groups, prompts, strict=True):
-        prefix_lengths.append(len(prompt))
-        for row in g:
-            sequences[row] = prompt + responses[row]
-    tree = prefix_tree(sequences, groups, prefix_lengths, prompt_ids.device)
     width = response_ids.shape[1]
-    # the hidden state before response token t sits at sequence position (prompt length − 1 + t)
-    index = [where[len(where) - width - 1 : len(where) - 1] for where in tree[3]]
-    return _tree_scored(model, tree, index, response_ids, temperature, with_entropy, chunk_size)
+    kept = response_extent(response_mask)  # each response up to its last real token: what follows EOS is not run
+    sequences, prompt_lengths = [None] * len(responses), [0] * len(responses)
+    for g, prompt in zip(groups, prompts, strict=True):
+        for row in g:
+            sequences[row], prompt_lengths[row] = prompt + responses[row][: kept[row]], len(prompt)
+    tree = prefix_tree(sequences, groups, [len(prompt) for prompt in prompts], prompt_ids.device)
+    # the hidden state before response token t sits at sequence position (prompt length − 1 + t); a position past
+    # the row's last real token reads the last prompt token's state (any would do) and its values are set to 0
+    index = [where[n - 1 : n - 1 + k] + [where[n - 1]] * (width - k) for where, n, k in zip(tree[3], prompt_lengths, kept, strict=True)]
+    logprobs, entropy = _tree_scored(model, tree, index, response_ids, temperature, with_entropy, chunk_size)
+    if min(kept) == width:
+        return logprobs, entropy
+    past = torch.arange(width, device=response_ids.device) >= torch.tensor(kept, device=response_ids.device)[:, None]
+    return logprobs.masked_fill(past, 0.0), (None if entropy is None else entropy.masked_fill(past, 0.0))
+
+
+def response_extent(response_mask: torch.Tensor) -> list[int]:
+    """Per row, how many response positions reach its last real token (masked-in; a masked hole before it is
+    kept, so a consumer's mask can only select kept positions): 0 for a row without one."""
+    mask = response_mask.bool()
+    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    return torch.where(mask, positions, 0).max(-1).values.tolist()
 
 
 def shared_prefix_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: list[list[int]],
