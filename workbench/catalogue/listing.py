@@ -301,7 +301,7 @@ PARAMETER_RULES: dict[str, Rule] = {
 }
 # Parameters whose default's type is all there is to check (any bool, any string, any seed).
 TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",
-                        "reuse_results", "run_trl", "deep")
+                        "reuse_results", "run_trl", "deep", "packed")
 # Parameter pairs whose checkpoints must share a tokenizer (one scores the other's token ids).
 SHARED_TOKENIZER = (("model", "reference_model"),)
 
