@@ -36,9 +36,8 @@ Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or 
 * ``EOS stopping`` — the rollout time saved by stopping at EOS (pitfall S3);
 * ``Training workers`` — the CPU-seconds of one ``train_variants`` call with 2 worker processes (every process under
   it counted), the workers spawned (fresh interpreters) vs forked from a clean copy of the calling process
-  (``core.worker_processes``, what a catalogue kernel does), each call in a fresh process, rounds alternating; the
-  wall time of a first and a second call whose workers fork from the standard library's preloaded fork server (what
-  any other process does); and whether all give identical records;
+  (``core.worker_processes``, what a catalogue kernel does), each call in a fresh process, rounds alternating; and
+  whether the two give identical records;
 * ``Watch overhead`` — the workbench's GRPO step (the ``GRPO`` configuration) without a watch, inside the light
   ``workbench.watch`` and inside the deep one, three processes alternating; time per step with ÷ without
   (target for light: ≤ 1.05×). ``--watch-only`` runs just this line; with ``--baseline DIR`` the baseline
@@ -690,8 +689,6 @@ def workers_worker(mode: str) -> dict:
     from workbench.experiments import comparison
 
     kernel_fork.preload()  # the imports a catalogue kernel starts with (forked from the zygote)
-    if mode == "spawned":  # fresh interpreters, not forks of the standard library's preloaded server
-        os.environ[worker_processes.SWITCH_ENV] = "0"
     if mode == "forked" and worker_processes.start_fork_server() is None:  # what catalogue.kernel_fork does in each kernel
         raise RuntimeError(f"no fork server here: {worker_processes.unsupported()}")
     variants = {f"v{i}": {} for i in range(WORKERS["variants"])}
@@ -701,23 +698,21 @@ def workers_worker(mode: str) -> dict:
                    for field in ("ru_utime", "ru_stime"))
 
     start_method = worker_processes.context().get_start_method()
-    start, walls = cpu(), []
-    for _ in range(2 if mode == "preloaded" else 1):  # preloaded: the server starts at the first call; the second is timed
-        wall = time.perf_counter()
-        runs = comparison.train_variants("ppo", "tiny-arith-qwen2", variants, steps=WORKERS["steps"], problems=WORKERS["problems"],
-                                         prompts_per_step=WORKERS["prompts_per_step"], max_new_tokens=WORKERS["max_new_tokens"],
-                                         processes=2)
-        walls.append(time.perf_counter() - wall)
+    start, wall = cpu(), time.perf_counter()
+    runs = comparison.train_variants("ppo", "tiny-arith-qwen2", variants, steps=WORKERS["steps"], problems=WORKERS["problems"],
+                                     prompts_per_step=WORKERS["prompts_per_step"], max_new_tokens=WORKERS["max_new_tokens"],
+                                     processes=2)
+    wall = time.perf_counter() - wall
     worker_processes.stop_fork_server()  # reaped: its workers' CPU time is counted in RUSAGE_CHILDREN from here on
     records = {label: [[{k: v for k, v in r.items() if k != "seconds" and not k.endswith("_seconds")} for r in history]
                        for history in histories] for label, histories in runs.items()}
-    return {"cpu_s": cpu() - start, "wall_s": walls[-1], "first_wall_s": walls[0], "records": records,
-            "threads": torch.get_num_threads(), "start_method": start_method}
+    return {"cpu_s": cpu() - start, "wall_s": wall, "records": records, "threads": torch.get_num_threads(),
+            "start_method": start_method}
 
 
 def run_workers(repeats: int, args) -> dict:
-    """``repeats`` rounds alternating spawned, forked and preloaded, each in a fresh process."""
-    rounds: dict[str, list[dict]] = {"spawned": [], "forked": [], "preloaded": []}
+    """``repeats`` rounds alternating spawned and forked, each call in a fresh process."""
+    rounds: dict[str, list[dict]] = {"spawned": [], "forked": []}
     for _ in range(repeats):
         for mode in rounds:
             done = subprocess.run([sys.executable, __file__, "--workers-worker", mode], capture_output=True, text=True,
@@ -725,7 +720,7 @@ def run_workers(repeats: int, args) -> dict:
             if done.returncode != 0:
                 raise RuntimeError(f"workers worker ({mode}) failed:\n{done.stderr[-3000:]}")
             rounds[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            expected = "spawn" if mode == "spawned" else "forkserver"
+            expected = "forkserver" if mode == "forked" else "spawn"
             if rounds[mode][-1]["start_method"] != expected:
                 raise RuntimeError(f"the {mode} round started its workers by {rounds[mode][-1]['start_method']}, not {expected}")
     return rounds
@@ -734,7 +729,6 @@ def run_workers(repeats: int, args) -> dict:
 def _workers_line(rounds: dict) -> str:
     spawned, forked = ([r["cpu_s"] for r in rounds[m]] for m in ("spawned", "forked"))
     same = all(a["records"] == b["records"] for a, b in zip(rounds["spawned"], rounds["forked"], strict=True))
-    preloaded_same = all(a["records"] == b["records"] for a, b in zip(rounds["spawned"], rounds["preloaded"], strict=True))
     w = WORKERS
     return (f"Training workers (one train_variants call, 2 worker processes, {w['variants']} PPO runs of {w['steps']} step on "
             f"tiny-arith-qwen2): spawned {statistics.median(spawned):.1f} vs forked from the kernel's clean copy "
@@ -742,11 +736,7 @@ def _workers_line(rounds: dict) -> str:
             f"{', '.join(f'{a / b:.2f}' for a, b in zip(spawned, forked, strict=True))}; wall "
             f"{statistics.median(r['wall_s'] for r in rounds['spawned']):.1f} vs "
             f"{statistics.median(r['wall_s'] for r in rounds['forked']):.1f} s; "
-            f"records {'identical' if same else 'DIFFERENT'} → {statistics.median(spawned) / statistics.median(forked):.2f}×; "
-            f"forked from the standard library's preloaded server (an ordinary kernel, a script): first call "
-            f"{statistics.median(r['first_wall_s'] for r in rounds['preloaded']):.1f} s wall (the server imports), a later "
-            f"one {statistics.median(r['wall_s'] for r in rounds['preloaded']):.1f} s (its workers' CPU time is the server's, "
-            f"not counted here), records {'identical' if preloaded_same else 'DIFFERENT'}")
+            f"records {'identical' if same else 'DIFFERENT'} → {statistics.median(spawned) / statistics.median(forked):.2f}×")
 
 
 # ---- packing and EOS -------------------------------------------------------------------------
@@ -886,7 +876,7 @@ def main() -> int:
     parser.add_argument("--settings", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sampler-worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--workers-worker", default=None, choices=("spawned", "forked", "preloaded"), help=argparse.SUPPRESS)
+    parser.add_argument("--workers-worker", default=None, choices=("spawned", "forked"), help=argparse.SUPPRESS)
     parser.add_argument("--only-sampler", action="store_true", help="run the sampler lines only")
     parser.add_argument("--lines", default=",".join(LINES),
                         help=f"comma-separated lines to run, of {', '.join(LINES)} (default: all)")

@@ -17,8 +17,7 @@ pytestmark = pytest.mark.skipif(kernel_fork.supported() is not None, reason=str(
 
 PROBE = ("import os, sys, json; print(json.dumps({'preloaded': 'torch' in sys.modules and 'workbench.pitfalls' in sys.modules, "
          "'cwd': os.getcwd(), 'threads': __import__('torch').get_num_threads(), 'marker': os.environ.get('MARKER'), "
-         "'sys_path': sys.path, 'workers': __import__('workbench.core.worker_processes', fromlist=['_']).context().get_start_method(), "
-         "'own_server': __import__('workbench.core.worker_processes', fromlist=['_']).fork_server() is not None}))")
+         "'sys_path': sys.path, 'workers': __import__('workbench.core.worker_processes', fromlist=['_']).context().get_start_method()}))")
 # an inline figure: the backend hooks into IPython when the kernel first draws, as in an ordinary kernel
 FIGURE = "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([0, 1])\nplt.show()"
 
@@ -103,14 +102,13 @@ def test_a_forked_kernel_runs_where_and_as_asked_with_the_modules_loaded(zygote_
         sys_path = facts.pop("sys_path")
         # training workers fork from a copy of the kernel made before ipykernel's threads (core.worker_processes)
         assert facts == {"preloaded": True, "cwd": str(tmp_path), "threads": 1, "marker": "from-the-launcher",
-                         "workers": "forkserver", "own_server": True}
+                         "workers": "forkserver"}
         monkeypatch.delenv(kernel_fork.SOCKET_ENV)  # an ordinary kernel started the same way has the same sys.path
         ordinary, ordinary_client = _started_kernel(tmp_path, monkeypatch)
         try:
             ordinary_facts = json.loads("".join(_run(ordinary_client, PROBE)))
             assert ordinary_facts["sys_path"] == sys_path
-            # a threaded kernel from the start: no copy of its own; its workers fork from the standard library's server
-            assert ordinary_facts["workers"] == "forkserver" and not ordinary_facts["own_server"]
+            assert ordinary_facts["workers"] == "spawn"  # a threaded kernel from the start: its workers are spawned
         finally:
             ordinary_client.stop_channels()
             ordinary.shutdown_kernel(now=True)
@@ -218,20 +216,16 @@ def test_a_forked_run_gives_the_numbers_of_ordinary_kernels(tmp_path):
 
 @pytest.mark.slow
 def test_training_workers_forked_in_a_forked_kernel_give_the_numbers_of_spawned_ones(tmp_path, monkeypatch):
-    """Two training notebooks with 2 worker processes each: forks of the kernel's clean copy (forked kernels), forks of
-    the standard library's preloaded server (ordinary kernels) and fresh interpreters (ordinary kernels, the switch
-    off) — every metric equal."""
+    """Two training notebooks with 2 worker processes each: forks of the kernel's clean copy (forked kernels) against
+    fresh interpreters (ordinary kernels) — every metric equal."""
+    monkeypatch.delenv("WORKBENCH_FORK_WORKERS", raising=False)
     runs = {}
-    for fork, switch in ((True, None), (False, None), (False, "0")):
-        if switch is None:
-            monkeypatch.delenv("WORKBENCH_FORK_WORKERS", raising=False)
-        else:
-            monkeypatch.setenv("WORKBENCH_FORK_WORKERS", switch)
-        folder, results = run_catalogue(["04", "07"], smoke=True, overrides={"processes": 2}, out_dir=tmp_path / f"{fork}{switch}",
+    for fork in (True, False):
+        folder, results = run_catalogue(["04", "07"], smoke=True, overrides={"processes": 2}, out_dir=tmp_path / str(fork),
                                         progress=False, render_html=False, jobs_in_parallel=2, exercises=False, fork_kernels=fork)
         assert all(r.ok for r in results) and all(r.parameters["processes"] == 2 for r in results)
-        runs[fork, switch] = {r.stem: json.loads((folder / r.stem / "metrics.json").read_text())["metrics"] for r in results}
-    assert runs[True, None] == runs[False, None] == runs[False, "0"]
+        runs[fork] = {r.stem: json.loads((folder / r.stem / "metrics.json").read_text())["metrics"] for r in results}
+    assert runs[True] == runs[False]
 
 
 def test_terminating_the_zygote_kills_its_kernels(zygote_socket, tmp_path, monkeypatch):

@@ -1,5 +1,4 @@
-"""core.worker_processes: workers forked from a clean copy of a warm process, from the standard library's preloaded
-fork server, or spawned.
+"""core.worker_processes: workers forked from a clean copy of a warm process, or spawned.
 
 Each check runs in a fresh interpreter: the fork server must be started in a process with one thread, and a pytest
 worker runs several (execnet's)."""
@@ -22,24 +21,17 @@ PROBE = '''
 import os, random, sys
 
 def probe(_=None):
-    """Where this worker comes from: its parent, whether numpy and the training module were imported before the job,
-    its first draws, an environment variable."""
+    """Where this worker comes from: its parent, whether numpy was imported before the job, its first draws."""
     import numpy
-    JOBS.append(1)
-    return {"pid": os.getpid(), "parent": os.getppid(), "numpy_at_start": NUMPY_AT_START, "preloaded": PRELOADED,
-            "python_draw": random.random(), "numpy_draw": float(numpy.random.random()), "env": os.getenv("SET_LATE"),
-            "job": len(JOBS)}
-
-JOBS = []
+    return {"pid": os.getpid(), "parent": os.getppid(), "numpy_at_start": NUMPY_AT_START,
+            "python_draw": random.random(), "numpy_draw": float(numpy.random.random())}
 
 NUMPY_AT_START = "numpy" in sys.modules
-PRELOADED = "workbench.experiments.comparison" in sys.modules
 '''
 
 SCRIPT = '''
-import json, multiprocessing, os, random, sys
+import json, os, random, sys
 from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import forkserver
 import numpy
 from workbench.core import worker_processes
 
@@ -51,12 +43,10 @@ def one_worker(context):
 random.seed(0)
 numpy.random.seed(0)
 before = worker_processes.context().get_start_method()
-started_by_context = forkserver._forkserver._forkserver_pid is not None  # context() only names the method
-spawned = one_worker(multiprocessing.get_context("spawn"))
+spawned = one_worker(worker_processes.context())
 server = worker_processes.start_fork_server()
 forked = [one_worker(worker_processes.context()) for _ in range(2)]
-print(json.dumps({"before": before, "started_by_context": started_by_context,
-                  "after": worker_processes.context().get_start_method(), "server": server,
+print(json.dumps({"before": before, "after": worker_processes.context().get_start_method(), "server": server,
                   "spawned": spawned, "forked": forked, "me": os.getpid(),
                   "mine": [random.random(), float(numpy.random.random())]}))
 '''
@@ -73,7 +63,7 @@ def _run(tmp_path, script: str, expect_code: int = 0, **variables: str) -> dict:
 
 def test_workers_are_forks_of_the_server_with_the_imports_done_and_their_own_draws(tmp_path):
     seen = _run(tmp_path, SCRIPT)
-    assert seen["before"] == seen["after"] == "forkserver" and not seen["started_by_context"] and seen["server"]
+    assert seen["before"] == "spawn" and seen["after"] == "forkserver"
     # a spawned worker is a child of the caller and imports numpy itself; a forked one is the server's child and has it
     assert seen["spawned"]["parent"] == seen["me"] and not seen["spawned"]["numpy_at_start"]
     for worker in seen["forked"]:
@@ -93,7 +83,7 @@ def test_the_server_leaves_with_its_process(tmp_path):
     assert not _alive(seen["server"]), f"fork server {seen['server']} still running after its process exited"
 
 
-def test_stop_reaps_the_server_and_leaves_the_standard_librarys_to_later_pools(tmp_path):
+def test_stop_reaps_the_server_and_falls_back_to_spawn(tmp_path):
     seen = _run(tmp_path, '''
         import json, os
         from workbench.core import worker_processes
@@ -107,7 +97,7 @@ def test_stop_reaps_the_server_and_leaves_the_standard_librarys_to_later_pools(t
             reaped = True
         print(json.dumps({"again": again, "reaped": reaped, "after": worker_processes.context().get_start_method()}))
     ''')
-    assert seen == {"again": "this process already has a fork server", "reaped": True, "after": "forkserver"}
+    assert seen == {"again": "this process already has a fork server", "reaped": True, "after": "spawn"}
 
 
 def test_the_socket_is_private_and_removed_with_the_server(tmp_path):
@@ -161,7 +151,7 @@ def test_workers_die_with_a_killed_server(tmp_path):
     assert seen == {"worker_running": False}
 
 
-def test_a_failed_fork_leaves_the_standard_librarys_server_and_nothing_open(tmp_path):
+def test_a_failed_fork_leaves_spawned_workers_and_nothing_open(tmp_path):
     seen = _run(tmp_path, '''
         import errno, json, os
         from workbench.core import worker_processes
@@ -172,7 +162,7 @@ def test_a_failed_fork_leaves_the_standard_librarys_server_and_nothing_open(tmp_
         print(json.dumps({"server": worker_processes.start_fork_server(), "context": worker_processes.context().get_start_method(),
                           "new_fds": sorted(set(os.listdir("/proc/self/fd")) - fds)}))
     ''')
-    assert seen == {"server": None, "context": "forkserver", "new_fds": []}
+    assert seen == {"server": None, "context": "spawn", "new_fds": []}
 
 
 def test_the_switch_turns_the_server_off(tmp_path):
@@ -180,53 +170,9 @@ def test_the_switch_turns_the_server_off(tmp_path):
         import json
         from workbench.core import worker_processes
         print(json.dumps({"server": worker_processes.start_fork_server(), "why": worker_processes.unsupported(),
-                          "why_not_preloaded": worker_processes.preloaded_server_unsupported(),
                           "context": worker_processes.context().get_start_method()}))
     ''', WORKBENCH_FORK_WORKERS="0")
-    assert seen == {"server": None, "why": "WORKBENCH_FORK_WORKERS=0", "why_not_preloaded": "WORKBENCH_FORK_WORKERS=0",
-                    "context": "spawn"}
-
-
-def test_the_preloaded_modules_are_the_training_entry_point_and_the_builtin_architectures():
-    """The standard library skips a preload module it cannot import, silently: each must name a module file (found
-    without importing transformers, seconds)."""
-    import importlib.util
-    from pathlib import Path
-
-    assert worker_processes.PRELOAD[0] == "workbench.experiments.comparison"  # what train_variants' workers run
-    for name in worker_processes.PRELOAD:
-        top, *rest = name.split(".")
-        package = Path(importlib.util.find_spec(top).origin).parent
-        assert package.joinpath(*rest[:-1], rest[-1] + ".py").is_file(), name
-
-
-def test_elsewhere_workers_are_forks_of_the_standard_librarys_preloaded_server(tmp_path):
-    """A process without its own server (a JupyterLab kernel, a script): every pool's workers are forks of one server
-    the standard library started with PRELOAD imported, with the caller's environment at the call and their own
-    draws."""
-    seen = _run(tmp_path, '''
-        import json, os, random
-        import numpy
-        from workbench.core import worker_processes
-        worker_processes.PRELOAD = ("numpy",)  # light, for the test: the mechanism is the same as with torch's modules
-        random.seed(0)
-        numpy.random.seed(0)
-        calls = []
-        for value in ("first", "second"):
-            os.environ["SET_LATE"] = value  # after the server started, for the second call
-            with worker_processes.pool(2) as pool:
-                calls.append([f.result() for f in [pool.submit(__import__("probe").probe) for _ in range(4)]])
-        print(json.dumps({"method": worker_processes.context().get_start_method(), "calls": calls, "me": os.getpid(),
-                          "mine": float(numpy.random.random())}))
-    ''')
-    assert seen["method"] == "forkserver"
-    workers = [w for call in seen["calls"] for w in call]
-    servers = {w["parent"] for w in workers}
-    assert len(servers) == 1 and seen["me"] not in servers  # one server for both calls, not the caller
-    assert all(w["numpy_at_start"] and not w["preloaded"] for w in workers)  # what PRELOAD named, and only that
-    assert [{w["env"] for w in call} for call in seen["calls"]] == [{"first"}, {"second"}]
-    first_draws = [w["numpy_draw"] for w in workers if w["job"] == 1]  # each worker's first job: its first draw
-    assert len(first_draws) >= 2 and len(set(first_draws)) == len(first_draws) and seen["mine"] not in first_draws
+    assert seen == {"server": None, "why": "WORKBENCH_FORK_WORKERS=0", "context": "spawn"}
 
 
 def test_a_child_of_the_owner_does_not_use_the_owners_server():

@@ -1,40 +1,33 @@
-"""Worker processes for parallel training runs: forks of a clean process that has the imports done, never of the caller.
+"""Worker processes for parallel training runs: forked from a clean copy of a warm process where one exists, spawned otherwise.
 
 ``experiments.comparison.train_variants`` trains its (variant, seed) pairs in worker processes. A spawned worker is a
 fresh interpreter that imports torch, transformers and the workbench again before its first step — about 8 CPU-seconds
-on this project's 2-core machine, twice per call. Forking the caller instead would skip the imports, but the caller is
-usually a notebook kernel that runs threads (ipykernel's channels, torch's pool), and a fork of a threaded process can
-inherit a lock held by a thread that does not exist in the child, and hang (seen in a CI rehearsal). So every worker is
-a fork of a *fork server*, a process that runs one thread and has the imports done; which one depends on the caller:
+on this project's 2-core machine, twice per training notebook. Forking the caller instead would skip the imports, but
+the caller is usually a notebook kernel that runs threads (ipykernel's channels, torch's pool), and a fork of a threaded
+process can inherit a lock held by a thread that does not exist in the child, and hang (seen in a CI rehearsal).
 
-* A catalogue kernel starts as a fork of the runner's zygote (``catalogue.kernel_fork``) — one thread, the imports
-  done, no torch op run — and only then becomes an ipykernel. At that moment ``start_fork_server()`` forks a copy of it
-  to be the process's multiprocessing fork server: the standard library's ``multiprocessing.forkserver.main``, the very
-  server that ``get_context("forkserver")`` would otherwise start. Its workers cost nothing to start.
-* Anywhere else on Linux (a JupyterLab kernel, a script, the test suite) ``context()`` hands out the standard library's
-  own fork server with ``PRELOAD`` set: at the first pool it starts a fresh interpreter (fork + exec, safe from any
-  thread) that imports the workbench's training modules once, and every worker of this and every later call is a fork
-  of it. The first call pays those imports once (about what one spawned worker pays); later calls pay nothing
-  (measured in a plain process, three ``train_variants(processes=2)`` calls: 8.4, 7.7, 8.3 s wall and ~15 CPU-seconds
-  each with spawned workers, 7.1, 1.0, 1.0 s with this server, the same records).
-* ``spawn`` where neither works: not Linux, ``WORKBENCH_FORK_WORKERS=0``, or a process that is a copy of one that
-  started its own server (a worker of it: the copied server state is its parent's).
+A catalogue kernel is the exception at one moment of its life: it starts as a fork of the runner's zygote
+(``catalogue.kernel_fork``) — one thread, the imports done, no torch op run — and only then becomes an ipykernel.
+At that moment ``start_fork_server()`` forks a copy of it to be the process's multiprocessing *fork server*: the
+standard library's ``multiprocessing.forkserver.main``, the very server that ``get_context("forkserver")`` would
+otherwise start by spawning a fresh interpreter. From then on ``context()`` hands out the forkserver context, and
+every worker is a fork of that clean, single-threaded copy: no imports to pay, no lock to inherit. Everywhere else (a
+JupyterLab kernel, a script, a Python whose fork server this module does not know, ``WORKBENCH_FORK_WORKERS=0``)
+``context()`` is the spawn context, as before.
 
-A worker computes the same thing whichever way it starts. It has more modules than a spawned worker imports (none
-draws at import) and sets its own threads; torch's global generator is untouched in a server (no op ran), as in a
-fresh interpreter; Python's and numpy's global generators are re-seeded from the OS in each worker, as a fresh
-interpreter's are; ``pool()`` hands each worker the caller's environment as it is at the call (a fork would see the
-server's, taken at its start). Two differences remain: forked workers share their server's string-hash secret (a
-spawned one draws its own; no result may depend on set order, and none does — results are reproducible with spawned
-workers), and ``__main__`` in a worker of the kernel's copy is an empty module (a function defined in a notebook cannot
-be sent to a worker either way; the standard library's server prepares ``__main__`` as spawn does). The kernel copy's
-socket is a file in a private folder (mode 0700): the standard library's server unpickles whatever a client sends, so
-only this user may reach it (the standard library's own server binds its socket the same way on Python 3.11: a 0600
-file in a 0700 temporary folder). A server leaves when its caller does (the standard library's "alive" pipe); the
-kernel's copy also dies with it if the kernel is killed (``PR_SET_PDEATHSIG``), and every worker dies with its server.
-``tests/core/test_worker_processes.py`` checks where the workers come from; the slow processes-vs-serial test of
-``tests/experiments/test_comparison.py`` and the forked-kernel test of ``tests/catalogue/test_kernel_fork.py`` check
-their records.
+A worker computes the same thing whichever way it starts. It has the kernel's modules (more than a spawned worker
+imports; none draws at import) and the same thread setting (the runs set their own); torch's global generator is
+untouched in the copy (no op ran), as in a fresh interpreter; Python's and numpy's global generators are re-seeded from
+the OS in each worker, as a fresh interpreter's are; ``pool()`` hands each worker the caller's environment as it is at
+the call (a fork would see the kernel's at its start). Two differences remain: a forked worker shares the kernel's
+string-hash secret (a spawned one draws its own; no result may depend on set order, and none does — results are
+reproducible with spawned workers), and ``__main__`` in a worker is an empty module (a function defined in a notebook
+cannot be sent to a worker either way). The server's socket is a file in a private folder (mode 0700): the standard
+library's server unpickles whatever a client sends, so only this user may reach it. The fork server leaves when its
+kernel does (the standard library's "alive" pipe), and dies with it if the kernel is killed (``PR_SET_PDEATHSIG``),
+as do its workers. ``tests/core/test_worker_processes.py`` checks where the workers come from; the slow
+processes-vs-serial test of ``tests/experiments/test_comparison.py`` and the forked-kernel test of
+``tests/catalogue/test_kernel_fork.py`` check their records.
 """
 
 from __future__ import annotations
@@ -55,11 +48,7 @@ import time
 import types
 from concurrent.futures import ProcessPoolExecutor
 
-SWITCH_ENV = "WORKBENCH_FORK_WORKERS"  # "0": no fork server of either kind, spawn every worker
-# What the standard library's fork server imports before its first fork: the training entry point (torch, the
-# trainers, the workbench's model code) and transformers' modules of the built-in checkpoints (loaded by every run).
-PRELOAD = ("workbench.experiments.comparison", "transformers.models.qwen2.modeling_qwen2",
-           "transformers.models.llama.modeling_llama", "transformers.models.gpt2.modeling_gpt2")
+SWITCH_ENV = "WORKBENCH_FORK_WORKERS"  # "0": never start a fork server, spawn every worker
 _owner: int | None = None  # the pid of the process whose fork server start_fork_server() started
 _server: int | None = None  # that server's pid
 _own_folder: str | None = None  # the private folder of its socket, when start_fork_server() made it
@@ -69,30 +58,9 @@ KNOWN_SERVER_ARGUMENTS = ["listener_fd", "alive_r", "preload", "main_path", "sys
 
 
 def context() -> multiprocessing.context.BaseContext:
-    """The multiprocessing context for worker processes: ``forkserver`` — this process's own fork server when
-    ``start_fork_server()`` started one, else the standard library's with ``PRELOAD`` (started at the first pool) —
-    or ``spawn`` where neither can work (``preloaded_server_unsupported()``)."""
-    if fork_server() is not None:
-        return multiprocessing.get_context("forkserver")
-    if preloaded_server_unsupported() is not None:
-        return multiprocessing.get_context("spawn")
-    workers = multiprocessing.get_context("forkserver")
-    from multiprocessing import forkserver
-
-    if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:  # not running yet: it will import these first
-        workers.set_forkserver_preload(list(PRELOAD))
-    return workers
-
-
-def preloaded_server_unsupported() -> str | None:
-    """None where ``context()`` may use the standard library's fork server; otherwise why the workers are spawned."""
-    if os.environ.get(SWITCH_ENV, "1") == "0":
-        return f"{SWITCH_ENV}=0"
-    if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
-        return f"a fork server needs fork() (Linux); this is {sys.platform}"
-    if _owner is not None and _owner != os.getpid():
-        return "a copy of a process that started its own fork server (its server state is the parent's)"
-    return None
+    """The multiprocessing context for worker processes: ``forkserver`` when this process started its fork server with
+    ``start_fork_server()`` (the workers are forks of a clean copy of it), ``spawn`` otherwise."""
+    return multiprocessing.get_context("forkserver" if fork_server() is not None else "spawn")
 
 
 def fork_server() -> int | None:
@@ -185,20 +153,16 @@ def start_fork_server(folder: str | None = None) -> int | None:
 
 def pool(max_workers: int) -> ProcessPoolExecutor:
     """A process pool of ``max_workers`` in ``context()``. Forked workers first take this process's environment as it
-    is now (a spawned worker inherits it; a fork would see its server's, taken at the server's start), die with their
-    server and re-seed their global generators (``_as_a_fresh_worker``)."""
+    is now (a spawned worker inherits it; a fork would see the kernel's at its start)."""
     workers = context()
     if workers.get_start_method() == "forkserver":
-        return ProcessPoolExecutor(max_workers, mp_context=workers, initializer=_start_worker, initargs=(dict(os.environ),))
+        return ProcessPoolExecutor(max_workers, mp_context=workers, initializer=_adopt_environment, initargs=(dict(os.environ),))
     return ProcessPoolExecutor(max_workers, mp_context=workers)
 
 
-def _start_worker(environment: dict[str, str]) -> None:
-    """A forked worker's first act: the caller's environment, and a fresh interpreter's generators (the kernel copy's
-    server did this at fork already; the standard library's does not)."""
+def _adopt_environment(environment: dict[str, str]) -> None:
     os.environ.clear()
     os.environ.update(environment)
-    _as_a_fresh_worker()
 
 
 def _as_a_fresh_worker() -> None:

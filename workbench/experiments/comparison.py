@@ -68,11 +68,11 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
     mode) before and after training and adds ``heldout_accuracy_start``, ``heldout_accuracy`` and
     ``heldout_gain`` to the run's last record.
     ``processes`` > 1 runs the (variant, seed) pairs in that many worker processes (``core.worker_processes``: forks
-    of a clean copy of a catalogue kernel, or of the standard library's preloaded fork server), each with its share of
-    the CPU threads (``before`` must then be picklable: a module-level function or a ``functools.partial`` of one).
-    Results do not depend on ``processes``, nor does the caller's global torch generator afterwards (each run seeds it
-    for its dropout masks; in this process under ``fork_rng``). ``device`` and ``pad_token`` go to
-    ``workbench.modeling.models.load`` (the notebooks' parameters of those names).
+    of a clean copy of a catalogue kernel, spawned elsewhere), each with its share of the CPU threads (``before`` must
+    then be picklable: a module-level function or a ``functools.partial`` of one). Results do not depend on
+    ``processes``, nor does the caller's global torch generator afterwards (each run seeds it for its dropout masks; in
+    this process under ``fork_rng``). ``device`` and ``pad_token`` go to ``workbench.modeling.models.load`` (the
+    notebooks' parameters of those names).
     ``return_models``: return ``(runs, {label: trained policy of the first seed})`` instead.
     ``task`` (a name of ``tasks.registry.TASKS``): whose train/test prompts and reward the runs use; PPO/GRPO
     decode the task's ``max_new_tokens`` unless ``common`` or a variant sets it. DPO has arithmetic pairs only.
