@@ -163,13 +163,17 @@ def test_killing_the_client_kills_its_forked_kernel(zygote_socket, tmp_path, mon
 
 
 def test_a_kernel_shut_down_leaves_no_fork_server_behind(zygote_socket, tmp_path, monkeypatch):
-    """The kernel's fork server for training workers goes with it and is reaped by the zygote (a subreaper), not left
-    a zombie of init: its CPU time counts in the runner's."""
+    """The kernel's fork server for training workers goes with it and is reaped, not left a zombie of init: its CPU
+    time counts in the runner's. And the kernel ends by itself, exit code 0: ipykernel's shutdown waits on children it
+    signalled while they are listed, a zombie server included, and jupyter_client then kills the kernel (SIGTERM after
+    2.5 s: exit code -15) — the kernel class stops the server first (catalogue_kernel)."""
     manager, client = _started_kernel(tmp_path, monkeypatch)
     kernel_pid, server_pid = map(int, "".join(_run(
         client, "import os; from workbench.core import worker_processes; print(os.getpid(), worker_processes.fork_server())")).split())
+    launcher = manager.provisioner.process  # the kernel_fork client jupyter_client started: it exits as the kernel did
     client.stop_channels()
     manager.shutdown_kernel(now=False)
+    assert launcher.returncode == 0
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in (kernel_pid, server_pid)):
         time.sleep(0.1)

@@ -71,7 +71,11 @@ PRELOAD = (
     "transformers.models.auto.tokenization_auto", "transformers.tokenization_utils_tokenizers",  # imported by the first load()
     "workbench.catalogue.notebook_api", "workbench.experiments.checkpoints", "workbench.experiments.comparison",
     "workbench.experiments.statistics", "workbench.modeling.models", "workbench.viz.plots", "workbench.pitfalls",
+    "workbench.catalogue.catalogue_kernel",
 )
+# The kernel class a forked kernel runs (ipykernel's IPKernelApp.kernel_class): IPython's, whose shutdown first stops
+# the kernel's fork server for training workers (else ipykernel waits on it until jupyter_client kills the kernel)
+KERNEL_CLASS = "workbench.catalogue.catalogue_kernel.CatalogueKernel"
 # Modules that start an OpenBLAS thread pool when imported: numpy's, and scipy's own copy of OpenBLAS (scipy-openblas),
 # which transformers' imports load where scipy is installed (the GPU image: docs/GPU.md). Their pools are the zygote's
 # only allowed threads.
@@ -323,7 +327,8 @@ def _become_kernel(request: dict, fds: list[int]) -> None:
         # ipykernel reads JPY_PARENT_PID into a trait default when it is imported, i.e. in the zygote: say it again (it keeps
         # the kernel's start-up banner quiet; its parent poller cannot watch the launcher here, the client does that)
         parent = os.environ.get("JPY_PARENT_PID", "")
-        sys.argv = ["ipykernel_launcher", *request["argv"], *([f"--IPKernelApp.parent_handle={parent}"] if parent.isdigit() else [])]
+        sys.argv = ["ipykernel_launcher", *request["argv"], *([f"--IPKernelApp.parent_handle={parent}"] if parent.isdigit() else []),
+                    f"--IPKernelApp.kernel_class={KERNEL_CLASS}"]  # its shutdown stops the fork server first (catalogue_kernel)
         from ipykernel import kernelapp  # already imported by the zygote
 
         kernelapp.launch_new_instance()
