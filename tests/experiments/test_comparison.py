@@ -77,3 +77,24 @@ def test_runs_in_this_process_leave_the_callers_generator_as_a_worker_would():
     state = torch.get_rng_state()
     comparison.train_variants("grpo", "tiny-qwen2", {"a": {}}, steps=1, problems=4, prompts_per_step=2, num_generations=2)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_the_untrained_checkpoint_is_scored_once_per_call_and_every_run_records_it(monkeypatch):
+    """Every run used to score the same untrained weights greedily before training (the same numbers each time):
+    ``_held_out_start`` does it once per call; each run still records start, end and gain."""
+    from workbench.experiments import evaluation
+
+    scored = []
+    held_out = evaluation.held_out_accuracy
+    monkeypatch.setattr(comparison, "held_out_accuracy",
+                        lambda policy, tokenizer, problems: scored.append(policy.training) or held_out(policy, tokenizer, problems))
+    runs = comparison.train_variants("ppo", "tiny-arith-qwen2", {"a": {}, "b": {"whiten_over": "padded"}}, steps=1, seeds=(0, 1),
+                                     held_out=16, prompts_per_step=4, max_new_tokens=4)
+    assert len(scored) == 1 + 4  # once before, once after each of the four runs
+    policy, tokenizer = comparison.load("tiny-arith-qwen2")
+    direct = held_out(policy, tokenizer, comparison.load_problems(comparison.task_info("arith").test_prompts)[:16])
+    for histories in runs.values():
+        for history in histories:
+            last = history[-1]
+            assert last["heldout_accuracy_start"] == direct
+            assert last["heldout_gain"] == last["heldout_accuracy"] - direct

@@ -65,8 +65,8 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
     switch dropout on); ``common`` goes to every config, ``variants[label]`` to that variant's.
     ``problems``: train on the first that many training prompts (DPO: preference pairs), or on all
     of them (None: the learning settings). ``held_out`` > 0 scores the first ``held_out`` test prompts greedily (eval
-    mode) before and after training and adds ``heldout_accuracy_start``, ``heldout_accuracy`` and
-    ``heldout_gain`` to the run's last record.
+    mode) before training (once per call: the same weights for every run, ``_held_out_start``) and after each run, and
+    adds ``heldout_accuracy_start``, ``heldout_accuracy`` and ``heldout_gain`` to the run's last record.
     ``processes`` > 1 runs the (variant, seed) pairs in that many worker processes (``core.worker_processes``: forks
     of a clean copy of a catalogue kernel, spawned elsewhere), each with its share of the CPU threads (``before`` must
     then be picklable: a module-level function or a ``functools.partial`` of one). Results do not depend on
@@ -89,17 +89,23 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
     if processes > 1 and len(jobs) > 1:
         threads = max(1, (os.cpu_count() or 1) // processes)
         with worker_processes.pool(min(processes, len(jobs))) as pool:
+            # the untrained checkpoint's held-out scores: one job (every run would compute the same numbers), first
+            before_scores = pool.submit(_held_out_start, kind, model, before, threads, loading, held_out, task) if held_out > 0 else None
             futures = [pool.submit(_train_one, kind, model, {**common, **variants[label]}, steps, seed, problems, before, threads,
                                    loading, held_out, k, task)
                        for (label, seed), k in zip(jobs, keep, strict=True)]
             results = [f.result() for f in futures]
+            start = before_scores.result() if before_scores is not None else None
     else:  # the caller's global generators left as a worker process leaves them: untouched (each run seeds its own)
         with torch.random.fork_rng():
+            start = _held_out_start(kind, model, before, None, loading, held_out, task) if held_out > 0 else None
             results = [_train_one(kind, model, {**common, **variants[label]}, steps, seed, problems, before, None, loading,
                                   held_out, k, task) for (label, seed), k in zip(jobs, keep, strict=True)]
     runs: dict[str, list[list[dict]]] = {label: [] for label in variants}
     models = {}
-    for (label, _), (history, state) in zip(jobs, results, strict=True):
+    for (label, _), (history, state, end) in zip(jobs, results, strict=True):
+        if start is not None and history:
+            _record_held_out(history[-1], start, end)
         runs[label].append(history)
         if state is not None:
             models[label], _ = load(model, **loading)
@@ -109,8 +115,9 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
 
 def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, problems: int | None, before=None,
                threads: int | None = None, loading: dict | None = None, held_out: int = 0,
-               keep_model: bool = False, task: str = "arith") -> tuple[list[dict], dict | None]:
-    """One run: its history, and its trained weights when ``keep_model``. ``threads`` None (a run in
+               keep_model: bool = False, task: str = "arith") -> tuple[list[dict], dict | None, dict | None]:
+    """One run: its history, its trained weights when ``keep_model``, and its held-out scores after training when
+    ``held_out`` (``_record_held_out`` puts them in the last record). ``threads`` None (a run in
     this process): a tiny model on the CPU runs on one thread, the caller's setting restored after —
     its matrices are too small to gain from two, and two threads on a shared machine wait on each
     other (measured: a 3-step PPO pair 1.5 s on one thread, 17–34 s on two beside another job)."""
@@ -122,37 +129,63 @@ def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, pro
         torch.set_num_threads(previous)
 
 
-def _train_one_unguarded(kind, model, switches, steps, seed, problems, before, threads, loading, held_out, keep_model, task):
+def _loaded(model, before, threads, loading):
+    """``model`` loaded as a run loads it: ``threads`` set (None: one for a tiny model on the CPU), ``before`` applied."""
     if threads is not None:
         torch.set_num_threads(threads)
-    Config, Trainer = TRAINERS[kind]
     policy, tokenizer = load(model, **(loading or {}))
     if threads is None and next(policy.parameters()).device.type == "cpu" and count_parameters(policy) < TINY_MODEL_PARAMETERS:
         torch.set_num_threads(1)
     if before is not None:
         before(policy)
+    return policy, tokenizer
+
+
+def _held_out_start(kind, model, before, threads, loading, held_out, task) -> dict:
+    """The held-out scores of the checkpoint before any training (after ``before``), computed once per
+    ``train_variants`` call, in a worker like the runs' when they have workers: every run would compute the same
+    numbers (a greedy evaluation of the same weights; nothing drawn), so each used to pay for it — 1.5 CPU-seconds
+    on the sums task, six times per training notebook."""
+    previous = torch.get_num_threads()
+    try:
+        policy, tokenizer = _loaded(model, before, threads, loading)
+        scores = {"heldout_accuracy_start": held_out_accuracy(policy, tokenizer, load_problems(task_info(task).test_prompts)[:held_out])}
+        if kind == "dpo":
+            pairs = load_preferences(TEST_PREFERENCES)[:held_out]
+            scores.update({f"{k}_start": v for k, v in held_out_pair_logps(policy, tokenizer, pairs).items()})
+        return scores
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _record_held_out(last: dict, start: dict, end: dict) -> None:
+    """The run's last record gets ``heldout_accuracy_start``, ``heldout_accuracy``, ``heldout_gain`` and (DPO) the
+    held-out pairs' log-probs before (``*_start``) and after training."""
+    last.update(heldout_accuracy_start=start["heldout_accuracy_start"], heldout_accuracy=end["heldout_accuracy"],
+                heldout_gain=end["heldout_accuracy"] - start["heldout_accuracy_start"])
+    last.update({k: v for k, v in start.items() if k != "heldout_accuracy_start"})
+    last.update({k: v for k, v in end.items() if k != "heldout_accuracy"})
+
+
+def _train_one_unguarded(kind, model, switches, steps, seed, problems, before, threads, loading, held_out, keep_model, task):
+    Config, Trainer = TRAINERS[kind]
+    policy, tokenizer = _loaded(model, before, threads, loading)
     info = task_info(task)
     if kind != "dpo":  # the task's decoding length unless the caller chose one (arith: 8, the configs' default)
         switches = {"max_new_tokens": info.max_new_tokens, **switches}
     config = Config(steps=steps, seed=seed, progress=False, **switches)
     torch.manual_seed(seed)  # the global generator draws dropout masks (P7's bug variant): same seed, same run
-    test = load_problems(info.test_prompts)[:held_out] if held_out > 0 else []
-    start = held_out_accuracy(policy, tokenizer, test) if test else None
-    if kind == "dpo" and test:
-        pairs = load_preferences(TEST_PREFERENCES)[:held_out]
-        held_out_pairs = held_out_pair_logps(policy, tokenizer, pairs)
     if kind == "dpo":
         train = load_preferences(TRAIN_PREFERENCES)[:problems]
     else:
         train = load_problems(info.train_prompts) if problems is None else rl_problems(problems, task)
     history = Trainer(policy, tokenizer, train, config).train()
-    if test and history:
-        end = held_out_accuracy(policy, tokenizer, test)
-        history[-1].update(heldout_accuracy_start=start, heldout_accuracy=end, heldout_gain=end - start)
+    end = None
+    if held_out > 0 and history:
+        end = {"heldout_accuracy": held_out_accuracy(policy, tokenizer, load_problems(info.test_prompts)[:held_out])}
         if kind == "dpo":  # what DPO does to the answers it is shown, on pairs it never saw
-            history[-1].update({f"{k}_start": v for k, v in held_out_pairs.items()})
-            history[-1].update(held_out_pair_logps(policy, tokenizer, pairs))
-    return history, ({k: v.detach().cpu() for k, v in policy.state_dict().items()} if keep_model else None)
+            end.update(held_out_pair_logps(policy, tokenizer, load_preferences(TEST_PREFERENCES)[:held_out]))
+    return history, ({k: v.detach().cpu() for k, v in policy.state_dict().items()} if keep_model else None), end
 
 
 def first_seed(runs: dict[str, list[list[dict]]]) -> dict[str, list[dict]]:
