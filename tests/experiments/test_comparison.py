@@ -87,10 +87,10 @@ def test_the_untrained_checkpoint_is_scored_once_per_call_and_every_run_records_
     scored = []
     held_out = evaluation.held_out_accuracy
     monkeypatch.setattr(comparison, "held_out_accuracy",
-                        lambda policy, tokenizer, problems: scored.append(policy.training) or held_out(policy, tokenizer, problems))
+                        lambda policy, tokenizer, problems: scored.append(len(problems)) or held_out(policy, tokenizer, problems))
     runs = comparison.train_variants("ppo", "tiny-arith-qwen2", {"a": {}, "b": {"whiten_over": "padded"}}, steps=1, seeds=(0, 1),
                                      held_out=16, prompts_per_step=4, max_new_tokens=4)
-    assert len(scored) == 1 + 4  # once before, once after each of the four runs
+    assert scored == [16] * (1 + 4)  # once before, once after each of the four runs
     policy, tokenizer = comparison.load("tiny-arith-qwen2")
     direct = held_out(policy, tokenizer, comparison.load_problems(comparison.task_info("arith").test_prompts)[:16])
     for histories in runs.values():
@@ -98,3 +98,13 @@ def test_the_untrained_checkpoint_is_scored_once_per_call_and_every_run_records_
             last = history[-1]
             assert last["heldout_accuracy_start"] == direct
             assert last["heldout_gain"] == last["heldout_accuracy"] - direct
+
+
+def test_dpo_runs_record_the_held_out_pairs_before_and_after_in_the_same_order():
+    runs = comparison.train_variants("dpo", "tiny-arith-qwen2", {"a": {}}, steps=1, seeds=(0, 1), held_out=12, batch_size=4)
+    lasts = [history[-1] for history in runs["a"]]
+    assert [list(last)[-7:] for last in lasts] == [["heldout_accuracy_start", "heldout_accuracy", "heldout_gain",
+                                                    "heldout_logp_chosen_start", "heldout_logp_rejected_start",
+                                                    "heldout_logp_chosen", "heldout_logp_rejected"]] * 2
+    assert lasts[0]["heldout_logp_chosen_start"] == lasts[1]["heldout_logp_chosen_start"]  # the same untrained weights
+    assert lasts[0]["heldout_logp_chosen"] != lasts[0]["heldout_logp_chosen_start"]  # one update moved them

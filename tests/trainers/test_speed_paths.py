@@ -87,6 +87,7 @@ def test_shared_prompts_give_the_plain_log_probs_and_gradients(arch):
 def test_response_extent_keeps_every_position_up_to_the_last_real_token():
     mask = torch.tensor([[1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
     assert response_extent(mask) == [2, 3, 0, 4]  # a hole before the last real token is kept
+    assert response_extent(mask[:, :0]) == [0, 0, 0, 0]  # no response column at all
 
 
 def test_shared_prompts_score_an_empty_response_and_a_full_one_like_the_padded_path():

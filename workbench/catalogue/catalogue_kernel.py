@@ -6,7 +6,11 @@ Why: on a shutdown request ipykernel signals every child in the kernel's process
 as a zombie, because nothing in the kernel reaps it. jupyter_client waits 2.5 s for the kernel to end and then kills
 it: every notebook of the catalogue took about 2.6 s from its last cell to its kernel's end (an ordinary kernel:
 0.4 s), and its kernel never ran its exit handlers. Stopping the server here (its alive pipe closed, the process
-reaped) before ipykernel looks for children lets the kernel end as an ordinary one does.
+reaped) before ipykernel looks for children lets the kernel end as an ordinary one does. A failure to stop it is
+logged, not raised: the shutdown reply must still go out (else the kernel is killed as before).
+
+A shutdown request runs on the kernel's control thread: if a cell is still training in worker processes then (a batch
+run's timeout), its workers die with the server after ``SERVER_STOP_SECONDS``, the cell fails, and the kernel ends.
 """
 
 from __future__ import annotations
@@ -20,5 +24,8 @@ SERVER_STOP_SECONDS = 1.0  # a worker still running holds the server's alive pip
 
 class CatalogueKernel(IPythonKernel):
     def do_shutdown(self, restart):
-        worker_processes.stop_fork_server(timeout_s=SERVER_STOP_SECONDS)
+        try:
+            worker_processes.stop_fork_server(timeout_s=SERVER_STOP_SECONDS)
+        except Exception:  # noqa: BLE001 — the reply to the shutdown request must still be sent
+            self.log.exception("could not stop the fork server for training workers")
         return super().do_shutdown(restart)

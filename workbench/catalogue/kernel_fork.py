@@ -25,9 +25,10 @@ allowed). ``WORKBENCH_FORK_KERNELS=0`` turns the zygote off.
 
 Each forked kernel, while it still runs one thread, forks a copy of itself to serve as its multiprocessing fork
 server (``core.worker_processes``): the training workers of ``train_variants`` are forks of that copy, with the imports
-already done, instead of fresh interpreters. The zygote is a child subreaper (``PR_SET_CHILD_SUBREAPER``): such a
-server, killed with its kernel, is reaped here rather than left a zombie of init, and its CPU time counts in the
-runner's.
+already done, instead of fresh interpreters. At a shutdown request the kernel stops and reaps that server itself
+(``catalogue_kernel``: else ipykernel waits on it until the kernel is killed); a server that outlives a killed kernel
+is reaped here — the zygote is a child subreaper (``PR_SET_CHILD_SUBREAPER``) — rather than left a zombie of init,
+and its CPU time counts in the runner's.
 
 The zygote is started with the thread settings the runner gives its kernels (``OMP_NUM_THREADS``,
 ``MKL_NUM_THREADS``), so libraries that read them when imported (numpy's OpenBLAS) see what an ordinary

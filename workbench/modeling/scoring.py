@@ -20,9 +20,10 @@ ids continuing from the prompt and a boolean 4-D attention mask letting a respon
 prompt and its own response only. Every token sees what it sees in its own padded row, at the
 same position, so the numbers are the padded forward's up to float noise (~1e-6 on a per-token
 log-prob in fp32: other matmul shapes), with fewer tokens through the model: the prompt once, and
-each response only up to its last real token (the pads after EOS are not run; values there are 0).
-On GRPO's 2 × 8 rollouts of 7-token prompts and ~4-token responses, ~75 tokens instead of ~171;
-on the sums task's groups (8 responses of 8–48 tokens) rows of ~300 tokens instead of 414. Needs a plain LM-head
+each response of ``response_logprobs`` only up to its last real token (the pads after EOS are not
+run; its values there are 0). On GRPO's 2 × 8 rollouts of 7-token prompts and ~4-token responses,
+~75 tokens instead of ~171; on notebook 05's sums groups (8 responses of up to 48 tokens at τ = 1.6)
+rows of 298–335 tokens instead of 412–414. Needs a plain LM-head
 model under sdpa attention (``tree_capable``); otherwise the padded forward runs.
 
 Log-probabilities are taken in fp32: logits are upcast *before* they are divided by the sampling
@@ -187,7 +188,7 @@ def response_logprobs(
 
     Returns ``logprobs`` or ``(logprobs, entropy)``. Values at masked response positions are
     meaningless: every consumer selects with ``response_mask``. ``share_prompts``: rows with the
-    same prompt (GRPO's groups) run the prompt once, in one prefix-tree forward (see
+    same prompt (GRPO's groups, a prompt PPO drew twice) run the prompt once, in one prefix-tree forward (see
     ``_scored_shared_prompts``); used only with mask-derived position ids, padded layout, a model in
     eval mode (no dropout) that ``tree_capable`` accepts (LM head, sdpa), and when a prompt repeats.
     """
@@ -209,10 +210,10 @@ def response_logprobs(
 
 
 def _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature, with_entropy, chunk_size):
-    """Log-probs of the responses with each distinct prompt run once (GRPO's groups), in ONE
+    """Log-probs of the responses with each distinct prompt run once (GRPO's groups, a prompt PPO drew twice), in ONE
     forward over prefix-tree rows (``prefix_tree``: one row per distinct prompt, the prompt then
     every response sharing it, each cut after its last real token — ``response_extent``: the pads after
-    EOS, up to half of a row on the sums task, are not run). Same maths as the padded forward at every
+    EOS are not run; a quarter of notebook 05's rows). Same maths as the padded forward at every
     real token; float noise differs (other matmul shapes); log-prob and entropy 0 past a row's last real
     token. None when no prompt repeats or ``tree_capable(model)`` is False (e.g. a DDP wrapper)."""
     if not tree_capable(model):
@@ -243,6 +244,8 @@ def _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, respons
 def response_extent(response_mask: torch.Tensor) -> list[int]:
     """Per row, how many response positions reach its last real token (masked-in; a masked hole before it is
     kept, so a consumer's mask can only select kept positions): 0 for a row without one."""
+    if response_mask.shape[-1] == 0:
+        return [0] * response_mask.shape[0]
     mask = response_mask.bool()
     positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
     return torch.where(mask, positions, 0).max(-1).values.tolist()

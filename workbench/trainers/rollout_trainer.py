@@ -62,7 +62,7 @@ class RolloutConfig(TrainerConfig):
     """Score with padding-free packed batches (one row, restarting position ids, no mask, no
     cache) instead of padded ones: same numbers up to float noise, less wasted compute."""
     share_prompts: bool = True
-    """Training forward: a prompt shared by several rows (GRPO's groups) is run once, its
+    """Training forward: a prompt shared by several rows (GRPO's groups, a prompt PPO drew twice) is run once, its
     responses after it in one row under a prefix-tree attention mask (``scoring.response_logprobs``):
     same numbers up to float noise (~1e-7 in fp32), fewer tokens through the model (GRPO on the
     tiny model: 1.25× steps/s). Used with mask-derived position ids, padded layout, sdpa attention
