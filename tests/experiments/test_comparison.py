@@ -92,7 +92,12 @@ def test_the_untrained_checkpoint_is_scored_once_per_call_and_every_run_records_
                                      held_out=16, prompts_per_step=4, max_new_tokens=4)
     assert scored == [16] * (1 + 4)  # once before, once after each of the four runs
     policy, tokenizer = comparison.load("tiny-arith-qwen2")
-    direct = held_out(policy, tokenizer, comparison.load_problems(comparison.task_info("arith").test_prompts)[:16])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a run of a tiny model in this process scores it
+    try:
+        direct = held_out(policy, tokenizer, comparison.load_problems(comparison.task_info("arith").test_prompts)[:16])
+    finally:
+        torch.set_num_threads(threads)
     for histories in runs.values():
         for history in histories:
             last = history[-1]
