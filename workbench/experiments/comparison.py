@@ -16,6 +16,7 @@ held-out accuracy rose by more than the seed noise.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -121,10 +122,29 @@ def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, pro
     this process): a tiny model on the CPU runs on one thread, the caller's setting restored after —
     its matrices are too small to gain from two, and two threads on a shared machine wait on each
     other (measured: a 3-step PPO pair 1.5 s on one thread, 17–34 s on two beside another job)."""
+    with _callers_threads():
+        Config, Trainer = TRAINERS[kind]
+        policy, tokenizer = _loaded(model, before, threads, loading)
+        info = task_info(task)
+        if kind != "dpo":  # the task's decoding length unless the caller chose one (arith: 8, the configs' default)
+            switches = {"max_new_tokens": info.max_new_tokens, **switches}
+        config = Config(steps=steps, seed=seed, progress=False, **switches)
+        torch.manual_seed(seed)  # the global generator draws dropout masks (P7's bug variant): same seed, same run
+        if kind == "dpo":
+            train = load_preferences(TRAIN_PREFERENCES)[:problems]
+        else:
+            train = load_problems(info.train_prompts) if problems is None else rl_problems(problems, task)
+        history = Trainer(policy, tokenizer, train, config).train()
+        end = _held_out_scores(kind, policy, tokenizer, held_out, task) if held_out > 0 and history else None
+        return history, ({k: v.detach().cpu() for k, v in policy.state_dict().items()} if keep_model else None), end
+
+
+@contextlib.contextmanager
+def _callers_threads():
+    """The caller's torch thread setting, restored when the block ends (a run sets its own: ``_loaded``)."""
     previous = torch.get_num_threads()
     try:
-        return _train_one_unguarded(kind, model, switches, steps, seed, problems, before, threads, loading, held_out, keep_model,
-                                    task)
+        yield
     finally:
         torch.set_num_threads(previous)
 
@@ -146,16 +166,17 @@ def _held_out_start(kind, model, before, threads, loading, held_out, task) -> di
     ``train_variants`` call, in a worker like the runs' when they have workers: every run would compute the same
     numbers (a greedy evaluation of the same weights; nothing drawn), so each used to pay for it — 1.5 CPU-seconds
     on the sums task, six times per training notebook."""
-    previous = torch.get_num_threads()
-    try:
+    with _callers_threads():
         policy, tokenizer = _loaded(model, before, threads, loading)
-        scores = {"heldout_accuracy_start": held_out_accuracy(policy, tokenizer, load_problems(task_info(task).test_prompts)[:held_out])}
-        if kind == "dpo":
-            pairs = load_preferences(TEST_PREFERENCES)[:held_out]
-            scores.update({f"{k}_start": v for k, v in held_out_pair_logps(policy, tokenizer, pairs).items()})
-        return scores
-    finally:
-        torch.set_num_threads(previous)
+        return {f"{k}_start": v for k, v in _held_out_scores(kind, policy, tokenizer, held_out, task).items()}
+
+
+def _held_out_scores(kind, policy, tokenizer, held_out, task) -> dict:
+    """``heldout_accuracy`` on the first ``held_out`` test prompts of ``task``; DPO: the held-out pairs' log-probs too."""
+    scores = {"heldout_accuracy": held_out_accuracy(policy, tokenizer, load_problems(task_info(task).test_prompts)[:held_out])}
+    if kind == "dpo":  # what DPO does to the answers it is shown, on pairs it never saw
+        scores.update(held_out_pair_logps(policy, tokenizer, load_preferences(TEST_PREFERENCES)[:held_out]))
+    return scores
 
 
 def _record_held_out(last: dict, start: dict, end: dict) -> None:
@@ -165,27 +186,6 @@ def _record_held_out(last: dict, start: dict, end: dict) -> None:
                 heldout_gain=end["heldout_accuracy"] - start["heldout_accuracy_start"])
     last.update({k: v for k, v in start.items() if k != "heldout_accuracy_start"})
     last.update({k: v for k, v in end.items() if k != "heldout_accuracy"})
-
-
-def _train_one_unguarded(kind, model, switches, steps, seed, problems, before, threads, loading, held_out, keep_model, task):
-    Config, Trainer = TRAINERS[kind]
-    policy, tokenizer = _loaded(model, before, threads, loading)
-    info = task_info(task)
-    if kind != "dpo":  # the task's decoding length unless the caller chose one (arith: 8, the configs' default)
-        switches = {"max_new_tokens": info.max_new_tokens, **switches}
-    config = Config(steps=steps, seed=seed, progress=False, **switches)
-    torch.manual_seed(seed)  # the global generator draws dropout masks (P7's bug variant): same seed, same run
-    if kind == "dpo":
-        train = load_preferences(TRAIN_PREFERENCES)[:problems]
-    else:
-        train = load_problems(info.train_prompts) if problems is None else rl_problems(problems, task)
-    history = Trainer(policy, tokenizer, train, config).train()
-    end = None
-    if held_out > 0 and history:
-        end = {"heldout_accuracy": held_out_accuracy(policy, tokenizer, load_problems(info.test_prompts)[:held_out])}
-        if kind == "dpo":  # what DPO does to the answers it is shown, on pairs it never saw
-            end.update(held_out_pair_logps(policy, tokenizer, load_preferences(TEST_PREFERENCES)[:held_out]))
-    return history, ({k: v.detach().cpu() for k, v in policy.state_dict().items()} if keep_model else None), end
 
 
 def first_seed(runs: dict[str, list[list[dict]]]) -> dict[str, list[dict]]:
