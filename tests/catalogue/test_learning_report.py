@@ -3,11 +3,14 @@
 import importlib.util
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from workbench.catalogue import report
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "learning_report.py"
@@ -109,8 +112,18 @@ def test_reads_the_summary_the_runner_writes(tmp_path):
     batch._write_outputs(out, [result], 2.0, smoke=True)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["environment"]["CPU cores"] == str(os.cpu_count()) and summary["finished"][:2] == "20"
+    assert summary["environment"]["CPU"] == report.cpu_model() != ""
     assert "Does it matter?" in (out / "index.html").read_text()
     doc = tmp_path / "L.md"
     doc.write_text("x\n")
     assert learning_report.main([str(out), "--doc", str(doc)]) == 0
     assert "- mode: smoke;" in doc.read_text() and f"CPU cores {os.cpu_count()}" in doc.read_text()
+    assert f"CPU {report.cpu_model()} · CPU cores" in doc.read_text()
+
+
+def test_cpu_model_names_the_processor(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: Fake EPYC 9000\nflags\t: avx2\n")
+    assert report.cpu_model(str(info)) == "Fake EPYC 9000"
+    missing = report.cpu_model(str(tmp_path / "absent"))  # not Linux: the platform's word, else "unknown"
+    assert missing == (platform.processor() or "unknown")

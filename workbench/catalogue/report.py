@@ -1,7 +1,7 @@
 """The batch report: one self-contained ``index.html`` for a catalogue run.
 
 The page opens with what was run where: the environment (Python, torch, transformers, TRL,
-device, CPU cores), the wall time of the whole run and the summed time of its notebooks (they differ when
+device, CPU model and cores), the wall time of the whole run and the summed time of its notebooks (they differ when
 notebooks run in parallel), and one table row per notebook with its verdict and its **headline**
 — the one number a reader should remember, measured with the bug and with the fix. Then "Does it
 matter?": one row per training consequence a notebook predicted (``metrics["prediction"]``), with its
@@ -65,7 +65,21 @@ def environment() -> dict[str, str]:
     except ImportError:
         pass
     return {"Python": platform.python_version(), "torch": version("torch"), "transformers": version("transformers"),
-            "TRL": version("trl"), "device": device, "CPU cores": str(os.cpu_count()), "platform": platform.platform(terse=True)}
+            "TRL": version("trl"), "device": device, "CPU": cpu_model(), "CPU cores": str(os.cpu_count()),
+            "platform": platform.platform(terse=True)}
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name (Linux: ``/proc/cpuinfo``, else ``platform.processor()``), or "unknown": a run's timings
+    and float noise belong to a machine, and two 2-core machines differed by 1.8x in the catalogue's wall time."""
+    try:
+        with open(cpuinfo) as info:
+            for line in info:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip() or "unknown"
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def _flatten(metrics: dict, prefix: str = "") -> list[tuple[str, object]]:
