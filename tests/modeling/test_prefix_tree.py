@@ -6,7 +6,9 @@ padded forward's numbers.
 * DPO: a pair's prompt run once gives the plain per-token log-probs and gradients (qwen2, gpt2),
   and the trainer keeps its step-0 margins exactly 0; attention that cannot take a 4-D boolean
   mask (eager) falls back to the plain forward;
-* the sampler's NaN guard (one sum instead of an elementwise test) still stops a poisoned policy.
+* the sampler's NaN guard (one sum instead of an elementwise test) still stops a poisoned policy;
+* GRPO groups score the same shared or padded (realistic checkpoints), and so do response masks with holes (they take
+  the padded path: 9.7 nats apart when the tree ran them).
 """
 
 import pytest
@@ -111,4 +113,27 @@ def test_grpo_groups_score_the_same_shared_or_padded_on_realistic_checkpoints(na
         shared = response_logprobs(model, ids, mask, rollout.response_ids, rollout.response_mask, share_prompts=True)
     real = rollout.response_mask.bool()
     assert int(real.sum()) > 16
+    assert float((padded - shared)[real].abs().max()) <= 1e-5
+
+
+def test_response_masks_with_holes_score_as_the_padded_forward():
+    # A masked token inside a response (a tool's output kept out of the loss, a hand-built batch) is absent from the
+    # padded forward's attention and positions; the tree would run it as a real token, so such batches take the padded
+    # path (the sampler never makes them: its masks are real tokens then pads).
+    from workbench.modeling.scoring import response_extent, response_logprobs
+    from workbench.tasks import encode_prompts, rl_problems
+
+    model, tokenizer = load("tiny-arith-qwen2", device="cpu")
+    prompts = [p.prompt for p in rl_problems(2) for _ in range(3)]
+    ids, mask = encode_prompts(tokenizer, prompts)
+    responses = torch.randint(3, 20, (len(prompts), 6), generator=torch.Generator().manual_seed(0))
+    holes = torch.ones_like(responses)
+    holes[0, 2] = 0  # a hole inside the response
+    holes[1, 0] = 0  # a response that starts with a masked token
+    holes[2, 4:] = 0  # an ordinary right-padded response
+    assert response_extent(holes)[:3] == [6, 6, 4]
+    with torch.no_grad():
+        padded = response_logprobs(model, ids, mask, responses, holes, share_prompts=False)
+        shared = response_logprobs(model, ids, mask, responses, holes, share_prompts=True)
+    real = holes.bool()
     assert float((padded - shared)[real].abs().max()) <= 1e-5

@@ -190,7 +190,8 @@ def response_logprobs(
     meaningless: every consumer selects with ``response_mask``. ``share_prompts``: rows with the
     same prompt (GRPO's groups, a prompt PPO drew twice) run the prompt once, in one prefix-tree forward (see
     ``_scored_shared_prompts``); used only with mask-derived position ids, padded layout, a model in
-    eval mode (no dropout) that ``tree_capable`` accepts (LM head, sdpa), and when a prompt repeats.
+    eval mode (no dropout) that ``tree_capable`` accepts (LM head, sdpa), response masks without holes, and when a
+    prompt repeats.
     """
     home, device = prompt_ids.device, model_device(model)  # see workbench.core.devices
     prompt_ids, prompt_mask, response_ids, response_mask = (t.to(device) for t in (prompt_ids, prompt_mask, response_ids, response_mask))
@@ -215,8 +216,13 @@ def _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, respons
     every response sharing it, each cut after its last real token — ``response_extent``: the pads after
     EOS are not run; a quarter of notebook 05's rows). Same maths as the padded forward at every
     real token; float noise differs (other matmul shapes); log-prob and entropy 0 past a row's last real
-    token. None when no prompt repeats or ``tree_capable(model)`` is False (e.g. a DDP wrapper)."""
+    token. None when no prompt repeats, ``tree_capable(model)`` is False (e.g. a DDP wrapper) or a response mask has a
+    hole (a masked token before the row's last real one): the padded forward leaves such a token out of attention and
+    positions, the tree would run it as a real token (the sampler's masks have none)."""
     if not tree_capable(model):
+        return None
+    kept = response_extent(response_mask)  # each response up to its last real token: what follows EOS is not run
+    if response_mask.bool().sum(-1).tolist() != kept:
         return None
     repeated = repeated_rows(torch.cat([prompt_ids, prompt_mask], dim=1))
     if repeated is None:
@@ -225,7 +231,6 @@ def _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, respons
     prompts = [prompt_ids[g[0]][prompt_mask[g[0]].bool()].tolist() for g in groups]
     responses = response_ids.tolist()
     width = response_ids.shape[1]
-    kept = response_extent(response_mask)  # each response up to its last real token: what follows EOS is not run
     sequences, prompt_lengths = [None] * len(responses), [0] * len(responses)
     for g, prompt in zip(groups, prompts, strict=True):
         for row in g:
@@ -242,8 +247,8 @@ def _scored_shared_prompts(model, prompt_ids, prompt_mask, response_ids, respons
 
 
 def response_extent(response_mask: torch.Tensor) -> list[int]:
-    """Per row, how many response positions reach its last real token (masked-in; a masked hole before it is
-    kept, so a consumer's mask can only select kept positions): 0 for a row without one."""
+    """Per row, how many response positions reach its last real token (masked-in; a masked hole before it counts
+    too): 0 for a row without one. Equal to the row's real tokens exactly when its mask has no hole."""
     if response_mask.shape[-1] == 0:
         return [0] * response_mask.shape[0]
     mask = response_mask.bool()
