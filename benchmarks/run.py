@@ -1009,7 +1009,9 @@ def _finish(args, lines: list[str], start: float, load_before: str, steps: int, 
         import transformers
         import trl
 
-        machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
+        from workbench.catalogue.report import cpu_model
+
+        machine = f"{cpu_model()}, {os.cpu_count()} CPU cores"
         if args.device == "cuda":
             machine += f", {torch.cuda.get_device_name()}"
         with open(HERE / "RESULTS.md", "a") as f:

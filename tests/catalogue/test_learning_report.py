@@ -112,7 +112,7 @@ def test_reads_the_summary_the_runner_writes(tmp_path):
     batch._write_outputs(out, [result], 2.0, smoke=True)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["environment"]["CPU cores"] == str(os.cpu_count()) and summary["finished"][:2] == "20"
-    assert summary["environment"]["CPU"] == report.cpu_model() != ""
+    assert summary["environment"]["CPU"] == report.cpu_model()
     assert "Does it matter?" in (out / "index.html").read_text()
     doc = tmp_path / "L.md"
     doc.write_text("x\n")
@@ -123,7 +123,12 @@ def test_reads_the_summary_the_runner_writes(tmp_path):
 
 def test_cpu_model_names_the_processor(tmp_path):
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: Fake EPYC 9000\nflags\t: avx2\n")
-    assert report.cpu_model(str(info)) == "Fake EPYC 9000"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: Fake EPYC 9000\nflags\t: sse avx2 fma\n"
+                    "processor\t: 1\nmodel name\t: Fake EPYC 9000\nflags\t: sse avx2 fma\n")
+    assert report.cpu_model(str(info)) == "Fake EPYC 9000 (AVX2)"
+    info.write_bytes(b"model name\t: Fake \xff Xeon\nflags\t: avx2 avx512f\n")  # a byte that is not UTF-8: no crash
+    assert report.cpu_model(str(info)) == "Fake \ufffd Xeon (AVX-512)"
+    info.write_text("model name\t: Fake Atom\nflags\t: sse4_2\n")
+    assert report.cpu_model(str(info)) == "Fake Atom"
     missing = report.cpu_model(str(tmp_path / "absent"))  # not Linux: the platform's word, else "unknown"
     assert missing == (platform.processor() or "unknown")

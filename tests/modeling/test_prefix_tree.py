@@ -120,10 +120,11 @@ def test_response_masks_with_holes_score_as_the_padded_forward():
     # A masked token inside a response (a tool's output kept out of the loss, a hand-built batch) is absent from the
     # padded forward's attention and positions; the tree would run it as a real token, so such batches take the padded
     # path (the sampler never makes them: its masks are real tokens then pads).
-    from workbench.modeling.scoring import response_extent, response_logprobs
+    from workbench.modeling.scoring import _scored_shared_prompts, response_extent, response_logprobs
     from workbench.tasks import encode_prompts, rl_problems
 
     model, tokenizer = load("tiny-arith-qwen2", device="cpu")
+    assert not model.training  # the shared path serves models in eval mode only
     prompts = [p.prompt for p in rl_problems(2) for _ in range(3)]
     ids, mask = encode_prompts(tokenizer, prompts)
     responses = torch.randint(3, 20, (len(prompts), 6), generator=torch.Generator().manual_seed(0))
@@ -133,6 +134,9 @@ def test_response_masks_with_holes_score_as_the_padded_forward():
     holes[2, 4:] = 0  # an ordinary right-padded response
     assert response_extent(holes)[:3] == [6, 6, 4]
     with torch.no_grad():
+        options = {"temperature": 1.0, "with_entropy": False, "chunk_size": None}
+        assert _scored_shared_prompts(model, ids, mask, responses, torch.ones_like(responses), **options) is not None
+        assert _scored_shared_prompts(model, ids, mask, responses, holes, **options) is None  # the padded path instead
         padded = response_logprobs(model, ids, mask, responses, holes, share_prompts=False)
         shared = response_logprobs(model, ids, mask, responses, holes, share_prompts=True)
     real = holes.bool()

@@ -70,16 +70,25 @@ def environment() -> dict[str, str]:
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's model name (Linux: ``/proc/cpuinfo``, else ``platform.processor()``), or "unknown": a run's timings
-    and float noise belong to a machine, and two 2-core machines differed by 1.8x in the catalogue's wall time."""
+    """The CPU's model name and widest vector extension (Linux: ``/proc/cpuinfo``, e.g. "AMD EPYC (AVX-512)"; else
+    ``platform.processor()``), or "unknown": a run's timings and float noise belong to a machine — two 2-core
+    machines differed by 1.8x in the catalogue's wall time, and AVX2 and AVX-512 kernels sum in other orders."""
+    name, flags = "", set()
     try:
-        with open(cpuinfo) as info:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as info:
             for line in info:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip() or "unknown"
+                key, _, value = line.partition(":")
+                key = key.strip().lower()
+                if key == "model name" and not name:
+                    name = value.strip()
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    if not name:
+        return platform.processor() or "unknown"
+    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
+    return f"{name} ({widest})" if widest else name
 
 
 def _flatten(metrics: dict, prefix: str = "") -> list[tuple[str, object]]:
