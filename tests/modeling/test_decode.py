@@ -5,7 +5,8 @@
   prefill, on Qwen2 (GQA) and Llama; its logits step by step equal ``model(...)``'s within 1e-5;
 * models it does not run (GPT-2, eager attention, forward hooks) take ``model(...)``;
 * ``draw="inverse_cdf"`` draws tokens with the frequencies of the probabilities and never a token
-  the top-k filter removed.
+  the top-k filter removed;
+* ``_rms_norm`` (the decoder's and the inline training body's) is the model's RMSNorm bitwise, values and gradients.
 """
 
 import pytest
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 from workbench.core.batching import position_ids_from_mask
 from workbench.experiments.checkpoints import load
-from workbench.modeling.decode import StaticDecoder, _head_chunks, unsupported_reason
+from workbench.modeling.decode import StaticDecoder, _head_chunks, _rms_norm, unsupported_reason
 from workbench.modeling.rollout import _inverse_cdf_draw, sample
 from workbench.modeling.tiny import tiny_model
 from workbench.tasks import encode_prompts, rl_problems
@@ -135,3 +136,22 @@ def test_inverse_cdf_sampling_respects_top_k():
     assert torch.equal(r.response_ids, greedy.response_ids)  # top-1 leaves one token: the draw must take it
     with pytest.raises(ValueError, match="draw"):
         sample(model, ids, mask, max_new_tokens=2, eos_token_id=2, pad_token_id=0, draw="gumbel")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(16, 1, 96), (2, 37, 896)])
+def test_rms_norm_is_the_models_bitwise(dtype, shape):
+    """float32 takes F.rms_norm, whose CPU kernel is a C++ composite of the same ATen ops in the same order as the
+    model's Python (not a fused kernel): equal bits on any CPU, gradients too; bfloat16 takes the op-for-op path."""
+    model, _ = tiny_model("qwen2", seed=1, hidden_size=shape[-1], num_attention_heads=4, num_key_value_heads=2)
+    norm = model.model.layers[0].input_layernorm.to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(shape[-1], generator=torch.Generator().manual_seed(1)) + 0.5)
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
+    ours_in, theirs_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours, theirs = _rms_norm(norm, ours_in), norm(theirs_in)
+    assert ours.dtype == theirs.dtype == dtype and torch.equal(ours, theirs)
+    grad = torch.randn(shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    ours_grads = torch.autograd.grad(ours, [ours_in, norm.weight], grad)
+    theirs_grads = torch.autograd.grad(theirs, [theirs_in, norm.weight], grad)
+    assert all(torch.equal(a, b) for a, b in zip(ours_grads, theirs_grads, strict=True))

@@ -70,7 +70,12 @@ def unsupported_reason(model) -> str | None:
 
 
 def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
-    """``LlamaRMSNorm``/``Qwen2RMSNorm.forward``, op for op."""
+    """``LlamaRMSNorm``/``Qwen2RMSNorm.forward``, op for op. On a CPU in float32 through ``F.rms_norm``, whose CPU
+    kernel (``_fused_rms_norm``) runs the same ATen ops — pow, mean, add, rsqrt, mul, the weight's mul — from C++:
+    bitwise equal, gradients too (tests/modeling/test_decode.py), with 7 fewer calls from Python (~3 µs of 12 per call).
+    Elsewhere the op-for-op path: other dtypes cast in another order there, and CUDA has a truly fused kernel."""
+    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32 and x.device.type == "cpu":
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
     dtype = x.dtype
     x = x.to(torch.float32)
     variance = x.pow(2).mean(-1, keepdim=True)
@@ -281,10 +286,11 @@ class StaticDecoder:
 
     @staticmethod
     def _store(buffer: torch.Tensor, new: torch.Tensor, column: int) -> None:
-        """Write one token's keys or values (B, heads, 1, d) at ``column`` of a cache buffer."""
-        buffer[:, :, column : column + 1] = new
+        """Write one token's keys or values (B, heads, 1, d) at ``column`` of a cache buffer (``narrow``: one view op
+        where indexing makes three)."""
+        buffer.narrow(2, column, 1).copy_(new)
 
     @staticmethod
     def _visible(buffer: torch.Tensor, column: int) -> torch.Tensor:
         """The filled part of a cache buffer: its columns up to and including ``column``."""
-        return buffer[:, :, : column + 1]
+        return buffer.narrow(2, 0, column + 1)
