@@ -128,6 +128,24 @@ def test_on_the_restate_checkpoint_the_bug_pays_responses_that_went_on_past_thei
     model, tokenizer = load("tiny-restate-qwen2")
     measured = truncation.pressure(model, tokenizer, rl_problems(32, "restate"), VARIANTS, max_new_tokens=8)
     assert measured[truncation.BUG]["truncated_rewarded"] > 0 == measured[truncation.REFERENCE]["truncated_rewarded"]
+    bug = measured[truncation.BUG]
+    assert 0 < bug["truncated_rewarded_mixed"] <= bug["truncated_rewarded"] and truncation.not_shown(measured) is None
     value, se, groups = truncation.shift_noise(measured)
     assert groups >= 10 and value > 0.2 and value > 2 * se
     assert truncation.verdict(measured) == (True, True)
+
+
+def test_not_shown_when_no_rewarded_truncated_response_sits_in_a_mixed_group():
+    """A truncated response rewarded under the bug in a group of truncated responses only moves no pressure (its
+    advantage is relative to its truncated siblings): the checkpoint cannot show the pitfall, and says so (seen with
+    realistic-llama: 1 rewarded of 3018 truncated, 49 mixed groups, every gap 0)."""
+    base = {"pressure": 0.0, "truncated": 3018, "mixed_groups": 49, "group_gaps": [0.0] * 49}
+    fixes = {label: {**base, "truncated_rewarded": 0, "truncated_rewarded_mixed": 0} for label in VARIANTS if label != truncation.BUG}
+    outside = {truncation.BUG: {**base, "truncated_rewarded": 1, "truncated_rewarded_mixed": 0}, **fixes}
+    assert truncation.verdict(outside) == (False, True)
+    assert "1 of the 3018 truncated responses earn a reward" in truncation.not_shown(outside)
+    assert "none in the 49 groups" in truncation.not_shown(outside)
+    inside = {**outside, truncation.BUG: {**outside[truncation.BUG], "truncated_rewarded_mixed": 1}}
+    assert truncation.not_shown(inside) is None
+    nothing = {**outside, truncation.BUG: {**base, "truncated_rewarded": 0, "truncated_rewarded_mixed": 0}}
+    assert "untrained checkpoint" in truncation.not_shown(nothing)

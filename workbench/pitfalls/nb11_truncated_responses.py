@@ -97,16 +97,18 @@ def budget_sentence(profile: dict, task: str, max_new_tokens: int) -> str:
 def pressure(model, tokenizer, problems, switches: dict[str, dict], *, max_new_tokens: int, num_generations: int = 8,
              scale_rewards: str = "group", seed: int = 0, batches: int = 1) -> dict[str, dict]:
     """Per variant, over ``batches`` sampled batches of groups (sampling seeds ``seed`` … ``seed + batches − 1``):
-    truncated responses, how many are rewarded, and the *pressure*: in groups holding both truncated and
-    finished responses, the mean in-loss advantage of the truncated ones minus that of their finished
-    siblings (> 0: the update favours not stopping); ``group_gaps`` holds that gap per mixed group.
+    truncated responses, how many are rewarded (``truncated_rewarded``; ``truncated_rewarded_mixed``: those in mixed
+    groups), and the *pressure*: in groups holding both truncated and finished responses, the mean in-loss advantage
+    of the truncated ones minus that of their finished siblings (> 0: the update favours not stopping);
+    ``group_gaps`` holds that gap per mixed group.
 
     Group advantages sum to 0, so a group whose responses are all truncated (or all finished) exerts no
     pressure either way; only mixed groups can, and their count is reported. More batches, more mixed
     groups: the verdict's standard error is taken over them."""
     prompts = [p for p in problems for _ in range(num_generations)]
     ids, mask = encode_prompts(tokenizer, [p.prompt for p in prompts])
-    out = {label: {"truncated": 0, "truncated_rewarded": 0, "mixed_groups": 0, "group_gaps": []} for label in switches}
+    out = {label: {"truncated": 0, "truncated_rewarded": 0, "truncated_rewarded_mixed": 0, "mixed_groups": 0, "group_gaps": []}
+           for label in switches}
     for b in range(batches):
         r = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                    pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed + b))
@@ -124,6 +126,7 @@ def pressure(model, tokenizer, problems, switches: dict[str, dict], *, max_new_t
             o["group_gaps"] += [float(w[g].mean() - w[~g].mean()) for w, g in zip(weighted[mixed], groups[mixed], strict=True)]
             o["truncated"] += int(truncated.sum())
             o["truncated_rewarded"] += int((truncated & (rewards > 0)).sum())
+            o["truncated_rewarded_mixed"] += int((truncated & (rewards > 0)).view(-1, num_generations)[mixed].sum())
             o["mixed_groups"] += int(mixed.sum())
     for o in out.values():
         o["pressure"] = sum(o["group_gaps"]) / len(o["group_gaps"]) if o["group_gaps"] else 0.0
@@ -161,13 +164,20 @@ def verdict(measured: dict[str, dict], *, threshold: float = 0.05) -> tuple[bool
 
 
 def not_shown(measured: dict[str, dict]) -> str | None:
-    """Why this checkpoint cannot show the pitfall, or None: when no truncated response earns a reward
-    even under the bug (an untrained checkpoint answers nothing right), scoring truncated responses as
-    finished changes no advantage."""
-    if measured[BUG]["truncated_rewarded"] > 0:
+    """Why this checkpoint cannot show the pitfall, or None: when no truncated response earns a reward even under the
+    bug (an untrained checkpoint answers nothing right), or none that does sits in a mixed group (the only groups
+    whose pressure the bug can move: in a group of truncated responses only, every advantage is relative to the
+    others'), scoring truncated responses as finished moves no pressure."""
+    bug = measured[BUG]
+    rewarded, in_mixed = bug["truncated_rewarded"], bug.get("truncated_rewarded_mixed", bug["truncated_rewarded"])
+    if in_mixed > 0:
         return None
-    return (f"none of the {measured[BUG]['truncated']} truncated responses earns a reward even when scored as finished "
-            "(an untrained checkpoint answers nothing right), so the bug changes no advantage here; use a trained one")
+    if rewarded == 0:
+        return (f"none of the {bug['truncated']} truncated responses earns a reward even when scored as finished "
+                "(an untrained checkpoint answers nothing right), so the bug changes no advantage here; use a trained one")
+    return (f"{rewarded} of the {bug['truncated']} truncated responses earn a reward when scored as finished, but none "
+            f"in the {bug['mixed_groups']} groups that also hold finished responses (the only ones where the bug can move "
+            "the pressure), so it moves none here; use a trained checkpoint or more batches")
 
 
 def conclusion(measured: dict[str, dict]) -> str:
