@@ -125,8 +125,9 @@ def pressure(model, tokenizer, problems, switches: dict[str, dict], *, max_new_t
             o = out[label]
             o["group_gaps"] += [float(w[g].mean() - w[~g].mean()) for w, g in zip(weighted[mixed], groups[mixed], strict=True)]
             o["truncated"] += int(truncated.sum())
-            o["truncated_rewarded"] += int((truncated & (rewards > 0)).sum())
-            o["truncated_rewarded_mixed"] += int((truncated & (rewards > 0)).view(-1, num_generations)[mixed].sum())
+            rewarded = truncated & (rewards > 0)
+            o["truncated_rewarded"] += int(rewarded.sum())
+            o["truncated_rewarded_mixed"] += int(rewarded.view(-1, num_generations)[mixed].sum())
             o["mixed_groups"] += int(mixed.sum())
     for o in out.values():
         o["pressure"] = sum(o["group_gaps"]) / len(o["group_gaps"]) if o["group_gaps"] else 0.0
