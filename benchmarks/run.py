@@ -165,6 +165,7 @@ def _grpo_trl(folder, settings, steps, seed, device):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
+    from workbench.core.paths import scratch_folder
     from workbench.tasks import reward, rl_problems
 
     tokenizer = _trl_tokenizer(folder)
@@ -174,7 +175,7 @@ def _grpo_trl(folder, settings, steps, seed, device):
     def reward_fn(prompts, completions, **kw):
         return [reward(c.split(eos)[0] if eos in c else c, True, problems[p]) for p, c in zip(prompts, completions, strict=True)]
 
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=device == "cpu", report_to="none", logging_steps=10**6,
+    args = GRPOConfig(output_dir=scratch_folder("bench-trl-grpo-"), use_cpu=device == "cpu", report_to="none", logging_steps=10**6,
                       **_trl_precision(settings),
                       per_device_train_batch_size=settings["prompts"] * settings["num_generations"],
                       num_generations=settings["num_generations"], max_completion_length=settings["max_new_tokens"],
@@ -243,11 +244,13 @@ def _dpo_trl(folder, settings, steps, seed, device):
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
+    from workbench.core.paths import scratch_folder
     from workbench.tasks import TRAIN_PREFERENCES, load_preferences
 
     tokenizer = _trl_tokenizer(folder)
     pairs = [{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in load_preferences(TRAIN_PREFERENCES)[:512]]
-    args = DPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=device == "cpu", report_to="none", logging_steps=1, **_trl_precision(settings),
+    args = DPOConfig(output_dir=scratch_folder("bench-trl-dpo-"), use_cpu=device == "cpu", report_to="none", logging_steps=1,
+                     **_trl_precision(settings),
                      per_device_train_batch_size=settings["batch_size"], learning_rate=settings["learning_rate"],
                      beta=settings["beta"], max_steps=steps + 1, save_strategy="no", seed=seed, disable_tqdm=True,
                      **_checkpointing(settings))
@@ -913,12 +916,13 @@ def main() -> int:
             print("--device cuda: no CUDA device here; run it on a GPU machine", file=sys.stderr)
             return 2
 
+    from workbench.core.paths import scratch_folder
     from workbench.experiments.checkpoints import load
     from workbench.modeling.tiny import tiny_model
 
     start, load_before = time.perf_counter(), _load()
     lines, results = [], {}
-    base = tempfile.mkdtemp()
+    base = scratch_folder("bench-models-")  # the saved model copies the workers load: removed at exit
     if args.model == "qwen2.5-0.5b":
         lines = qwen05b_lines(args, chosen, base, steps, repeats)
         return _finish(args, lines, start, load_before, steps, repeats, steps)
