@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run smoke test test-catalogue test-all venv clean-venv peers clean-peers
+.PHONY: run smoke test test-catalogue test-slow test-all venv clean-venv peers clean-peers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ test: $(STAMP)
 # this too).
 test-catalogue: $(STAMP)
 	$(BIN)/python -m pytest -m slow tests/integration/test_notebooks.py $(ARGS)
+
+# The other slow checks — full training runs, every pitfall on the realistic checkpoints, processes against one
+# process — on every core (about 25 minutes on 2 cores; CI runs this too).
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -n auto -m slow --ignore tests/integration/test_notebooks.py $(ARGS)
 
 # Everything, including slow full-training checks and the real-browser test.
 test-all: $(STAMP)
