@@ -147,6 +147,9 @@ def run_cpu_group(fn, world_size: int = 2, *args, timeout: float = 60.0) -> list
     The processes are forked, so they inherit the caller's loaded models and imports and start in well
     under a second (accelerate launch would cost seconds per process); ``fn``'s results travel home as JSON
     (numbers, strings, lists, dicts, tensors). CPU only: a forked process cannot use an initialised CUDA context.
+    A rank that exits without reporting is a ``RuntimeError`` at once (its exit code named), ranks still silent after
+    ``timeout`` seconds a ``TimeoutError`` (a fork of a threaded kernel can hang: the message says so, and what to do);
+    either way, and on an interrupt, the other ranks are terminated rather than waited for.
     """
     import multiprocessing
 
@@ -158,7 +161,12 @@ def run_cpu_group(fn, world_size: int = 2, *args, timeout: float = 60.0) -> list
     for process in processes:
         process.start()
     try:
-        collected = sorted((results.get(timeout=timeout) for _ in processes), key=lambda item: item[0])
+        collected = sorted(_collect(results, processes, timeout), key=lambda item: item[0])
+    except BaseException:  # a failed rank, a timeout, an interrupted cell: the others are not waited for
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        raise
     finally:
         for process in processes:
             process.join(timeout=5)
@@ -168,3 +176,43 @@ def run_cpu_group(fn, world_size: int = 2, *args, timeout: float = 60.0) -> list
     if errors:
         raise RuntimeError("a process of the CPU group failed: " + "; ".join(errors))
     return [_from_plain(json.loads(value)) for _, value, _ in collected]
+
+
+def _collect(results, processes, timeout: float) -> list:
+    """Every rank's ``(rank, result, error)`` from ``results``; a rank that exits without reporting (killed, crashed,
+    ``os._exit``) is an error at once, and ranks still silent after ``timeout`` seconds a ``TimeoutError`` — never a
+    bare ``queue.Empty`` after the whole wait."""
+    import queue
+    import time
+
+    collected: dict[int, tuple] = {}
+    deadline = time.monotonic() + timeout
+    while len(collected) < len(processes):
+        try:
+            item = results.get(timeout=0.2)
+            collected[item[0]] = item
+            continue
+        except queue.Empty:
+            pass
+        exited = {rank: p.exitcode for rank, p in enumerate(processes) if rank not in collected and p.exitcode is not None}
+        if exited:  # its result may still be in the pipe (it was sent before the exit): one last look
+            try:
+                while True:
+                    item = results.get(timeout=1.0)
+                    collected[item[0]] = item
+            except queue.Empty:
+                pass
+            exited = {rank: code for rank, code in exited.items() if rank not in collected}
+            if exited:
+                said = ", ".join(f"rank {rank} with exit code {code}" for rank, code in sorted(exited.items()))
+                raise RuntimeError(f"a process of the CPU group exited before reporting its result: {said} "
+                                   "(a negative code is the signal that ended it: -9 killed, e.g. by the kernel's "
+                                   "out-of-memory killer; -11 a crash). Nothing was measured; run the call again.")
+        if time.monotonic() > deadline:
+            silent = [rank for rank in range(len(processes)) if rank not in collected]
+            raise TimeoutError(
+                f"the CPU group's rank(s) {silent} sent no result within timeout={timeout:g} s (reported: "
+                f"{sorted(collected) or 'none'}). The processes are forked from this one: a fork of a process that runs "
+                "threads (a notebook kernel does) can inherit a lock that no thread will release, and wait forever. "
+                "Run the call again, restart the kernel before it, or pass a larger timeout= if the work is just slow.")
+    return list(collected.values())

@@ -1,0 +1,51 @@
+"""``trainers.distributed.run_cpu_group``: real forked CPU processes joined by gloo — their results come home in rank
+order, and a rank that dies or stays silent is a clear error at once or at the timeout, never a bare ``queue.Empty``."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from workbench.trainers.distributed import run_cpu_group
+
+
+def _all_reduced(rank: int, world_size: int) -> dict:
+    value = torch.tensor([rank + 1.0])
+    torch.distributed.all_reduce(value)
+    return {"rank": rank, "world_size": world_size, "sum": value}
+
+
+def _exits_on_rank_1(rank: int, world_size: int) -> int:
+    if rank == 1:
+        os._exit(3)  # dies without reporting, as a killed or crashed process would
+    return rank
+
+
+def _silent_on_rank_1(rank: int, world_size: int) -> int:
+    if rank == 1:
+        time.sleep(30)
+    return rank
+
+
+def test_results_come_home_in_rank_order_with_their_tensors():
+    results = run_cpu_group(_all_reduced, 2)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["world_size"] == 2 for r in results)
+    assert all(torch.equal(r["sum"], torch.tensor([3.0])) for r in results)  # 1 + 2, summed over the group
+
+
+def test_a_rank_that_exits_without_reporting_is_an_error_at_once():
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"rank 1 with exit code 3"):
+        run_cpu_group(_exits_on_rank_1, 2, timeout=60)
+    assert time.monotonic() - start < 30  # not the whole timeout
+
+
+def test_a_silent_rank_is_a_timeout_error_that_names_it_and_the_fix():
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\] sent no result within timeout=2 s \(reported: \[0\]\).*timeout="):
+        run_cpu_group(_silent_on_rank_1, 2, timeout=2)
+    assert time.monotonic() - start < 25
