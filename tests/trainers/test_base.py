@@ -6,9 +6,10 @@ the measurement are patched in where a test needs them: the check reads what the
 
 import pytest
 
-from workbench.core.errors import AttentionBackwardError
+from workbench.core.errors import AttentionBackwardError, RunFolderInUse
 from workbench.modeling.tiny import tiny_model
 from workbench.tasks import Problem, rl_problems
+from workbench.trainers.checkpointing import latest_checkpoint, run_folder_lock
 from workbench.trainers.dpo import DPOConfig, DPOTrainer
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 from workbench.trainers.ppo import PPOConfig, PPOTrainer
@@ -91,3 +92,15 @@ def test_a_ppo_critic_of_its_own_at_a_head_dim_measured_right_is_accepted(on_the
     policy, tokenizer = _model("sdpa")
     critic = ValueModel.from_policy(_model("flash_attention_4", hidden_size=256)[0])  # head dim 64
     assert PPOTrainer(policy, tokenizer, PROBLEMS, PPOConfig(steps=1, progress=False), critic=critic) is not None
+
+
+def test_a_training_into_a_folder_another_training_holds_is_refused_and_writes_nothing(tmp_path):
+    model, tokenizer = tiny_model("qwen2", seed=0)
+    run = tmp_path / "run"
+    trainer = GRPOTrainer(model, tokenizer, PROBLEMS, GRPOConfig(steps=1, progress=False, output_dir=str(run)))
+    with run_folder_lock(run):  # another training's hold, as a second process would see it
+        with pytest.raises(RunFolderInUse, match="another training"):
+            trainer.train()
+    assert trainer.step == 0 and trainer.history == [] and not (run / "checkpoints").exists()
+    trainer.train()  # once the folder is free
+    assert trainer.step == 1 and latest_checkpoint(run).name == "step-000001"

@@ -58,6 +58,11 @@ class ResumeError(InputError):
     with no checkpoint that verifies. Nothing was trained; the message gives the ways forward."""
 
 
+class RunFolderInUse(InputError):
+    """An output folder another training is writing to (its lock, ``<output_dir>/.lock``, is held): two trainings in
+    one folder would interleave their checkpoints and histories. Nothing was trained."""
+
+
 class NotebookStopped(Exception):
     """Raised by ``notebook_api.stop_here`` after a notebook recorded why this checkpoint cannot show its
     pitfall at all (e.g. a chat-template pitfall on a checkpoint without a template). The runner counts

@@ -30,7 +30,7 @@ from workbench.core.attention_backward import unverified_backward_reason
 from workbench.core.errors import AttentionBackwardError, ConfigError, NonFiniteError, ResumeError
 from workbench.modeling.dropout import disable_dropout
 from workbench.modeling.models import count_parameters
-from workbench.trainers.checkpointing import latest_valid_checkpoint, load_checkpoint, save_checkpoint
+from workbench.trainers.checkpointing import latest_valid_checkpoint, load_checkpoint, run_folder_lock, save_checkpoint
 
 
 @dataclass
@@ -339,22 +339,24 @@ class Trainer:
     def train(self, steps: int | None = None) -> list[dict]:
         """Run until ``steps`` (default ``config.steps``) steps are done; returns the history."""
         total = self.config.steps if steps is None else steps
-        self.maybe_resume()
-        bar = tqdm(total=total, initial=self.step, disable=not self.config.progress, desc=type(self).__name__, leave=False)
-        while self.step < total:
-            start = time.perf_counter()
-            with precision_context(self.config.precision, self.compute_device):
-                metrics = self.train_step(self.step)
-            metrics = {"step": self.step, **metrics, "seconds": time.perf_counter() - start}
-            self.history.append(metrics)
-            self.step += 1
-            bar.update(1)
-            bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in self.progress_keys and _is_number(v)})
-            every = self.config.checkpoint_every
-            if every and self.step % every == 0 and self.step < total:
-                self.save()
-        bar.close()
-        self.save()
+        # the output folder is this run's while it trains: another training into it is refused (RunFolderInUse)
+        with run_folder_lock(self.output_dir if self.is_main_process else None):
+            self.maybe_resume()
+            bar = tqdm(total=total, initial=self.step, disable=not self.config.progress, desc=type(self).__name__, leave=False)
+            while self.step < total:
+                start = time.perf_counter()
+                with precision_context(self.config.precision, self.compute_device):
+                    metrics = self.train_step(self.step)
+                metrics = {"step": self.step, **metrics, "seconds": time.perf_counter() - start}
+                self.history.append(metrics)
+                self.step += 1
+                bar.update(1)
+                bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in self.progress_keys and _is_number(v)})
+                every = self.config.checkpoint_every
+                if every and self.step % every == 0 and self.step < total:
+                    self.save()
+            bar.close()
+            self.save()
         return self.history
 
     progress_keys: tuple[str, ...] = ("loss", "reward")

@@ -14,23 +14,35 @@ folder that a resume would trust. ``manifest.json`` records each file's size and
 verifies them (``verify_checkpoint``) and falls back to the newest checkpoint that verifies
 (``latest_valid_checkpoint``), saying which one it skipped and why, so a truncated or corrupted
 file is never trained from.
+
+A training holds ``<run_dir>/.lock`` (``run_folder_lock``: an exclusive ``flock``, released by the operating system
+when the process ends, even by ``SIGKILL``) for as long as it may write there; a second training into the same folder
+is refused (``RunFolderInUse``) instead of interleaving its checkpoints with the first's. Holding it, the training
+removes what an interrupted save left (``remove_unfinished_saves``): the temporary folders and files never renamed
+into place, each as large as a checkpoint, which no resume reads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from workbench.core.errors import RunFolderInUse
+
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest"
 MANIFEST = "manifest.json"
+LOCK = ".lock"  # in the run folder: held by the training that writes there (run_folder_lock)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -124,6 +136,69 @@ def save_checkpoint(
     for old in older[: max(0, len(older) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+@contextlib.contextmanager
+def run_folder_lock(run_dir: str | Path | None):
+    """Hold ``<run_dir>/.lock`` while a training writes to ``run_dir`` (None: nothing to hold).
+
+    Raises ``RunFolderInUse`` — naming the holder (pid, host, since when) and the ways forward — when another training
+    holds it. An ``flock``: the operating system releases it when its process ends however it ends, so no stale lock
+    outlives a killed run. Where the file system cannot lock (``ENOLCK`` on some network mounts) or the platform has no
+    ``fcntl``, the training runs unguarded, with a warning in the first case. Holding it, ``remove_unfinished_saves``."""
+    if run_dir is None:
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # no flock on this platform
+        yield
+        return
+    root = Path(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 500, 0).decode("utf-8", "replace").strip() or "a process that did not say which"
+            raise RunFolderInUse(
+                f"{root} is being written by another training ({holder}); two trainings in one folder would interleave "
+                "their checkpoints and histories. Wait for it to finish or stop it, or give this one another output "
+                "folder (--output-dir / output_dir=)."
+            ) from None
+        except OSError as error:
+            print(f"warning: cannot lock {root} ({error.strerror}); make sure no other training writes there")
+        else:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+        removed = remove_unfinished_saves(root)
+        if removed:
+            print(f"note: removed {len(removed)} unfinished checkpoint write(s) left by an interrupted save: {', '.join(removed)}")
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # the holder's line goes with the hold; the file stays (unlinking it would race)
+        os.close(fd)  # releases the lock
+
+
+def remove_unfinished_saves(run_dir: str | Path) -> list[str]:
+    """Delete what interrupted saves left in ``<run_dir>/checkpoints``: ``.tmp-step-*`` folders and ``.*.tmp`` files
+    (``save_checkpoint``'s and ``atomic_write_text``'s temporaries, never renamed into place). Only safe while no save
+    runs, hence called under ``run_folder_lock``. Returns their names."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    removed = []
+    for path in sorted(root.iterdir()):
+        if path.is_dir() and path.name.startswith(".tmp-step-"):
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.is_file() and path.name.startswith(".") and path.name.endswith(".tmp"):
+            path.unlink(missing_ok=True)
+        else:
+            continue
+        removed.append(path.name)
+    return removed
 
 
 def _untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
