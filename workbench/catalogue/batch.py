@@ -42,6 +42,7 @@ from workbench.catalogue import kernel_fork
 from workbench.catalogue.listing import NotebookInfo, catalogue, find_notebook, resolve_parameters
 from workbench.catalogue.notebook_api import read_metrics
 from workbench.catalogue.report import environment, write_report
+from workbench.core import folder_lock
 from workbench.core.errors import ParameterError
 from workbench.core.paths import REPO_ROOT
 from workbench.trainers.checkpointing import atomic_write_json
@@ -334,11 +335,19 @@ def run_catalogue(
     fork each kernel from one warm process that imported torch, transformers and the workbench once
     (``kernel_fork``; Linux; ``WORKBENCH_FORK_KERNELS=0`` or False here: an ordinary kernel per notebook).
     """
-    from tqdm.auto import tqdm  # tqdm: optional progress bars
-
     jobs = plan(names, overrides or {}, smoke)
     out = (Path(out_dir) if out_dir else default_out_dir()).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    # one run per folder at a time: a second (say, `--resume` while the first still works) is RunFolderInUse, exit 2
+    with folder_lock.held(out, writer="catalogue run", collision="execute the same notebooks into the same files",
+                          fix="name another folder with --out"):
+        return _run_in(out, jobs, smoke=smoke, progress=progress, render_html=render_html, jobs_in_parallel=jobs_in_parallel,
+                       resume=resume, log=log, exercises=exercises, fork_kernels=fork_kernels)
+
+
+def _run_in(out: Path, jobs, *, smoke, progress, render_html, jobs_in_parallel, resume, log, exercises, fork_kernels):
+    """``run_catalogue``'s work, in the folder it holds."""
+    from tqdm.auto import tqdm  # tqdm: optional progress bars
+
     start = time.perf_counter()
     results: list[NotebookResult | None] = [None] * len(jobs)
     if resume:

@@ -19,7 +19,7 @@ import importlib
 import os
 import sys
 
-from workbench.core.errors import ParameterError
+from workbench.core.errors import ParameterError, RunFolderInUse
 
 # name: (module of this folder with add_arguments(parser) and main(args), help), imported only when chosen
 SUBCOMMANDS = {
@@ -63,7 +63,7 @@ def _run(args) -> int:
         out, results = run_catalogue(args.notebooks or None, smoke=args.smoke, overrides=overrides, out_dir=args.out,
                                      progress=not args.quiet, render_html=not args.no_html, jobs_in_parallel=args.jobs,
                                      resume=args.resume)
-    except ParameterError as exc:
+    except (ParameterError, RunFolderInUse) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

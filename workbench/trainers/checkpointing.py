@@ -15,11 +15,11 @@ verifies them (``verify_checkpoint``) and falls back to the newest checkpoint th
 (``latest_valid_checkpoint``), saying which one it skipped and why, so a truncated or corrupted
 file is never trained from.
 
-A training holds ``<run_dir>/.lock`` (``run_folder_lock``: an exclusive ``flock``, released by the operating system
-when the process ends, even by ``SIGKILL``) for as long as it may write there; a second training into the same folder
-is refused (``RunFolderInUse``) instead of interleaving its checkpoints with the first's. Holding it, the training
-removes what an interrupted save left (``remove_unfinished_saves``): the temporary folders and files never renamed
-into place, each as large as a checkpoint, which no resume reads.
+A training holds its run folder (``run_folder_lock``: ``core.folder_lock``'s ``flock`` on ``<run_dir>/.lock``, released
+by the operating system when the process ends, even by ``SIGKILL``) for as long as it may write there; a second
+training into the same folder is refused (``RunFolderInUse``) instead of interleaving its checkpoints with the
+first's. Holding it, the training removes what an interrupted save left (``remove_unfinished_saves``): the
+temporary folders and files never renamed into place, each as large as a checkpoint, which no resume reads.
 """
 
 from __future__ import annotations
@@ -29,20 +29,17 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from workbench.core.errors import RunFolderInUse
+from workbench.core import folder_lock
 
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest"
 MANIFEST = "manifest.json"
-LOCK = ".lock"  # in the run folder: held by the training that writes there (run_folder_lock)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -140,46 +137,17 @@ def save_checkpoint(
 
 @contextlib.contextmanager
 def run_folder_lock(run_dir: str | Path | None):
-    """Hold ``<run_dir>/.lock`` while a training writes to ``run_dir`` (None: nothing to hold).
-
-    Raises ``RunFolderInUse`` — naming the holder (pid, host, since when) and the ways forward — when another training
-    holds it. An ``flock``: the operating system releases it when its process ends however it ends, so no stale lock
-    outlives a killed run. Where the file system cannot lock (``ENOLCK`` on some network mounts) or the platform has no
-    ``fcntl``, the training runs unguarded, with a warning in the first case. Holding it, ``remove_unfinished_saves``."""
+    """Hold ``run_dir`` for a training (``core.folder_lock``; None: nothing to hold): ``RunFolderInUse`` when another
+    training holds it. Holding it, ``remove_unfinished_saves``."""
     if run_dir is None:
         yield
         return
-    try:
-        import fcntl
-    except ImportError:  # no flock on this platform
-        yield
-        return
-    root = Path(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 500, 0).decode("utf-8", "replace").strip() or "a process that did not say which"
-            raise RunFolderInUse(
-                f"{root} is being written by another training ({holder}); two trainings in one folder would interleave "
-                "their checkpoints and histories. Wait for it to finish or stop it, or give this one another output "
-                "folder (--output-dir / output_dir=)."
-            ) from None
-        except OSError as error:
-            print(f"warning: cannot lock {root} ({error.strerror}); make sure no other training writes there")
-        else:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
-        removed = remove_unfinished_saves(root)
+    with folder_lock.held(run_dir, writer="training", collision="interleave their checkpoints and histories",
+                          fix="give this one another output folder (--output-dir / output_dir=)"):
+        removed = remove_unfinished_saves(run_dir)
         if removed:
             print(f"note: removed {len(removed)} unfinished checkpoint write(s) left by an interrupted save: {', '.join(removed)}")
         yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)  # the holder's line goes with the hold; the file stays (unlinking it would race)
-        os.close(fd)  # releases the lock
 
 
 def remove_unfinished_saves(run_dir: str | Path) -> list[str]:
