@@ -12,6 +12,18 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Figures drawn through pyplot are closed after each test (a notebook's inline backend closes them after display;
+    here they piled up: "More than 20 figures have been opened" in every run). A closed figure stays readable."""
+    yield
+    import sys
+
+    pyplot = sys.modules.get("matplotlib.pyplot")  # only where a test imported it
+    if pyplot is not None:
+        pyplot.close("all")
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from workbench.modeling.tokenizer import load_char_tokenizer
