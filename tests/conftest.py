@@ -1,4 +1,7 @@
+import contextlib
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -22,6 +25,28 @@ def _close_figures():
     pyplot = sys.modules.get("matplotlib.pyplot")  # only where a test imported it
     if pyplot is not None:
         pyplot.close("all")
+
+
+@pytest.fixture
+def hold_elsewhere():
+    """``hold_elsewhere(folder, writer)``: a context manager holding ``folder``'s lock (``core.folder_lock``) from another
+    process, as a second writer finds it (holds of one process nest); yields that process's pid, killed at the end."""
+
+    @contextlib.contextmanager
+    def hold(folder, writer="training"):
+        code = ("import sys, time\nfrom workbench.core.folder_lock import held\n"
+                "with held(sys.argv[1], writer=sys.argv[2], collision='collide', fix='wait'):\n"
+                "    print('held', flush=True)\n    time.sleep(300)")
+        holder = subprocess.Popen([sys.executable, "-c", code, str(folder), writer], stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "held", "the holding process did not start"
+            yield holder.pid
+        finally:
+            holder.kill()
+            holder.wait(timeout=30)
+            holder.stdout.close()
+
+    return hold
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ from workbench.catalogue.listing import NOTEBOOKS_DIR, find_notebook, parse_para
 from workbench.cli.main import main
 from workbench.core.config_options import convert_value
 from workbench.core.errors import ParameterError
-from workbench.core.folder_lock import held
 
 
 def test_list_shows_every_notebook_with_parameters(capsys):
@@ -60,8 +59,8 @@ def test_cli_wrong_type_and_unknown_notebook_exit_2(tmp_path, capsys):
     assert "choose one of" in capsys.readouterr().err
 
 
-def test_a_folder_another_catalogue_run_holds_exits_2_and_runs_nothing(tmp_path, capsys):
-    with held(tmp_path, writer="catalogue run", collision="collide", fix="wait"):  # as a run in another terminal holds it
+def test_a_folder_another_catalogue_run_holds_exits_2_and_runs_nothing(tmp_path, capsys, hold_elsewhere):
+    with hold_elsewhere(tmp_path, "catalogue run"):  # as a run in another terminal holds it
         assert main(["run", "35_multiturn_tool_tokens", "--smoke", "--out", str(tmp_path), "--quiet", "--no-html"]) == 2
     err = capsys.readouterr().err
     assert "is being written by another catalogue run (pid " in err and "--out" in err

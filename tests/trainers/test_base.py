@@ -9,7 +9,7 @@ import pytest
 from workbench.core.errors import AttentionBackwardError, RunFolderInUse
 from workbench.modeling.tiny import tiny_model
 from workbench.tasks import Problem, rl_problems
-from workbench.trainers.checkpointing import latest_checkpoint, run_folder_lock
+from workbench.trainers.checkpointing import latest_checkpoint
 from workbench.trainers.dpo import DPOConfig, DPOTrainer
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 from workbench.trainers.ppo import PPOConfig, PPOTrainer
@@ -94,13 +94,40 @@ def test_a_ppo_critic_of_its_own_at_a_head_dim_measured_right_is_accepted(on_the
     assert PPOTrainer(policy, tokenizer, PROBLEMS, PPOConfig(steps=1, progress=False), critic=critic) is not None
 
 
-def test_a_training_into_a_folder_another_training_holds_is_refused_and_writes_nothing(tmp_path):
+def test_a_training_into_a_folder_another_training_holds_is_refused_and_writes_nothing(tmp_path, hold_elsewhere):
     model, tokenizer = tiny_model("qwen2", seed=0)
     run = tmp_path / "run"
     trainer = GRPOTrainer(model, tokenizer, PROBLEMS, GRPOConfig(steps=1, progress=False, output_dir=str(run)))
-    with run_folder_lock(run):  # another training's hold, as a second process would see it
+    with hold_elsewhere(run):
         with pytest.raises(RunFolderInUse, match="another training"):
             trainer.train()
     assert trainer.step == 0 and trainer.history == [] and not (run / "checkpoints").exists()
     trainer.train()  # once the folder is free
     assert trainer.step == 1 and latest_checkpoint(run).name == "step-000001"
+
+
+class _OtherRank:
+    """A data-parallel group as a process other than the main one sees it; ``max`` returns what the main process put in."""
+
+    enabled, is_main_process = True, False
+
+    def __init__(self, main_found_it_held: bool):
+        self.main_found_it_held = main_found_it_held
+
+    def max(self, value: float) -> float:
+        return max(value, 1.0 if self.main_found_it_held else 0.0)
+
+
+@pytest.mark.parametrize("held_by_another", [True, False])
+def test_every_process_of_a_group_stops_when_the_main_one_finds_the_folder_held(tmp_path, held_by_another):
+    model, tokenizer = tiny_model("qwen2", seed=0)
+    trainer = GRPOTrainer(model, tokenizer, PROBLEMS, GRPOConfig(steps=1, progress=False, output_dir=str(tmp_path / "run")))
+    trainer.dist = _OtherRank(held_by_another)
+    if held_by_another:
+        with pytest.raises(RunFolderInUse, match="the main process found it held"):
+            with trainer.hold_output_dir():
+                pass
+    else:
+        with trainer.hold_output_dir():
+            pass
+    assert not (tmp_path / "run").exists()  # a process other than the main one never takes (or creates) the folder

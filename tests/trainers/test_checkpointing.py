@@ -66,8 +66,8 @@ def test_unfinished_saves_are_removed_when_a_training_takes_the_folder(tmp_path,
     assert latest_checkpoint(tmp_path).name == "step-000001"
 
 
-def test_a_training_folder_held_by_another_training_is_refused_with_the_output_dir_fix(tmp_path):
-    with run_folder_lock(tmp_path):
+def test_a_training_folder_held_by_another_training_is_refused_with_the_output_dir_fix(tmp_path, hold_elsewhere):
+    with hold_elsewhere(tmp_path, "training"):
         with pytest.raises(RunFolderInUse, match=r"another training \(pid \d+ .*would interleave their checkpoints.*--output-dir"):
             with run_folder_lock(tmp_path):
                 pass

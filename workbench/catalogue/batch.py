@@ -344,8 +344,11 @@ def run_catalogue(
                        resume=resume, log=log, exercises=exercises, fork_kernels=fork_kernels)
 
 
-def _run_in(out: Path, jobs, *, smoke, progress, render_html, jobs_in_parallel, resume, log, exercises, fork_kernels):
-    """``run_catalogue``'s work, in the folder it holds."""
+def _run_in(out: Path, jobs: list, *, smoke: bool, progress: bool, render_html: bool, jobs_in_parallel: int, resume: bool,
+            log, exercises: bool, fork_kernels: bool) -> tuple[Path, list[NotebookResult]]:
+    """``run_catalogue``'s work in ``out``, which it holds (``core.folder_lock``): the kept results of an earlier run
+    (``resume``), the notebooks still to run, the exercises' grading beside them, then the report and ``summary.json``
+    (also after Ctrl-C, over the notebooks that finished). Arguments as ``run_catalogue``'s; ``jobs`` from ``plan``."""
     from tqdm.auto import tqdm  # tqdm: optional progress bars
 
     start = time.perf_counter()

@@ -111,6 +111,13 @@ def run(args) -> dict:
     trainer = trainer_cls(policy, tokenizer, data, config)
     if not args.quiet and hasattr(trainer, "learning_rate") and isinstance(trainer.learning_rate, float):
         print(f"learning rate {trainer.learning_rate:.3g} (config: {config.learning_rate!r}); precision {config.precision}")
+    with trainer.hold_output_dir():  # the folder is this run's from its first file (TensorBoard's) to its report
+        return _train_and_report(args, trainer, config, policy, tokenizer, model)
+
+
+def _train_and_report(args, trainer, config, policy, tokenizer, model: str) -> dict:
+    """``run``'s training and the files it writes besides the checkpoints: TensorBoard scalars, ``history.json``, the
+    watch report."""
     writer = tensorboard_writer(config.output_dir) if args.report_to == "tensorboard" and trainer.is_main_process else None
     observer = watched(trainer, policy, tokenizer) if args.watch else None
     if writer is not None:

@@ -59,8 +59,8 @@ class ResumeError(InputError):
 
 
 class RunFolderInUse(InputError):
-    """An output folder another training is writing to (its lock, ``<output_dir>/.lock``, is held): two trainings in
-    one folder would interleave their checkpoints and histories. Nothing was trained."""
+    """An output folder another training or catalogue run is writing to (its lock, ``<folder>/.lock``, is held:
+    ``core.folder_lock``): two writers in one folder would interleave their files. Nothing was run."""
 
 
 class NotebookStopped(Exception):

@@ -5,14 +5,20 @@ Why: two processes writing one folder — a training started twice into one ``--
 --resume`` while the first run into X still works in another terminal — interleave their checkpoints, histories or
 notebook outputs, and nothing says so. The lock is an ``flock``: the operating system releases it when its process ends,
 however it ends (``SIGKILL`` included), so no stale lock outlives a killed run and nothing has to be cleaned by hand.
-The file holds the holder's pid, host and start while it is held, for the message a second writer gets
-(``RunFolderInUse``, an ``InputError``: exit code 2 on the command line). Where the file system cannot lock (``ENOLCK``
-on some network mounts) the writer goes on unguarded with a warning; where the platform has no ``fcntl``, silently.
+While it is held the file names the holder (pid, host, start), for the message a second writer gets
+(``RunFolderInUse``, an ``InputError``: exit code 2 on the command line).
+
+Per process: a hold nested inside another of the same folder in the same process is part of it (the command line holds
+the folder around a training that holds it again). Where the lock cannot be taken — a file system without ``flock``
+(``ENOLCK``/``EOPNOTSUPP`` on some network mounts), a ``.lock`` another user created in a shared folder that this user
+may only read (then it is locked read-only, without the holder's line), a platform without ``fcntl`` — the writer goes
+on unguarded, with a warning where it can say why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import time
@@ -21,6 +27,8 @@ from pathlib import Path
 from workbench.core.errors import RunFolderInUse
 
 LOCK = ".lock"
+_held_here: dict[str, int] = {}  # resolved folder → how many holds of this process are open on it
+UNLOCKABLE = (errno.ENOLCK, errno.EOPNOTSUPP)
 
 
 @contextlib.contextmanager
@@ -30,14 +38,27 @@ def held(folder: str | Path, *, writer: str, collision: str, fix: str):
     ``writer``: what holds such a folder ("training"); ``collision``: what two of them would do there ("interleave
     their checkpoints and histories"); ``fix``: the way forward besides waiting ("give this one another output folder
     (--output-dir)")."""
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    key = str(root.resolve())
+    if key in _held_here:  # this process holds it already
+        _held_here[key] += 1
+        try:
+            yield
+        finally:
+            _held_here[key] -= 1
+        return
     try:
         import fcntl
     except ImportError:  # no flock on this platform
         yield
         return
-    root = Path(folder)
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd, writable = _open(root / LOCK)
+    if fd is None:
+        print(f"warning: cannot open {root / LOCK} to lock {root}; make sure no other {writer} writes there")
+        yield
+        return
+    acquired = False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -46,13 +67,34 @@ def held(folder: str | Path, *, writer: str, collision: str, fix: str):
             raise RunFolderInUse(f"{root} is being written by another {writer} ({holder}); two {writer}s in one folder "
                                  f"would {collision}. Wait for it to finish or stop it, or {fix}.") from None
         except OSError as error:
+            if error.errno not in UNLOCKABLE:
+                raise
             print(f"warning: cannot lock {root} ({error.strerror}); make sure no other {writer} writes there")
         else:
-            os.ftruncate(fd, 0)
-            started = time.strftime("%Y-%m-%d %H:%M:%S")
-            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {started}".encode(), 0)
-        yield
+            acquired = True
+            if writable:
+                os.ftruncate(fd, 0)
+                started = time.strftime("%Y-%m-%d %H:%M:%S")
+                os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {started}".encode(), 0)
+        _held_here[key] = 1
+        try:
+            yield
+        finally:
+            del _held_here[key]
     finally:
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)  # the holder's line goes with the hold; the file stays (unlinking it would race)
+        if acquired and writable:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # the holder's line goes with the hold; the file stays (unlinking it would race)
         os.close(fd)  # releases the lock
+
+
+def _open(path: Path) -> tuple[int | None, bool]:
+    """``(fd, writable)`` of the lock file: read-write (created if missing), else read-only — ``flock`` takes an
+    exclusive lock on either — else ``(None, False)``."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644), True
+    except PermissionError:
+        try:
+            return os.open(path, os.O_RDONLY), False
+        except OSError:
+            return None, False

@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.core.attention_backward import unverified_backward_reason
-from workbench.core.errors import AttentionBackwardError, ConfigError, NonFiniteError, ResumeError
+from workbench.core.errors import AttentionBackwardError, ConfigError, NonFiniteError, ResumeError, RunFolderInUse
 from workbench.modeling.dropout import disable_dropout
 from workbench.modeling.models import count_parameters
 from workbench.trainers.checkpointing import latest_valid_checkpoint, load_checkpoint, run_folder_lock, save_checkpoint
@@ -330,6 +330,27 @@ class Trainer:
             state={"history": self.history, "python_random": random.getstate(), "config": self.config.to_dict()},
         )
 
+    @contextlib.contextmanager
+    def hold_output_dir(self):
+        """Hold ``output_dir`` (``checkpointing.run_folder_lock``) for the block: ``RunFolderInUse`` when another training
+        writes there. The main process takes it; under data parallelism every process learns whether it did (one
+        all-reduce), so all of them stop together instead of the others waiting in a collective. Nested holds in one
+        process are one (``train`` holds it inside the command line's hold, which also covers its report files)."""
+        refused = None
+        with contextlib.ExitStack() as stack:
+            if self.output_dir is not None and self.is_main_process:
+                try:
+                    stack.enter_context(run_folder_lock(self.output_dir))
+                except RunFolderInUse as error:
+                    refused = error
+            if self.output_dir is not None and self.dist is not None and self.dist.enabled:
+                if self.dist.max(1.0 if refused is not None else 0.0) > 0 and refused is None:
+                    refused = RunFolderInUse(f"{self.output_dir} is being written by another training (the main process "
+                                             "found it held; its message says by whom); nothing was trained")
+            if refused is not None:
+                raise refused
+            yield
+
     @property
     def compute_device(self) -> torch.device:
         """Where the trained modules live (the trainers follow the model's device)."""
@@ -340,7 +361,7 @@ class Trainer:
         """Run until ``steps`` (default ``config.steps``) steps are done; returns the history."""
         total = self.config.steps if steps is None else steps
         # the output folder is this run's while it trains: another training into it is refused (RunFolderInUse)
-        with run_folder_lock(self.output_dir if self.is_main_process else None):
+        with self.hold_output_dir():
             self.maybe_resume()
             bar = tqdm(total=total, initial=self.step, disable=not self.config.progress, desc=type(self).__name__, leave=False)
             while self.step < total:

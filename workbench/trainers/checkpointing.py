@@ -162,10 +162,12 @@ def remove_unfinished_saves(run_dir: str | Path) -> list[str]:
         if path.is_dir() and path.name.startswith(".tmp-step-"):
             shutil.rmtree(path, ignore_errors=True)
         elif path.is_file() and path.name.startswith(".") and path.name.endswith(".tmp"):
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.unlink()
         else:
             continue
-        removed.append(path.name)
+        if not path.exists():  # (a folder another user owns may stay: not counted)
+            removed.append(path.name)
     return removed
 
 

@@ -179,9 +179,10 @@ def run_cpu_group(fn, world_size: int = 2, *args, timeout: float = 60.0) -> list
 
 
 def _collect(results, processes, timeout: float) -> list:
-    """Every rank's ``(rank, result, error)`` from ``results``; a rank that exits without reporting (killed, crashed,
-    ``os._exit``) is an error at once, and ranks still silent after ``timeout`` seconds a ``TimeoutError`` — never a
-    bare ``queue.Empty`` after the whole wait."""
+    """Every rank's ``(rank, result, error)`` from ``results``. A rank that reports an error raises it at once (the others
+    may be waiting for it in a collective), a rank that exits without reporting (killed, crashed, ``os._exit``) is an
+    error at once, and ranks still silent after ``timeout`` seconds a ``TimeoutError`` — never a bare ``queue.Empty``
+    after the whole wait."""
     import queue
     import time
 
@@ -191,6 +192,8 @@ def _collect(results, processes, timeout: float) -> list:
         try:
             item = results.get(timeout=0.2)
             collected[item[0]] = item
+            if item[2]:  # a rank's own error: the others may now wait in a collective for it; it is the cause
+                raise RuntimeError(f"a process of the CPU group failed: rank {item[0]}: {item[2]}")
             continue
         except queue.Empty:
             pass
@@ -200,6 +203,8 @@ def _collect(results, processes, timeout: float) -> list:
                 while True:
                     item = results.get(timeout=1.0)
                     collected[item[0]] = item
+                    if item[2]:
+                        raise RuntimeError(f"a process of the CPU group failed: rank {item[0]}: {item[2]}")
             except queue.Empty:
                 pass
             exited = {rank: code for rank, code in exited.items() if rank not in collected}
