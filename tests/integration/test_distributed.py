@@ -2,6 +2,7 @@
 gives the same losses as one process with the same global batch."""
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -50,3 +51,18 @@ def test_two_cpu_processes_match_one(tmp_path, args, keys):
         for key in keys:
             assert a[key] == pytest.approx(b[key], abs=1e-5, rel=1e-4), key
     assert any(abs(h["loss"]) > 1e-5 for h in single)  # a comparison of non-trivial numbers
+
+
+@pytest.mark.slow  # 20 s of two launched processes: make test-slow (CI runs it)
+def test_every_process_stops_with_exit_2_when_the_output_folder_is_held(tmp_path, hold_elsewhere):
+    out = tmp_path / "held"
+    command = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "workbench",
+               "train", "grpo", "--limit", "8", "--set", "steps=2", "--set", "prompts_per_step=2", "--set", "num_generations=2",
+               "--quiet", "--output-dir", str(out)]
+    with hold_elsewhere(out):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=180)  # not the others waiting in a collective
+    assert "is being written by another training" in done.stderr, done.stderr[-3000:]
+    # both ranks stopped on the refusal (exit 2), the second not on a broken collective after the first had left
+    assert done.returncode != 0 and re.findall(r"exitcode +: +(-?\d+)", done.stderr) == ["2", "2"], done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing trained, nothing written

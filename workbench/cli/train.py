@@ -219,12 +219,15 @@ def main(args) -> int:
         Distributed.current().close()
     except (InputError, ConfigError, ModelLoadError, ParameterError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        Distributed.leave()
         return 2
     except ValueError as exc:  # e.g. an empty dataset
         print(f"error: {exc}", file=sys.stderr)
+        Distributed.leave()
         return 2
     except NonFiniteError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        Distributed.leave()
         return 1
     last = summary["history"][-1] if summary["history"] else {}
     if int(os.environ.get("RANK", "0")) == 0:
