@@ -199,8 +199,8 @@ def _collect(results, processes, timeout: float) -> list:
         try:
             item = results.get(timeout=0.2)
             collected[item[0]] = item
-            if item[2]:  # a rank's own error: the others may now wait in a collective for it; it is the cause
-                raise RuntimeError(f"a process of the CPU group failed: rank {item[0]}: {item[2]}")
+            if item[2]:  # a rank's own error: the others may now wait in a collective for it, or fail in it
+                _raise_errors(results, processes, collected)
             continue
         except queue.Empty:
             pass
@@ -211,7 +211,7 @@ def _collect(results, processes, timeout: float) -> list:
                     item = results.get(timeout=1.0)
                     collected[item[0]] = item
                     if item[2]:
-                        raise RuntimeError(f"a process of the CPU group failed: rank {item[0]}: {item[2]}")
+                        _raise_errors(results, processes, collected)
             except queue.Empty:
                 pass
             exited = {rank: code for rank, code in exited.items() if rank not in collected}
@@ -228,3 +228,28 @@ def _collect(results, processes, timeout: float) -> list:
                 "threads (a notebook kernel does) can inherit a lock that no thread will release, and wait forever. "
                 "Run the call again, restart the kernel before it, or pass a larger timeout= if the work is just slow.")
     return list(collected.values())
+
+
+def _raise_errors(results, processes, collected: dict, grace: float = 2.0) -> None:
+    """A rank reported an error: wait up to ``grace`` seconds for the others' reports (a rank that failed first makes
+    the others fail in their collectives, and either report may arrive first), then raise them all, in rank order."""
+    import contextlib
+    import queue
+    import time
+
+    deadline = time.monotonic() + grace
+    while len(collected) < len(processes) and time.monotonic() < deadline:
+        try:
+            item = results.get(timeout=0.1)
+            collected[item[0]] = item
+            continue
+        except queue.Empty:
+            pass
+        if all(p.exitcode is not None for rank, p in enumerate(processes) if rank not in collected):
+            with contextlib.suppress(queue.Empty):  # what they sent before exiting is still in the pipe
+                while True:
+                    item = results.get(timeout=0.5)
+                    collected[item[0]] = item
+            break
+    errors = [f"rank {rank}: {error}" for rank, _, error in sorted(collected.values(), key=lambda item: item[0]) if error]
+    raise RuntimeError("a process of the CPU group failed: " + "; ".join(errors))
