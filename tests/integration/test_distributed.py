@@ -54,7 +54,7 @@ def test_two_cpu_processes_match_one(tmp_path, args, keys):
 
 
 @pytest.mark.slow  # 20 s of two launched processes: make test-slow (CI runs it)
-def test_every_process_stops_with_exit_2_when_the_output_folder_is_held(tmp_path, hold_elsewhere):
+def test_a_held_output_folder_stops_the_launched_group_with_the_refusal_as_its_cause(tmp_path, hold_elsewhere):
     out = tmp_path / "held"
     command = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "workbench",
@@ -62,7 +62,9 @@ def test_every_process_stops_with_exit_2_when_the_output_folder_is_held(tmp_path
                "--quiet", "--output-dir", str(out)]
     with hold_elsewhere(out):
         done = subprocess.run(command, capture_output=True, text=True, timeout=180)  # not the others waiting in a collective
-    assert "is being written by another training" in done.stderr, done.stderr[-3000:]
-    # both ranks stopped on the refusal (exit 2), the second not on a broken collective after the first had left
-    assert done.returncode != 0 and re.findall(r"exitcode +: +(-?\d+)", done.stderr) == ["2", "2"], done.stderr[-3000:]
+    assert "is being written by another training (pid " in done.stderr, done.stderr[-3000:]
+    # the launcher's first observed failure is the refusal (exit 2) — not a crash, an abort or a collective's timeout;
+    # the launcher then stops whichever rank is left (torchrun's way), so only the first is asserted
+    root_cause = done.stderr.split("Root Cause (first observed failure):")[-1]
+    assert done.returncode != 0 and re.search(r"exitcode +: +2\b", root_cause), done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing trained, nothing written

@@ -117,6 +117,9 @@ class _OtherRank:
     def max(self, value: float) -> float:
         return max(value, 1.0 if self.main_found_it_held else 0.0)
 
+    def close(self) -> None:
+        self.closed = True
+
 
 @pytest.mark.parametrize("held_by_another", [True, False])
 def test_every_process_of_a_group_stops_when_the_main_one_finds_the_folder_held(tmp_path, held_by_another):
@@ -127,7 +130,9 @@ def test_every_process_of_a_group_stops_when_the_main_one_finds_the_folder_held(
         with pytest.raises(RunFolderInUse, match="the main process found it held"):
             with trainer.hold_output_dir():
                 pass
+        assert trainer.dist.closed  # the group left together, before the error
     else:
         with trainer.hold_output_dir():
             pass
+        assert not hasattr(trainer.dist, "closed")
     assert not (tmp_path / "run").exists()  # a process other than the main one never takes (or creates) the folder

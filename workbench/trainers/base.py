@@ -344,9 +344,11 @@ class Trainer:
                 except RunFolderInUse as error:
                     refused = error
             if self.output_dir is not None and self.dist is not None and self.dist.enabled:
-                if self.dist.max(1.0 if refused is not None else 0.0) > 0 and refused is None:
-                    refused = RunFolderInUse(f"{self.output_dir} is being written by another training (the main process "
-                                             "found it held; its message says by whom); nothing was trained")
+                if self.dist.max(1.0 if refused is not None else 0.0) > 0:
+                    if refused is None:
+                        refused = RunFolderInUse(f"{self.output_dir} is being written by another training (the main "
+                                                 "process found it held; its message says by whom); nothing was trained")
+                    self.dist.close()  # every process is here: leave the group together (gloo aborts one left alone)
             if refused is not None:
                 raise refused
             yield
