@@ -179,17 +179,14 @@ def run_cpu_group(fn, world_size: int = 2, *args, timeout: float = 60.0) -> list
             process.join(timeout=5)
             if process.is_alive():
                 process.terminate()
-    errors = [f"rank {rank}: {error}" for rank, _, error in collected if error]
-    if errors:
-        raise RuntimeError("a process of the CPU group failed: " + "; ".join(errors))
     return [_from_plain(json.loads(value)) for _, value, _ in collected]
 
 
 def _collect(results, processes, timeout: float) -> list:
-    """Every rank's ``(rank, result, error)`` from ``results``. A rank that reports an error raises it at once (the others
-    may be waiting for it in a collective), a rank that exits without reporting (killed, crashed, ``os._exit``) is an
-    error at once, and ranks still silent after ``timeout`` seconds a ``TimeoutError`` — never a bare ``queue.Empty``
-    after the whole wait."""
+    """Every rank's ``(rank, result, error)`` from ``results``, none with an error: a rank that reports one raises it
+    with the others' reports (``_raise_errors``: they may be waiting for it in a collective, or fail in it), a rank
+    that exits without reporting (killed, crashed, ``os._exit``) is an error at once, and ranks still silent after
+    ``timeout`` seconds a ``TimeoutError`` — never a bare ``queue.Empty`` after the whole wait."""
     import queue
     import time
 
@@ -206,14 +203,9 @@ def _collect(results, processes, timeout: float) -> list:
             pass
         exited = {rank: p.exitcode for rank, p in enumerate(processes) if rank not in collected and p.exitcode is not None}
         if exited:  # its result may still be in the pipe (it was sent before the exit): one last look
-            try:
-                while True:
-                    item = results.get(timeout=1.0)
-                    collected[item[0]] = item
-                    if item[2]:
-                        _raise_errors(results, processes, collected)
-            except queue.Empty:
-                pass
+            _drain(results, collected, wait=1.0)
+            if any(item[2] for item in collected.values()):
+                _raise_errors(results, processes, collected)
             exited = {rank: code for rank, code in exited.items() if rank not in collected}
             if exited:
                 said = ", ".join(f"rank {rank} with exit code {code}" for rank, code in sorted(exited.items()))
@@ -233,7 +225,6 @@ def _collect(results, processes, timeout: float) -> list:
 def _raise_errors(results, processes, collected: dict, grace: float = 2.0) -> None:
     """A rank reported an error: wait up to ``grace`` seconds for the others' reports (a rank that failed first makes
     the others fail in their collectives, and either report may arrive first), then raise them all, in rank order."""
-    import contextlib
     import queue
     import time
 
@@ -246,10 +237,19 @@ def _raise_errors(results, processes, collected: dict, grace: float = 2.0) -> No
         except queue.Empty:
             pass
         if all(p.exitcode is not None for rank, p in enumerate(processes) if rank not in collected):
-            with contextlib.suppress(queue.Empty):  # what they sent before exiting is still in the pipe
-                while True:
-                    item = results.get(timeout=0.5)
-                    collected[item[0]] = item
+            _drain(results, collected, wait=0.5)  # what they sent before exiting is still in the pipe
             break
     errors = [f"rank {rank}: {error}" for rank, _, error in sorted(collected.values(), key=lambda item: item[0]) if error]
     raise RuntimeError("a process of the CPU group failed: " + "; ".join(errors))
+
+
+def _drain(results, collected: dict, wait: float) -> None:
+    """Every report still in ``results`` into ``collected``, until none comes for ``wait`` seconds."""
+    import queue
+
+    try:
+        while True:
+            item = results.get(timeout=wait)
+            collected[item[0]] = item
+    except queue.Empty:
+        pass
