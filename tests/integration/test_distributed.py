@@ -21,13 +21,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def workbench_command(processes: int) -> list[str]:
+    """``python -m workbench``, under ``accelerate launch`` with ``processes`` CPU processes when more than one."""
+    if processes == 1:
+        return [sys.executable, "-m", "workbench"]
+    return [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "workbench"]
+
+
 def train(tmp_path: Path, name: str, args: list[str], processes: int) -> list[dict]:
     out = tmp_path / name
-    if processes == 1:
-        command = [sys.executable, "-m", "workbench"]
-    else:
-        command = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
-                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "workbench"]
+    command = workbench_command(processes)
     done = subprocess.run(command + ["train", *args, "--quiet", "--output-dir", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((out / "history.json").read_text())["history"]
@@ -56,10 +60,8 @@ def test_two_cpu_processes_match_one(tmp_path, args, keys):
 @pytest.mark.slow  # 20 s of two launched processes: make test-slow (CI runs it)
 def test_a_held_output_folder_stops_the_launched_group_with_the_refusal_as_its_cause(tmp_path, hold_elsewhere):
     out = tmp_path / "held"
-    command = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "workbench",
-               "train", "grpo", "--limit", "8", "--set", "steps=2", "--set", "prompts_per_step=2", "--set", "num_generations=2",
-               "--quiet", "--output-dir", str(out)]
+    command = [*workbench_command(2), "train", "grpo", "--limit", "8", "--set", "steps=2", "--set", "prompts_per_step=2",
+               "--set", "num_generations=2", "--quiet", "--output-dir", str(out)]
     with hold_elsewhere(out):
         done = subprocess.run(command, capture_output=True, text=True, timeout=180)  # not the others waiting in a collective
     assert "is being written by another training (pid " in done.stderr, done.stderr[-3000:]
