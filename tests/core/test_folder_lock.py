@@ -1,10 +1,11 @@
 """``core.folder_lock``: one writer per output folder — a second process is refused naming the holder and the fix
-(however often it asks), holds of one process nest, the lock goes with its holder however the holder ends (SIGKILL
-included), and the holder's line goes with the hold."""
+(however often it asks), holds of one thread nest while another thread of the same process is refused, the lock goes
+with its holder however the holder ends (SIGKILL included), and the holder's line goes with the hold."""
 
 import os
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -48,3 +49,28 @@ def test_the_lock_goes_with_a_killed_holder(tmp_path, hold_elsewhere):
             except RunFolderInUse:
                 assert time.monotonic() < deadline, "the lock outlived its SIGKILLed holder"
                 time.sleep(0.05)
+
+
+def test_another_thread_of_the_holding_process_is_refused(tmp_path):
+    outcome = {}
+
+    def second_writer():
+        try:
+            with held(tmp_path, **WORDS):
+                outcome["held"] = True
+        except RunFolderInUse as error:
+            outcome["refused"] = str(error)
+
+    with held(tmp_path, **WORDS):
+        thread = threading.Thread(target=second_writer)
+        thread.start()
+        thread.join(timeout=30)
+        assert "held" not in outcome, "a second thread wrote into a held folder"
+        assert f"(pid {os.getpid()} on " in outcome["refused"] and ": another thread of this process)" in outcome["refused"]
+        with held(tmp_path, **WORDS):  # the holding thread still nests
+            pass
+        assert (tmp_path / LOCK).read_text().startswith(f"pid {os.getpid()} on ")  # the refusal left the line in place
+    thread = threading.Thread(target=second_writer)
+    thread.start()
+    thread.join(timeout=30)
+    assert outcome.get("held") is True  # released: the other thread may write now

@@ -8,8 +8,10 @@ however it ends (``SIGKILL`` included), so no stale lock outlives a killed run a
 While it is held the file names the holder (pid, host, start), for the message a second writer gets
 (``RunFolderInUse``, an ``InputError``: exit code 2 on the command line).
 
-Per process: a hold nested inside another of the same folder in the same process is part of it (the command line holds
-the folder around a training that holds it again). Where the lock cannot be taken — a file system without ``flock``
+Per thread: a hold nested inside another of the same folder in the same thread is part of it (the command line holds
+the folder around a training that holds it again). Another thread of the same process is a second writer like any other
+and is refused (``flock`` locks belong to an open file, not to a process), its message saying that the holder is this
+process. Where the lock cannot be taken — a file system without ``flock``
 (``ENOLCK``/``EOPNOTSUPP`` on some network mounts), a ``.lock`` another user created in a shared folder that this user
 may only read (then it is locked read-only, without the holder's line), a platform without ``fcntl`` — the writer goes
 on unguarded, with a warning where it can say why.
@@ -21,13 +23,14 @@ import contextlib
 import errno
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
 from workbench.core.errors import RunFolderInUse
 
 LOCK = ".lock"
-_held_here: dict[str, int] = {}  # resolved folder → how many holds of this process are open on it
+_held_here: dict[tuple[str, int], int] = {}  # (resolved folder, thread) → how many holds that thread has open on it
 UNLOCKABLE = (errno.ENOLCK, errno.EOPNOTSUPP)
 
 
@@ -40,8 +43,8 @@ def held(folder: str | Path, *, writer: str, collision: str, fix: str):
     (--output-dir)")."""
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)
-    key = str(root.resolve())
-    if key in _held_here:  # this process holds it already
+    key = (str(root.resolve()), threading.get_ident())
+    if key in _held_here:  # this thread holds it already
         _held_here[key] += 1
         try:
             yield
@@ -64,6 +67,8 @@ def held(folder: str | Path, *, writer: str, collision: str, fix: str):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 500, 0).decode("utf-8", "replace").strip() or "a process that did not say which"
+            if holder.startswith(f"pid {os.getpid()} on {socket.gethostname()},"):
+                holder += ": another thread of this process"
             raise RunFolderInUse(f"{root} is being written by another {writer} ({holder}); two {writer}s in one folder "
                                  f"would {collision}. Wait for it to finish or stop it, or {fix}.") from None
         except OSError as error:
