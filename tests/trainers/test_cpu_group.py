@@ -1,9 +1,11 @@
 """``trainers.distributed.run_cpu_group``: real forked CPU processes joined by gloo — their results come home in rank
-order, and a rank that dies or stays silent is a clear error at once or at the timeout, never a bare ``queue.Empty``."""
+order, and a rank that dies or stays silent is a clear error at once or at the timeout, never a bare ``queue.Empty``;
+the rendezvous port is taken by the rank that serves it, never chosen beforehand (another process could take it)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import pytest
@@ -64,3 +66,17 @@ def test_a_rank_s_own_error_is_raised_at_once_not_the_wait_it_causes():
     with pytest.raises(RuntimeError, match=r"rank 0: ValueError: a deterministic bug"):
         run_cpu_group(_fails_on_rank_0_while_rank_1_waits_for_it, 2, timeout=60)
     assert time.monotonic() - start < 30
+
+
+def test_the_calling_process_picks_no_port_for_the_group(monkeypatch):
+    """A port chosen by binding and releasing a socket, then bound again by a rank, can be taken in between by any
+    other process (two xdist workers running groups at once): the group's rank 0 now serves its store on a port the
+    system gives it while it binds. The calling process binds no socket at all (its forks inherit this patch, but the
+    ranks' store and gloo bind in C++)."""
+
+    def refuse(self, address):
+        raise AssertionError(f"the calling process bound a socket to {address}")
+
+    monkeypatch.setattr(socket.socket, "bind", refuse)
+    results = run_cpu_group(_all_reduced, 2)
+    assert [float(r["sum"]) for r in results] == [3.0, 3.0]

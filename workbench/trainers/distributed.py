@@ -100,14 +100,6 @@ class Distributed:
 
 
 # ---- a real CPU process group, for measurements (pitfalls P32, P33) -------------------------------
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _to_plain(value):
     """A result as JSON-ready data: tensors as ``{"__tensor__": nested list, "dtype": name}``, tuples as lists."""
     if isinstance(value, torch.Tensor):
@@ -130,13 +122,28 @@ def _from_plain(value):
     return value
 
 
-def _group_worker(rank: int, world_size: int, port: int, fn, args, results) -> None:
+def _group_store(rank: int, world_size: int, ports, timeout: float):
+    """The group's rendezvous store. Rank 0 serves it on a port the system picks while it binds (no port chosen first
+    and bound later, which another process could take in between) and hands the port to the other ranks."""
+    from datetime import timedelta
+
+    wait = timedelta(seconds=timeout)
+    if rank == 0:
+        store = torch.distributed.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False, timeout=wait)
+        for _ in range(world_size - 1):
+            ports.put(store.port)
+        return store
+    return torch.distributed.TCPStore("127.0.0.1", ports.get(timeout=timeout), world_size, is_master=False, timeout=wait)
+
+
+def _group_worker(rank: int, world_size: int, ports, fn, args, results, timeout: float) -> None:
     """One forked process: join the gloo group, run ``fn(rank, world_size, *args)``, send its result home."""
     # A forked child must not use the OpenMP thread pool its parent started (GNU OpenMP is not fork-safe: the
     # first parallel region can hang, seen when the parent had sampled before forking): one thread per rank.
     torch.set_num_threads(1)
     try:
-        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+        store = _group_store(rank, world_size, ports, timeout)
+        torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
         try:
             # JSON text: a tensor put on the queue as is would travel as a shared-memory handle that dies with
             # this process, and nothing is unpickled on the way home
@@ -161,9 +168,8 @@ def run_cpu_group(fn, world_size: int = 2, *args, timeout: float = 60.0) -> list
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    port = _free_port()
-    processes = [context.Process(target=_group_worker, args=(rank, world_size, port, fn, args, results), daemon=True)
+    results, ports = context.Queue(), context.Queue()
+    processes = [context.Process(target=_group_worker, args=(rank, world_size, ports, fn, args, results, timeout), daemon=True)
                  for rank in range(world_size)]
     for process in processes:
         process.start()
