@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -174,6 +175,7 @@ def test_a_kernel_shut_down_leaves_no_fork_server_behind(zygote_socket, tmp_path
     client.stop_channels()
     manager.shutdown_kernel(now=False)
     assert launcher.returncode == 0
+    assert not Path(manager.ip).parent.exists()  # the kernel's private socket folder goes with it (not only via nbclient)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in (kernel_pid, server_pid)):
         time.sleep(0.1)

@@ -122,8 +122,15 @@ def ipc_kernel_manager():
             kwargs.setdefault("ip", str(Path(tempfile.mkdtemp(prefix="workbench-kernel-")) / "kernel"))
             super().__init__(**kwargs)
 
+        # The kernel's folder goes with its socket files on both of jupyter_client's ways out: ``cleanup_resources()``
+        # (nbclient's) and ``shutdown_kernel()``, which awaits the base class's coroutine itself, not the method above.
         def cleanup_resources(self, restart: bool = False) -> None:
             super().cleanup_resources(restart=restart)  # removes the socket files
+            if not restart:
+                shutil.rmtree(Path(self.ip).parent, ignore_errors=True)
+
+        async def _async_cleanup_resources(self, restart: bool = False) -> None:
+            await super()._async_cleanup_resources(restart=restart)
             if not restart:
                 shutil.rmtree(Path(self.ip).parent, ignore_errors=True)
 
