@@ -30,7 +30,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -44,7 +43,7 @@ from workbench.catalogue.notebook_api import read_metrics
 from workbench.catalogue.report import environment, write_report
 from workbench.core import folder_lock
 from workbench.core.errors import ParameterError
-from workbench.core.paths import REPO_ROOT
+from workbench.core.paths import REPO_ROOT, private_folder
 from workbench.trainers.checkpointing import atomic_write_json
 
 
@@ -119,7 +118,8 @@ def ipc_kernel_manager():
             # IPC sockets are files named <ip>-<port>; the default <ip> ("kernel-ipc" in the working folder)
             # would be shared by a kernel of an interrupted run still shutting down in the same notebook
             # folder, whose messages then fail the new kernel's signature check. A fresh folder per kernel.
-            kwargs.setdefault("ip", str(Path(tempfile.mkdtemp(prefix="workbench-kernel-")) / "kernel"))
+            # (a SIGKILLed run's folders are removed by the next run's private_folder calls)
+            kwargs.setdefault("ip", str(Path(private_folder("kernel")) / "kernel"))
             super().__init__(**kwargs)
 
         # The kernel's folder goes with its socket files on both of jupyter_client's ways out: ``cleanup_resources()``

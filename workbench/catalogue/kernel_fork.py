@@ -107,14 +107,15 @@ def zygote(enabled: bool = True, threads: int | None = None):
         yield None
         return
     import shutil
-    import tempfile
+
+    from workbench.core.paths import private_folder
 
     # a socket file in a private folder (mode 0700): a request names a connection file, folder and environment, and the
     # kernel forked for it runs as this user — only this user may send one (an abstract socket is open to every user)
-    folder = tempfile.mkdtemp(prefix="workbench-zygote-")
+    folder = private_folder("zygote")  # (a SIGKILLed run's is removed by the next run's call)
     if len(folder) > 90:  # a Unix socket path holds 107 bytes: a long TMPDIR falls back to /tmp
-        os.rmdir(folder)
-        folder = tempfile.mkdtemp(prefix="workbench-zygote-", dir="/tmp")
+        shutil.rmtree(folder, ignore_errors=True)
+        folder = private_folder("zygote", "/tmp")
     name = os.path.join(folder, "zygote.sock")
     env = {**os.environ, **({v: str(threads) for v in THREAD_VARIABLES} if threads is not None else {})}
     process = subprocess.Popen([sys.executable, "-m", "workbench.catalogue.kernel_fork", "serve", name],

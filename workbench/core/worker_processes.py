@@ -43,10 +43,11 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 import types
 from concurrent.futures import ProcessPoolExecutor
+
+from workbench.core.paths import private_folder
 
 SWITCH_ENV = "WORKBENCH_FORK_WORKERS"  # "0": never start a fork server, spawn every worker
 _owner: int | None = None  # the pid of the process whose fork server start_fork_server() started
@@ -103,7 +104,7 @@ def start_fork_server(folder: str | None = None) -> int | None:
 
     own = folder is None
     if own:
-        folder = tempfile.mkdtemp(prefix="workbench-fork-server-")  # mode 0700
+        folder = private_folder("fork-server")  # mode 0700; a killed kernel's is removed by the next call
     address = os.path.join(folder, f"fork-server-{os.getpid()}")
     listener = socket.socket(socket.AF_UNIX)
     alive_r = alive_w = -1
