@@ -23,6 +23,7 @@ from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
     "argv, message",
     [
         (["train", "grpo", "--set", "beta=-1"], "beta=-1.0 must be ≥ 0"),
+        (["train", "grpo", "--steps", "-3"], "GRPOConfig.steps=-3 must be ≥ 0 (set by --steps VALUE or --set steps=VALUE)"),
         (["train", "grpo", "--set", "clip_low=0"], "clip_low=0.0 must be in (0, 1)"),
         (["train", "grpo", "--set", "num_generations=1"], "num_generations=1 must be ≥ 2"),
         (["train", "grpo", "--set", "prompts_per_step=3", "--set", "mini_batches=2"], "divide prompts_per_step"),

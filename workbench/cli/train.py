@@ -218,7 +218,8 @@ def main(args) -> int:
         summary = run(args)
         Distributed.current().close()
     except (InputError, ConfigError, ModelLoadError, ParameterError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        where = f" (set by --{exc.field} VALUE or --set {exc.field}=VALUE)" if getattr(exc, "field", None) else ""
+        print(f"error: {exc}{where}", file=sys.stderr)
         Distributed.leave()
         return 2
     except ValueError as exc:  # e.g. an empty dataset

@@ -12,7 +12,12 @@ class NonFiniteError(FloatingPointError):
 
 
 class ConfigError(ValueError):
-    """An invalid trainer configuration value; the message names the field and the fix."""
+    """An invalid trainer configuration value; the message names the field and the fix. ``field``: the config field's
+    name (the command line names its option after it), None where the problem is not one field's."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class InputError(ValueError):

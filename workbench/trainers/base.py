@@ -124,7 +124,7 @@ def precision_context(precision: str, device: torch.device):
 def require(config, field: str, condition: bool, problem: str) -> None:
     """Raise a ``ConfigError`` naming ``field``, its value and the problem unless ``condition``."""
     if not condition:
-        raise ConfigError(f"{type(config).__name__}.{field}={getattr(config, field)!r} {problem}")
+        raise ConfigError(f"{type(config).__name__}.{field}={getattr(config, field)!r} {problem}", field=field)
 
 
 def require_choice(config, field: str, choices) -> None:
