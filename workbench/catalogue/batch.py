@@ -27,7 +27,6 @@ import json
 import multiprocessing
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -43,7 +42,7 @@ from workbench.catalogue.notebook_api import read_metrics
 from workbench.catalogue.report import environment, write_report
 from workbench.core import folder_lock
 from workbench.core.errors import ParameterError
-from workbench.core.paths import REPO_ROOT, private_folder
+from workbench.core.paths import REPO_ROOT, private_folder, remove_private_folder
 from workbench.trainers.checkpointing import atomic_write_json
 
 
@@ -119,20 +118,29 @@ def ipc_kernel_manager():
             # would be shared by a kernel of an interrupted run still shutting down in the same notebook
             # folder, whose messages then fail the new kernel's signature check. A fresh folder per kernel.
             # (a SIGKILLed run's folders are removed by the next run's private_folder calls)
-            kwargs.setdefault("ip", str(Path(private_folder("kernel")) / "kernel"))
+            made = None
+            if "ip" not in kwargs:
+                made = private_folder("kernel")
+                kwargs["ip"] = str(Path(made) / "kernel")
             super().__init__(**kwargs)
+            self._made_folder = made  # removed with the kernel; a folder the caller named is the caller's
 
         # The kernel's folder goes with its socket files on both of jupyter_client's ways out: ``cleanup_resources()``
         # (nbclient's) and ``shutdown_kernel()``, which awaits the base class's coroutine itself, not the method above.
         def cleanup_resources(self, restart: bool = False) -> None:
             super().cleanup_resources(restart=restart)  # removes the socket files
             if not restart:
-                shutil.rmtree(Path(self.ip).parent, ignore_errors=True)
+                self._remove_made_folder()
 
         async def _async_cleanup_resources(self, restart: bool = False) -> None:
             await super()._async_cleanup_resources(restart=restart)
             if not restart:
-                shutil.rmtree(Path(self.ip).parent, ignore_errors=True)
+                self._remove_made_folder()
+
+        def _remove_made_folder(self) -> None:
+            if self._made_folder is not None:
+                remove_private_folder(self._made_folder)
+                self._made_folder = None
 
         def format_kernel_cmd(self, extra_arguments=None) -> list[str]:
             # a kernel forked from the run's warm zygote when one runs (kernel_fork), else the ordinary command

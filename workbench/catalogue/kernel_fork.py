@@ -106,15 +106,14 @@ def zygote(enabled: bool = True, threads: int | None = None):
     if not enabled or supported() is not None:
         yield None
         return
-    import shutil
 
-    from workbench.core.paths import private_folder
+    from workbench.core.paths import private_folder, remove_private_folder
 
     # a socket file in a private folder (mode 0700): a request names a connection file, folder and environment, and the
     # kernel forked for it runs as this user — only this user may send one (an abstract socket is open to every user)
     folder = private_folder("zygote")  # (a SIGKILLed run's is removed by the next run's call)
     if len(folder) > 90:  # a Unix socket path holds 107 bytes: a long TMPDIR falls back to /tmp
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_private_folder(folder)
         folder = private_folder("zygote", "/tmp")
     name = os.path.join(folder, "zygote.sock")
     env = {**os.environ, **({v: str(threads) for v in THREAD_VARIABLES} if threads is not None else {})}
@@ -135,7 +134,7 @@ def zygote(enabled: bool = True, threads: int | None = None):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_private_folder(folder)
 
 
 def kernel_command(cmd: list[str]) -> list[str]:

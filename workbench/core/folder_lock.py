@@ -30,7 +30,9 @@ from pathlib import Path
 from workbench.core.errors import RunFolderInUse
 
 LOCK = ".lock"
-_held_here: dict[tuple[str, int], int] = {}  # (resolved folder, thread) → how many holds that thread has open on it
+# (resolved folder, process, thread) → how many holds that thread has open on it. The pid: a forked child inherits this
+# dict but not the lock's hold (an flock belongs to the open file), so its holds are its own.
+_held_here: dict[tuple[str, int, int], int] = {}
 UNLOCKABLE = (errno.ENOLCK, errno.EOPNOTSUPP)
 
 
@@ -43,7 +45,7 @@ def held(folder: str | Path, *, writer: str, collision: str, fix: str):
     (--output-dir)")."""
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)
-    key = (str(root.resolve()), threading.get_ident())
+    key = (str(root.resolve()), os.getpid(), threading.get_ident())
     if key in _held_here:  # this thread holds it already
         _held_here[key] += 1
         try:
@@ -67,7 +69,7 @@ def held(folder: str | Path, *, writer: str, collision: str, fix: str):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 500, 0).decode("utf-8", "replace").strip() or "a process that did not say which"
-            if holder.startswith(f"pid {os.getpid()} on {socket.gethostname()},"):
+            if any(held_key[:2] == key[:2] for held_key in list(_held_here)):
                 holder += ": another thread of this process"
             raise RunFolderInUse(f"{root} is being written by another {writer} ({holder}); two {writer}s in one folder "
                                  f"would {collision}. Wait for it to finish or stop it, or {fix}.") from None

@@ -31,51 +31,71 @@ def scratch_folder(prefix: str) -> str:
     return folder
 
 
-OWNER = ".owner"  # in a private folder: "<host> <pid>" of the process that made it
+OWNER = ".owner"  # in a private folder: locked (flock) by the process that made it for as long as it lives
+_owned: dict[str, int] = {}  # private folder → the descriptor of its locked .owner file, in the process that made it
 
 
 def private_folder(kind: str, parent: str | None = None) -> str:
     """A new folder ``<parent>/workbench-<kind>-XXXXXXXX`` that only this user may enter (mode 0700), for a process's
-    socket files; ``parent`` defaults to the system's temporary folder. Its owner (this host and process) is written in
-    it, and the folders of the same ``kind`` there whose owner has ended are removed first (``remove_abandoned``): a
-    killed run's are not left behind for good. The caller still removes its own folder when it is done."""
+    socket files; ``parent`` defaults to the system's temporary folder. This process holds an ``flock`` on the folder's
+    ``.owner`` file (its host and pid written there, for a reader) until ``remove_private_folder`` or its end, however
+    it ends; the folders of the same ``kind`` there whose lock is free — their maker has ended — are removed first
+    (``remove_abandoned``), so a killed run's are not left behind for good."""
     parent = parent or tempfile.gettempdir()
     remove_abandoned(kind, parent)
     folder = tempfile.mkdtemp(prefix=f"workbench-{kind}-", dir=parent)
-    Path(folder, OWNER).write_text(f"{socket.gethostname()} {os.getpid()}")
+    # locked under another name, then renamed: a remover never sees an .owner that is not locked yet
+    claim = os.path.join(folder, OWNER + ".new")
+    fd = os.open(claim, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (ImportError, OSError):  # no flock here: the folder is still made, only never found abandoned
+        pass
+    os.write(fd, f"{socket.gethostname()} {os.getpid()}".encode())
+    os.rename(claim, os.path.join(folder, OWNER))
+    _owned[folder] = fd
     return folder
 
 
+def remove_private_folder(folder: str) -> None:
+    """Remove a folder ``private_folder`` made in this process, and let its lock go."""
+    shutil.rmtree(folder, ignore_errors=True)
+    fd = _owned.pop(folder, None)
+    if fd is not None:
+        os.close(fd)
+
+
 def remove_abandoned(kind: str, parent: str) -> list[str]:
-    """Remove the ``workbench-<kind>-*`` folders in ``parent`` that this user owns and whose ``.owner`` names this host
-    and a process that no longer runs; return them. A folder without a readable owner (being made now, or made by an
-    older version) is left alone, as is one whose owner runs — or might: another host's, or a pid now in use again."""
-    host, removed = socket.gethostname(), []
+    """Remove the ``workbench-<kind>-*`` folders in ``parent`` whose ``.owner`` lock is free: the process that made them
+    has ended (the system lets an ``flock`` go with its last descriptor, whatever the pid namespace, however the
+    process ended). Return them. A folder without an ``.owner`` (being made now, or made by an older version), one
+    whose lock is held, and any where locks do not work are left alone."""
+    try:
+        import fcntl
+    except ImportError:
+        return []
+    removed = []
     try:
         entries = list(os.scandir(parent))
     except OSError:
         return removed
     for entry in entries:
-        if not entry.name.startswith(f"workbench-{kind}-"):
+        if not entry.name.startswith(f"workbench-{kind}-") or entry.path in _owned:
             continue
         try:
-            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+            if not entry.is_dir(follow_symlinks=False):
                 continue
-            owner_host, pid = Path(entry.path, OWNER).read_text().split()
-            pid = int(pid)
-        except (OSError, ValueError):
+            fd = os.open(os.path.join(entry.path, OWNER), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
             continue
-        if owner_host == host and not _running(pid):
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(entry.path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held (BlockingIOError): its maker runs; or no locks on this file system
+            os.close(fd)
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        os.close(fd)
+        removed.append(entry.path)
     return removed
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: another user's process runs under that pid
-        return True
-    return True

@@ -39,7 +39,6 @@ import inspect
 import multiprocessing
 import os
 import random
-import shutil
 import signal
 import socket
 import sys
@@ -47,7 +46,7 @@ import time
 import types
 from concurrent.futures import ProcessPoolExecutor
 
-from workbench.core.paths import private_folder
+from workbench.core.paths import private_folder, remove_private_folder
 
 SWITCH_ENV = "WORKBENCH_FORK_WORKERS"  # "0": never start a fork server, spawn every worker
 _owner: int | None = None  # the pid of the process whose fork server start_fork_server() started
@@ -120,7 +119,7 @@ def start_fork_server(folder: str | None = None) -> int | None:
                 os.close(fd)
         listener.close()
         if own:
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_private_folder(folder)
         else:
             _unlink(address)
         print(f"workbench: no fork server for training workers ({error}); they will be spawned", file=sys.stderr)
@@ -148,7 +147,7 @@ def start_fork_server(folder: str | None = None) -> int | None:
         server._forkserver_pid = pid
     _owner, _server, _own_folder = os.getpid(), pid, folder if own else None
     if own:
-        atexit.register(shutil.rmtree, folder, True)
+        atexit.register(remove_private_folder, folder)
     return pid
 
 
@@ -205,7 +204,7 @@ def stop_fork_server(timeout_s: float = 5.0) -> None:
     with contextlib.suppress(OSError):
         os.close(alive)
     if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_private_folder(folder)
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -335,7 +335,7 @@ class Trainer:
         """Hold ``output_dir`` (``checkpointing.run_folder_lock``) for the block: ``RunFolderInUse`` when another training
         writes there. The main process takes it; under data parallelism every process learns whether it did (one
         all-reduce), so all of them stop together instead of the others waiting in a collective. Nested holds in one
-        process are one (``train`` holds it inside the command line's hold, which also covers its report files)."""
+        thread are one (``train`` holds it inside the command line's hold, which also covers its report files)."""
         refused = None
         with contextlib.ExitStack() as stack:
             if self.output_dir is not None and self.is_main_process:

@@ -133,7 +133,13 @@ def _group_store(rank: int, world_size: int, ports, timeout: float):
         for _ in range(world_size - 1):
             ports.put(store.port)
         return store
-    return torch.distributed.TCPStore("127.0.0.1", ports.get(timeout=timeout), world_size, is_master=False, timeout=wait)
+    import queue
+
+    try:
+        port = ports.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(f"rank 0 did not hand out the group's port within {timeout:g} s") from None
+    return torch.distributed.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=wait)
 
 
 def _group_worker(rank: int, world_size: int, ports, fn, args, results, timeout: float) -> None:
@@ -185,6 +191,8 @@ def run_cpu_group(fn, world_size: int = 2, *args, timeout: float = 60.0) -> list
             process.join(timeout=5)
             if process.is_alive():
                 process.terminate()
+        for channel in (results, ports):
+            channel.close()
     return [_from_plain(json.loads(value)) for _, value, _ in collected]
 
 
