@@ -6,8 +6,10 @@ One home for the paths, so that the catalogue, the peers, the task files (``work
 
 Temporary folders: ``scratch_folder`` for throw-away outputs (removed at exit); ``private_folder`` for a process's
 sockets (a catalogue run's kernels, its zygote, a kernel's fork server). A process that is killed (SIGKILL, the
-out-of-memory killer, a closed terminal's SIGHUP) removes nothing, so each private folder names its owner (host and pid
-in a ``.owner`` file) and the next ``private_folder`` of the same kind removes those whose owner has ended.
+out-of-memory killer, a closed terminal's SIGHUP) removes nothing, so its maker holds an ``flock`` on each private
+folder's ``.owner`` file — the system lets it go when the process ends, however it ends — and the next
+``private_folder`` of the same kind removes the folders whose lock is free. (A pid check would not do: from another pid
+namespace sharing ``/tmp``, a running maker's pid looks ended.)
 """
 
 from __future__ import annotations
