@@ -32,6 +32,12 @@ def _silent_on_rank_1(rank: int, world_size: int) -> int:
     return rank
 
 
+def _rank_1_reports_a_second_later(rank: int, world_size: int) -> int:
+    if rank == 1:
+        time.sleep(1.0)
+    return rank
+
+
 def _fails_on_rank_0_while_rank_1_waits_for_it(rank: int, world_size: int) -> float:
     if rank == 0:
         raise ValueError("a deterministic bug")
@@ -80,3 +86,16 @@ def test_the_calling_process_picks_no_port_for_the_group(monkeypatch):
     monkeypatch.setattr(socket.socket, "bind", refuse)
     results = run_cpu_group(_all_reduced, 2)
     assert [float(r["sum"]) for r in results] == [3.0, 3.0]
+
+
+def test_an_error_while_leaving_the_group_after_the_result_went_home_is_not_the_ranks_error(monkeypatch):
+    """A rank reports once: a teardown error after its result was sent (the group's plumbing, not ``fn``) used to
+    follow the result as a second report of the same rank, overwrite it and turn a finished run into a failure."""
+    leave = torch.distributed.destroy_process_group
+
+    def leave_then_fail(*args, **kwargs):
+        leave(*args, **kwargs)
+        raise RuntimeError("a teardown error")
+
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", leave_then_fail)  # the forked ranks inherit it
+    assert run_cpu_group(_rank_1_reports_a_second_later, 2) == [0, 1]  # rank 0's teardown error came first
