@@ -18,3 +18,22 @@ def test_a_folder_another_training_holds_exits_2_and_trains_nothing(tmp_path, ca
     assert sorted(p.name for p in out.iterdir()) == [".lock"]  # no checkpoint, history or TensorBoard file
     assert main([*ARGS, "--output-dir", str(out)]) == 0
     assert len(json.loads((out / "history.json").read_text())["history"]) == 1
+
+
+EXIT = ("import sys\nfrom workbench.trainers.distributed import Distributed\n"
+        "print('refused', end='')\nsys.stderr.write('error: held')\nDistributed.exit_launched(2)\nprint('teardown reached')")
+
+
+def test_a_launched_rank_leaves_on_its_error_with_the_code_and_its_words_but_without_the_teardown():
+    """Under a launcher (WORLD_SIZE > 1) a rank's pre-training error ends the process at once, streams flushed: torch's
+    C++ teardown at exit once turned such an exit 2 into a SIGABRT root cause. In one process nothing changes."""
+    import os
+    import subprocess
+    import sys
+
+    launched = subprocess.run([sys.executable, "-c", EXIT], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "WORLD_SIZE": "2"})
+    assert (launched.returncode, launched.stdout, launched.stderr) == (2, "refused", "error: held")
+    alone = subprocess.run([sys.executable, "-c", EXIT], capture_output=True, text=True, timeout=120,
+                           env={k: v for k, v in os.environ.items() if k != "WORLD_SIZE"})
+    assert (alone.returncode, alone.stdout) == (0, "refusedteardown reached\n")

@@ -221,7 +221,7 @@ def main(args) -> int:
         where = f" (set by --{exc.field} VALUE or --set {exc.field}=VALUE)" if getattr(exc, "field", None) else ""
         print(f"error: {exc}{where}", file=sys.stderr)
         Distributed.leave()
-        return 2
+        return Distributed.exit_launched(2)  # raised before training: nothing written, nothing to flush but the streams
     except ValueError as exc:  # e.g. an empty dataset
         print(f"error: {exc}", file=sys.stderr)
         Distributed.leave()

@@ -15,8 +15,10 @@ noise. Only the main process writes checkpoints and histories.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 
 import torch
 
@@ -90,6 +92,20 @@ class Distributed:
         if self.enabled and torch.distributed.is_initialized():
             torch.distributed.barrier()
             torch.distributed.destroy_process_group()
+
+    @staticmethod
+    def exit_launched(code: int) -> int:
+        """``code`` as this process's exit code. In a launched group (``WORLD_SIZE`` > 1) the process ends here, streams
+        flushed, without the interpreter's teardown: after the group was left, torch's C++ teardown at exit can still
+        abort (SIGABRT, "terminate called without an active exception"), and the launcher then reports that crash as the
+        root cause instead of the error (seen once in a CI rehearsal: the refusal of a held output folder, exit 2, came
+        out as -6). For errors raised before anything is written (nothing buffered to lose). Returns ``code`` elsewhere."""
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return code
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
 
     @staticmethod
     def leave() -> None:
