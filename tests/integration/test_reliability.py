@@ -30,7 +30,7 @@ from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
         (["train", "grpo", "--set", "loss_agg=mean"], "loss aggregation"),
         (["train", "ppo", "--set", "kl_kind=k5"], "kl_kind='k5' is not one of"),
         (["train", "grpo", "--set", "stepz=3"], "no field 'stepz'; valid fields: steps"),
-        (["train", "grpo", "--set", "steps=three"], "expects a int"),
+        (["train", "grpo", "--set", "steps=three"], "expects an int"),
         (["train", "grpo", "--set", "max_new_tokens=300"], "context of 256 positions"),
         (["train", "grpo", "--model", "/no/such/folder"], "does not exist"),
     ],

@@ -35,8 +35,12 @@ def test_values_are_converted_to_the_default_type():
     assert convert_value("smoke", "true", False) is True
     assert convert_value("lr", "1e-3", 0.1) == 1e-3
     assert convert_value("sizes", "[1, 2]", [4]) == [1, 2]
-    with pytest.raises(ParameterError, match="expects a int"):
+    with pytest.raises(ParameterError, match="expects an int"):
         convert_value("seed", "three", 0)
+    with pytest.raises(ParameterError, match="expects true or false"):
+        convert_value("smoke", "maybe", False)
+    with pytest.raises(ParameterError, match="expects a list"):
+        convert_value("sizes", "{1: 2}", [4])
 
 
 def test_unknown_parameter_is_an_error_listing_valid_names():
@@ -54,7 +58,7 @@ def test_cli_unknown_parameter_exits_2_with_the_valid_names(tmp_path, capsys):
 
 def test_cli_wrong_type_and_unknown_notebook_exit_2(tmp_path, capsys):
     assert main(["run", "00_quickstart", "-p", "seed", "x", "--out", str(tmp_path)]) == 2
-    assert "expects a int" in capsys.readouterr().err
+    assert "expects an int" in capsys.readouterr().err
     assert main(["run", "99_nothing", "--out", str(tmp_path)]) == 2
     assert "choose one of" in capsys.readouterr().err
 

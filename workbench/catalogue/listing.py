@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.core.config_options import convert_value
+from workbench.core.config_options import convert_value, type_phrase
 from workbench.core.errors import ModelLoadError, ParameterError
 from workbench.core.paths import REPO_ROOT
 
@@ -351,7 +351,7 @@ def resolve_parameters(info: NotebookInfo, overrides: dict, smoke: bool = False)
         elif default is not None and not isinstance(value, type(default)) and not (
             isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)
         ):
-            raise ParameterError(f"parameter {name!r} expects a {type(default).__name__}; got {value!r}")
+            raise ParameterError(f"parameter {name!r} expects {type_phrase(type(default))}; got {value!r}")
         resolved[name] = value
     check_parameters(info, {**info.parameters, **resolved})
     return resolved

@@ -52,8 +52,16 @@ def convert_value(name: str, text: str, default):
             raise ValueError
         return value
     except (ValueError, SyntaxError):
-        raise ParameterError(f"parameter {name!r} expects a {kind.__name__} (default {default!r}); got {text!r}") from None
+        raise ParameterError(f"parameter {name!r} expects {type_phrase(kind)} (default {default!r}); got {text!r}") from None
 
+
+_TYPE_PHRASES = {int: "an int", float: "a float", bool: "true or false", str: "a str", list: "a list", dict: "a dict",
+                 tuple: "a tuple"}
+
+
+def type_phrase(kind: type) -> str:
+    """How an error names the type a value must have: "an int", "a float", … (any other type: "a <name>")."""
+    return _TYPE_PHRASES.get(kind) or f"a {kind.__name__}"
 
 def field_docs(config_cls) -> dict[str, tuple[str, str]]:
     """``{field: (section, docstring)}`` for a dataclass and its dataclass bases; the most derived
