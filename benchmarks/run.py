@@ -1,6 +1,6 @@
 """Benchmarks: workbench trainers vs TRL on the same model, data and hyper-parameters, side by side.
 
-    python benchmarks/run.py --quick      # about 1.5 minutes on 2 CPU cores
+    python benchmarks/run.py --quick      # about 3 minutes on 2 quiet CPU cores (160 s, 2026-11-27)
     python benchmarks/run.py              # more steps and repeats
     python benchmarks/run.py --device cuda --write   # the same comparisons on a GPU
 
@@ -864,7 +864,7 @@ def main() -> int:
     parser.add_argument("--cuda-graph", action="store_true",
                         help="with --device cuda: the GRPO lines also time the workbench with RolloutConfig.cuda_graph=True "
                              "(decode steps replayed as CUDA graphs) in the same rotation")
-    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (about 1.5 minutes)")
+    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (about 3 minutes on 2 quiet CPU cores)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per repeat (tiny model)")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per side (≥ 3 for a median worth quoting)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
