@@ -217,6 +217,10 @@ def throughput_note(lengths: list[int], speedup: float) -> str:
             f"dense mask has {attention:.2f}× the attention entries of the padded batch")
     if speedup > 1 and attention > 1:
         line += ": the per-token work (projections, MLP) dominates at this size, so the token count decides, not the attention"
+    elif speedup < 1 and attention > 1:
+        varlen = entries["packed, varlen kernels"] / entries["padded"]
+        line += (": packing is slower here, so the dense mask's extra attention cost more than the padded rows' extra tokens;"
+                 f" variable-length flash kernels would attend over Σ lengthᵢ² entries only ({varlen:.2f}× the padded batch's)")
     return line
 
 
