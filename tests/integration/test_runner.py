@@ -7,6 +7,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 from workbench.catalogue.listing import NOTEBOOKS_DIR, find_notebook, parse_parameters, resolve_parameters
 from workbench.cli.main import main
@@ -53,6 +54,15 @@ def test_cli_unknown_parameter_exits_2_with_the_valid_names(tmp_path, capsys):
     assert main(["run", "00_quickstart", "-p", "sed", "1", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "unknown parameter 'sed'" in err and "seed" in err
+    assert not (tmp_path / "00_quickstart").exists()  # nothing ran
+
+
+def test_cli_device_names_are_checked_before_anything_runs(tmp_path, capsys, monkeypatch):
+    assert main(["run", "00_quickstart", "-p", "device", "tpu", "--out", str(tmp_path)]) == 2
+    assert "parameter 'device' = 'tpu' is not a device name" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # before: the kernel started and the notebook failed
+    assert main(["run", "00_quickstart", "-p", "device", "cuda", "--out", str(tmp_path)]) == 2
+    assert "'cuda' was asked for but this machine has no CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "00_quickstart").exists()  # nothing ran
 
 

@@ -216,8 +216,20 @@ POSITIVE = number(lambda v: v > 0, "a number > 0")
 NON_NEGATIVE = number(lambda v: v >= 0, "a number ≥ 0")
 PROBABILITY = number(lambda v: 0 <= v <= 1, "a probability in [0, 1]")
 TEXT = Rule("a non-empty string", lambda v: None if isinstance(v, str) and v else "is empty")
-DEVICE = Rule('"auto", "cpu", "cuda" or "cuda:N"',
-              lambda v: None if isinstance(v, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) else "is not a device name")
+
+
+def _device_problem(v) -> str | None:
+    if not (isinstance(v, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", v)):
+        return "is not a device name"
+    if not v.startswith("cuda"):
+        return None
+    from workbench.core.devices import device_problem  # torch behind it: only when CUDA is asked for
+
+    problem = device_problem(v)
+    return problem.rstrip(".").split(";")[0] if problem else None
+
+
+DEVICE = Rule('"auto", "cpu", "cuda" or "cuda:N" (CUDA where this machine has it)', _device_problem)
 
 PARAMETER_RULES: dict[str, Rule] = {
     # checkpoints

@@ -38,7 +38,23 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     asked on a machine without it)."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
+    problem = device_problem(device)
+    if problem:
+        raise ModelLoadError(f"device={str(device)!r} {problem}")
+    return torch.device(device)
+
+
+def device_problem(device: str | torch.device) -> str | None:
+    """What is wrong with asking for ``device`` on this machine (``None``: nothing): a name torch does not know, CUDA on a
+    machine without it, a CUDA index beyond the GPUs present — each with the fix."""
+    if str(device) == "auto":
+        return None
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        return "is not a device name; use 'auto', 'cpu', 'cuda' or 'cuda:N'."
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("device='cuda' was asked for but this machine has no CUDA GPU; use device='auto' or 'cpu'.")
-    return device
+        return "was asked for but this machine has no CUDA GPU; use device='auto' or 'cpu'."
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        return f"was asked for but this machine has {torch.cuda.device_count()} CUDA GPU(s) (cuda:0 …); use device='cuda' or 'auto'."
+    return None
