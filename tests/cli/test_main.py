@@ -68,3 +68,11 @@ def test_a_reader_that_leaves_early_gets_no_traceback(notebooks):
     stderr = listing.stderr.decode()
     assert listing.returncode == READER_LEFT == 141, (listing.returncode, stderr)
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "Exception ignored" not in stderr, stderr
+
+
+@pytest.mark.parametrize("argv, words", [(["run", "00_quickstart", "-j", "0"], "argument -j/--jobs: must be ≥ 1; got 0"),
+                                         (["train", "grpo", "--limit", "x"], "argument --limit: expects an int ≥ 1; got 'x'")])
+def test_a_count_below_one_is_refused_by_name(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_:  # before: -j 0 ran as -j 1 without a word
+        main(argv)
+    assert exit_.value.code == 2 and words in capsys.readouterr().err

@@ -20,6 +20,14 @@ def test_a_folder_another_training_holds_exits_2_and_trains_nothing(tmp_path, ca
     assert len(json.loads((out / "history.json").read_text())["history"]) == 1
 
 
+def test_an_output_folder_that_cannot_be_made_exits_2_naming_it_and_the_option(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main([*ARGS, "--output-dir", str(blocker / "run")]) == 2  # before: exit 2 with the bare '[Errno 20] …' only
+    err = capsys.readouterr().err
+    assert f"cannot make the output folder {blocker / 'run'}: Not a directory" in err and "--output-dir" in err
+
+
 EXIT = ("import sys\nfrom workbench.trainers.distributed import Distributed\n"
         "print('refused', end='')\nsys.stderr.write('error: held')\nDistributed.exit_launched(2)\nprint('teardown reached')")
 

@@ -74,3 +74,13 @@ def test_another_thread_of_the_holding_process_is_refused(tmp_path):
     thread.start()
     thread.join(timeout=30)
     assert outcome.get("held") is True  # released: the other thread may write now
+
+
+def test_a_folder_that_cannot_be_made_is_an_input_error_with_the_fix(tmp_path):
+    """Before: the bare OSError ('[Errno 20] Not a directory') — a traceback and exit 1 from `workbench run --out`."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for folder in (blocker, blocker / "sub"):
+        with pytest.raises(InputError, match=rf"cannot make the output folder {re.escape(str(folder))}: .*; name another one"):
+            with held(folder, writer="test", collision="collide", fix="name another one"):
+                pass

@@ -66,6 +66,14 @@ def test_cli_device_names_are_checked_before_anything_runs(tmp_path, capsys, mon
     assert not (tmp_path / "00_quickstart").exists()  # nothing ran
 
 
+def test_cli_an_output_folder_that_cannot_be_made_exits_2_with_the_option(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["run", "00_quickstart", "--out", str(blocker / "run")]) == 2  # before: a traceback, exit 1
+    err = capsys.readouterr().err
+    assert f"cannot make the output folder {blocker / 'run'}: Not a directory; name another folder with --out" in err
+
+
 def test_cli_wrong_type_and_unknown_notebook_exit_2(tmp_path, capsys):
     assert main(["run", "00_quickstart", "-p", "seed", "x", "--out", str(tmp_path)]) == 2
     assert "expects an int" in capsys.readouterr().err

@@ -19,7 +19,8 @@ import importlib
 import os
 import sys
 
-from workbench.core.errors import ParameterError, RunFolderInUse
+from workbench.core.config_options import count_argument
+from workbench.core.errors import InputError, ParameterError
 
 # name: (module of this folder with add_arguments(parser) and main(args), help), imported only when chosen
 SUBCOMMANDS = {
@@ -63,7 +64,7 @@ def _run(args) -> int:
         out, results = run_catalogue(args.notebooks or None, smoke=args.smoke, overrides=overrides, out_dir=args.out,
                                      progress=not args.quiet, render_html=not args.no_html, jobs_in_parallel=args.jobs,
                                      resume=args.resume)
-    except (ParameterError, RunFolderInUse) as exc:
+    except (ParameterError, InputError) as exc:  # RunFolderInUse and an output folder that cannot be made are InputErrors
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"), help="set a parameter")
     run.add_argument("--out", default=None, help="output folder (default: runs/<timestamp>)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    run.add_argument("-j", "--jobs", type=int, default=2, help="notebooks executed at once (default 2; threads are shared)")
+    run.add_argument("-j", "--jobs", type=count_argument, default=2, help="notebooks executed at once (default 2; threads are shared)")
     run.add_argument("--resume", action="store_true",
                      help="with --out DIR of an interrupted run: run only the notebooks without a complete result there "
                           "(same parameters), then report over all")

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from workbench import tasks
-from workbench.core.config_options import add_config_arguments, config_values, convert_field
+from workbench.core.config_options import add_config_arguments, config_values, convert_field, count_argument
 from workbench.core.errors import ConfigError, InputError, ModelLoadError, NonFiniteError, ParameterError
 from workbench.experiments.checkpoints import load
 from workbench.tasks import prompt_ids
@@ -191,7 +191,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: the tokenizer's, else a safe choice (printed; never EOS); or a token, added if new")
     parser.add_argument("--output-dir", default=None, help="checkpoints and history; rerun to resume")
     parser.add_argument("--data", default=None, help="JSONL prompts (ppo/grpo/sft) or preference pairs (dpo)")
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N rows of the data")
+    parser.add_argument("--limit", type=count_argument, default=None, help="use only the first N rows of the data")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config field (repeatable; same as --KEY VALUE)")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--watch", action="store_true",

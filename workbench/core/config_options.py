@@ -55,6 +55,19 @@ def convert_value(name: str, text: str, default):
         raise ParameterError(f"parameter {name!r} expects {type_phrase(kind)} (default {default!r}); got {text!r}") from None
 
 
+def count_argument(text: str) -> int:
+    """``argparse`` type of a count (an int ≥ 1: ``-j``, ``--limit``): argparse reports the refusal with the option's
+    name and exits 2 (before, ``-j 0`` ran as ``-j 1`` without a word)."""
+    import argparse  # argparse: only the command line needs it
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects an int ≥ 1; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1; got {value}")
+    return value
+
 _TYPE_PHRASES = {int: "an int", float: "a float", bool: "true or false", str: "a str", list: "a list", dict: "a dict",
                  tuple: "a tuple"}
 

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from workbench.core.errors import RunFolderInUse
+from workbench.core.errors import InputError, RunFolderInUse
 
 LOCK = ".lock"
 # (resolved folder, process, thread) → how many holds that thread has open on it. The pid: a forked child inherits this
@@ -38,13 +38,17 @@ UNLOCKABLE = (errno.ENOLCK, errno.EOPNOTSUPP)
 
 @contextlib.contextmanager
 def held(folder: str | Path, *, writer: str, collision: str, fix: str):
-    """Hold ``folder``'s lock (creating the folder) for the block, or raise ``RunFolderInUse``.
+    """Hold ``folder``'s lock (creating the folder) for the block, or raise ``RunFolderInUse`` (``InputError`` where the
+    folder cannot be made, with ``fix``).
 
     ``writer``: what holds such a folder ("training"); ``collision``: what two of them would do there ("interleave
     their checkpoints and histories"); ``fix``: the way forward besides waiting ("give this one another output folder
     (--output-dir)")."""
     root = Path(folder)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a parent that cannot hold folders (/proc), no permission, a file of that name, a full disk
+        raise InputError(f"cannot make the output folder {root}: {error.strerror or error}; {fix}") from None
     key = (str(root.resolve()), os.getpid(), threading.get_ident())
     if key in _held_here:  # this thread holds it already
         _held_here[key] += 1
