@@ -23,7 +23,7 @@ def test_a_folder_another_training_holds_exits_2_and_trains_nothing(tmp_path, ca
 def test_an_output_folder_that_cannot_be_made_exits_2_naming_it_and_the_option(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    assert main([*ARGS, "--output-dir", str(blocker / "run")]) == 2  # before: exit 2 with the bare '[Errno 20] …' only
+    assert main([*ARGS, "--output-dir", str(blocker / "run")]) == 2  # before: a traceback, exit 1 (NotADirectoryError)
     err = capsys.readouterr().err
     assert f"cannot make the output folder {blocker / 'run'}: Not a directory" in err and "--output-dir" in err
 

@@ -24,4 +24,6 @@ def test_cuda_where_there_is_none_or_an_index_beyond_the_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert device_problem("cuda") is None and device_problem("cuda:0") is None
-    assert "has 1 CUDA GPU(s)" in device_problem("cuda:3")
+    assert "has 1 CUDA GPU(s)" in device_problem("cuda:3") and "has 1 CUDA GPU(s)" in device_problem(3)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "no CUDA GPU" in device_problem(0)  # torch's index shorthand: before, "is not a device name" on a CPU build

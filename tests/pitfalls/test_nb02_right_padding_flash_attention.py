@@ -55,7 +55,7 @@ def test_throughput_note_counts_tokens_and_entries():
     note = padding.throughput_note([40] + [2] * 30, 2.0)  # padded 1240 tokens / 100 packed; entries 49600 vs 10000 → 0.2×
     assert "12.40× the tokens" in note
     assert "dominates" in padding.throughput_note([100] + [90] * 31, 1.2)  # dense packed mask has more entries
-    slower = padding.throughput_note([100] + [90] * 31, 0.27)  # the H200's reading (docs/GPU.md, sixth lease)
+    slower = padding.throughput_note([100] + [90] * 31, 0.27)  # the speed-up the H200 measured (docs/GPU.md, sixth lease)
     assert "packing is slower here" in slower and "dominates" not in slower
     assert "slower" not in padding.throughput_note([10, 2, 2, 2], 0.8)  # fewer entries packed: no attention story to tell
 

@@ -26,9 +26,12 @@ def _texts():
 def resolves(name: str) -> bool:
     parts = name.split(".")
     for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
         try:
-            obj = importlib.import_module(".".join(parts[:end]))
-        except ModuleNotFoundError:
+            obj = importlib.import_module(prefix)
+        except ModuleNotFoundError as error:
+            if error.name != prefix:  # the module exists but a dependency of it is missing: that is not a wrong name
+                raise
             continue
         for attribute in parts[end:]:
             if not hasattr(obj, attribute):

@@ -6,7 +6,7 @@ the measurement are patched in where a test needs them: the check reads what the
 
 import pytest
 
-from workbench.core.errors import AttentionBackwardError, RunFolderInUse
+from workbench.core.errors import AttentionBackwardError, InputError, RunFolderInUse
 from workbench.modeling.tiny import tiny_model
 from workbench.tasks import Problem, rl_problems
 from workbench.trainers.checkpointing import latest_checkpoint
@@ -127,7 +127,7 @@ def test_every_process_of_a_group_stops_when_the_main_one_finds_the_folder_held(
     trainer = GRPOTrainer(model, tokenizer, PROBLEMS, GRPOConfig(steps=1, progress=False, output_dir=str(tmp_path / "run")))
     trainer.dist = _OtherRank(held_by_another)
     if held_by_another:
-        with pytest.raises(RunFolderInUse, match="the main process found it held"):
+        with pytest.raises(RunFolderInUse, match="the main process could not take this output folder"):
             with trainer.hold_output_dir():
                 pass
         assert trainer.dist.closed  # the group left together, before the error
@@ -136,3 +136,31 @@ def test_every_process_of_a_group_stops_when_the_main_one_finds_the_folder_held(
             pass
         assert not hasattr(trainer.dist, "closed")
     assert not (tmp_path / "run").exists()  # a process other than the main one never takes (or creates) the folder
+
+
+class _MainRank(_OtherRank):
+    """The main process of a data-parallel group; ``max`` records what it told the others."""
+
+    is_main_process = True
+
+    def __init__(self):
+        super().__init__(False)
+        self.sent = None
+
+    def max(self, value: float) -> float:
+        self.sent = value
+        return value
+
+
+def test_a_main_process_that_cannot_make_the_folder_tells_the_group_before_it_stops(tmp_path):
+    """Before, only ``RunFolderInUse`` went to the group: the main process's mkdir error skipped the all-reduce and left
+    the other ranks waiting in it (gloo then failed them with a connection error instead of the refusal)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    model, tokenizer = tiny_model("qwen2", seed=0)
+    trainer = GRPOTrainer(model, tokenizer, PROBLEMS, GRPOConfig(steps=1, progress=False, output_dir=str(blocker / "run")))
+    trainer.dist = _MainRank()
+    with pytest.raises(InputError, match="cannot make the output folder"):
+        with trainer.hold_output_dir():
+            pass
+    assert trainer.dist.sent == 1.0 and trainer.dist.closed

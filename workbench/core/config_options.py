@@ -58,8 +58,6 @@ def convert_value(name: str, text: str, default):
 def count_argument(text: str) -> int:
     """``argparse`` type of a count (an int ≥ 1: ``-j``, ``--limit``): argparse reports the refusal with the option's
     name and exits 2 (before, ``-j 0`` ran as ``-j 1`` without a word)."""
-    import argparse  # argparse: only the command line needs it
-
     try:
         value = int(text)
     except ValueError:

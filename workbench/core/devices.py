@@ -49,6 +49,8 @@ def device_problem(device: str | torch.device) -> str | None:
     machine without it, a CUDA index beyond the GPUs present — each with the fix."""
     if str(device) == "auto":
         return None
+    if isinstance(device, int) and not isinstance(device, bool):  # torch's shorthand for an accelerator index
+        device = f"cuda:{device}"
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError):

@@ -48,7 +48,7 @@ def held(folder: str | Path, *, writer: str, collision: str, fix: str):
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:  # a parent that cannot hold folders (/proc), no permission, a file of that name, a full disk
-        raise InputError(f"cannot make the output folder {root}: {error.strerror or error}; {fix}") from None
+        raise InputError(f"cannot make the output folder {root}: {error.strerror or error}; {fix}") from error
     key = (str(root.resolve()), os.getpid(), threading.get_ident())
     if key in _held_here:  # this thread holds it already
         _held_here[key] += 1

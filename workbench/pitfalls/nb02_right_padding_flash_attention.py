@@ -209,7 +209,9 @@ def attention_entries(lengths: list[int]) -> dict[str, int]:
 
 def throughput_note(lengths: list[int], speedup: float) -> str:
     """Why packed scoring can be faster although its dense mask has more attention entries: per-token work
-    (embeddings, projections, MLP) scales with the tokens fed, rows × longest padded against Σ lengths packed."""
+    (embeddings, projections, MLP) scales with the tokens fed, rows × longest padded against Σ lengths packed. When
+    packing is slower and its dense mask has more entries, the note says so, with the variable-length kernels' count
+    beside it (what the entries cost is not measured here: the mask's size is the likely cause, not a proven one)."""
     entries = attention_entries(lengths)
     tokens = len(lengths) * max(lengths) / sum(lengths)
     attention = entries["packed, dense mask"] / entries["padded"]
@@ -219,7 +221,8 @@ def throughput_note(lengths: list[int], speedup: float) -> str:
         line += ": the per-token work (projections, MLP) dominates at this size, so the token count decides, not the attention"
     elif speedup < 1 and attention > 1:
         varlen = entries["packed, varlen kernels"] / entries["padded"]
-        line += (": packing is slower here, so the dense mask's extra attention cost more than the padded rows' extra tokens;"
+        line += (": packing is slower here, presumably because the dense mask's extra attention costs more than the padded"
+                 " rows' extra tokens;"
                  f" variable-length flash kernels would attend over Σ lengthᵢ² entries only ({varlen:.2f}× the padded batch's)")
     return line
 

@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.core.attention_backward import unverified_backward_reason
-from workbench.core.errors import AttentionBackwardError, ConfigError, NonFiniteError, ResumeError, RunFolderInUse
+from workbench.core.errors import AttentionBackwardError, ConfigError, InputError, NonFiniteError, ResumeError, RunFolderInUse
 from workbench.modeling.dropout import disable_dropout
 from workbench.modeling.models import count_parameters
 from workbench.trainers.checkpointing import latest_valid_checkpoint, load_checkpoint, run_folder_lock, save_checkpoint
@@ -341,13 +341,14 @@ class Trainer:
             if self.output_dir is not None and self.is_main_process:
                 try:
                     stack.enter_context(run_folder_lock(self.output_dir))
-                except RunFolderInUse as error:
+                except InputError as error:  # RunFolderInUse, or a folder that cannot be made
                     refused = error
             if self.output_dir is not None and self.dist is not None and self.dist.enabled:
                 if self.dist.max(1.0 if refused is not None else 0.0) > 0:
                     if refused is None:
-                        refused = RunFolderInUse(f"{self.output_dir} is being written by another training (the main "
-                                                 "process found it held; its message says by whom); nothing was trained")
+                        refused = RunFolderInUse(f"{self.output_dir}: the main process could not take this output folder "
+                                                 "(another training writes there, or it cannot be made; the main "
+                                                 "process's message says which); nothing was trained")
                     self.dist.close()  # every process is here: leave the group together (gloo aborts one left alone)
             if refused is not None:
                 raise refused
