@@ -157,3 +157,13 @@ def test_trained_checkpoints_tokenize_like_the_shipped_tokenizer(name, tokenizer
     _, loaded = load(name)
     assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"]
     assert models.load_tokenizer(tiny.TRAINED_CHECKPOINTS[name])(text)["input_ids"] == tokenizer(text)["input_ids"]
+
+
+def test_dtype_names_and_refusals():
+    """Before: an unknown string reached transformers, which read it as a device ("Invalid device string: 'float16x'")."""
+    with pytest.raises(ModelLoadError, match=r"dtype='float16x' is not a floating torch dtype; pass torch.float32"):
+        load("tiny-arith-qwen2", dtype="float16x")
+    with pytest.raises(ModelLoadError, match="dtype='int8' is not a floating torch dtype"):
+        load("tiny-arith-qwen2", dtype="int8")
+    assert next(load("tiny-arith-qwen2", dtype="bfloat16")[0].parameters()).dtype == torch.bfloat16
+    assert models._checked_dtype("auto") is None and models._checked_dtype(torch.float16) is torch.float16

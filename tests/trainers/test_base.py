@@ -164,3 +164,26 @@ def test_a_main_process_that_cannot_make_the_folder_tells_the_group_before_it_st
         with trainer.hold_output_dir():
             pass
     assert trainer.dist.sent == 1.0 and trainer.dist.closed
+
+
+def test_a_config_field_of_the_wrong_type_is_a_config_error_naming_it():
+    """Before: ``GRPOConfig(steps="3")`` raised a bare TypeError from the range check; ``packed=1`` passed unchecked."""
+    from workbench.core.errors import ConfigError
+
+    for config_cls, field, value, words in [(GRPOConfig, "steps", "3", "must be an int"), (GRPOConfig, "steps", True, "must be an int"),
+                                            (GRPOConfig, "packed", 1, "must be True or False"),
+                                            (DPOConfig, "beta", "0.1", "must be a number")]:
+        with pytest.raises(ConfigError, match=rf"{config_cls.__name__}\.{field}={value!r} {words}"):
+            config_cls(**{field: value})
+    assert GRPOConfig(temperature=1).temperature == 1  # an int is a number
+
+
+def test_rows_that_are_not_problems_or_pairs_are_refused_with_the_fix():
+    model, tokenizer = tiny_model("qwen2", seed=0)
+    with pytest.raises(ValueError, match=r"GRPOTrainer: prompt row 0 is a str \('1\+1='\) without prompt, answer; pass "
+                                         r"workbench.tasks.Problem rows"):
+        GRPOTrainer(model, tokenizer, ["1+1="], GRPOConfig(steps=1, progress=False))
+    with pytest.raises(ValueError, match=r"PPOTrainer: prompt row 1 is a dict .* without prompt, answer"):
+        PPOTrainer(model, tokenizer, [PROBLEMS[0], {"prompt": "1+1=", "answer": "2"}], PPOConfig(steps=1, progress=False))
+    with pytest.raises(ValueError, match=r"DPOTrainer: preference row 0 is a dict .* without rejected; pass dicts"):
+        DPOTrainer(model, tokenizer, [{"prompt": "1+1=", "chosen": "2"}], DPOConfig(steps=1, progress=False))

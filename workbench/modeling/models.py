@@ -105,6 +105,7 @@ def load_checkpoint(
     hf_logging.disable_progress_bar()  # no per-load "Loading weights" bars in notebooks and logs
     name = str(name_or_path)
     device = resolve_device(device)
+    dtype = _checked_dtype(dtype)
     if name in RANDOM_BUILTINS:
         model, tokenizer = tiny_model(RANDOM_BUILTINS[name], dtype=dtype or torch.float32, attn_implementation=attn_implementation)
         return model.to(device), tokenizer
@@ -127,6 +128,21 @@ def load_checkpoint(
         on_disk = json.loads((path / "config.json").read_text())
         print(describe(model, tokenizer, disk_dtype=on_disk.get("torch_dtype") or on_disk.get("dtype"), pad=pad))
     return model, tokenizer
+
+
+def _checked_dtype(dtype):
+    """``load_checkpoint``'s ``dtype``: a ``torch.dtype``, None (the dtype on disk), or the name of a floating dtype
+    (``"bfloat16"``; ``"auto"`` is None). Anything else is a ``ModelLoadError`` naming it (before: transformers read an
+    unknown string as a device, "Invalid device string: 'float16x'")."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return None
+    named = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+    if isinstance(named, torch.dtype) and named.is_floating_point:
+        return named
+    raise ModelLoadError(f"dtype={dtype!r} is not a floating torch dtype; pass torch.float32 (the default), torch.bfloat16, "
+                         "torch.float16, such a name ('bfloat16'), or None (the dtype on disk)")
 
 
 def _pad_policy(model, tokenizer, pad_token: str | None, allow_pad_equal_eos: bool) -> str:

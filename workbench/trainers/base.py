@@ -17,8 +17,10 @@ import copy
 import dataclasses
 import json
 import math
+import numbers
 import random
 import time
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -73,6 +75,7 @@ class TrainerConfig:
     AUTO_LEARNING_RATE: ClassVar[tuple[float, float]] = (1e-3, 1.0)
 
     def __post_init__(self):
+        require_field_types(self)
         self.validate()
 
     def validate(self) -> None:
@@ -125,6 +128,22 @@ def require(config, field: str, condition: bool, problem: str) -> None:
     """Raise a ``ConfigError`` naming ``field``, its value and the problem unless ``condition``."""
     if not condition:
         raise ConfigError(f"{type(config).__name__}.{field}={getattr(config, field)!r} {problem}", field=field)
+
+
+def require_field_types(config) -> None:
+    """A ``ConfigError`` for a field declared ``int``, ``float`` or ``bool`` holding another type (``steps="3"`` from
+    Python; the command line converts its strings first): before, the value checks below raised a bare ``TypeError``
+    ("'>=' not supported between 'str' and 'int'") or let it through. An int is a float; a bool is neither."""
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        kind, value = hints.get(field.name), getattr(config, field.name)
+        truth = type(value).__name__ in ("bool", "bool_")  # Python's or numpy's
+        if kind is bool:
+            require(config, field.name, truth, "must be True or False")
+        elif kind is int:  # numbers.Integral: numpy's integers too
+            require(config, field.name, isinstance(value, numbers.Integral) and not truth, "must be an int")
+        elif kind is float:
+            require(config, field.name, isinstance(value, numbers.Real) and not truth, "must be a number")
 
 
 def require_choice(config, field: str, choices) -> None:
@@ -204,9 +223,22 @@ def frozen_reference(policy, reference=None):
     return reference.eval().requires_grad_(False)
 
 
-def require_data(rows, trainer: str, what: str) -> None:
+PROMPT_ROWS_FIX = ("pass workbench.tasks.Problem rows (prompt, answer): workbench.tasks.rl_problems(n), or "
+                   "Problem(prompt, answer) for your own")
+
+
+def require_data(rows, trainer: str, what: str, *, attributes: tuple[str, ...] = (), keys: tuple[str, ...] = (),
+                  fix: str = "") -> None:
+    """A ``ValueError`` for an empty dataset, or for the first row without one of ``attributes`` (a ``Problem``'s
+    ``prompt``, ``answer``) or ``keys`` (a preference dict's), naming the row, what it is, and ``fix``."""
     if not rows:
         raise ValueError(f"{trainer} got an empty {what} dataset; pass at least one row")
+    for index, row in enumerate(rows):
+        lacking = [a for a in attributes if not hasattr(row, a)] + [k for k in keys if not (isinstance(row, dict) and k in row)]
+        if lacking:
+            shown = repr(row) if len(repr(row)) <= 60 else repr(row)[:57] + "..."
+            raise ValueError(f"{trainer}: {what} row {index} is a {type(row).__name__} ({shown}) without "
+                             f"{', '.join(lacking)}; {fix}")
 
 
 def check_attention_backward(config: TrainerConfig, policy, role: str = "policy") -> None:

@@ -103,7 +103,8 @@ class DPOTrainer(Trainer):
     progress_keys = ("loss", "rewards/accuracies")
 
     def __init__(self, policy, tokenizer, pairs: list[dict], config: DPOConfig, reference=None):
-        base.require_data(pairs, "DPOTrainer", "preference")  # before anything is built
+        base.require_data(pairs, "DPOTrainer", "preference", keys=("prompt", "chosen", "rejected"),  # before anything is built
+                          fix='pass dicts {"prompt": ..., "chosen": ..., "rejected": ...}: workbench.tasks.make_preferences(rows, seed)')
         super().__init__()
         self.policy, self.tokenizer, self.pairs, self.config = policy, tokenizer, pairs, config
         self.reference = base.frozen_reference(policy, reference)

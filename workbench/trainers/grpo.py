@@ -155,7 +155,7 @@ class GRPOTrainer(RolloutTrainer):
 
     def __init__(self, policy, tokenizer, problems: list[Problem], config: GRPOConfig, reference=None):
         super().__init__()
-        base.require_data(problems, "GRPOTrainer", "prompt")
+        base.require_data(problems, "GRPOTrainer", "prompt", attributes=("prompt", "answer"), fix=base.PROMPT_ROWS_FIX)
         self.policy, self.tokenizer, self.problems, self.config = policy, tokenizer, problems, config
         self.reference = base.frozen_reference(policy, reference) if config.beta > 0 else None
         self.dropout_on, self.learning_rate, self.optimizer = base.prepare_policy(config, policy, (self.reference,), config.disable_dropout)

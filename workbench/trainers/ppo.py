@@ -152,7 +152,7 @@ class PPOTrainer(RolloutTrainer):
     def __init__(self, policy, tokenizer, problems: list[Problem], config: PPOConfig, reference=None, critic=None):
         super().__init__()
         self.policy, self.tokenizer, self.problems, self.config = policy, tokenizer, problems, config
-        base.require_data(problems, "PPOTrainer", "prompt")
+        base.require_data(problems, "PPOTrainer", "prompt", attributes=("prompt", "answer"), fix=base.PROMPT_ROWS_FIX)
         base.check_attention_backward(config, policy)
         self.reference = base.frozen_reference(policy, reference)
         self.critic = critic if critic is not None else ValueModel.from_policy(policy, seed=config.seed)
