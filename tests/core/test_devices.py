@@ -20,10 +20,10 @@ def test_a_name_torch_does_not_know_is_a_clear_error():
 
 def test_cuda_where_there_is_none_or_an_index_beyond_the_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert "no CUDA GPU" in device_problem("cuda")
+    assert "no CUDA GPU" in device_problem("cuda")[0]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert device_problem("cuda") is None and device_problem("cuda:0") is None
-    assert "has 1 CUDA GPU(s)" in device_problem("cuda:3") and "has 1 CUDA GPU(s)" in device_problem(3)
+    assert "has 1 CUDA GPU(s)" in device_problem("cuda:3")[0] and "has 1 CUDA GPU(s)" in device_problem(3)[0]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert "no CUDA GPU" in device_problem(0)  # torch's index shorthand: before, "is not a device name" on a CPU build
+    assert "no CUDA GPU" in device_problem(0)[0]  # torch's index shorthand: before, "is not a device name" on a CPU build

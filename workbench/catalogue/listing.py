@@ -226,7 +226,7 @@ def _device_problem(v) -> str | None:
     from workbench.core.devices import device_problem  # torch behind it: only when CUDA is asked for
 
     problem = device_problem(v)
-    return problem.rstrip(".").split(";")[0] if problem else None
+    return problem[0] if problem else None  # the fix is the rule's `accepts`
 
 
 DEVICE = Rule('"auto", "cpu", "cuda" or "cuda:N" (CUDA where this machine has it)', _device_problem)

@@ -66,6 +66,7 @@ def count_argument(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be ≥ 1; got {value}")
     return value
 
+
 _TYPE_PHRASES = {int: "an int", float: "a float", bool: "true or false", str: "a str", list: "a list", dict: "a dict",
                  tuple: "a tuple"}
 
@@ -73,6 +74,7 @@ _TYPE_PHRASES = {int: "an int", float: "a float", bool: "true or false", str: "a
 def type_phrase(kind: type) -> str:
     """How an error names the type a value must have: "an int", "a float", … (any other type: "a <name>")."""
     return _TYPE_PHRASES.get(kind) or f"a {kind.__name__}"
+
 
 def field_docs(config_cls) -> dict[str, tuple[str, str]]:
     """``{field: (section, docstring)}`` for a dataclass and its dataclass bases; the most derived

@@ -40,13 +40,14 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     problem = device_problem(device)
     if problem:
-        raise ModelLoadError(f"device={str(device)!r} {problem}")
+        what, fix = problem
+        raise ModelLoadError(f"device={str(device)!r} {what}; {fix}.")
     return torch.device(device)
 
 
-def device_problem(device: str | torch.device) -> str | None:
-    """What is wrong with asking for ``device`` on this machine (``None``: nothing): a name torch does not know, CUDA on a
-    machine without it, a CUDA index beyond the GPUs present — each with the fix."""
+def device_problem(device: str | torch.device) -> tuple[str, str] | None:
+    """What is wrong with asking for ``device`` on this machine, and the fix (``None``: nothing): a name torch does not
+    know, CUDA on a machine without it, a CUDA index beyond the GPUs present."""
     if str(device) == "auto":
         return None
     if isinstance(device, int) and not isinstance(device, bool):  # torch's shorthand for an accelerator index
@@ -54,9 +55,10 @@ def device_problem(device: str | torch.device) -> str | None:
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError):
-        return "is not a device name; use 'auto', 'cpu', 'cuda' or 'cuda:N'."
+        return "is not a device name", "use 'auto', 'cpu', 'cuda' or 'cuda:N'"
     if device.type == "cuda" and not torch.cuda.is_available():
-        return "was asked for but this machine has no CUDA GPU; use device='auto' or 'cpu'."
+        return "was asked for but this machine has no CUDA GPU", "use device='auto' or 'cpu'"
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        return f"was asked for but this machine has {torch.cuda.device_count()} CUDA GPU(s) (cuda:0 …); use device='cuda' or 'auto'."
+        return (f"was asked for but this machine has {torch.cuda.device_count()} CUDA GPU(s) (cuda:0 …)",
+                "use device='cuda' or 'auto'")
     return None

@@ -236,7 +236,8 @@ def require_data(rows, trainer: str, what: str, *, attributes: tuple[str, ...] =
     for index, row in enumerate(rows):
         lacking = [a for a in attributes if not hasattr(row, a)] + [k for k in keys if not (isinstance(row, dict) and k in row)]
         if lacking:
-            shown = repr(row) if len(repr(row)) <= 60 else repr(row)[:57] + "..."
+            shown = repr(row)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
             raise ValueError(f"{trainer}: {what} row {index} is a {type(row).__name__} ({shown}) without "
                              f"{', '.join(lacking)}; {fix}")
 
