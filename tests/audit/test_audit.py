@@ -272,15 +272,15 @@ def test_run_checks_and_verdict_on_the_example_files(gpt2):
         audit_suite.run_checks({"eos_stop": correct.generate}, model, tokenizer)
 
 
-def test_the_readme_example_of_wrapping_a_trainer_loss_for_check_aggregation_runs():
-    """The README's code block (marked aggregation-example) runs as written and finds the loss's convention."""
+def test_the_docs_example_of_wrapping_a_trainer_loss_for_check_aggregation_runs():
+    """docs/AUDIT.md's code block (marked aggregation-example) runs as written and finds the loss's convention."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = re.search(r"<!-- aggregation-example .*?-->\n```python\n(.*?)```", readme, re.DOTALL)
-    assert block is not None, "the README lost its check_aggregation example"
+    page = (Path(__file__).resolve().parents[2] / "docs" / "AUDIT.md").read_text()
+    block = re.search(r"<!-- aggregation-example .*?-->\n```python\n(.*?)```", page, re.DOTALL)
+    assert block is not None, "docs/AUDIT.md lost its check_aggregation example"
     namespace: dict = {}
-    exec(compile(block.group(1), "README.md", "exec"), namespace)
+    exec(compile(block.group(1), "docs/AUDIT.md", "exec"), namespace)
     result = namespace["result"]
     assert result.passed and result.convention.startswith("token-mean")
