@@ -22,7 +22,7 @@ Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or 
   recomputes the forward in the backward pass), a third process in the same rotation;
 * ``GRPO, long responses`` — the shipped ``tiny-sums-qwen2`` on the sums task (scratchpad responses of 8–37 tokens,
   the task's 48-token budget), against TRL with its defaults and without gradient checkpointing: sampling is most of
-  the step there (issue 32's long-response line);
+  the step there;
 * ``GRPO, larger model`` — a random Qwen2 configuration of ~12M parameters with a 32k
   vocabulary, where compute rather than Python overhead dominates;
 * ``Sampler`` — the workbench's decode loop (``sample`` as the trainers call it: shared prefill,

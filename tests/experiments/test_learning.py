@@ -1,4 +1,4 @@
-"""Learning settings, held-out evaluation and the learning / step-0 verdicts of ``workbench.experiments.comparison`` (issue 16)."""
+"""Learning settings, held-out evaluation and the learning / step-0 verdicts of ``workbench.experiments.comparison``."""
 
 import math
 

@@ -16,7 +16,7 @@ numbers (``Effect.larger_than_noise``), never typed in a notebook.
 Every ``Effect`` carries its power: ``mde``, the minimum detectable effect (threshold × noise, the
 smallest |effect| these seeds could call larger), so a null reads "no effect larger than X could be
 seen" rather than "nothing". ``prediction`` turns the effect a pitfall's mechanism predicts into the
-``metrics["prediction"]`` record of a training notebook (issue 29), which the report's "Does it
+``metrics["prediction"]`` record of a training notebook, which the report's "Does it
 matter?" table reads.
 """
 
@@ -222,7 +222,7 @@ DIRECTIONS = ("+", "-")
 
 
 def prediction(effect: Effect, consequence: str, direction: str, task: str) -> dict:
-    """The ``metrics["prediction"]`` record of a training notebook (issue 29): the consequence its mechanism
+    """The ``metrics["prediction"]`` record of a training notebook: the consequence its mechanism
     predicts, stated before the run, with the measured ``effect`` (bug − fix) and its power.
 
     ``direction`` is the predicted sign of bug − fix ("+": the bug raises the measure, "-": it lowers it);
