@@ -57,7 +57,7 @@ def convert_value(name: str, text: str, default):
 
 def count_argument(text: str) -> int:
     """``argparse`` type of a count (an int ≥ 1: ``-j``, ``--limit``): argparse reports the refusal with the option's
-    name and exits 2 (before, ``-j 0`` ran as ``-j 1`` without a word)."""
+    name and exits 2 (a plain ``int`` would let ``-j 0`` run as ``-j 1`` without a word)."""
     try:
         value = int(text)
     except ValueError:

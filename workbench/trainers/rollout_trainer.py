@@ -1,7 +1,7 @@
 """What PPO and GRPO share: sampling a rollout, scoring it with the training forward, and the
 pitfall switches of both.
 
-``RolloutConfig`` holds the fields the two configs had in common (the rollout, the clipped
+``RolloutConfig`` holds the fields the two configs share (the rollout, the clipped
 objective, and the switches of pitfalls S1, S3, P6, P7); ``RolloutTrainer`` holds the three steps
 both trainers take the same way:
 
