@@ -490,7 +490,7 @@ def _save_model(folder: str, model, tokenizer) -> str:
 
 # ---- memory ----------------------------------------------------------------------------------
 def _naive_scoring(model, input_ids, attention_mask):
-    """The scorer before chunking: full logits, upcast whole, a full log-softmax for the entropy."""
+    """The naive scorer: full logits, upcast whole, a full log-softmax for the entropy."""
     import torch
     import torch.nn.functional as F
 
@@ -769,7 +769,7 @@ def scoring_throughput(model, sequences, *, packed: bool, device: str, repeats: 
 
 
 def one_row_throughput(model, sequences, *, device: str, repeats: int) -> float:
-    """The same, all sequences in one packed row (the previous packed path: a total × total mask)."""
+    """The same, all sequences in one packed row (a total × total mask, against the bin-packed rows)."""
     import torch
 
     from workbench.core.batching import pack_sequences
