@@ -594,9 +594,9 @@ def sampler_worker(size: str, rounds: int, device: str) -> dict:
     common = dict(max_new_tokens=settings["max_new_tokens"], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
 
     def workbench(seed, draw="multinomial", cuda_graph=False):
-        r = sample(model, ids, mask, generator=torch.Generator(device).manual_seed(seed), share_prefill=True, static_cache=True,
-                   draw=draw, cuda_graph=cuda_graph, **common)
-        return r.tokens_generated
+        rollout = sample(model, ids, mask, generator=torch.Generator(device).manual_seed(seed), share_prefill=True,
+                         static_cache=True, draw=draw, cuda_graph=cuda_graph, **common)
+        return rollout.tokens_generated
 
     def generate(seed):
         torch.manual_seed(seed)
@@ -612,11 +612,11 @@ def sampler_worker(size: str, rounds: int, device: str) -> dict:
     rates: dict[str, list[float]] = {side: [] for side in sides}
     for fn in sides.values():
         fn(0)  # warm-up
-    for r in range(rounds):
+    for round_number in range(rounds):
         for side, fn in sides.items():
             start, tokens = _timer(device), 0
             for call in range(settings["calls"]):
-                tokens += fn(1000 * r + call)
+                tokens += fn(1000 * round_number + call)
             if device == "cuda":
                 torch.cuda.synchronize()
             rates[side].append(tokens / (_timer(device) - start))

@@ -101,8 +101,8 @@ def main() -> int:
         return 1000 * elapsed / args.steps
 
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    for r in range(args.rounds):
-        order = MODES[r % len(MODES):] + MODES[: r % len(MODES)]
+    for round_number in range(args.rounds):
+        order = MODES[round_number % len(MODES):] + MODES[: round_number % len(MODES)]
         for mode in order:
             times[mode].append(block(mode))
     print(f"{args.rounds} rounds × {len(MODES)} modes × {args.steps} timed steps, CPU ms per step (median): "

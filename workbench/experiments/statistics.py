@@ -159,9 +159,9 @@ def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, f
         def tail(history):
             values = np.array([h[key] for h in history if key in h], dtype=float)
             return values[-max(2, math.ceil(len(values) * fraction)):]
-        a, b = tail(bug_runs[0]), tail(fix_runs[0])
-        m = min(len(a), len(b))
-        noise = float(np.nanstd(a[-m:] - b[-m:], ddof=1)) if m > 1 else float("nan")
+        bug_tail, fix_tail = tail(bug_runs[0]), tail(fix_runs[0])
+        steps = min(len(bug_tail), len(fix_tail))
+        noise = float(np.nanstd(bug_tail[-steps:] - fix_tail[-steps:], ddof=1)) if steps > 1 else float("nan")
     threshold = _threshold(n, factor) if n > 1 else (factor if factor is not None else 2.0)
     return _paired(key + (" at step 0" if at == "start" else ""), [value(h) for h in bug_runs[:n]],
                    [value(h) for h in fix_runs[:n]], (bug, fix), threshold, noise)
