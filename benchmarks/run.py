@@ -22,7 +22,7 @@ Printed: one line per comparison ending in ``→ N.NN×`` (workbench ÷ TRL, or 
   recomputes the forward in the backward pass), a third process in the same rotation;
 * ``GRPO, long responses`` — the shipped ``tiny-sums-qwen2`` on the sums task (scratchpad responses of 8–37 tokens,
   the task's 48-token budget), against TRL with its defaults and without gradient checkpointing: sampling is most of
-  the step there (issue 32's long-response line);
+  the step there;
 * ``GRPO, larger model`` — a random Qwen2 configuration of ~12M parameters with a 32k
   vocabulary, where compute rather than Python overhead dominates;
 * ``Sampler`` — the workbench's decode loop (``sample`` as the trainers call it: shared prefill,
@@ -490,7 +490,7 @@ def _save_model(folder: str, model, tokenizer) -> str:
 
 # ---- memory ----------------------------------------------------------------------------------
 def _naive_scoring(model, input_ids, attention_mask):
-    """The scorer before chunking: full logits, upcast whole, a full log-softmax for the entropy."""
+    """The naive scorer: full logits, upcast whole, a full log-softmax for the entropy."""
     import torch
     import torch.nn.functional as F
 
@@ -594,9 +594,9 @@ def sampler_worker(size: str, rounds: int, device: str) -> dict:
     common = dict(max_new_tokens=settings["max_new_tokens"], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
 
     def workbench(seed, draw="multinomial", cuda_graph=False):
-        r = sample(model, ids, mask, generator=torch.Generator(device).manual_seed(seed), share_prefill=True, static_cache=True,
-                   draw=draw, cuda_graph=cuda_graph, **common)
-        return r.tokens_generated
+        rollout = sample(model, ids, mask, generator=torch.Generator(device).manual_seed(seed), share_prefill=True,
+                         static_cache=True, draw=draw, cuda_graph=cuda_graph, **common)
+        return rollout.tokens_generated
 
     def generate(seed):
         torch.manual_seed(seed)
@@ -612,11 +612,11 @@ def sampler_worker(size: str, rounds: int, device: str) -> dict:
     rates: dict[str, list[float]] = {side: [] for side in sides}
     for fn in sides.values():
         fn(0)  # warm-up
-    for r in range(rounds):
+    for round_number in range(rounds):
         for side, fn in sides.items():
             start, tokens = _timer(device), 0
             for call in range(settings["calls"]):
-                tokens += fn(1000 * r + call)
+                tokens += fn(1000 * round_number + call)
             if device == "cuda":
                 torch.cuda.synchronize()
             rates[side].append(tokens / (_timer(device) - start))
@@ -769,7 +769,7 @@ def scoring_throughput(model, sequences, *, packed: bool, device: str, repeats: 
 
 
 def one_row_throughput(model, sequences, *, device: str, repeats: int) -> float:
-    """The same, all sequences in one packed row (the previous packed path: a total × total mask)."""
+    """The same, all sequences in one packed row (a total × total mask, against the bin-packed rows)."""
     import torch
 
     from workbench.core.batching import pack_sequences

@@ -12,8 +12,8 @@ modes, rotated block by block (the rotation shifted every round, so no mode alwa
 * ``light`` — ``workbench.watch(model, tokenizer, optimizer=...)``: the fast paths (static-cache decoder,
   inline training body) run and report their calls to it;
 * ``light-hooked`` — the same watch with its hooks *not* covered (``core.observers.covered`` answers False):
-  the fast paths see foreign hooks and fall back to ``model(...)``/``model.model(...)``, which is what every
-  watched run did before the watch covered its hooks (the "before" of this change, in the same process);
+  the fast paths see foreign hooks and fall back to ``model(...)``/``model.model(...)``: what covering the hooks
+  saves, measured in the same process;
 * ``deep`` — ``deep=True``.
 
 CPU time of this process per step (``time.process_time``: other processes on the shared cores do not count).
@@ -101,8 +101,8 @@ def main() -> int:
         return 1000 * elapsed / args.steps
 
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    for r in range(args.rounds):
-        order = MODES[r % len(MODES):] + MODES[: r % len(MODES)]
+    for round_number in range(args.rounds):
+        order = MODES[round_number % len(MODES):] + MODES[: round_number % len(MODES)]
         for mode in order:
             times[mode].append(block(mode))
     print(f"{args.rounds} rounds × {len(MODES)} modes × {args.steps} timed steps, CPU ms per step (median): "

@@ -33,7 +33,7 @@ def grpo_loss(per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """"GRPO loss: mean over completions of each completion's token mean (the GRPO paper)".
 
     Bug (TRL 0.16): the code is a global token mean over the batch, so long completions weigh more
-    and a zero-mean advantage group no longer gives loss 0. Audit with ``expected="grpo"``.
+    and a zero-mean advantage group does not give loss 0. Audit with ``expected="grpo"``.
     """
     return (per_token_loss * mask).sum() / mask.sum()
 
@@ -94,7 +94,7 @@ def step_with_rollout_logprobs(policy, reference, prompt_ids: torch.Tensor, prom
 
 # ---- S4: check_dpo_mask -----------------------------------------------------------------------
 def dpo_batch_logps(token_logps: torch.Tensor, attention_mask: torch.Tensor, prompt_lengths: list[int]) -> torch.Tensor:
-    """OpenRLHF's ``_get_batch_logps`` before commit 6106fb22 (issue #294): 2B mask rows zipped with
+    """OpenRLHF's ``_get_batch_logps`` before commit 6106fb22 (OpenRLHF #294): 2B mask rows zipped with
     B prompt lengths — ``zip`` stops after the chosen rows, so rejected rows keep their prompt."""
     loss_masks = attention_mask.clone().bool()
     for mask, source_len in zip(loss_masks, prompt_lengths, strict=False):  # the bug: 2B rows, B lengths

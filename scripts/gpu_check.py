@@ -109,9 +109,9 @@ def score(model, prompts, responses, filler: int, layout: str) -> list[torch.Ten
     device = model.device
     if layout == "alone":
         out = []
-        for p, r in zip(prompts, responses, strict=True):
-            ids, mask = torch.tensor([p], device=device), torch.ones(1, len(p), dtype=torch.long, device=device)
-            rid, rmask = torch.tensor([r], device=device), torch.ones(1, len(r), dtype=torch.long, device=device)
+        for prompt, response in zip(prompts, responses, strict=True):
+            ids, mask = torch.tensor([prompt], device=device), torch.ones(1, len(prompt), dtype=torch.long, device=device)
+            rid, rmask = torch.tensor([response], device=device), torch.ones(1, len(response), dtype=torch.long, device=device)
             out.append(response_logprobs(model, ids, mask, rid, rmask).float().cpu()[0])
         return out
     ids, mask = (t.to(device) for t in pad_sequences(prompts, filler, side="left"))
@@ -206,8 +206,8 @@ def _gradients(name: str, implementation: str, dtype, layout: str) -> dict[str, 
     model.eval()  # dropout off (GPT-2's config has 0.1): the same function on every side; gradients flow in eval mode too
     prompts, responses = sequences(tokenizer)
     if layout == "alone":
-        for p, r in zip(prompts, responses, strict=True):
-            ids, rid = torch.tensor([p], device=DEVICE), torch.tensor([r], device=DEVICE)
+        for prompt, response in zip(prompts, responses, strict=True):
+            ids, rid = torch.tensor([prompt], device=DEVICE), torch.tensor([response], device=DEVICE)
             response_logprobs(model, ids, torch.ones_like(ids), rid, torch.ones_like(rid)).float().sum().backward()
     else:
         ids, mask = (t.to(DEVICE) for t in pad_sequences(prompts, tokenizer.pad_token_id, side="left"))

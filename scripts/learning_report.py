@@ -1,4 +1,4 @@
-"""Write the "Does it matter?" table of a catalogue run into docs/LEARNING.md (issue 29), never by hand.
+"""Write the "Does it matter?" table of a catalogue run into docs/LEARNING.md, never by hand.
 
     python scripts/learning_report.py runs/<stamp> [--doc docs/LEARNING.md]
 

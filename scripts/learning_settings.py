@@ -1,4 +1,4 @@
-"""Settings under which RL on the shipped tiny policy raises *held-out* reward (issue 16.4).
+"""Settings under which RL on the shipped tiny policy raises *held-out* reward.
 
     python scripts/learning_settings.py                 # GRPO and PPO, 3 seeds each (~2–4 minutes on 2 cores)
     python scripts/learning_settings.py --algo grpo --seeds 0 1 2 3 4

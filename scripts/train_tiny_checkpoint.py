@@ -47,8 +47,8 @@ EVAL_PROBLEMS = {"arith": None, "sums": 500, "restate": None}  # held-out proble
 
 def output_folder(task: str, arch: str) -> Path:
     """The default ``--out``: ``data/checkpoints/tiny-<task>-<arch>``, the built-in's folder when one is shipped under
-    that name — never the task's default checkpoint of another architecture (``--arch llama`` would otherwise have
-    written into ``tiny-arith-qwen2``)."""
+    that name — never the task's default checkpoint of another architecture (``--arch llama`` would otherwise
+    write into ``tiny-arith-qwen2``)."""
     name = f"tiny-{task}-{arch}"
     return TRAINED_CHECKPOINTS.get(name, DATA_DIR / "checkpoints" / name)
 

@@ -18,7 +18,7 @@ def _seed():
 @pytest.fixture(autouse=True)
 def _close_figures():
     """Figures drawn through pyplot are closed after each test (a notebook's inline backend closes them after display;
-    here they piled up: "More than 20 figures have been opened" in every run). A closed figure stays readable."""
+    here they would pile up: "More than 20 figures have been opened" in every run). A closed figure stays readable."""
     yield
     import sys
 

@@ -74,6 +74,6 @@ def test_a_reader_that_leaves_early_gets_no_traceback(notebooks):
                                          (["train", "grpo", "--limit", "x"], "argument --limit: expects an int ≥ 1; got 'x'"),
                                          (["train", "grpo", "--limit", "0"], "argument --limit: must be ≥ 1; got 0")])
 def test_a_count_below_one_is_refused_by_name(argv, words, capsys):
-    with pytest.raises(SystemExit) as exit_:  # before: -j 0 ran as -j 1 and --limit 0 took every row, without a word
+    with pytest.raises(SystemExit) as exit_:  # not -j 0 run as -j 1, nor --limit 0 taking every row
         main(argv)
     assert exit_.value.code == 2 and words in capsys.readouterr().err

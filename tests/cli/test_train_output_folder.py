@@ -23,7 +23,7 @@ def test_a_folder_another_training_holds_exits_2_and_trains_nothing(tmp_path, ca
 def test_an_output_folder_that_cannot_be_made_exits_2_naming_it_and_the_option(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    assert main([*ARGS, "--output-dir", str(blocker / "run")]) == 2  # before: a traceback, exit 1 (NotADirectoryError)
+    assert main([*ARGS, "--output-dir", str(blocker / "run")]) == 2  # not a traceback and exit 1 (NotADirectoryError)
     err = capsys.readouterr().err
     assert f"cannot make the output folder {blocker / 'run'}: Not a directory" in err and "--output-dir" in err
 
@@ -34,7 +34,7 @@ EXIT = ("import sys\nfrom workbench.trainers.distributed import Distributed\n"
 
 def test_a_launched_rank_leaves_on_its_error_with_the_code_and_its_words_but_without_the_teardown():
     """Under a launcher (WORLD_SIZE > 1) a rank's pre-training error ends the process at once, streams flushed: torch's
-    C++ teardown at exit once turned such an exit 2 into a SIGABRT root cause. In one process nothing changes."""
+    C++ teardown at exit can turn such an exit 2 into a SIGABRT root cause. In one process nothing changes."""
     import os
     import subprocess
     import sys

@@ -77,7 +77,7 @@ def test_another_thread_of_the_holding_process_is_refused(tmp_path):
 
 
 def test_a_folder_that_cannot_be_made_is_an_input_error_with_the_fix(tmp_path):
-    """Before: the bare OSError ('[Errno 20] Not a directory') — a traceback and exit 1 from `workbench run --out`."""
+    """Not the bare OSError ('[Errno 20] Not a directory'), which `workbench run --out` would show as a traceback, exit 1."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     for folder in (blocker, blocker / "sub"):

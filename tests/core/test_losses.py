@@ -196,7 +196,7 @@ def test_inf_or_nan_at_padded_positions_never_reaches_a_reduction(mode):
     value = losses.aggregate_loss(INF_LOSS, INF_MASK, mode)
     clean = losses.aggregate_loss(torch.where(INF_MASK.bool(), INF_LOSS, 0.0), INF_MASK, mode)
     assert torch.isfinite(value) and float(value) == float(clean)
-    # the multiply-by-mask reduction this replaced is NaN on the same input
+    # a multiply-by-mask reduction is NaN on the same input
     assert not torch.isfinite((INF_LOSS * INF_MASK).sum() / INF_MASK.sum())
 
 

@@ -78,7 +78,7 @@ def test_group_advantages_have_zero_group_mean(groups, size, scale, values):
 @SETTINGS
 @given(st.lists(st.floats(-50, 0, allow_nan=False), min_size=2, max_size=20), st.sampled_from(losses.KL_KINDS))
 def test_kl_estimators_are_finite_and_k2_k3_non_negative(values, kind):
-    # log-probabilities, so ≤ 0 (an earlier [−50, 50] domain let hypothesis find logp − ref = −89, where k3 =
+    # log-probabilities, so ≤ 0 (in a [−50, 50] domain hypothesis finds logp − ref = −89, where k3 =
     # e^89 − 90 exceeds the float32 range: true for the formula, TRL's and ours alike, but not a log-prob pair)
     logp = torch.tensor(values[: len(values) // 2])
     ref = torch.tensor(values[len(values) // 2 : len(values) // 2 * 2])

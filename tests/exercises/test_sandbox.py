@@ -59,7 +59,7 @@ def test_without_the_function_the_failed_cells_say_why():
     result = grade("p9_k3", text, sandbox_run=False)
     assert result.score == 0 and "no function named `k3`" in result.error
     assert "cell 3 raised ModuleNotFoundError: No module named 'missing_module_xyz' (line 2)" in result.error
-    single = grade("p9_k3", "import missing_module_xyz\n", sandbox_run=False)  # plain text: one chunk, the old message
+    single = grade("p9_k3", "import missing_module_xyz\n", sandbox_run=False)  # plain text: one chunk, a message naming no cell
     assert single.error == "running your code raised ModuleNotFoundError: No module named 'missing_module_xyz' (line 1)"
 
 

@@ -80,8 +80,8 @@ def test_runs_in_this_process_leave_the_callers_generator_as_a_worker_would():
 
 
 def test_the_untrained_checkpoint_is_scored_once_per_call_and_every_run_records_it(monkeypatch):
-    """Every run used to score the same untrained weights greedily before training (the same numbers each time):
-    ``_held_out_start`` does it once per call; each run still records start, end and gain."""
+    """The untrained weights' greedy scores are the same for every run: ``_held_out_start`` computes them once per
+    call, not once per run; each run still records start, end and gain."""
     from workbench.experiments import evaluation
 
     scored = []

@@ -1,4 +1,4 @@
-"""Learning settings, held-out evaluation and the learning / step-0 verdicts of ``workbench.experiments.comparison`` (issue 16)."""
+"""Learning settings, held-out evaluation and the learning / step-0 verdicts of ``workbench.experiments.comparison``."""
 
 import math
 
@@ -48,7 +48,7 @@ def test_gain_larger_than_seed_noise_only_when_it_is():
 
 def test_an_effect_without_spread_is_not_called_larger():
     """Every seed moved held-out accuracy by exactly the same amount (a discrete metric: the same prompts flipped): the
-    s.e. is 0, so the t threshold has nothing to scale and the verdict is not "larger" (notebook 11, 2026-11-26: +0.005 ± 0)."""
+    s.e. is 0, so the t threshold has nothing to scale and the verdict is not "larger" (as notebook 11 can measure: +0.005 ± 0)."""
     same = statistics.gain({"a": _runs([0.5, 0.5, 0.5], [0.75, 0.75, 0.75])}, "a")
     assert same.noise == 0 and same.difference == 0.25 and not same.larger_than_noise and same.no_spread
     assert math.isnan(same.mde)  # no detectable-effect size: not "no effect > 0"
@@ -174,7 +174,7 @@ def test_train_variants_with_dropout_on_is_reproducible():
 
 def test_three_seeds_need_the_t_value_not_two_standard_errors():
     # paired differences 0.02, 0.03, 0.04: mean 0.03, s.e. 0.00577 → 5.2 s.e.: larger; 0.01, 0.03, 0.05: 2.6 s.e.: not
-    # larger at t(2 dof) = 4.30, although it would pass the old "2 s.e." rule
+    # larger at t(2 dof) = 4.30, although it would pass a "2 s.e." rule
     def runs(diffs):
         return {"bug": [[{"x": d}] for d in diffs], "fix": [[{"x": 0.0}] for _ in diffs]}
 

@@ -1,4 +1,4 @@
-"""The catalogue on realistic local checkpoints (issue 15): GPT-2-, Qwen2- and Llama-style folders built
+"""The catalogue on realistic local checkpoints: GPT-2-, Qwen2- and Llama-style folders built
 by ``workbench.modeling.realistic`` (byte-level BPE, no pad token, no BOS, several stop ids, bf16 on disk).
 
 The notebooks whose mechanism needs no trained policy (01, 02, 04, 05) reproduce the bug and show the
@@ -99,7 +99,7 @@ def test_cannot_show_reasons_are_chosen_by_the_numbers():
     assert truncation.not_shown({truncation.BUG: {**bug, "truncated_rewarded": 5}}) is None
 
 
-# ---- only `model` set, as a new user does (issue 26) -------------------------------------------------------------------
+# ---- only `model` set, as a new user does ------------------------------------------------------------------------------
 # The reference follows the policy (reference_model=None), and a sample that leaves nothing to measure is recorded in
 # metrics["not_shown"], never a traceback. realistic-llama: no pad token, not chat-tuned (few turns end in 22).
 ONLY_MODEL_DEFAULT = ("18_padding_metrics", "20_kl_gradient", "22_multiturn_retokenization")

@@ -151,7 +151,7 @@ def test_pure_bf16_is_the_documented_hazard(capsys):
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16"])
 def test_ppo_with_its_critic_trains_in_each_precision(precision):
-    # found by scripts/gpu_check.py: pure bf16 converted the critic's fp32 value head, which then got fp32 input
+    # pure bf16 converts the critic's value head too: its input must follow the head's dtype (scripts/gpu_check.py's case)
     from workbench.tasks import rl_problems
     from workbench.trainers.ppo import PPOConfig, PPOTrainer
 

@@ -60,7 +60,7 @@ def test_cli_unknown_parameter_exits_2_with_the_valid_names(tmp_path, capsys):
 def test_cli_device_names_are_checked_before_anything_runs(tmp_path, capsys, monkeypatch):
     assert main(["run", "00_quickstart", "-p", "device", "tpu", "--out", str(tmp_path)]) == 2
     assert "parameter 'device' = 'tpu' is not a device name" in capsys.readouterr().err
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # before: the kernel started and the notebook failed
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # refused here, not in a started kernel
     assert main(["run", "00_quickstart", "-p", "device", "cuda", "--out", str(tmp_path)]) == 2
     assert "'cuda' was asked for but this machine has no CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "00_quickstart").exists()  # nothing ran
@@ -69,7 +69,7 @@ def test_cli_device_names_are_checked_before_anything_runs(tmp_path, capsys, mon
 def test_cli_an_output_folder_that_cannot_be_made_exits_2_with_the_option(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    assert main(["run", "00_quickstart", "--out", str(blocker / "run")]) == 2  # before: a traceback, exit 1
+    assert main(["run", "00_quickstart", "--out", str(blocker / "run")]) == 2  # not a traceback and exit 1
     err = capsys.readouterr().err
     assert f"cannot make the output folder {blocker / 'run'}: Not a directory; name another folder with --out" in err
 

@@ -160,7 +160,7 @@ def test_trained_checkpoints_tokenize_like_the_shipped_tokenizer(name, tokenizer
 
 
 def test_dtype_names_and_refusals():
-    """Before: an unknown string reached transformers, which read it as a device ("Invalid device string: 'float16x'")."""
+    """An unknown dtype name is refused here: transformers would read it as a device ("Invalid device string: 'float16x'")."""
     with pytest.raises(ModelLoadError, match=r"dtype='float16x' is not a floating torch dtype; pass torch.float32"):
         load("tiny-arith-qwen2", dtype="float16x")
     with pytest.raises(ModelLoadError, match="dtype='int8' is not a floating torch dtype"):

@@ -8,7 +8,7 @@ padded forward's numbers.
   mask (eager) falls back to the plain forward;
 * the sampler's NaN guard (one sum instead of an elementwise test) still stops a poisoned policy;
 * GRPO groups score the same shared or padded (realistic checkpoints), and so do response masks with holes (they take
-  the padded path: 9.7 nats apart when the tree ran them).
+  the padded path: the tree would put them 9.7 nats apart).
 """
 
 import pytest

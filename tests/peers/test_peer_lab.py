@@ -73,7 +73,7 @@ def test_cache_key_changes_with_the_arguments_and_needs_an_environment(tmp_path)
     assert lab.cache_key(next(r for r in lab.plan() if r.key == "verl-0.9.1"), tmp_path) is None
 
 
-def test_table_has_the_issue_columns():
+def test_table_columns_are_peer_version_probe_expected_measured_verdict():
     rows = [row("trl", "0.16.1", "s5_zero_loss", {"lengths": [1, 2], "loss": 0.5})]
     header = peer_lab.table(rows).splitlines()[0]
     assert header == "| peer | version | probe | expected | measured | verdict |"

@@ -1,4 +1,4 @@
-"""``workbench.watch`` inside the released trainers, without any adapter (issue 28's peer-lab check): TRL 0.11.4's
+"""``workbench.watch`` inside the released trainers, without any adapter (the peer lab's check of the watch): TRL 0.11.4's
 ``PPOv2Trainer`` (its own environment, ``make peers``) flagged S3 with its wasted decoding forwards — also with
 ``stop_token="eos"``, which only truncates afterwards — and TRL 1.16's ``GRPOTrainer`` (the project's environment)
 not flagged, on a rollout that did stop early. The watch's count of wasted forwards equals the one ``trl_eos``

@@ -1,9 +1,8 @@
 """Every dotted ``workbench.…`` name that the README, docs/ and the notebooks' markdown cells mention exists.
 
-A renamed or moved function leaves its old name in prose that no test runs: ``workbench.modeling.models.load`` (merged
-into ``load_checkpoint``, the public loader being ``workbench.load``) stayed in the README and four notebooks' first
-cells until a review found it. Names are resolved by importing the longest importable module prefix and following
-attributes from there. benchmarks/RESULTS.md is a dated record and not read.
+A renamed or moved function leaves its old name in prose that no test runs (a README or a notebook's first cell
+naming a loader that was merged into another). Names are resolved by importing the longest importable module prefix
+and following attributes from there. benchmarks/RESULTS.md is a dated record and not read.
 """
 
 import importlib

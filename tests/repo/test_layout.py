@@ -1,4 +1,4 @@
-"""The import rules of the package layout (issue 27): ``lint-imports`` keeps every contract in pyproject.toml.
+"""The import rules of the package layout: ``lint-imports`` keeps every contract in pyproject.toml.
 
 The contracts: the layers (cli > catalogue > pitfalls | peers > experiments > trainers > modeling > tasks > core,
 so no cycles between them), core imports nothing else of the package, viz only core, audit only itself and core's
@@ -27,8 +27,8 @@ def test_import_contracts_are_kept():
 
 
 def test_every_pitfall_module_is_named_in_the_package_docstring():
-    """The pitfalls package's docstring is its table of contents: a module missing from it (as nb24–nb35 were until
-    2026-11-26) is a room a newcomer cannot find from the index."""
+    """The pitfalls package's docstring is its table of contents: a module missing from it is a room a newcomer
+    cannot find from the index."""
     import workbench.pitfalls
 
     names = sorted(p.stem for p in (REPO / "workbench" / "pitfalls").glob("nb*.py"))

@@ -33,7 +33,7 @@ def test_max_new_tokens_follows_the_tasks_of_the_problems():
 
 
 def test_arithmetic_files_are_what_make_data_writes(tmp_path, monkeypatch):
-    """Same rows as before the second task: two keys, the same split."""
+    """The arithmetic files hold ``make_data``'s split, rows of two keys (no ``task``: arithmetic is the default)."""
     train, test = tasks.split_problems()
     rows = [tasks.problem_row(p) for p in test]
     assert rows == tasks.read_jsonl(tasks.TEST_PROMPTS)

@@ -72,7 +72,7 @@ def test_shipped_sums_checkpoint_is_right_part_of_the_time_on_held_out_prompts(s
 def test_the_cards_tokenizer_instruction_gives_the_workbench_ids(shipped):
     """The card says how to open the tokenizer outside the workbench (``PreTrainedTokenizerFast``): on the task's prompts
     it gives the ids ``workbench.load`` gives. (``AutoTokenizer`` picks ``Qwen2Tokenizer`` for this config in
-    transformers 5.23 and loses the spaces; the benchmark's TRL side read the sums prompts that way until 2026-11-26.)"""
+    transformers 5.23 and loses the spaces of the sums prompts.)"""
     from transformers import PreTrainedTokenizerFast
 
     folder, _ = shipped

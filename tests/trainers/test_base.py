@@ -153,8 +153,9 @@ class _MainRank(_OtherRank):
 
 
 def test_a_main_process_that_cannot_make_the_folder_tells_the_group_before_it_stops(tmp_path):
-    """Before, only ``RunFolderInUse`` went to the group: the main process's mkdir error skipped the all-reduce and left
-    the other ranks waiting in it (gloo then failed them with a connection error instead of the refusal)."""
+    """Any error of the main process while taking the folder goes to the group, not only ``RunFolderInUse``: a mkdir
+    error that skipped the all-reduce would leave the other ranks waiting in it (gloo then fails them with a connection
+    error instead of the refusal)."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     model, tokenizer = tiny_model("qwen2", seed=0)
@@ -167,7 +168,7 @@ def test_a_main_process_that_cannot_make_the_folder_tells_the_group_before_it_st
 
 
 def test_a_config_field_of_the_wrong_type_is_a_config_error_naming_it():
-    """Before: ``GRPOConfig(steps="3")`` raised a bare TypeError from the range check; ``packed=1`` passed unchecked."""
+    """``GRPOConfig(steps="3")`` must not reach the range check (a bare TypeError there), nor ``packed=1`` pass unchecked."""
     from workbench.core.errors import ConfigError
 
     for config_cls, field, value, words in [(GRPOConfig, "steps", "3", "must be an int"), (GRPOConfig, "steps", True, "must be an int"),

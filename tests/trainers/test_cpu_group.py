@@ -76,7 +76,7 @@ def test_a_rank_s_own_error_is_raised_at_once_not_the_wait_it_causes():
 
 def test_the_calling_process_picks_no_port_for_the_group(monkeypatch):
     """A port chosen by binding and releasing a socket, then bound again by a rank, can be taken in between by any
-    other process (two xdist workers running groups at once): the group's rank 0 now serves its store on a port the
+    other process (two xdist workers running groups at once): the group's rank 0 serves its store on a port the
     system gives it while it binds. The calling process binds no socket at all (its forks inherit this patch, but the
     ranks' store and gloo bind in C++)."""
 
@@ -89,7 +89,7 @@ def test_the_calling_process_picks_no_port_for_the_group(monkeypatch):
 
 
 def test_an_error_while_leaving_the_group_after_the_result_went_home_is_not_the_ranks_error(monkeypatch):
-    """A rank reports once: a teardown error after its result was sent (the group's plumbing, not ``fn``) used to
+    """A rank reports once: a teardown error after its result was sent (the group's plumbing, not ``fn``) must not
     follow the result as a second report of the same rank, overwrite it and turn a finished run into a failure."""
     leave = torch.distributed.destroy_process_group
 
@@ -98,4 +98,4 @@ def test_an_error_while_leaving_the_group_after_the_result_went_home_is_not_the_
         raise RuntimeError("a teardown error")
 
     monkeypatch.setattr(torch.distributed, "destroy_process_group", leave_then_fail)  # the forked ranks inherit it
-    assert run_cpu_group(_rank_1_reports_a_second_later, 2) == [0, 1]  # rank 0's teardown error came first
+    assert run_cpu_group(_rank_1_reports_a_second_later, 2) == [0, 1]  # rank 0's teardown error comes first

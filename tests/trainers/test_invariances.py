@@ -145,7 +145,7 @@ def test_dpo_dropout_switch_reproduces_noisy_step0_margins():
 
 # ---- after an update ---------------------------------------------------------------------------
 def test_grpo_second_mini_batch_sees_the_update_and_clips():
-    # the measurement of issue 13: 4 prompts, two mini-batches, ε = 1e-4, lr 1e-2
+    # settings where one update visibly moves the second mini-batch's ratio: 4 prompts, two mini-batches, ε = 1e-4, lr 1e-2
     model, tokenizer = policy()
     config = GRPOConfig(steps=1, progress=False, prompts_per_step=4, num_generations=4, mini_batches=2, clip_low=1e-4,
                         clip_high=1e-4, learning_rate=1e-2, max_new_tokens=4, scale_rewards="none")

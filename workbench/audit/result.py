@@ -163,11 +163,11 @@ COLUMNS = ("check", "verdict", "convention", "metric", "value")
 
 def _rows(results) -> list[tuple[str, ...]]:
     rows = []
-    for r in results:
-        r = r if isinstance(r, AuditResult) else AuditResult.from_dict(r)
-        label = r.details.get("label")
-        rows.append((r.name + (f" [{label}]" if label else ""), "PASS" if r.passed else "FAIL", r.convention, r.metric,
-                     _format_value(r.value)))
+    for item in results:
+        result = item if isinstance(item, AuditResult) else AuditResult.from_dict(item)
+        label = result.details.get("label")
+        rows.append((result.name + (f" [{label}]" if label else ""), "PASS" if result.passed else "FAIL", result.convention,
+                     result.metric, _format_value(result.value)))
     return rows
 
 

@@ -452,7 +452,7 @@ def _run_jobs(jobs, todo: list[int], results: list, out: Path, render_html: bool
     else:
         # Several kernels at once, each limited to its share of the CPU cores. Workers are spawned,
         # not forked: a fork of a process that already runs threads (torch, tokenizers, tqdm) can
-        # inherit a held lock and hang forever (seen in a CI rehearsal).
+        # inherit a held lock and hang forever.
         threads = kernel_threads(jobs_in_parallel, len(todo))
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             # Longest first, so the last notebooks to finish are short ones: the notebooks that train (a

@@ -4,10 +4,10 @@ with one more step at shutdown — the training workers' fork server (``core.wor
 Why: on a shutdown request ipykernel signals every child in the kernel's process group and then sleeps 0.01, 0.03,
 0.1, 0.3, 1 and 3 seconds for as long as any child is still listed — and a fork server it has terminated stays listed,
 as a zombie, because nothing in the kernel reaps it. jupyter_client waits 2.5 s for the kernel to end and then kills
-it: every notebook of the catalogue took about 2.6 s from its last cell to its kernel's end (an ordinary kernel:
-0.4 s), and its kernel never ran its exit handlers. Stopping the server here (its alive pipe closed, the process
-reaped) before ipykernel looks for children lets the kernel end as an ordinary one does. A failure to stop it is
-logged, not raised: the shutdown reply must still go out (else the kernel is killed as before).
+it: left alone, every notebook of the catalogue takes about 2.6 s from its last cell to its kernel's end (an ordinary
+kernel: 0.4 s), and its kernel never runs its exit handlers. Stopping the server here (its alive pipe closed, the
+process reaped) before ipykernel looks for children lets the kernel end as an ordinary one does. A failure to stop it
+is logged, not raised: the shutdown reply must still go out (else jupyter_client kills the kernel after 2.5 s).
 
 A shutdown request runs on the kernel's control thread: if a cell is still training in worker processes then (a batch
 run's timeout), its workers die with the server after ``SERVER_STOP_SECONDS``, the cell fails, and the kernel ends.

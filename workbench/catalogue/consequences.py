@@ -1,7 +1,7 @@
 """The "Does it matter?" table: one row per training consequence a notebook predicted, with its power.
 
 A training notebook records the consequence its mechanism predicts, stated before the run, as
-``metrics["prediction"]`` (``experiments.statistics.prediction``; issue 29): the predicted sign of
+``metrics["prediction"]`` (``experiments.statistics.prediction``): the predicted sign of
 bug − fix, the measured effect ± s.e. over seeds, the t threshold, the minimum detectable effect (MDE)
 and whether the effect was larger than the noise. This module turns those records into rows, chosen
 by the numbers only:

@@ -34,7 +34,7 @@ The zygote is started with the thread settings the runner gives its kernels (``O
 ``MKL_NUM_THREADS``), so libraries that read them when imported (numpy's OpenBLAS) see what an ordinary
 kernel would. Its socket is a file in a private folder (mode 0700, made by the runner, removed after the zygote
 leaves): the kernel forked for a request runs as this user, so only this user may send one (a socket in Linux's
-abstract namespace, used before, is open to every local user). The kernels' fork-server sockets are files in the same
+abstract namespace would be open to every local user). The kernels' fork-server sockets are files in the same
 folder. The inline figure backend and ipywidgets are *not* preloaded: they hook into IPython when first
 imported, which only works inside the kernel.
 

@@ -286,7 +286,7 @@ PARAMETER_RULES: dict[str, Rule] = {
     "temperature": POSITIVE,
     "headline_temperature": POSITIVE,
     "headline_lr": POSITIVE,
-    # third wave, notebooks 27-31
+    # notebooks 27-31
     "lags": non_empty_list(integer(0)),
     "train_prompts": COUNT,
     "learning_rate": POSITIVE,

@@ -298,13 +298,14 @@ def write_report(out: Path, results: list, *, total_seconds: float, smoke: bool,
     if matter:
         nav = '<a href="#does-it-matter">does it matter?</a> ' + nav
 
-    def headline_cell(r) -> str:
-        h = (r.metrics or {}).get("headline")
-        if not h:
+    def headline_cell(result) -> str:
+        headline = (result.metrics or {}).get("headline")
+        if not headline:
             return "—"
-        if not measured(h):
-            return f"{html.escape(h['what'])}: {html.escape(not_run_text(r.metrics or {}))}"
-        return f"{html.escape(h['what'])}: {_format(h['bug'])} → {_format(h['fix'])} {html.escape(h['unit'])}"
+        if not measured(headline):
+            return f"{html.escape(headline['what'])}: {html.escape(not_run_text(result.metrics or {}))}"
+        return (f"{html.escape(headline['what'])}: {_format(headline['bug'])} → {_format(headline['fix'])} "
+                f"{html.escape(headline['unit'])}")
 
     summary = _table(["notebook", "verdict", "headline: bug → fix", "notebook time"],
                      [[f"<a href='#{html.escape(r.stem)}'>{html.escape(r.stem)}</a>", html.escape(r.verdict), headline_cell(r),

@@ -70,9 +70,10 @@ def _run(args) -> int:
     except KeyboardInterrupt:
         return 130
     width = max(len(r.stem) for r in results)
-    for r in results:
-        line = f"{r.stem:<{width}}  {r.verdict:<26} {r.seconds:6.1f} s" + ("  (kept from the earlier run)" if r.kept else "")
-        print(line + (f"  {r.error.splitlines()[0]}" if r.error else ""))
+    for result in results:
+        kept = "  (kept from the earlier run)" if result.kept else ""
+        line = f"{result.stem:<{width}}  {result.verdict:<26} {result.seconds:6.1f} s" + kept
+        print(line + (f"  {result.error.splitlines()[0]}" if result.error else ""))
     print(f"report: {out / 'index.html'}")
     failed = [r.stem for r in results if not r.ok]
     if failed:

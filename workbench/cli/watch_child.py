@@ -68,9 +68,9 @@ def adopt(model) -> None:
     from workbench.watch.watcher import Watch  # torch: loaded by now (transformers built a model)
 
     inner = {id(m) for m in model.modules()}
-    for w in [w for w in WATCHES if id(w.model) in inner]:
-        w.close()
-        WATCHES.remove(w)
+    for nested in [w for w in WATCHES if id(w.model) in inner]:
+        nested.close()
+        WATCHES.remove(nested)
     if any(model is w.model or any(m is model for m in w.model.modules()) for w in WATCHES):
         return
     WATCHES.append(Watch(model, deep=os.environ.get(DEEP_VARIABLE) == "1").__enter__())
@@ -83,9 +83,9 @@ def write_part() -> str | None:
     from workbench.watch.report import Report
 
     reports = []
-    for w in WATCHES:
-        w.close()
-        reports.append(w.report())
+    for watch in WATCHES:
+        watch.close()
+        reports.append(watch.report())
     merged = Report.merge(reports)
     merged.observed["models_watched"] = len(reports)
     folder = os.path.join(os.environ[OUT_VARIABLE], "parts")

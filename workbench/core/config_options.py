@@ -57,7 +57,7 @@ def convert_value(name: str, text: str, default):
 
 def count_argument(text: str) -> int:
     """``argparse`` type of a count (an int ≥ 1: ``-j``, ``--limit``): argparse reports the refusal with the option's
-    name and exits 2 (before, ``-j 0`` ran as ``-j 1`` without a word)."""
+    name and exits 2 (a plain ``int`` would let ``-j 0`` run as ``-j 1`` without a word)."""
     try:
         value = int(text)
     except ValueError:
@@ -139,13 +139,13 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_cls, skip: tupl
     for section in order:
         title = f"{config_cls.__name__}: {section.lower()}" if section != DEFAULT_SECTION else f"{config_cls.__name__}"
         groups[section] = parser.add_argument_group(title)
-    for f in fields:
-        section, doc = docs.get(f.name, (DEFAULT_SECTION, ""))
-        default = f.default
+    for config_field in fields:
+        section, doc = docs.get(config_field.name, (DEFAULT_SECTION, ""))
+        default = config_field.default
         kind = type(default).__name__ if default is not None else "value"
         groups[section].add_argument(
-            f"--{f.name}", dest=f"config__{f.name}", default=argparse.SUPPRESS, metavar=kind.upper(),
-            type=_converter(f),
+            f"--{config_field.name}", dest=f"config__{config_field.name}", default=argparse.SUPPRESS, metavar=kind.upper(),
+            type=_converter(config_field),
             help=" ".join(doc.split()).replace("%", "%%") + f" (default: {default!r})",
         )
 

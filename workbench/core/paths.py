@@ -27,7 +27,7 @@ DATA_DIR = REPO_ROOT / "data"
 
 def scratch_folder(prefix: str) -> str:
     """A new temporary folder that is removed when the process exits: for the throw-away output folders and saved
-    model copies that TRL trainers and the peer probes need (without it, every test run left them in /tmp)."""
+    model copies that TRL trainers and the peer probes need (without it, every test run would leave them in /tmp)."""
     folder = tempfile.mkdtemp(prefix=prefix)
     atexit.register(shutil.rmtree, folder, True)
     return folder

@@ -4,7 +4,7 @@
 fresh interpreter that imports torch, transformers and the workbench again before its first step — about 8 CPU-seconds
 on this project's 2-core machine, twice per training notebook. Forking the caller instead would skip the imports, but
 the caller is usually a notebook kernel that runs threads (ipykernel's channels, torch's pool), and a fork of a threaded
-process can inherit a lock held by a thread that does not exist in the child, and hang (seen in a CI rehearsal).
+process can inherit a lock held by a thread that does not exist in the child, and hang.
 
 A catalogue kernel is the exception at one moment of its life: it starts as a fork of the runner's zygote
 (``catalogue.kernel_fork``) — one thread, the imports done, no torch op run — and only then becomes an ipykernel.
@@ -13,7 +13,7 @@ standard library's ``multiprocessing.forkserver.main``, the very server that ``g
 otherwise start by spawning a fresh interpreter. From then on ``context()`` hands out the forkserver context, and
 every worker is a fork of that clean, single-threaded copy: no imports to pay, no lock to inherit. Everywhere else (a
 JupyterLab kernel, a script, a Python whose fork server this module does not know, ``WORKBENCH_FORK_WORKERS=0``)
-``context()`` is the spawn context, as before.
+``context()`` is the spawn context.
 
 A worker computes the same thing whichever way it starts. It has the kernel's modules (more than a spawned worker
 imports; none draws at import) and the same thread setting (the runs set their own); torch's global generator is

@@ -50,9 +50,9 @@ class Grade:
     def mistakes(self) -> list[str]:
         """The named mistakes, each once, in case order."""
         seen: list[str] = []
-        for c in self.cases:
-            if c.mistake and not c.passed and c.mistake not in seen:
-                seen.append(c.mistake)
+        for case in self.cases:
+            if case.mistake and not case.passed and case.mistake not in seen:
+                seen.append(case.mistake)
         return seen
 
     @property
@@ -64,15 +64,15 @@ class Grade:
             lines.append(f"could not load your code: {self.error}")
         elif self.notes:
             lines.extend(f"note: {note} — the cells after it ran all the same" for note in self.notes)
-        for c in self.cases:
-            if c.passed:
-                lines.append(f"  ✓ {c.name}: {c.expected}")
+        for case in self.cases:
+            if case.passed:
+                lines.append(f"  ✓ {case.name}: {case.expected}")
                 continue
-            lines.append(f"  ✗ {c.name}: tried {c.tried}")
-            lines.append(f"      expected {c.expected}")
-            lines.append(f"      got      {c.got}")
-            if c.mistake:
-                lines.append("      → " + "\n        ".join(textwrap.wrap(c.mistake, 110)))
+            lines.append(f"  ✗ {case.name}: tried {case.tried}")
+            lines.append(f"      expected {case.expected}")
+            lines.append(f"      got      {case.got}")
+            if case.mistake:
+                lines.append("      → " + "\n        ".join(textwrap.wrap(case.mistake, 110)))
         if self.passed:
             lines.append("All cases pass." + (f" Compare with {lesson_link(ex.lesson)}." if ex else ""))
         elif ex:

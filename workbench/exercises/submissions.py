@@ -153,10 +153,11 @@ def write_csv(path: Path, graded: list[Graded]) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_COLUMNS)
-        for g in graded:
-            r = g.grade
-            writer.writerow([g.submission, g.notebook, r.exercise, f"{r.score:.4f}", f"{r.score * g.points:.4f}", f"{g.points:g}",
-                             r.passed, sum(c.passed for c in r.cases), len(r.cases), " | ".join(r.mistakes)])
+        for item in graded:
+            result = item.grade
+            writer.writerow([item.submission, item.notebook, result.exercise, f"{result.score:.4f}",
+                             f"{result.score * item.points:.4f}", f"{item.points:g}", result.passed,
+                             sum(c.passed for c in result.cases), len(result.cases), " | ".join(result.mistakes)])
 
 
 def _figure(result: Grade) -> str:
@@ -181,15 +182,15 @@ def write_feedback(path: Path, submission: str, graded: list[Graded]) -> None:
     total = sum(g.grade.score * g.points for g in graded)
     possible = sum(g.points for g in graded)
     sections = []
-    for g in graded:
-        r = g.grade
+    for item in graded:
+        result = item.grade
         rows = "".join(
             f"<tr class='{'ok' if c.passed else 'bad'}'><td>{'✓' if c.passed else '✗'} {html.escape(c.name)}</td>"
             f"<td>{html.escape(c.tried)}</td><td>{html.escape(c.expected)}</td><td>{html.escape(c.got)}</td>"
-            f"<td>{html.escape(c.mistake)}</td></tr>" for c in r.cases)
-        sections.append(f"<h2>{html.escape(r.exercise)} · {r.score * g.points:.2f}/{g.points:g} "
-                        f"<small>({html.escape(g.notebook)})</small></h2>"
-                        f"<pre>{html.escape(r.feedback)}</pre>{_figure(r)}"
+            f"<td>{html.escape(c.mistake)}</td></tr>" for c in result.cases)
+        sections.append(f"<h2>{html.escape(result.exercise)} · {result.score * item.points:.2f}/{item.points:g} "
+                        f"<small>({html.escape(item.notebook)})</small></h2>"
+                        f"<pre>{html.escape(result.feedback)}</pre>{_figure(result)}"
                         "<details><summary>cases</summary><table><tr><th>case</th><th>tried</th><th>expected</th><th>got</th>"
                         f"<th>mistake</th></tr>{rows}</table></details>")
     page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Feedback · {html.escape(submission)}</title>"

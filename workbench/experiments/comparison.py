@@ -164,8 +164,8 @@ def _loaded(model, before, threads, loading):
 def _held_out_start(kind, model, before, threads, loading, held_out, task) -> dict:
     """The held-out scores of the checkpoint before any training (after ``before``), computed once per
     ``train_variants`` call, in a worker like the runs' when they have workers: every run would compute the same
-    numbers (a greedy evaluation of the same weights; nothing drawn), so each used to pay for it — 1.5 CPU-seconds
-    on the sums task, six times per training notebook."""
+    numbers (a greedy evaluation of the same weights; nothing drawn), and paying for it in each run would cost
+    1.5 CPU-seconds on the sums task, six times per training notebook."""
     with _callers_threads():
         policy, tokenizer = _loaded(model, before, threads, loading)
         return {f"{k}_start": v for k, v in _held_out_scores(kind, policy, tokenizer, held_out, task).items()}

@@ -16,7 +16,7 @@ numbers (``Effect.larger_than_noise``), never typed in a notebook.
 Every ``Effect`` carries its power: ``mde``, the minimum detectable effect (threshold × noise, the
 smallest |effect| these seeds could call larger), so a null reads "no effect larger than X could be
 seen" rather than "nothing". ``prediction`` turns the effect a pitfall's mechanism predicts into the
-``metrics["prediction"]`` record of a training notebook (issue 29), which the report's "Does it
+``metrics["prediction"]`` record of a training notebook, which the report's "Does it
 matter?" table reads.
 """
 
@@ -159,9 +159,9 @@ def effect(runs: dict[str, list[list[dict]]], key: str, bug: str, fix: str, *, f
         def tail(history):
             values = np.array([h[key] for h in history if key in h], dtype=float)
             return values[-max(2, math.ceil(len(values) * fraction)):]
-        a, b = tail(bug_runs[0]), tail(fix_runs[0])
-        m = min(len(a), len(b))
-        noise = float(np.nanstd(a[-m:] - b[-m:], ddof=1)) if m > 1 else float("nan")
+        bug_tail, fix_tail = tail(bug_runs[0]), tail(fix_runs[0])
+        steps = min(len(bug_tail), len(fix_tail))
+        noise = float(np.nanstd(bug_tail[-steps:] - fix_tail[-steps:], ddof=1)) if steps > 1 else float("nan")
     threshold = _threshold(n, factor) if n > 1 else (factor if factor is not None else 2.0)
     return _paired(key + (" at step 0" if at == "start" else ""), [value(h) for h in bug_runs[:n]],
                    [value(h) for h in fix_runs[:n]], (bug, fix), threshold, noise)
@@ -222,7 +222,7 @@ DIRECTIONS = ("+", "-")
 
 
 def prediction(effect: Effect, consequence: str, direction: str, task: str) -> dict:
-    """The ``metrics["prediction"]`` record of a training notebook (issue 29): the consequence its mechanism
+    """The ``metrics["prediction"]`` record of a training notebook: the consequence its mechanism
     predicts, stated before the run, with the measured ``effect`` (bug − fix) and its power.
 
     ``direction`` is the predicted sign of bug − fix ("+": the bug raises the measure, "-": it lowers it);

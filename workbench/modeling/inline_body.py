@@ -15,7 +15,7 @@ the MLP and the final norm. Same kernels on the same shapes, so its hidden state
 Used by ``scoring._tree_scored`` where ``usable(model)`` (the conditions of
 ``decode.unsupported_reason``: Llama/Qwen2 under sdpa, full attention, static rope, no hooks, no
 active attention dropout, and the model in eval mode so that no dropout or gradient checkpointing
-is skipped); otherwise the tree forward calls ``model.model(...)`` as before. Hooks that
+is skipped); otherwise the tree forward calls ``model.model(...)``. Hooks that
 ``workbench.core.observers`` lists as covered (``workbench.watch``'s) do not count: while a listener is
 subscribed, each call is reported as the ``forward``/``forward_done`` events of the body call it replaces
 (part ``"body"``: the inputs above, ``use_cache=False``; the hidden states with their autograd graph).

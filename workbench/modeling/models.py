@@ -132,8 +132,8 @@ def load_checkpoint(
 
 def _checked_dtype(dtype):
     """``load_checkpoint``'s ``dtype``: a ``torch.dtype``, None (the dtype on disk), or the name of a floating dtype
-    (``"bfloat16"``; ``"auto"`` is None). Anything else is a ``ModelLoadError`` naming it (before: transformers read an
-    unknown string as a device, "Invalid device string: 'float16x'")."""
+    (``"bfloat16"``; ``"auto"`` is None). Anything else is a ``ModelLoadError`` naming it (transformers
+    would read an unknown string as a device: "Invalid device string: 'float16x'")."""
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":

@@ -35,7 +35,7 @@ buffers preallocated for the batch and runs the layers' maths inline, op for op 
 ``transformers`` does, so its logits equal ``model(...)``'s (bitwise on the models tested; the
 tests hold tokens equal and log-probs within 1e-5). Any other model, attention back-end, a model
 with forward hooks (other than a ``workbench.watch``'s, to which the decoder reports its calls) or with
-dropout active goes through ``model(...)`` as before. Off by default in
+dropout active goes through ``model(...)``. Off by default in
 ``sample`` (the prefill's LM head runs on the last position only: log-probs move by ≤ ~1e-6, float
 noise; the tests hold the tokens equal); the trainers turn it on (``RolloutConfig.static_cache``).
 

@@ -205,8 +205,8 @@ def main(argv=None) -> int:
         print(f"unknown peer environment(s) {unknown}; known: {', '.join(SPECS)}", file=sys.stderr)
         return 2
     results = [create(SPECS[n]) for n in names]
-    for r in results:
-        print(f"[peers] {r.name:22s} {'ready' if r.ready else 'SKIPPED: ' + r.reason[:200]}")
+    for status in results:
+        print(f"[peers] {status.name:22s} {'ready' if status.ready else 'SKIPPED: ' + status.reason[:200]}")
     return 0
 
 

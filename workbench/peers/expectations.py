@@ -274,8 +274,8 @@ def table(rows: list[dict], fmt: str = "markdown") -> str:
 
 def counts(rows: list[dict]) -> dict:
     out = {}
-    for r in rows:
-        out[r["verdict"]] = out.get(r["verdict"], 0) + 1
+    for row in rows:
+        out[row["verdict"]] = out.get(row["verdict"], 0) + 1
     return out
 
 

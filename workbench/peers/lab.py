@@ -96,8 +96,8 @@ def rows_of(run: Run, payload: dict) -> list[dict]:
     rows = [peer_lab.judge(run.peer, version, r) for r in payload["rows"]]
     standins = payload.get("environment", {}).get("standins") or {}
     if standins:
-        for r in rows:
-            r["standins"] = sorted(standins)
+        for row in rows:
+            row["standins"] = sorted(standins)
     return rows
 
 

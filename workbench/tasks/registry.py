@@ -60,7 +60,7 @@ class TaskInfo:
 TASKS = {
     "arith": TaskInfo.shipped(
         "arith", 'digit arithmetic: "47+8=" -> "55" (answers of 1-3 characters)',
-        max_new_tokens=8,  # greedy_accuracy's value since the first checkpoint: the longest answer (3) + EOS, with room
+        max_new_tokens=8,  # the longest answer (3) + EOS, with room to spare
         reward=arithmetic.reward,
     ),
     "sums": TaskInfo.shipped(

@@ -54,8 +54,8 @@ def numbers_of(prompt: str) -> list[int]:
 def response_of(numbers: list[int]) -> str:
     """The correct response (without EOS): running sums, the marker, the total: ``"3 8 17 ; 17"``."""
     partial, total = [], 0
-    for x in numbers:
-        total += x
+    for number in numbers:
+        total += number
         partial.append(str(total))
     return " ".join(partial) + f" {MARKER} {total}"
 

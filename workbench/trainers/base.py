@@ -67,7 +67,7 @@ class TrainerConfig:
     an update smaller than ~2⁻⁹ of a weight rounds away (pitfall P23)."""
     train_with_unverified_attention: bool = False
     """Train a policy whose attention back-end's gradients were measured wrong or not verified at its head dim,
-    release and GPU (``core.attention_backward``: today ``flash_attention_4`` outside head dims 24, 32, 64, 96,
+    release and GPU (``core.attention_backward``: ``flash_attention_4`` outside head dims 24, 32, 64, 96,
     128, 192, 256 of 4.0.0b36 on an H100). False refuses with the measurement; True trains anyway — for a
     configuration you have checked with ``scripts/gpu_check.py --sections kernels,gradients --kernel-map``."""
 
@@ -132,8 +132,8 @@ def require(config, field: str, condition: bool, problem: str) -> None:
 
 def require_field_types(config) -> None:
     """A ``ConfigError`` for a field declared ``int``, ``float`` or ``bool`` holding another type (``steps="3"`` from
-    Python; the command line converts its strings first): before, the value checks below raised a bare ``TypeError``
-    ("'>=' not supported between 'str' and 'int'") or let it through. An int is a float; a bool is neither."""
+    Python; the command line converts its strings first), which the value checks below would otherwise meet as a bare
+    ``TypeError`` ("'>=' not supported between 'str' and 'int'") or let through. An int is a float; a bool is neither."""
     hints = typing.get_type_hints(type(config))
     for field in dataclasses.fields(config):
         kind, value = hints.get(field.name), getattr(config, field.name)

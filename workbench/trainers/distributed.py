@@ -98,8 +98,8 @@ class Distributed:
         """``code`` as this process's exit code. In a launched group (``WORLD_SIZE`` > 1) the process ends here, streams
         flushed, without the interpreter's teardown: after the group was left, torch's C++ teardown at exit can still
         abort (SIGABRT, "terminate called without an active exception"), and the launcher then reports that crash as the
-        root cause instead of the error (seen once in a CI rehearsal: the refusal of a held output folder, exit 2, came
-        out as -6). For errors raised before anything is written (nothing buffered to lose). Returns ``code`` elsewhere."""
+        root cause instead of the error (the refusal of a held output folder, exit 2, then comes out as -6). For errors
+        raised before anything is written (nothing buffered to lose). Returns ``code`` elsewhere."""
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return code
         for stream in (sys.stdout, sys.stderr):
@@ -161,15 +161,15 @@ def _group_store(rank: int, world_size: int, ports, timeout: float):
 def _group_worker(rank: int, world_size: int, ports, fn, args, results, timeout: float) -> None:
     """One forked process: join the gloo group, run ``fn(rank, world_size, *args)``, send its result home."""
     # A forked child must not use the OpenMP thread pool its parent started (GNU OpenMP is not fork-safe: the
-    # first parallel region can hang, seen when the parent had sampled before forking): one thread per rank.
+    # first parallel region can hang when the parent has sampled before forking): one thread per rank.
     torch.set_num_threads(1)
     sent = False
     try:
         store = _group_store(rank, world_size, ports, timeout)
         torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
         # gloo's connectFullMesh can return on one rank before the other's: a rank that ran ``fn`` and left at once
-        # then failed the other's init ("Connection closed by peer"; 3 of 60 measured without this barrier, 0 of 100
-        # with it) — the exit and silent-rank tests' rare failures. No rank runs ``fn`` before every rank has joined.
+        # then fails the other's init ("Connection closed by peer"; 3 of 60 measured without this barrier, 0 of 100
+        # with it), a rare failure of the exit and silent-rank tests. No rank runs ``fn`` before every rank has joined.
         torch.distributed.barrier()
         try:
             # JSON text: a tensor put on the queue as is would travel as a shared-memory handle that dies with

@@ -187,19 +187,19 @@ class GRPOTrainer(RolloutTrainer):
     def train_step(self, step: int) -> dict:
         c = self.config
         # 1. Group sampling: each prompt repeated num_generations times, groups contiguous.
-        problems, r = self.sample_rollout(step, repeats=c.num_generations)
-        scored_as_finished = torch.ones_like(r.finished) if c.score_truncated_as_finished else r.finished
-        rewards = score_responses(self.tokenizer, problems, r.response_ids, r.response_mask, scored_as_finished).to(self.device)
-        rewards = rewards - c.missing_eos_penalty * (~r.finished).float()
+        problems, rollout = self.sample_rollout(step, repeats=c.num_generations)
+        scored_as_finished = torch.ones_like(rollout.finished) if c.score_truncated_as_finished else rollout.finished
+        rewards = score_responses(self.tokenizer, problems, rollout.response_ids, rollout.response_mask, scored_as_finished).to(self.device)
+        rewards = rewards - c.missing_eos_penalty * (~rollout.finished).float()
         # 2. Group-relative advantages.
         advantages = losses.group_advantages(rewards, c.num_generations, c.scale_rewards)
-        loss_mask = r.response_mask.float()
+        loss_mask = rollout.response_mask.float()
         if c.mask_truncated_completions:
-            loss_mask = loss_mask * r.finished.float()[:, None]
-        truncated_rewarded = int(((~r.finished) & (rewards > 0)).sum())
+            loss_mask = loss_mask * rollout.finished.float()[:, None]
+        truncated_rewarded = int(((~rollout.finished) & (rewards > 0)).sum())
         # 3. Optimise, mini-batch by mini-batch in the training layout.
         layout = self.training_layout()
-        ref_logp = self.score_in_layout(self.reference, r, layout) if self.reference is not None else None
+        ref_logp = self.score_in_layout(self.reference, rollout, layout) if self.reference is not None else None
         old_logp, first_is_own_old = None, False
         if c.optimizer_steps_per_batch > 1:
             # π_old before any update. The first mini-batch's is its own first training forward, detached:
@@ -207,11 +207,11 @@ class GRPOTrainer(RolloutTrainer):
             # it (one forward saved per batch; tests/trainers/test_invariances.py checks that a separate one
             # gives exactly these numbers). One process only: under DDP the training forward is the wrapper's.
             first_is_own_old = not self.dist.enabled
-            old_logp = self.score_in_layout(self.policy, r, layout[1:] if first_is_own_old else layout)
+            old_logp = self.score_in_layout(self.policy, rollout, layout[1:] if first_is_own_old else layout)
         records: dict[str, list[float]] = {k: [] for k in ("loss", "clip_fraction", "kl", "entropy", "grad_norm", "ratio_deviation_max")}
         for iteration in range(c.num_iterations):
             for index, rows in enumerate(layout):
-                logp, entropy = self.logprobs(self.train_policy, r, rows, with_entropy=True)
+                logp, entropy = self.logprobs(self.train_policy, rollout, rows, with_entropy=True)
                 if first_is_own_old and iteration == 0 and index == 0:
                     old_logp[rows] = logp.detach()
                 loss, stats = grpo_loss(
@@ -229,7 +229,7 @@ class GRPOTrainer(RolloutTrainer):
                 records["ratio_deviation_max"].append(self.dist.max(stats["ratio_deviation_max"]))
                 records["entropy"].append(self.dist.mean(float(losses.masked_mean(entropy.detach(), loss_mask[rows]))))
 
-        lengths = r.response_lengths.float()
+        lengths = rollout.response_lengths.float()
         correct = rewards > 0
         ratio_deviations = records.pop("ratio_deviation_max")
         return {
@@ -245,8 +245,8 @@ class GRPOTrainer(RolloutTrainer):
             "response_length": float(lengths.mean()),
             "length_correct": float(lengths[correct].mean()) if correct.any() else float("nan"),
             "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
-            "finished_fraction": float(r.finished.float().mean()),
+            "finished_fraction": float(rollout.finished.float().mean()),
             "truncated_rewarded": truncated_rewarded,
-            "tokens_generated": r.tokens_generated,
-            "rollout_seconds": r.seconds,
+            "tokens_generated": rollout.tokens_generated,
+            "rollout_seconds": rollout.seconds,
         }

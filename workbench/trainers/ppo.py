@@ -190,18 +190,18 @@ class PPOTrainer(RolloutTrainer):
         scores = score_responses(self.tokenizer, problems, rollout.response_ids, rollout.response_mask, rollout.finished).to(self.device)
         return problems, rollout, scores
 
-    def _values(self, r: Rollout, rows=slice(None)):
+    def _values(self, rollout: Rollout, rows=slice(None)):
         return self.critic.response_values(
-            r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows],
+            rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows], rollout.response_mask[rows],
             position_ids=self.config.position_ids, packed=self.config.packed,
         )
 
     # -- one PPO step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict:
         c = self.config
-        problems, r, scores = self.rollout(step)
-        mask = r.response_mask.float()
-        penalised = scores - c.missing_eos_penalty * (~r.finished).float()
+        problems, rollout, scores = self.rollout(step)
+        mask = rollout.response_mask.float()
+        penalised = scores - c.missing_eos_penalty * (~rollout.finished).float()
 
         # The training layout: PPO epochs over shuffled mini-batches, orders drawn up front.
         generator = step_generator(c.seed, step)
@@ -214,12 +214,12 @@ class PPOTrainer(RolloutTrainer):
         with torch.no_grad():
             # The training forward's view of the sampled tokens before any update. Against the
             # sampler's own log-probs it must give ρ = 1 up to float noise (S1, P6 and P12 break this).
-            policy_logp = self.score_in_layout(self.policy, r, first_epoch)
-            first_ratio_deviation = float(losses.zero_masked((policy_logp - r.rollout_logprobs).exp() - 1, mask).abs().max())
-            first_logp_gap = float(losses.zero_masked(policy_logp - r.rollout_logprobs, mask).abs().max())
-            old_logp = r.rollout_logprobs if c.old_logprobs == "rollout" else policy_logp
-            ref_logp = self.score_in_layout(self.reference, r, first_epoch)
-            old_values = losses.zero_masked(self._values(r), mask)
+            policy_logp = self.score_in_layout(self.policy, rollout, first_epoch)
+            first_ratio_deviation = float(losses.zero_masked((policy_logp - rollout.rollout_logprobs).exp() - 1, mask).abs().max())
+            first_logp_gap = float(losses.zero_masked(policy_logp - rollout.rollout_logprobs, mask).abs().max())
+            old_logp = rollout.rollout_logprobs if c.old_logprobs == "rollout" else policy_logp
+            ref_logp = self.score_in_layout(self.reference, rollout, first_epoch)
+            old_values = losses.zero_masked(self._values(rollout), mask)
             kl = losses.zero_masked(losses.kl_penalty(old_logp, ref_logp, c.kl_kind), mask)
             rewards = -c.kl_coef * kl + last_token_rewards(penalised, mask, c.reward_position)
             if c.whiten_rewards:
@@ -228,7 +228,7 @@ class PPOTrainer(RolloutTrainer):
             advantages, returns = losses.gae(rewards, old_values, mask, c.gamma, c.lam)
             if c.whiten_advantages:
                 advantages = whiten(advantages, mask)
-            weights = losses.tis_weights(old_logp, r.rollout_logprobs, c.tis_cap) if c.tis_cap else None
+            weights = losses.tis_weights(old_logp, rollout.rollout_logprobs, c.tis_cap) if c.tis_cap else None
 
         # 5. PPO epochs over mini-batches.
         ratio_deviations: list[float] = []
@@ -238,14 +238,14 @@ class PPOTrainer(RolloutTrainer):
             for start in range(0, c.prompts_per_step, size):
                 rows = order[start : start + size]
                 mb_mask = mask[rows]
-                logp, entropy = self.logprobs(self.policy, r, rows, with_entropy=True)
+                logp, entropy = self.logprobs(self.policy, rollout, rows, with_entropy=True)
                 with torch.no_grad():
                     ratio_deviations.append(float(losses.zero_masked((logp.detach() - old_logp[rows]).exp() - 1, mb_mask).abs().max()))
                 policy_loss, policy_stats = losses.ppo_policy_loss(
                     logp, old_logp[rows], advantages[rows], mb_mask, clip_low=c.clip_low, clip_high=c.clip_high,
                     loss_agg=c.loss_agg, weights=None if weights is None else weights[rows],
                 )
-                values = self._values(r, rows)
+                values = self._values(rollout, rows)
                 value_loss, value_clip_fraction = losses.ppo_value_loss(values, old_values[rows], returns[rows], mb_mask, c.value_clip)
                 grad_norm = base.optimizer_step(
                     (policy_loss, value_loss), [self.policy_optimizer, self.critic_optimizer],
@@ -258,7 +258,7 @@ class PPOTrainer(RolloutTrainer):
                 stats["entropy"].append(float(losses.masked_mean(entropy.detach(), mb_mask)))
                 stats["grad_norm"].append(grad_norm)
 
-        lengths = r.response_lengths.float()
+        lengths = rollout.response_lengths.float()
         return {
             "reward": float(scores.mean()),
             "score_with_penalty": float(penalised.mean()),
@@ -276,9 +276,9 @@ class PPOTrainer(RolloutTrainer):
             "advantage_mean_real_tokens": float(losses.masked_mean(advantages, mask)),
             **{k: sum(v) / len(v) for k, v in stats.items()},
             "response_length": float(lengths.mean()),
-            "finished_fraction": float(r.finished.float().mean()),
-            "tokens_generated": r.tokens_generated,
-            "tokens_needed": r.tokens_needed,
-            "decode_steps": r.decode_steps,
-            "rollout_seconds": r.seconds,
+            "finished_fraction": float(rollout.finished.float().mean()),
+            "tokens_generated": rollout.tokens_generated,
+            "tokens_needed": rollout.tokens_needed,
+            "decode_steps": rollout.decode_steps,
+            "rollout_seconds": rollout.seconds,
         }

@@ -1,7 +1,7 @@
 """What PPO and GRPO share: sampling a rollout, scoring it with the training forward, and the
 pitfall switches of both.
 
-``RolloutConfig`` holds the fields the two configs had in common (the rollout, the clipped
+``RolloutConfig`` holds the fields the two configs share (the rollout, the clipped
 objective, and the switches of pitfalls S1, S3, P6, P7); ``RolloutTrainer`` holds the three steps
 both trainers take the same way:
 
@@ -155,11 +155,11 @@ class RolloutTrainer(Trainer):
             cache[text] = prompt_ids(self.tokenizer, text, self.config.chat_template)
         return cache[text]
 
-    def logprobs(self, model, r: Rollout, rows=slice(None), with_entropy: bool = False):
+    def logprobs(self, model, rollout: Rollout, rows=slice(None), with_entropy: bool = False):
         """The training forward's log-probs (B, R) of the sampled responses of ``rows``."""
         c = self.config
         return response_logprobs(
-            model, r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows],
+            model, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows], rollout.response_mask[rows],
             position_ids=c.position_ids, with_entropy=with_entropy, packed=c.packed, temperature=c.scoring_temperature,
             share_prompts=self.shares_prompts,
         )
@@ -171,10 +171,10 @@ class RolloutTrainer(Trainer):
         return self.config.share_prompts and tree_capable(getattr(self, "train_policy", self.policy))
 
     @torch.no_grad()
-    def score_in_layout(self, model, r: Rollout, layout: list[torch.Tensor]) -> torch.Tensor:
+    def score_in_layout(self, model, rollout: Rollout, layout: list[torch.Tensor]) -> torch.Tensor:
         """Log-probs of every row, computed mini-batch by mini-batch in the training ``layout``
         (a list of row-index tensors), so they come from exactly the forward that trains."""
-        out = torch.zeros_like(r.response_ids, dtype=torch.float32)
+        out = torch.zeros_like(rollout.response_ids, dtype=torch.float32)
         for rows in layout:
-            out[rows] = self.logprobs(model, r, rows)
+            out[rows] = self.logprobs(model, rollout, rows)
         return out

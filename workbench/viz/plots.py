@@ -24,7 +24,7 @@ NEUTRAL_COLOR = "#555555"
 EOS_COLOR = "#E69F00"  # orange: EOS cells in token grids
 # Colours for series that are neither the bug nor the fix (modes, estimators, variants). The first two
 # are not BUG_COLOR/FIX_COLOR, so a loop over modes never paints one mode as "the fix"; none is EOS_COLOR
-# (index 4 is purple, not the EOS orange it once shared). Other modules pick them by index.
+# (index 4 is purple, not the EOS orange). Other modules pick them by index.
 SERIES_COLORS = ["#882255", "#332288", "#009E73", "#CC79A7", "#AA4499", "#56B4E9", "#999933", "#000000"]
 LINE_STYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D", "v", "P"]
