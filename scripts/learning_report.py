@@ -12,7 +12,8 @@ writes them as a markdown table between the markers
 
 replacing what was there (the section is appended to the document when it has no markers), with
 the run's date, mode (full or smoke), seeds and environment from ``RUN_DIR/summary.json`` when the run
-wrote one. Everything outside the markers is left as it is.
+wrote one. Its prose is wrapped at ``WIDTH`` characters (the table's rows are not: a row is one line).
+Everything outside the markers is left as it is.
 
 Exit codes: 0 written; 2 bad input (a folder that is not a run, a run with no prediction recorded, a
 document that is missing or whose markers are broken), with a message naming the path and the fix.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from datetime import datetime
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from workbench.core.paths import REPO_ROOT  # noqa: E402
 
 BEGIN = "<!-- learning-report: begin -->"
 END = "<!-- learning-report: end -->"
+WIDTH = 120  # the docs' prose lines stay under 160 characters; tables are exempt
 
 
 class InputProblem(Exception):
@@ -70,6 +73,11 @@ def _seeds(rows: list[dict], payloads: dict[str, dict]) -> str:
     return ", ".join(map(str, counts)) if counts else "not recorded"
 
 
+def _wrap(text: str, indent: str = "") -> str:
+    """``text`` as lines of at most ``WIDTH`` characters, continuation lines indented by ``indent``."""
+    return textwrap.fill(text, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+
+
 def section(run: Path, payloads: dict[str, dict], summary: dict) -> str:
     """The marked section: where the numbers come from, the tally, the table, how to read it."""
     rows = consequence_rows(payloads)
@@ -88,15 +96,15 @@ def section(run: Path, payloads: dict[str, dict], summary: dict) -> str:
         BEGIN,
         "## Does it matter? (generated)",
         "",
-        f"Written by `python scripts/learning_report.py runs/{run.name}` from that catalogue run; do not edit by hand.",
+        _wrap(f"Written by `python scripts/learning_report.py runs/{run.name}` from that catalogue run; do not edit by hand."),
         "",
-        f"- run finished: {date}",
-        f"- mode: {mode}; seeds per training notebook: {_seeds(rows, payloads)}",
-        f"- environment: {env}",
+        _wrap(f"- run finished: {date}", "  "),
+        _wrap(f"- mode: {mode}; seeds per training notebook: {_seeds(rows, payloads)}", "  "),
+        _wrap(f"- environment: {env}", "  "),
         "",
-        f"{tally(rows)}. Effect = bug − fix over seeds ± its standard error; it is larger than seed noise when "
-        "|effect| > the 95 % t threshold × s.e., and that product is the minimum detectable effect (MDE): a null "
-        "reads \"no effect > MDE\", the largest effect these seeds rule out.",
+        _wrap(f"{tally(rows)}. Effect = bug − fix over seeds ± its standard error; it is larger than seed noise when "
+              "|effect| > the 95 % t threshold × s.e., and that product is the minimum detectable effect (MDE): a null "
+              "reads \"no effect > MDE\", the largest effect these seeds rule out."),
         "",
         markdown_table(rows),
         END,
