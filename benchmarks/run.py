@@ -48,8 +48,8 @@ puts a second source tree's workbench (e.g. ``git archive <commit> | tar -x -C D
 larger-model rotations as one more process: its lines say this tree ÷ baseline per repeat, whether the
 rewards/losses were identical step by step (same seeds), and the baseline against TRL from the same repeats.
 
-``--write`` appends the lines, the machine, the load average and the settings to
-benchmarks/RESULTS.md.
+``--write`` appends the lines, the machine, the load average and the settings as an entry of today's journal
+file, docs/journal/<YYYY-MM-DD>.md (benchmarks/RESULTS.md states the current figures and links there).
 """
 
 from __future__ import annotations
@@ -855,6 +855,14 @@ def _graph_comparison_lines(label: str, summary: dict, measure: str) -> list[str
             for other, s in summary.get("graph", {}).items()]
 
 
+def journal_file() -> Path:
+    """Today's journal file, docs/journal/<YYYY-MM-DD>.md, started with its title when it does not exist yet."""
+    path = HERE.parent / "docs" / "journal" / f"{time.strftime('%Y-%m-%d')}.md"
+    if not path.exists():
+        path.write_text(f"# {time.strftime('%Y-%m-%d')}\n")
+    return path
+
+
 def _load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -872,7 +880,7 @@ def main() -> int:
     parser.add_argument("--model", default="tiny", choices=("tiny", "qwen2.5-0.5b"),
                         help="tiny: the shipped tiny-arith-qwen2 (and the 12M larger model); qwen2.5-0.5b: a random model of "
                              "Qwen2.5-0.5B's shape in bf16 for the sampler, GRPO and DPO lines (a GPU run: --device cuda)")
-    parser.add_argument("--write", action="store_true", help="append the results to benchmarks/RESULTS.md")
+    parser.add_argument("--write", action="store_true", help="append the results to today's journal file, docs/journal/<YYYY-MM-DD>.md")
     parser.add_argument("--watch-only", action="store_true", help="only the watch-overhead line (GRPO with vs without workbench.watch)")
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--folder", default=None, help=argparse.SUPPRESS)
@@ -1000,7 +1008,7 @@ def main() -> int:
 
 
 def _finish(args, lines: list[str], start: float, load_before: str, steps: int, repeats: int, large_steps: int) -> int:
-    """Print the lines (and append them to RESULTS.md with ``--write``)."""
+    """Print the lines (and append them to today's journal file with ``--write``)."""
     load_after = _load()
     for line in lines:
         print(line)
@@ -1018,10 +1026,10 @@ def _finish(args, lines: list[str], start: float, load_before: str, steps: int, 
         machine = f"{cpu_model()}, {os.cpu_count()} CPU cores"
         if args.device == "cuda":
             machine += f", {torch.cuda.get_device_name()}"
-        with open(HERE / "RESULTS.md", "a") as f:
+        with open(journal_file(), "a") as f:
             only = "" if set(args.lines.split(",")) == set(LINES) else f" (lines: {args.lines})"
             versus = f", against baseline tree {args.baseline}" if args.baseline else ""
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} — {'quick' if args.quick else 'full'} run{only}{versus}, {args.device}\n\n")
+            f.write(f"\n## {time.strftime('%H:%M')} — benchmarks: {'quick' if args.quick else 'full'} run{only}{versus}, {args.device}\n\n")
             f.write(f"Machine: {machine}, Python {platform.python_version()}, torch {torch.__version__}, "
                     f"transformers {transformers.__version__}, trl {trl.__version__}; {args.threads} thread(s) per process; "
                     f"load average (1/5/15 min) {load_before} before, {load_after} after ({elapsed:.0f} s)\n\n")

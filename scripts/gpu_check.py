@@ -36,7 +36,8 @@ prints, then writes as JSON:
    step 0 must be exactly 0, DPO's step-0 margins exactly 0 (the invariances of
    ``tests/trainers/test_invariances.py``, here on the GPU), with each step's wall time.
 
-Nothing here is a test (CI has no GPU); ``docs/GPU.md`` records what it printed, with the machine.
+Nothing here is a test (CI has no GPU); ``docs/journal/`` records what it printed, with the machine;
+``docs/GPU.md`` gives the current figures.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ LOGPROB_TOLERANCE = 1e-4
 
 
 def cuda(test):
-    """Marked ``gpu`` and skipped without a CUDA device (CI has none; docs/GPU.md records the runs)."""
+    """Marked ``gpu`` and skipped without a CUDA device (CI has none; docs/journal/ records the runs)."""
     return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")(test))
 
 

@@ -2,7 +2,7 @@
 
 A renamed or moved function leaves its old name in prose that no test runs (a README or a notebook's first cell
 naming a loader that was merged into another). Names are resolved by importing the longest importable module prefix
-and following attributes from there. benchmarks/RESULTS.md is a dated record and not read.
+and following attributes from there. The journal (docs/journal/) is a dated record and not read.
 """
 
 import importlib
@@ -15,7 +15,8 @@ NAME = re.compile(r"(?<![\w./-])workbench(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 def _texts():
-    for path in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]:
+    for path in [REPO_ROOT / "README.md", REPO_ROOT / "CONTRIBUTING.md", REPO_ROOT / "benchmarks" / "RESULTS.md",
+                 *sorted((REPO_ROOT / "docs").glob("*.md"))]:
         yield path, path.read_text()
     for path in sorted((REPO_ROOT / "notebooks").rglob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]

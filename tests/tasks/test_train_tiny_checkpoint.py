@@ -86,7 +86,7 @@ def test_the_cards_tokenizer_instruction_gives_the_workbench_ids(shipped):
 
 def test_shipped_restate_checkpoint_is_right_part_of_the_time_and_sometimes_goes_on():
     """``tiny-restate-qwen2``: greedy accuracy in the card's 30-60 % band, and sampled at temperature 1 (as RL samples)
-    it restates its first answer a varying number of times — the room pitfall P11 needs (docs/LEARNING.md, regime E)."""
+    it restates its first answer a varying number of times — the room pitfall P11 needs (docs/journal/2026-11-26.md, 22:34, regime E)."""
     import torch
 
     from workbench.tasks import restate

@@ -24,7 +24,7 @@ Its logits therefore agree with the plain path's within float noise, not bitwise
 computation, behind its own switch (``sample(cuda_graph=True)``, ``RolloutConfig.cuda_graph``,
 off by default). Tolerance tested on the CPU (the captured code runs there eagerly:
 ``capture=False``) and, where a GPU is present, the replayed graph against the eager step
-(``tests/modeling/test_graphed_decode.py``; measurements in ``docs/GPU.md``).
+(``tests/modeling/test_graphed_decode.py``; current figures in ``docs/GPU.md``, runs in ``docs/journal/``).
 
 Capture happens once per ``sample`` call (the buffers belong to the batch): two warm-up steps on
 a side stream, then the recording, both undone (the column reset; the warm-up's keys and values
@@ -48,7 +48,7 @@ def capturable(model) -> bool:
     CUDA autocast (``precision="bf16-mixed"``). Under autocast the recorded step would read autocast's cached bf16
     copies of the weights, valid only while that cache lives; PyTorch's ``make_graphed_callables`` refuses that
     cache (``cache_enabled=False`` required), and no graph under autocast has been run on a GPU here — so that case takes the
-    static decoder. fp32 and pure bf16 (``precision="bf16"``) were measured (docs/GPU.md)."""
+    static decoder. fp32 and pure bf16 (``precision="bf16"``) were measured (docs/journal/2026-11-27.md, fourth lease)."""
     return model.lm_head.weight.device.type == "cuda" and not torch.is_autocast_enabled("cuda")
 
 

@@ -2,7 +2,7 @@
 
 Why a third task: pitfall P11 (truncated responses scored as if finished) acts when a response has
 stated its answer, goes on, and is cut by the budget before EOS. The shipped ``arith`` and ``sums``
-policies stop right after their answer with probability ≈ 1 (docs/LEARNING.md), so a truncated response
+policies stop right after their answer with probability ≈ 1 (docs/journal/2026-11-26.md, 12:14), so a truncated response
 there is one the budget cut *inside* its answer, which a text-only reward rarely pays. Real policies do
 go on after their answer ("The answer is 55. So the answer is 55. …"); a reward that extracts the first
 answer pays such a response whether or not it ever stopped. This task gives a tiny policy that habit.
