@@ -32,7 +32,7 @@ def grpo_step(arch: str, callback: WatchCallback):
     args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="watch-grpo-"), per_device_train_batch_size=8, num_generations=2,
                       max_completion_length=6, beta=0.0, **CPU)
     trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions], args=args,
-                          train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS] * 4), processing_class=tokenizer,
+                          train_dataset=Dataset.from_list([{"prompt": prompt} for prompt in PROMPTS] * 4), processing_class=tokenizer,
                           callbacks=[callback])
     trainer.train()
     return trainer
@@ -43,8 +43,8 @@ def test_trl_grpo_step_flags_s1_by_position_encoding(arch, severity):
     callback = WatchCallback()
     trainer = grpo_step(arch, callback)
     report = callback.report()
-    s1 = [f for f in report.findings if f.pitfall == "S1"]
-    assert s1 and {f.severity for f in s1} == {severity}, str(report)
+    s1 = [finding for finding in report.findings if finding.pitfall == "S1"]
+    assert s1 and {finding.severity for finding in s1} == {severity}, str(report)
     assert s1[0].evidence["left_padded_rows"] > 0 and "grpo_trainer.py" in s1[0].where
     assert report.observed["generate_calls"] == 1 and report.observed["training_forwards"] >= 1
     logged = trainer.state.log_history[0]

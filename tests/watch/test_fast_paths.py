@@ -58,7 +58,7 @@ def fast_calls(monkeypatch):
 
 
 def slow_paths(monkeypatch):
-    """Every forward through model(...)/model.model(...), as before the fast paths existed (or with foreign hooks)."""
+    """Every forward through model(...)/model.model(...): the path a model with foreign hooks takes."""
     monkeypatch.setattr(rollout, "unsupported_reason", lambda model: "switched off by the test")
     monkeypatch.setattr(inline_body, "usable", lambda model: False)
 
@@ -76,30 +76,30 @@ def watched_run(kind: str, switches: dict, deep: bool):
         trainer = GRPOTrainer(model, tokenizer, RAGGED, GRPOConfig(**{"steps": 2, "progress": False, "prompts_per_step": 4,
                                                                      "num_generations": 4, "max_new_tokens": 6, **switches}))
     optimizer = getattr(trainer, "optimizer", None) or trainer.policy_optimizer
-    with watch(model, tokenizer=tokenizer, reference=reference, optimizer=optimizer, deep=deep) as w:
+    with watch(model, tokenizer=tokenizer, reference=reference, optimizer=optimizer, deep=deep) as watcher:
         trainer.train()
-    return w.report()
+    return watcher.report()
 
 
 def observations(report) -> tuple[list, dict]:
     """Findings as (pitfall, severity, call-site file, evidence), sorted; the counters. The call site's line differs
     between the paths (the line that called the fast path vs the line that called model(...)), its file does not."""
-    findings = sorted(((f.pitfall, f.severity, Path(f.where.rsplit(":", 1)[0]).name, f.evidence) for f in report.findings),
-                      key=lambda x: x[:3])
+    findings = sorted(((finding.pitfall, finding.severity, Path(finding.where.rsplit(":", 1)[0]).name, finding.evidence)
+                       for finding in report.findings), key=lambda finding: finding[:3])
     return findings, dict(report.observed)
 
 
 def assert_same_observations(fast, slow):
     (fast_findings, fast_counts), (slow_findings, slow_counts) = observations(fast), observations(slow)
     assert fast_counts == slow_counts
-    assert [f[:3] for f in fast_findings] == [f[:3] for f in slow_findings], (fast_findings, slow_findings)
-    for (*key, a), (_, _, _, b) in zip(fast_findings, slow_findings, strict=True):
-        assert a.keys() == b.keys(), key
-        for name, value in a.items():
+    assert [finding[:3] for finding in fast_findings] == [finding[:3] for finding in slow_findings], (fast_findings, slow_findings)
+    for (*key, fast_evidence), (_, _, _, slow_evidence) in zip(fast_findings, slow_findings, strict=True):
+        assert fast_evidence.keys() == slow_evidence.keys(), key
+        for name, value in fast_evidence.items():
             if isinstance(value, float):  # deep mode's fits: other kernels' float noise is allowed, nothing else
-                assert value == pytest.approx(b[name], rel=1e-4, abs=1e-6), (key, name)
+                assert value == pytest.approx(slow_evidence[name], rel=1e-4, abs=1e-6), (key, name)
             else:
-                assert value == b[name], (key, name)
+                assert value == slow_evidence[name], (key, name)
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
@@ -115,7 +115,7 @@ def test_same_findings_with_and_without_the_fast_paths(name, fast_calls, monkeyp
     if expected is None:
         assert not fast.errors and not fast.findings, str(fast)
     else:
-        assert expected in [(f.pitfall, f.severity) for f in fast.findings], str(fast)
+        assert expected in [(finding.pitfall, finding.severity) for finding in fast.findings], str(fast)
     assert fast.observed["forwards"] > 0
     assert_same_observations(fast, slow)
 
@@ -131,16 +131,16 @@ def test_double_bos_and_decoding_past_eos_through_the_decoder(fast_calls, monkey
         with monkeypatch.context() as m:
             if not fast:
                 slow_paths(m)
-            with watch(model, tokenizer=tokenizer) as w:
+            with watch(model, tokenizer=tokenizer) as watcher:
                 sample(model, prompts, mask, max_new_tokens=12, eos_token_id=tokenizer.eos_token_id,
                        pad_token_id=tokenizer.pad_token_id, stop_at_eos=False, generator=torch.Generator().manual_seed(0),
                        static_cache=True, share_prefill=True)
-            reports.append(w.report())
+            reports.append(watcher.report())
         if fast:
             assert fast_calls["decoder"] == 12  # one prefill + 11 steps, all without model(...)
-    p21 = [f for f in reports[0].findings if f.pitfall == "P21"]
+    p21 = [finding for finding in reports[0].findings if finding.pitfall == "P21"]
     assert len(p21) == 1 and p21[0].evidence["rows"] == 2 and p21[0].evidence["bos_id"] == bos, str(reports[0])  # distinct rows
-    s3 = [f for f in reports[0].findings if f.pitfall == "S3"]
+    s3 = [finding for finding in reports[0].findings if finding.pitfall == "S3"]
     assert s3 and s3[0].evidence["wasted_decode_forwards"] > 0 and s3[0].where.split(":")[0].endswith("rollout.py"), str(reports[0])
     assert reports[0].observed["decode_forwards"] == 11 and reports[0].observed["no_grad_forwards"] == 12
     assert_same_observations(*reports)
@@ -151,8 +151,8 @@ def test_the_fast_paths_are_taken_while_watched_and_a_foreign_hook_still_stops_t
     assert decode.unsupported_reason(model) is None and inline_body.usable(model)
     trainer = GRPOTrainer(model, tokenizer, RAGGED, GRPOConfig(steps=1, progress=False, prompts_per_step=2, num_generations=4,
                                                                 max_new_tokens=6))
-    with watch(model, tokenizer=tokenizer, optimizer=trainer.optimizer) as w:
-        hooks = [h for m in (model, model.model) for h in (*m._forward_pre_hooks.values(), *m._forward_hooks.values())]
+    with watch(model, tokenizer=tokenizer, optimizer=trainer.optimizer) as watcher:
+        hooks = [hook for module in (model, model.model) for hook in (*module._forward_pre_hooks.values(), *module._forward_hooks.values())]
         assert len(hooks) == 4 and all(observers.covered(h) for h in hooks)
         assert decode.unsupported_reason(model) is None and inline_body.usable(model)  # the watch's hooks are covered
         trainer.train_step(0)
@@ -165,6 +165,6 @@ def test_the_fast_paths_are_taken_while_watched_and_a_foreign_hook_still_stops_t
             handle.remove()
     assert taken["decoder"] > 0 and taken["body"] == 1, taken
     assert fast_calls == taken  # step 1 (foreign hook) ran through model(...)
-    observed = w.report().observed
+    observed = watcher.report().observed
     assert observed["training_forwards"] == 2 and observed["sampler_calls"] == 2  # both steps seen, whichever path
     assert not any(observers.covered(h) for h in hooks) and not observers.listening()  # detached after the block

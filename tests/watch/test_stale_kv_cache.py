@@ -25,12 +25,12 @@ def train_step(model, optimizer):
 
 
 def p29(report):
-    return [f for f in report.findings if f.pitfall == "P29"]
+    return [finding for finding in report.findings if finding.pitfall == "P29"]
 
 
 def test_cache_reused_after_optimizer_steps_is_flagged_with_the_steps():
     model, tokenizer, optimizer = setup()
-    with watch(model, tokenizer=tokenizer, optimizer=optimizer) as w:
+    with watch(model, tokenizer=tokenizer, optimizer=optimizer) as watcher:
         with torch.no_grad():
             cache = model(input_ids=PROMPT[:, :-1], use_cache=True).past_key_values  # filled by the old weights
         train_step(model, optimizer)
@@ -38,8 +38,8 @@ def test_cache_reused_after_optimizer_steps_is_flagged_with_the_steps():
         with torch.no_grad():
             stale = model(input_ids=PROMPT[:, -1:], past_key_values=cache, use_cache=True).logits  # reused: the bug
             model(input_ids=stale[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)  # the same decoding goes on
-    found = p29(w.report())
-    assert len(found) == 1 and found[0].severity == "error", str(w.report())
+    found = p29(watcher.report())
+    assert len(found) == 1 and found[0].severity == "error", str(watcher.report())
     evidence = found[0].evidence
     assert evidence["optimizer_steps_since_fill"] == 2 and evidence["calls"] == 1 and evidence["parameters_updated"] > 0, evidence
     assert found[0].where.startswith(__file__), found[0].where
@@ -47,19 +47,20 @@ def test_cache_reused_after_optimizer_steps_is_flagged_with_the_steps():
 
 def test_generate_on_a_stale_cache_is_flagged_at_the_generate_call():
     model, tokenizer, optimizer = setup()
-    with watch(model, tokenizer=tokenizer, optimizer=optimizer) as w:
+    with watch(model, tokenizer=tokenizer, optimizer=optimizer) as watcher:
         with torch.no_grad():
             cache = model(input_ids=PROMPT[:, :-1], use_cache=True).past_key_values
         train_step(model, optimizer)
         model.generate(PROMPT, past_key_values=cache, max_new_tokens=3, do_sample=False)
-    found = p29(w.report())
-    assert len(found) == 1 and found[0].evidence["optimizer_steps_since_fill"] == 1 and found[0].evidence["calls"] == 1, str(w.report())
+    found = p29(watcher.report())
+    assert len(found) == 1 and found[0].evidence["optimizer_steps_since_fill"] == 1, str(watcher.report())
+    assert found[0].evidence["calls"] == 1
     assert found[0].where.startswith(__file__)
 
 
 def test_incremental_decoding_and_a_fresh_cache_after_the_step_are_not_flagged():
     model, tokenizer, optimizer = setup()
-    with watch(model, tokenizer=tokenizer, optimizer=optimizer) as w:
+    with watch(model, tokenizer=tokenizer, optimizer=optimizer) as watcher:
         with torch.no_grad():
             cache = model(input_ids=PROMPT[:, :-1], use_cache=True).past_key_values
             token = PROMPT[:, -1:]
@@ -71,29 +72,29 @@ def test_incremental_decoding_and_a_fresh_cache_after_the_step_are_not_flagged()
         with torch.no_grad():
             fresh = model(input_ids=PROMPT[:, :-1], use_cache=True).past_key_values
             model(input_ids=PROMPT[:, -1:], past_key_values=fresh, use_cache=True)
-    report = w.report()
+    report = watcher.report()
     assert not p29(report) and report.observed["decode_forwards"] >= 10 and report.observed["optimizer_steps"] == 1, str(report)
-    assert "P29" not in [n["pitfall"] for n in report.not_observable]
+    assert "P29" not in [entry["pitfall"] for entry in report.not_observable]
 
 
 def test_without_an_optimizer_an_in_place_update_is_still_seen():
     model, tokenizer, _ = setup()
-    with watch(model, tokenizer=tokenizer) as w:
+    with watch(model, tokenizer=tokenizer) as watcher:
         with torch.no_grad():
             cache = model(input_ids=PROMPT[:, :-1], use_cache=True).past_key_values
             next(model.parameters()).add_(0.01)  # a weight sync written in place (load_state_dict does the same)
             model(input_ids=PROMPT[:, -1:], past_key_values=cache, use_cache=True)
-    found = p29(w.report())
-    assert len(found) == 1 and found[0].evidence["parameters_updated"] == 1, str(w.report())
+    found = p29(watcher.report())
+    assert len(found) == 1 and found[0].evidence["parameters_updated"] == 1, str(watcher.report())
     assert "optimizer_steps_since_fill" not in found[0].evidence
 
 
 def test_no_optimizer_and_no_update_is_reported_not_observable():
     model, tokenizer, _ = setup()
-    with watch(model, tokenizer=tokenizer) as w:
+    with watch(model, tokenizer=tokenizer) as watcher:
         model.generate(PROMPT, max_new_tokens=3, do_sample=False)
-    report = w.report()
-    missing = {n["pitfall"]: n for n in report.not_observable}
+    report = watcher.report()
+    missing = {entry["pitfall"]: entry for entry in report.not_observable}
     assert not p29(report) and missing["P29"]["check"] is None and "optimizer=" in missing["P29"]["why"]
     assert "P29" in str(report) and "P29" in report.html()
     assert report.to_dict()["not_observable"][-1] == {"pitfall": "P29", "check": None, "why": missing["P29"]["why"]}

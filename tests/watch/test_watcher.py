@@ -61,9 +61,9 @@ def watched_step(kind: str, name: str, switches: dict, deep: bool, prompts: int 
         trainer = GRPOTrainer(model, tokenizer, problems, GRPOConfig(**{"steps": 1, "progress": False, "prompts_per_step": prompts,
                                                                        "num_generations": 4, "max_new_tokens": 6, **switches}))
     optimizer = getattr(trainer, "optimizer", None) or trainer.policy_optimizer
-    with watch(model, tokenizer=tokenizer, optimizer=optimizer, deep=deep) as w:
+    with watch(model, tokenizer=tokenizer, optimizer=optimizer, deep=deep) as watcher:
         trainer.train()
-    return w.report()
+    return watcher.report()
 
 
 @pytest.mark.parametrize("pitfall", sorted(SWITCHES))
@@ -71,12 +71,12 @@ def test_switch_on_is_flagged_with_its_id(pitfall):
     kind, name, bug, shared, deep = SWITCHES[pitfall]
     report = watched_step(kind, name, {**shared, **bug}, deep)
     assert pitfall in report.pitfalls(), str(report)
-    finding = next(f for f in report.findings if f.pitfall == pitfall)
+    finding = next(found for found in report.findings if found.pitfall == pitfall)
     assert finding.evidence and ":" in finding.where, finding
 
 
 # the fix runs share configurations (GRPO's defaults three times): two in the default suite, the rest under -m slow
-FIX_RUNS = [p if p in ("S1", "S4") else pytest.param(p, marks=pytest.mark.slow) for p in sorted(SWITCHES)]
+FIX_RUNS = [pitfall if pitfall in ("S1", "S4") else pytest.param(pitfall, marks=pytest.mark.slow) for pitfall in sorted(SWITCHES)]
 
 
 @pytest.mark.parametrize("pitfall", FIX_RUNS)
@@ -89,14 +89,14 @@ def test_switch_at_its_fix_has_no_error(pitfall):
 
 def test_s1_is_a_warning_only_on_a_rotary_model():
     report = watched_step("grpo", "tiny-arith-qwen2", {"position_ids": "model"}, False)
-    s1 = [f for f in report.findings if f.pitfall == "S1"]
-    assert s1 and all(f.severity == "warning" for f in s1) and "fp32 hides" in s1[0].message
+    s1 = [finding for finding in report.findings if finding.pitfall == "S1"]
+    assert s1 and all(finding.severity == "warning" for finding in s1) and "fp32 hides" in s1[0].message
 
 
 def test_p7_is_a_warning_when_dropout_is_zero():
     report = watched_step("grpo", "tiny-arith-qwen2", {"disable_dropout": False}, False)
-    p7 = [f for f in report.findings if f.pitfall == "P7"]
-    assert p7 and all(f.severity == "warning" for f in p7) and "harmless here" in p7[0].message
+    p7 = [finding for finding in report.findings if finding.pitfall == "P7"]
+    assert p7 and all(finding.severity == "warning" for finding in p7) and "harmless here" in p7[0].message
 
 
 @pytest.mark.parametrize("filtered_loss", [False, True])
@@ -105,17 +105,17 @@ def test_p14_full_softmax_under_a_top_k_sampler(filtered_loss):
     model, tokenizer = load("tiny-arith-qwen2")
     prompts = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]]).repeat_interleave(4, 0)
     mask = (torch.arange(5) >= torch.tensor([2, 0]).repeat_interleave(4)[:, None]).long()
-    with watch(model, tokenizer=tokenizer, deep=True) as w:
-        r = sample(model, prompts, mask, max_new_tokens=6, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                   temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(0))
-        ids, full_mask = r.sequences()
+    with watch(model, tokenizer=tokenizer, deep=True) as watcher:
+        rollout = sample(model, prompts, mask, max_new_tokens=6, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(0))
+        ids, full_mask = rollout.sequences()
         logits = model(input_ids=ids, attention_mask=full_mask, position_ids=position_ids_from_mask(full_mask)).logits[:, 4:-1].float()
         if filtered_loss:
             logits = filter_logits(logits, top_k=5, top_p=1.0)
-        logp = logits.log_softmax(-1).gather(-1, r.response_ids[..., None])[..., 0]
+        logp = logits.log_softmax(-1).gather(-1, rollout.response_ids[..., None])[..., 0]
         advantage = torch.linspace(-1, 1, ids.shape[0])[:, None]
-        (-(advantage * logp * r.response_mask).sum()).backward()
-    assert ("P14" in w.report().pitfalls()) is not filtered_loss, str(w.report())
+        (-(advantage * logp * rollout.response_mask).sum()).backward()
+    assert ("P14" in watcher.report().pitfalls()) is not filtered_loss, str(watcher.report())
 
 
 def test_user_style_trainer_findings_match_its_planted_bugs():
@@ -128,18 +128,19 @@ def test_user_style_trainer_findings_match_its_planted_bugs():
         torch.manual_seed(0)
         model, tokenizer = tiny_gpt2_with_dropout()
         trainer = LittleGRPO(model, tokenizer, buggy=buggy)
-        with watch(model, tokenizer=tokenizer, deep=True) as w:
+        with watch(model, tokenizer=tokenizer, deep=True) as watcher:
             trainer.step({"prompts": ["1+2=", "12+34="], "n": 4})
-        found = w.report().pitfalls("error")
-        assert found == (set(PLANTED) if buggy else set()), str(w.report())
+        found = watcher.report().pitfalls("error")
+        assert found == (set(PLANTED) if buggy else set()), str(watcher.report())
 
 
 def test_report_schema_is_json_safe_and_names_what_to_audit():
     report = watched_step("grpo", "tiny-gpt2", {"position_ids": "model"}, False)
-    d = json.loads(json.dumps(report.to_dict()))
-    assert set(d) == {"findings", "observed", "not_observable", "cost"}
-    assert set(d["findings"][0]) == {"pitfall", "severity", "message", "evidence", "where"}
-    assert {n["pitfall"]: n["check"] for n in d["not_observable"]} == {"S5": "check_aggregation", "P10": "check_grad_accumulation"}
+    data = json.loads(json.dumps(report.to_dict()))
+    assert set(data) == {"findings", "observed", "not_observable", "cost"}
+    assert set(data["findings"][0]) == {"pitfall", "severity", "message", "evidence", "where"}
+    checks = {entry["pitfall"]: entry["check"] for entry in data["not_observable"]}
+    assert checks == {"S5": "check_aggregation", "P10": "check_grad_accumulation"}
     assert "S1" in report.html() and "S1" in str(report)
 
 
@@ -160,25 +161,25 @@ def test_the_report_says_what_watching_cost(deep):
 
 def test_calls_after_the_block_do_not_count_as_its_cost():
     model, tokenizer = tiny_model("gpt2", seed=1)
-    with watch(model, tokenizer=tokenizer) as w:
+    with watch(model, tokenizer=tokenizer) as watcher:
         model(input_ids=torch.tensor([[5, 6, 7]]), attention_mask=torch.ones(1, 3, dtype=torch.long))
-    spent = w.report().cost["watch_seconds"]
+    spent = watcher.report().cost["watch_seconds"]
     assert spent > 0
-    w._pre("policy", model, model, (), {"input_ids": torch.tensor([[5, 6]]), "attention_mask": torch.ones(1, 2)})
-    assert w.report().cost["watch_seconds"] == spent
+    watcher._pre("policy", model, model, (), {"input_ids": torch.tensor([[5, 6]]), "attention_mask": torch.ones(1, 2)})
+    assert watcher.report().cost["watch_seconds"] == spent
 
 
 def test_hooks_are_removed_after_the_block():
     model, tokenizer = tiny_model("gpt2", seed=1)
-    with watch(model, tokenizer=tokenizer) as w:
+    with watch(model, tokenizer=tokenizer) as watcher:
         pass
     ids = torch.tensor([[0, 5, 6]])
     model(input_ids=ids, attention_mask=torch.tensor([[0, 1, 1]]))
-    assert w.report().observed["forwards"] == 0 and "generate" not in model.__dict__
+    assert watcher.report().observed["forwards"] == 0 and "generate" not in model.__dict__
 
 
 def test_importing_the_watch_loads_no_transformers():
-    code = "import sys, workbench.watch; print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))"
+    code = "import sys, workbench.watch; print(sorted(name for name in sys.modules if name.split('.')[0] == 'transformers'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"
 
@@ -208,9 +209,9 @@ def test_switches_on_realistic_checkpoints(name, pitfall):
     assert not fixed.errors, str(fixed)
     assert pitfall in on.pitfalls(), str(on)
     if pitfall == "S1":
-        s1 = [f for f in on.findings if f.pitfall == "S1"]
-        assert {f.severity for f in s1} == ({"error"} if name.endswith("gpt2") else {"warning"})
-        assert all(f.evidence["left_padded_rows"] > 0 for f in s1)
+        s1 = [finding for finding in on.findings if finding.pitfall == "S1"]
+        assert {finding.severity for finding in s1} == ({"error"} if name.endswith("gpt2") else {"warning"})
+        assert all(finding.evidence["left_padded_rows"] > 0 for finding in s1)
 
 
 def _causal_sdpa_as_flash(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -242,7 +243,7 @@ def flash_4_named(monkeypatch):
 
 
 def _s2(report):
-    return [f for f in report.findings if f.pitfall == "S2"]
+    return [finding for finding in report.findings if finding.pitfall == "S2"]
 
 
 def test_training_through_flash_attention_4_at_a_head_dim_measured_wrong_is_flagged_with_the_measurement(flash_4_named):
@@ -250,29 +251,29 @@ def test_training_through_flash_attention_4_at_a_head_dim_measured_wrong_is_flag
     ids = torch.randint(4, 50, (3, 6), generator=torch.Generator().manual_seed(0))
     padded = torch.ones_like(ids)
     padded[0, :2] = 0
-    with watch(model, tokenizer=tokenizer) as w:
+    with watch(model, tokenizer=tokenizer) as watcher:
         with torch.no_grad():
             model(input_ids=ids, attention_mask=padded)  # scoring: no gradient, nothing to flag
-    assert _s2(w.report()) == []
-    with watch(model, tokenizer=tokenizer) as w:
+    assert _s2(watcher.report()) == []
+    with watch(model, tokenizer=tokenizer) as watcher:
         model(input_ids=ids, attention_mask=torch.ones_like(ids))  # unpadded: the dense kernel's dq is wrong at 16 too
-    (finding,) = _s2(w.report())
+    (finding,) = _s2(watcher.report())
     assert finding.evidence["rows"] == 3 and finding.evidence["padded_rows"] == 0 and "3 unpadded row(s)" in finding.message
-    with watch(model, tokenizer=tokenizer) as w:
+    with watch(model, tokenizer=tokenizer) as watcher:
         model(input_ids=ids, attention_mask=padded)
-    (finding,) = _s2(w.report())
+    (finding,) = _s2(watcher.report())
     assert finding.severity == "error" and finding.evidence["padded_rows"] == 1
     for part in ("flash_attention_4", "head dim 16 ", "measured wrong", "docs/GPU.md", "sdpa"):
         assert part in finding.message
     row = torch.randint(4, 50, (1, 7), generator=torch.Generator().manual_seed(1))
-    with watch(model, tokenizer=tokenizer) as w:
+    with watch(model, tokenizer=tokenizer) as watcher:
         model(input_ids=row, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3]]))  # two sequences packed into one row
-    (finding,) = _s2(w.report())
+    (finding,) = _s2(watcher.report())
     assert finding.evidence["packed_rows"] == 1 and finding.evidence["padded_rows"] == 0
     rows = torch.randint(4, 50, (2, 7), generator=torch.Generator().manual_seed(2))
-    with watch(model, tokenizer=tokenizer) as w:  # bin-packed rows: one holds two sequences, the other one
+    with watch(model, tokenizer=tokenizer) as watcher:  # bin-packed rows: one holds two sequences, the other one
         model(input_ids=rows, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6]]))
-    (finding,) = _s2(w.report())
+    (finding,) = _s2(watcher.report())
     assert finding.evidence["packed_rows"] == 1 and "1 packed row(s) and 1 unpadded row(s)" in finding.message
 
 
@@ -281,9 +282,9 @@ def test_training_through_flash_attention_4_at_a_head_dim_measured_right_is_not_
     ids = torch.randint(4, 50, (3, 6), generator=torch.Generator().manual_seed(0))
     padded = torch.ones_like(ids)
     padded[0, :2] = 0
-    with watch(model, tokenizer=tokenizer) as w:
+    with watch(model, tokenizer=tokenizer) as watcher:
         model(input_ids=ids, attention_mask=padded)
-    assert _s2(w.report()) == []
+    assert _s2(watcher.report()) == []
 
 
 def test_the_same_padded_training_forward_under_sdpa_is_not_flagged():
@@ -291,6 +292,6 @@ def test_the_same_padded_training_forward_under_sdpa_is_not_flagged():
     ids = torch.randint(4, 50, (3, 6), generator=torch.Generator().manual_seed(0))
     padded = torch.ones_like(ids)
     padded[0, :2] = 0
-    with watch(model, tokenizer=tokenizer) as w:
+    with watch(model, tokenizer=tokenizer) as watcher:
         model(input_ids=ids, attention_mask=padded, position_ids=position_ids_from_mask(padded))
-    assert _s2(w.report()) == []
+    assert _s2(watcher.report()) == []

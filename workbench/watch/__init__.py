@@ -13,8 +13,9 @@ stdlib-only ``core.observers`` and ``core.jsonsafe``), so it runs inside the pee
 import sys
 import types
 
+from workbench.watch.callsite import call_site
 from workbench.watch.report import NOT_OBSERVABLE, Finding, Report
-from workbench.watch.watcher import Watch, call_site, watch
+from workbench.watch.watcher import Watch, watch
 
 __all__ = ["NOT_OBSERVABLE", "Finding", "Report", "Watch", "WatchCallback", "call_site", "watch"]
 

@@ -54,7 +54,7 @@ class WatchCallback(TrainerCallback):
         trainer = self._calling_trainer()
         if trainer is not None:  # first in line, so the reporting callbacks see the scalars this one adds
             handler = trainer.callback_handler
-            handler.callbacks = [self] + [c for c in handler.callbacks if c is not self]
+            handler.callbacks = [self] + [callback for callback in handler.callbacks if callback is not self]
         reference = self.reference if self.reference is not None else getattr(trainer, "ref_model", None)
         model = _unwrap(model if model is not None else getattr(trainer, "model", None), "module")
         if model is None:

@@ -28,6 +28,6 @@ def merged(report: Report) -> Report | None:
     dist.all_gather_object(parts, report.to_dict())
     if rank != 0:
         return None
-    out = Report.merge(Report.from_dict(p) for p in parts)
+    out = Report.merge(Report.from_dict(part) for part in parts)
     out.observed["ranks"] = size
     return out

@@ -15,15 +15,20 @@ from dataclasses import dataclass, field
 from workbench.core.jsonsafe import jsonable
 
 SEVERITIES = ("error", "warning", "info")
+SEVERITY_RANK = {severity: rank for rank, severity in enumerate(SEVERITIES)}  # 0: the most severe
 
 # What a forward hook cannot see: how the loss is reduced. Each names the audit check that decides it. A watch adds
-# entries of its own with ``check`` None when its run gave nothing to observe (P29 without a weight update).
+# entries of its own with ``check`` None when its run gave nothing to observe (P29 without a weight update: P29_UNOBSERVED).
 NOT_OBSERVABLE = (
     {"pitfall": "S5", "check": "check_aggregation",
      "why": "the loss reduction over tokens and sequences happens after the forward"},
     {"pitfall": "P10", "check": "check_grad_accumulation",
      "why": "how micro-batch losses are summed across gradient accumulation happens after the forward"},
 )
+
+P29_UNOBSERVED = ("no optimiser was given and the watched model's weights did not change inside the block, so no weight "
+                  "update was seen to reuse a KV cache across; pass optimizer= (a rollout engine's prefix cache, e.g. "
+                  "vLLM's, is outside the watch: call reset_prefix_cache() after every weight sync)")
 
 
 @dataclass
@@ -44,7 +49,7 @@ class Finding:
                 "evidence": self.evidence, "where": self.where}
 
     def __str__(self) -> str:
-        numbers = ", ".join(f"{k}={_short(v)}" for k, v in self.evidence.items())
+        numbers = ", ".join(f"{name}={_short(value)}" for name, value in self.evidence.items())
         return f"[{self.severity.upper()}] {self.pitfall} at {self.where}: {self.message}" + (f" ({numbers})" if numbers else "")
 
 
@@ -52,7 +57,7 @@ def _short(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, list) and len(value) > 8:
-        return "[" + ", ".join(_short(v) for v in value[:8]) + ", …]"
+        return "[" + ", ".join(_short(item) for item in value[:8]) + ", …]"
     return str(value)
 
 
@@ -69,16 +74,16 @@ class Report:
 
     @property
     def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == "error"]
+        return [finding for finding in self.findings if finding.severity == "error"]
 
     def pitfalls(self, severity: str | None = None) -> set[str]:
         """The pitfall ids found (of one severity, or all)."""
-        return {f.pitfall for f in self.findings if severity is None or f.severity == severity}
+        return {finding.pitfall for finding in self.findings if severity is None or finding.severity == severity}
 
     def to_dict(self) -> dict:
-        return {"findings": [f.to_dict() for f in self.findings], "observed": jsonable(self.observed),
-                "not_observable": [{"pitfall": n["pitfall"], "check": n["check"]} | ({} if n["check"] else {"why": n.get("why", "")})
-                                   for n in self.not_observable],
+        return {"findings": [finding.to_dict() for finding in self.findings], "observed": jsonable(self.observed),
+                "not_observable": [{"pitfall": entry["pitfall"], "check": entry["check"]}
+                                   | ({} if entry["check"] else {"why": entry.get("why", "")}) for entry in self.not_observable],
                 "cost": jsonable(self.cost)}
 
     def cost_line(self) -> str:
@@ -94,35 +99,36 @@ class Report:
         return json.dumps(self.to_dict(), indent=1)
 
     @classmethod
-    def from_dict(cls, d: dict) -> Report:
-        return cls(findings=[Finding(**f) for f in d.get("findings", [])], observed=dict(d.get("observed", {})),
-                   not_observable=[dict(n) for n in d.get("not_observable", NOT_OBSERVABLE)], cost=dict(d.get("cost", {})))
+    def from_dict(cls, data: dict) -> Report:
+        return cls(findings=[Finding(**finding) for finding in data.get("findings", [])], observed=dict(data.get("observed", {})),
+                   not_observable=[dict(entry) for entry in data.get("not_observable", NOT_OBSERVABLE)],
+                   cost=dict(data.get("cost", {})))
 
     @classmethod
     def merge(cls, reports) -> Report:
         """One report from several (e.g. one per rank): findings concatenated, counters summed."""
         merged = cls()
-        for r in reports:
-            merged.findings += r.findings
-            for k, v in r.observed.items():
-                merged.observed[k] = merged.observed.get(k, 0) + v if isinstance(v, (int, float)) else v
-            for k, v in r.cost.items():  # seconds summed over ranks (each rank watched its own block); modes joined
-                if isinstance(v, (int, float)):
-                    merged.cost[k] = merged.cost.get(k, 0.0) + v
-                elif merged.cost.get(k) not in (None, v):
-                    merged.cost[k] = "+".join(sorted(set(str(merged.cost[k]).split("+")) | {str(v)}))
+        for report in reports:
+            merged.findings += report.findings
+            for name, value in report.observed.items():
+                merged.observed[name] = merged.observed.get(name, 0) + value if isinstance(value, (int, float)) else value
+            for name, value in report.cost.items():  # seconds summed over ranks (each rank watched its own block); modes joined
+                if isinstance(value, (int, float)):
+                    merged.cost[name] = merged.cost.get(name, 0.0) + value
+                elif merged.cost.get(name) not in (None, value):
+                    merged.cost[name] = "+".join(sorted(set(str(merged.cost[name]).split("+")) | {str(value)}))
                 else:
-                    merged.cost[k] = v
+                    merged.cost[name] = value
         return merged
 
     def __str__(self) -> str:
-        lines = [str(f) for f in sorted(self.findings, key=lambda f: SEVERITIES.index(f.severity))]
+        lines = [str(finding) for finding in sorted(self.findings, key=lambda finding: SEVERITY_RANK[finding.severity])]
         if not lines:
             lines = ["no pitfall observed"]
-        counts = ", ".join(f"{k}={v}" for k, v in self.observed.items() if v)
+        counts = ", ".join(f"{name}={count}" for name, count in self.observed.items() if count)
         lines.append(f"observed: {counts or 'nothing (was the model called inside the with block?)'}")
-        lines += [f"not observable: {n['pitfall']} — " + (f"run workbench.audit.{n['check']}" if n["check"] else n.get("why", ""))
-                  for n in self.not_observable]
+        lines += [f"not observable: {entry['pitfall']} — "
+                  + (f"run workbench.audit.{entry['check']}" if entry["check"] else entry.get("why", "")) for entry in self.not_observable]
         lines += [cost] if (cost := self.cost_line()) else []
         return "\n".join(lines)
 
@@ -130,15 +136,15 @@ class Report:
         """A self-contained HTML fragment: findings table, counters, what to audit."""
         colour = {"error": "#D55E00", "warning": "#E69F00", "info": "#0072B2"}
         rows = "".join(
-            f'<tr><td style="color:{colour[f.severity]};font-weight:bold">{f.severity}</td><td>{html.escape(f.pitfall)}</td>'
-            f"<td>{html.escape(f.message)}</td><td><code>{html.escape(json.dumps(f.evidence))}</code></td>"
-            f"<td><code>{html.escape(f.where)}</code></td></tr>"
-            for f in self.findings)
+            f'<tr><td style="color:{colour[finding.severity]};font-weight:bold">{finding.severity}</td>'
+            f"<td>{html.escape(finding.pitfall)}</td><td>{html.escape(finding.message)}</td>"
+            f"<td><code>{html.escape(json.dumps(finding.evidence))}</code></td><td><code>{html.escape(finding.where)}</code></td></tr>"
+            for finding in self.findings)
         rows = rows or '<tr><td colspan="5">no pitfall observed</td></tr>'
-        counts = "".join(f"<li>{html.escape(str(k))}: {html.escape(str(v))}</li>" for k, v in self.observed.items())
-        audits = "".join(f"<li>{html.escape(n['pitfall'])}: run <code>workbench.audit.{html.escape(n['check'])}</code></li>"
-                         if n["check"] else f"<li>{html.escape(n['pitfall'])}: {html.escape(n.get('why', ''))}</li>"
-                         for n in self.not_observable)
+        counts = "".join(f"<li>{html.escape(str(name))}: {html.escape(str(count))}</li>" for name, count in self.observed.items())
+        audits = "".join(f"<li>{html.escape(entry['pitfall'])}: run <code>workbench.audit.{html.escape(entry['check'])}</code></li>"
+                         if entry["check"] else f"<li>{html.escape(entry['pitfall'])}: {html.escape(entry.get('why', ''))}</li>"
+                         for entry in self.not_observable)
         return ('<div class="watch-report"><table><thead><tr><th>severity</th><th>pitfall</th><th>message</th>'
                 f"<th>evidence</th><th>where</th></tr></thead><tbody>{rows}</tbody></table>"
                 f"<p>observed</p><ul>{counts}</ul><p>not observable by a watch</p><ul>{audits}</ul>"
@@ -167,8 +173,9 @@ class Report:
     def scalars(self, prefix: str = "watch/") -> dict[str, float]:
         """Numbers a training logger can plot: every counter, findings by severity, and per pitfall the
         number of call sites flagged."""
-        out = {f"{prefix}{k}": float(v) for k, v in self.observed.items() if isinstance(v, (int, float))}
-        out.update({f"{prefix}{severity}s": float(sum(f.severity == severity for f in self.findings)) for severity in SEVERITIES})
-        for f in self.findings:
-            out[f"{prefix}{f.pitfall}"] = out.get(f"{prefix}{f.pitfall}", 0.0) + 1.0
+        out = {f"{prefix}{name}": float(count) for name, count in self.observed.items() if isinstance(count, (int, float))}
+        out.update({f"{prefix}{severity}s": float(sum(finding.severity == severity for finding in self.findings))
+                    for severity in SEVERITIES})
+        for finding in self.findings:
+            out[f"{prefix}{finding.pitfall}"] = out.get(f"{prefix}{finding.pitfall}", 0.0) + 1.0
         return out
