@@ -63,16 +63,17 @@ def measured_token_weights(lengths: list[int], mode: str, max_len: int | None = 
     return [float(per_token.grad[i, 0]) if n > 0 else 0.0 for i, n in enumerate(lengths)]
 
 
-def token_weights(lengths: list[int], modes=losses.LOSS_AGG_MODES) -> dict[str, dict[str, list[float]]]:
-    """Per mode, the gradient weight of one token of each length: ``analytic`` (the table above) and ``measured``
-    (autograd)."""
-    return {mode: {"analytic": analytic_token_weights(lengths, mode), "measured": measured_token_weights(lengths, mode)}
-            for mode in modes}
+def token_weights(lengths: list[int], modes=losses.LOSS_AGG_MODES) -> dict:
+    """The gradient weight of one token of each of ``lengths`` per mode, ``analytic`` (the table above) and ``measured``
+    (autograd): ``{"lengths": lengths, "analytic": {mode: weights}, "measured": {mode: weights}}``."""
+    return {"lengths": list(lengths), "analytic": {mode: analytic_token_weights(lengths, mode) for mode in modes},
+            "measured": {mode: measured_token_weights(lengths, mode) for mode in modes}}
 
 
-def token_weight_error(weights: dict[str, dict[str, list[float]]]) -> float:
+def token_weight_error(weights: dict) -> float:
     """Largest |analytic − autograd| per-token weight of a ``token_weights`` result."""
-    return max(abs(a - m) for w in weights.values() for a, m in zip(w["analytic"], w["measured"], strict=True))
+    return max(abs(a - m) for mode, analytic in weights["analytic"].items()
+               for a, m in zip(analytic, weights["measured"][mode], strict=True))
 
 
 def effective_kl_coefficient(lengths: list[int], beta: float, loss_agg: str) -> list[float]:
@@ -181,12 +182,13 @@ TRAINING_PANELS = (("reward", "reward"), ("length_correct", "length of correct r
                    ("length_incorrect", "length of incorrect responses (tokens)"))
 
 
-def plot_token_weights(ax_token, ax_total, lengths: list[int], weights: dict[str, dict[str, list[float]]]) -> None:
+def plot_token_weights(ax_token, ax_total, weights: dict) -> None:
     """Per-token (analytic lines, autograd markers) and whole-response weight by length, per mode of ``weights``
-    (``token_weights(lengths, modes)``)."""
-    for i, (mode, weight) in enumerate(weights.items()):
+    (``token_weights``)."""
+    lengths = weights["lengths"]
+    for i, (mode, analytic) in enumerate(weights["analytic"].items()):
         color, style = plots.SERIES_COLORS[i], plots.LINE_STYLES[i % len(plots.LINE_STYLES)]
-        analytic, measured = weight["analytic"], weight["measured"]
+        measured = weights["measured"][mode]
         ax_token.plot(lengths, analytic, style, color=color, label=mode, zorder=5 - i)
         ax_token.plot(lengths, measured, plots.MARKERS[i], color=color, markerfacecolor="none", markersize=8)
         ax_total.plot(lengths, [w * n for w, n in zip(analytic, lengths, strict=True)], style, marker=plots.MARKERS[i],
@@ -200,9 +202,9 @@ def plot_token_weights(ax_token, ax_total, lengths: list[int], weights: dict[str
     ax_token.legend(fontsize=8)
 
 
-def figure_token_weights(lengths: list[int], weights: dict[str, dict[str, list[float]]]):
+def figure_token_weights(weights: dict):
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    plot_token_weights(axes[0], axes[1], lengths, weights)
+    plot_token_weights(axes[0], axes[1], weights)
     fig.tight_layout()
     return fig
 
@@ -267,9 +269,9 @@ def loss_mode_explorer() -> Explorer:
         lengths = sorted({1, max(1, longest // 4), max(1, longest // 2), longest})
         weights = token_weights(lengths, [mode])
         fig, axes = plt.subplots(1, 2, figsize=(10, 3))
-        plot_token_weights(axes[0], axes[1], lengths, weights)
+        plot_token_weights(axes[0], axes[1], weights)
         axes[0].set_title(mode)
-        return {"lengths": lengths, "weights": weights[mode]["analytic"]}
+        return {"lengths": lengths, "weights": weights["analytic"][mode]}
 
     controls = {
         "mode": widgets.Dropdown(options=list(losses.LOSS_AGG_MODES), value="token-mean", description="loss_agg"),
