@@ -47,7 +47,7 @@ def test_notebook_is_parameters_calls_and_plots(path):
     assert len(lines) <= 60, f"{path.name}: {len(lines)} code lines; move logic, figures and verdicts into its pitfall module"
     raw = [line for line in lines if re.search(r"\b(ax|axes)(\[[^]]*\])?\.\w+\(|import ipywidgets|\binteract\(", line)]
     assert not raw, f"{path.name} draws or builds widgets itself: {raw}"
-    assert re.fullmatch(r"notebook_api\.write_metrics\(out, \*\*\w+\.(quickstart_)?metrics\(.*\)\)", " ".join(code[-1].split()), re.S)
+    assert re.fullmatch(r"notebook_api\.write_metrics\(out, \*\*\w+\.metrics\(.*\)\)", " ".join(code[-1].split()), re.S)
     if "interactive" in parse_parameters(code[0]):
         shows = r"^if interactive:\n(\s+from IPython\.display import display\n\n)?\s+display\(\w+\.\w+_explorer\("
         assert any(re.search(shows, source) for source in code), f"{path.name} has an interactive parameter but shows no explorer"

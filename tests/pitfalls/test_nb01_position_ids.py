@@ -1,11 +1,8 @@
-"""nb01_position_ids (notebooks 00 and 01): metrics(), figures and the drift explorer."""
-
+"""nb01_position_ids: metrics(), figures and the drift explorer (which notebook 00 shows too)."""
 
 from pitfall_fakes import axes, check_metrics, drew, fake_runs
 
-from workbench.core.batching import pad_sequences
 from workbench.modeling.tiny import ARCHITECTURES, tiny_model
-from workbench.pitfalls import nb01_position_ids as pid
 from workbench.pitfalls import nb01_position_ids as position_ids
 
 
@@ -18,40 +15,29 @@ def test_metrics_returns_write_metrics_arguments():
     policy, _ = tiny_model("gpt2")
     mismatch = {(n, m): {"max_ratio_deviation": 0.3 if m == "model" else 0.0, "sequence_kl_k1": 0.0}
                 for n in ("a", "b") for m in ("model", "mask")}
-    runs = fake_runs(pid.PPO_VARIANTS, ("reward", "kl", "first_logp_gap"))
-    kwargs = pid.metrics(sweep=fake_sweep(), mismatch=mismatch, policy=policy, names=("a", "b"), runs=runs,
-                         effects=pid.ppo_effects(runs), settings={"steps": 4})
+    runs = fake_runs(position_ids.PPO_VARIANTS, ("reward", "kl", "first_logp_gap"))
+    kwargs = position_ids.metrics(sweep=fake_sweep(), mismatch=mismatch, policy=policy, names=("a", "b"), runs=runs,
+                         effects=position_ids.ppo_effects(runs), settings={"steps": 4})
     check_metrics(kwargs, "01_position_ids")
     assert kwargs["reproduced"] and kwargs["fixed"] and kwargs["headline"]["bug"] == 0.5
     assert set(kwargs["metrics"]["ppo_effects"]) == {"reward", "kl", "heldout_accuracy"}
     assert kwargs["metrics"]["first_epoch_ratio_deviation_without"] == {"a": 0.3, "b": 0.3}
 
 
-def test_quickstart_metrics_and_conclusion():
-    policy, _ = tiny_model("gpt2")
-    drift = {"model": [0.2, 0.4], "mask": [0.0, 0.0]}
-    kwargs = pid.quickstart_metrics("tiny-gpt2", policy, drift)
-    check_metrics(kwargs, "00_quickstart")
-    assert kwargs["metrics"] == {"drift_without_position_ids": 0.4, "drift_with_position_ids": 0.0}
-    assert "the fix removes it" in pid.quickstart_conclusion("tiny-gpt2", policy, drift)
-
-
 def test_figures_draw():
-    ids, mask = pad_sequences([[5, 6], [7, 8, 9]], 0, side="left")
-    assert drew(pid.figure_padding_and_positions(ids, mask))
-    assert drew(pid.figure_drift_per_text(["a", "b"], {"model": [0.1, 0.2], "mask": [0.0, 1e-6]}))
-    assert drew(pid.figure_drift_heatmap(fake_sweep()))
-    assert drew(pid.figure_drift_vs_pad(fake_sweep(), (0, 4)))
-    assert drew(pid.figure_first_step({("a", "model"): {"max_ratio_deviation": 1.0, "max_abs_logp_gap": 6.0},
+    assert drew(position_ids.figure_drift_per_text(["a", "b"], {"model": [0.1, 0.2], "mask": [0.0, 1e-6]}))
+    assert drew(position_ids.figure_drift_heatmap(fake_sweep()))
+    assert drew(position_ids.figure_drift_vs_pad(fake_sweep(), (0, 4)))
+    assert drew(position_ids.figure_first_step({("a", "model"): {"max_ratio_deviation": 1.0, "max_abs_logp_gap": 6.0},
                                        ("a", "mask"): {"max_ratio_deviation": 0.0, "max_abs_logp_gap": 0.0}}))
     fig, ax = axes(4)
-    pid.plot_ppo(ax, fake_runs(pid.PPO_VARIANTS, ("reward", "kl", "first_logp_gap")))
+    position_ids.plot_ppo(ax, fake_runs(position_ids.PPO_VARIANTS, ("reward", "kl", "first_logp_gap")))
     assert drew(fig)
-    assert "GPT-2" in pid.drift_summary(fake_sweep())
+    assert "GPT-2" in position_ids.drift_summary(fake_sweep())
 
 
 def test_drift_explorer_redraws_when_the_fix_is_toggled():
-    explorer = pid.position_drift_explorer(["12+7=19", "3*4=12", "88-9=79"])
+    explorer = position_ids.position_drift_explorer(["12+7=19", "3*4=12", "88-9=79"])
     assert explorer.renders == 1 and explorer.last["max_drift"] > 1e-2  # gpt2, position_ids=model
     explorer.controls["position_ids"].value = "mask"
     assert explorer.renders == 2 and explorer.last["max_drift"] < 1e-4
@@ -71,3 +57,11 @@ def test_position_ids_bf16_conclusion_is_chosen_by_the_numbers():
     assert "changes nothing measurable" in position_ids.bf16_rope_conclusion(sweep)[2]
     sweep = {(a, "bf16", "left", m): [v] for a in ("llama", "qwen2") for m, v in (("model", 2e-3), ("mask", 0.0))}
     assert "visible above" in position_ids.bf16_rope_conclusion(sweep)[2]
+
+
+def test_logprob_drift_is_the_largest_drift_per_text():
+    model, tokenizer = tiny_model("gpt2")
+    rows = [tokenizer(t)["input_ids"] for t in ("12+7=19", "3*4=12")] + [[5]]
+    per_text = position_ids.per_text_drift(model, rows, pad_token_id=tokenizer.pad_token_id, extra_pad=4, position_ids="model")
+    assert per_text[2] == 0.0  # a row of one token has no target to score
+    assert position_ids.logprob_drift(model, rows, pad_token_id=tokenizer.pad_token_id, extra_pad=4) == max(per_text) > 1e-2

@@ -47,17 +47,20 @@ def test_padding_verdict_ignores_the_simulated_guard():
     assert padding.verdict(divergent, {"m": {"packed": 0.2}})[1] is False
 
 
-def test_throughput_note_counts_tokens_and_entries():
-    from workbench.pitfalls import nb02_right_padding_flash_attention as padding
+def note_for(lengths: list[int], speedup: float) -> str:
+    """``throughput_note`` for a measured packed/padded ``speedup``."""
+    return padding.throughput_note(lengths, {"padded": 1.0, "packed": speedup}, padding.attention_entries(lengths))
 
-    note = padding.throughput_note([10, 2, 2, 2], 2.5)  # padded: 40 tokens, 400 entries; packed: 16 tokens, 256 entries
+
+def test_throughput_note_counts_tokens_and_entries():
+    note = note_for([10, 2, 2, 2], 2.5)  # padded: 40 tokens, 400 entries; packed: 16 tokens, 256 entries
     assert "2.50× the tokens" in note and "0.64× the attention" in note and "dominates" not in note
-    note = padding.throughput_note([40] + [2] * 30, 2.0)  # padded 1240 tokens / 100 packed; entries 49600 vs 10000 → 0.2×
+    note = note_for([40] + [2] * 30, 2.0)  # padded 1240 tokens / 100 packed; entries 49600 vs 10000 → 0.2×
     assert "12.40× the tokens" in note
-    assert "dominates" in padding.throughput_note([100] + [90] * 31, 1.2)  # dense packed mask has more entries
-    slower = padding.throughput_note([100] + [90] * 31, 0.27)  # the speed-up the H200 measured (docs/GPU.md, sixth lease)
+    assert "dominates" in note_for([100] + [90] * 31, 1.2)  # dense packed mask has more entries
+    slower = note_for([100] + [90] * 31, 0.27)  # the speed-up the H200 measured (docs/GPU.md, sixth lease)
     assert "packing is slower here" in slower and "dominates" not in slower
-    assert "slower" not in padding.throughput_note([10, 2, 2, 2], 0.8)  # fewer entries packed: no attention story to tell
+    assert "slower" not in note_for([10, 2, 2, 2], 0.8)  # fewer entries packed: no attention story to tell
 
 
 def test_flash_checks_skip_with_the_reason_where_no_flash_backend_can_run(monkeypatch):

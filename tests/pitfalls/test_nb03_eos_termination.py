@@ -17,9 +17,14 @@ MASKS = {"finished": 4, "eos_kept_distinct": 4, "eos_kept_pad_is_eos": 0,
          "pad_is_eos": (torch.tensor([[5, 2, 2]]), torch.tensor([[1, 0, 0]]))}
 
 
+def reading(runs: dict) -> dict:
+    """``metrics``' arguments read from the PPO runs."""
+    return {"split": eos.ppo_split(runs), "effects": eos.ppo_effects(runs)}
+
+
 def test_metrics_returns_write_metrics_arguments():
     runs = fake_runs(eos.PPO_VARIANTS, ("reward", "tokens_generated", "rollout_seconds"), seeds=1)
-    kwargs = eos.metrics(costs=COSTS, loss_gap=0.0, masks=MASKS, runs=runs)
+    kwargs = eos.metrics(costs=COSTS, loss_gap=0.0, masks=MASKS, **reading(runs))
     check_metrics(kwargs, "03_eos_termination")
     assert kwargs["reproduced"] and kwargs["fixed"] and kwargs["not_shown"] is None
     assert kwargs["headline"]["what"] == "decoding steps per batch of 4 rollouts" and kwargs["headline"]["bug"] == 8
@@ -30,7 +35,7 @@ def test_ppo_reading_names_the_first_split():
     runs = fake_runs(eos.PPO_VARIANTS, ("reward",), seeds=1)
     runs[next(iter(eos.PPO_VARIANTS))] = [[dict(h) for h in runs["stop_at_eos=True (fix)"][0]]]
     assert eos.ppo_split(runs) == (None, 0.0)
-    assert eos.ppo_sentence(runs, 4) == "identical rewards at every one of the 4 steps"
+    assert eos.ppo_sentence(eos.ppo_split(runs), eos.ppo_effects(runs), 4) == "identical rewards at every one of the 4 steps"
 
 
 def test_figures_draw():
@@ -83,9 +88,9 @@ def test_the_one_step_tolerance_follows_the_trainers_precision():
     import pytest
 
     runs = fake_runs(eos.PPO_VARIANTS, ("reward", "tokens_generated", "rollout_seconds"), seeds=1)
-    assert not eos.metrics(costs=COSTS, loss_gap=1.5e-4, masks=MASKS, runs=runs)["fixed"]
-    mixed = eos.metrics(costs=COSTS, loss_gap=1.5e-4, masks=MASKS, runs=runs, precision="bf16-mixed")
+    assert not eos.metrics(costs=COSTS, loss_gap=1.5e-4, masks=MASKS, **reading(runs))["fixed"]
+    mixed = eos.metrics(costs=COSTS, loss_gap=1.5e-4, masks=MASKS, **reading(runs), precision="bf16-mixed")
     assert mixed["fixed"] and mixed["metrics"]["one_step_loss_tolerance"] == eos.LOSS_TOLERANCE["bf16-mixed"]
-    assert not eos.metrics(costs=COSTS, loss_gap=0.05, masks=MASKS, runs=runs, precision="bf16")["fixed"]
+    assert not eos.metrics(costs=COSTS, loss_gap=0.05, masks=MASKS, **reading(runs), precision="bf16")["fixed"]
     with pytest.raises(ValueError, match="precision='fp64'.*use one of"):
-        eos.metrics(costs=COSTS, loss_gap=0.0, masks=MASKS, runs=runs, precision="fp64")
+        eos.metrics(costs=COSTS, loss_gap=0.0, masks=MASKS, **reading(runs), precision="fp64")

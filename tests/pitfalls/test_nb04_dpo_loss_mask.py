@@ -32,7 +32,7 @@ def test_buggy_call_message_names_the_fix(batch):
 
 
 def test_figures_draw(batch):
-    assert drew(dpo_mask.figure_loss_masks(batch))
+    assert drew(dpo_mask.figure_loss_masks(batch, dpo_mask.mask_audits(batch)))
     assert drew(dpo_mask.figure_training_bands(fake_runs(dpo_mask.MODES, KEYS)))
     fig, ax = axes(4)
     dpo_mask.plot_training_bands(ax, fake_runs(dpo_mask.MODES, KEYS))
@@ -40,7 +40,7 @@ def test_figures_draw(batch):
 
 
 def test_dpo_mask_explorer_counts_prompt_rows(batch):
-    explorer = dpo_mask.dpo_mask_explorer(batch)
+    explorer = dpo_mask.dpo_mask_explorer(batch, dpo_mask.mask_audits(batch))
     assert explorer.last["rows_counting_prompt"] == 2  # the bug: the two rejected rows
     explorer.controls["prompt_mask"].value = "both"
     assert explorer.last["rows_counting_prompt"] == 0

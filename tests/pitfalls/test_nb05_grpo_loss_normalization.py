@@ -24,11 +24,11 @@ def test_metrics_returns_write_metrics_arguments():
 
 
 def test_analytic_token_weights_match_autograd():
-    assert ln.token_weight_error([1, 2, 4]) < 1e-6
+    assert ln.token_weight_error(ln.token_weights([1, 2, 4])) < 1e-6
 
 
 def test_figures_draw():
-    assert drew(ln.figure_token_weights([1, 2, 4]))
+    assert drew(ln.figure_token_weights(ln.token_weights([1, 2, 4])))
     assert drew(ln.figure_effective_beta([1, 4], ln.effective_beta_sweep([1, 4], 0.04), 0.04))
     assert drew(ln.figure_training_bands(fake_runs(MODES, KEYS), train_steps=4))
     fig, ax = axes(4)

@@ -1,5 +1,5 @@
-"""Issue 29: every training notebook's module states the consequence its mechanism predicts (``PREDICTION``) and
-records it in ``metrics["prediction"]`` with the issue's keys, from the measured effect — never from a typed verdict."""
+"""Every training notebook's module states the consequence its mechanism predicts (``PREDICTION``) and records it in
+``metrics["prediction"]`` with the keys of ``RECORD_KEYS``, from the measured effect — never from a typed verdict."""
 
 import pytest
 from pitfall_fakes import fake_runs
@@ -15,7 +15,7 @@ from workbench.pitfalls import nb11_truncated_responses as nb11
 from workbench.pitfalls import nb12_logprob_mismatch as nb12
 from workbench.pitfalls import nb13_whitening as nb13
 
-ISSUE_KEYS = {"consequence", "direction", "effect", "se", "threshold", "mde", "larger", "seeds", "task"}
+RECORD_KEYS = {"consequence", "direction", "effect", "se", "threshold", "mde", "larger", "seeds", "task"}
 
 # module, its effects from runs, the run labels (bug first), the history keys the runs record
 CASES = {
@@ -39,7 +39,7 @@ def test_the_prediction_is_recorded_from_the_measured_effect(notebook):
     assert isinstance(module.PREDICTION, statistics.Prediction) and module.PREDICTION.direction in ("+", "-")
     effects = effects_of(fake_runs(labels, keys, seeds=3))
     record = module.PREDICTION.record(effects, "sums")
-    assert ISSUE_KEYS <= set(record) and record["task"] == "sums" and record["seeds"] == 3
+    assert RECORD_KEYS <= set(record) and record["task"] == "sums" and record["seeds"] == 3
     measured = effects[module.PREDICTION.measure]
     assert record["effect"] == pytest.approx(measured.difference) and record["mde"] == pytest.approx(measured.threshold * measured.noise)
     assert record["agrees"] == (measured.larger_than_noise and (measured.difference > 0) == (module.PREDICTION.direction == "+"))

@@ -1,6 +1,6 @@
 """Pitfalls: one module per notebook, named like it (``nb12_logprob_mismatch`` ↔ ``notebooks/12_logprob_mismatch.ipynb``).
 
-A notebook is parameters, calls and plots of its module (tests/test_notebooks.py checks it); each module holds,
+A notebook is parameters, calls and plots of its module (tests/integration/test_notebooks.py checks it); each module holds,
 from the top:
 
 * measurements — pure functions a user can also run against their own model or batch;
@@ -15,9 +15,10 @@ from the top:
 * ``metrics(…) -> dict`` — ``notebook_api.write_metrics``'s keyword arguments, so that a notebook's last cell is
   ``notebook_api.write_metrics(out, **pitfall.metrics(…))``.
 
-Pitfall modules never import each other (an import-linter contract in pyproject.toml); notebook 00 (the quickstart)
-uses ``nb01_position_ids`` (``quickstart_metrics``).
+Pitfall modules never import each other (an import-linter contract in pyproject.toml); a notebook may import several.
 
+* ``nb00_quickstart`` — notebook 00: padding, attention masks and position ids on one model (it also shows
+  ``nb01_position_ids``' drift per text and its explorer).
 * ``nb01_position_ids`` — S1: left padding without explicit position ids.
 * ``nb02_right_padding_flash_attention`` — S2: right padding, Qwen2 + flash-attention, and padding-free batches.
 * ``nb03_eos_termination`` — S3: rollouts that do not stop at EOS (and P8: pad token = EOS token).

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from workbench.core.batching import pad_sequences, position_ids_from_mask
+from workbench.core.batching import pad_sequences
 from workbench.experiments import statistics
 from workbench.experiments.checkpoints import load
 from workbench.modeling.models import uses_rope
@@ -29,7 +29,11 @@ from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 from workbench.viz.plots import draw_floor
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PPO_VARIANTS = {"position_ids=model (bug)": {"position_ids": "model"}, "position_ids=mask (fix)": {"position_ids": "mask"}}
 
+
+# ---- measurements -------------------------------------------------------------------------------
 @torch.no_grad()
 def logprobs_alone(model, rows: list[list[int]]) -> list[torch.Tensor]:
     """Per-token log-probs of each row scored on its own (batch of one, no padding)."""
@@ -59,13 +63,18 @@ def logprobs_padded(model, rows: list[list[int]], *, pad_token_id: int, side: st
     return out
 
 
+def per_text_drift(model, rows, *, pad_token_id: int, extra_pad: int, position_ids: str, side: str = "left") -> list[float]:
+    """max |Δ log p| of each row, padded (``side``, ``extra_pad``) vs alone (0 for a row with no target)."""
+    alone = logprobs_alone(model, rows)
+    padded = logprobs_padded(model, rows, pad_token_id=pad_token_id, side=side, extra_pad=extra_pad, position_ids=position_ids)
+    return [float((a - p).abs().max()) if len(a) else 0.0 for a, p in zip(alone, padded, strict=True)]
+
+
 def logprob_drift(
     model, rows: list[list[int]], *, pad_token_id: int, side: str = "left", extra_pad: int = 0, position_ids: str = "model"
 ) -> float:
-    """max |log p_padded − log p_alone| over every real token of every row."""
-    alone = logprobs_alone(model, rows)
-    padded = logprobs_padded(model, rows, pad_token_id=pad_token_id, side=side, extra_pad=extra_pad, position_ids=position_ids)
-    return max(float((a - p).abs().max()) for a, p in zip(alone, padded, strict=True) if len(a))
+    """max |log p_padded − log p_alone| over every real token of every row: the largest ``per_text_drift``."""
+    return max(per_text_drift(model, rows, pad_token_id=pad_token_id, extra_pad=extra_pad, position_ids=position_ids, side=side))
 
 
 def drift_table(model, rows, *, pad_token_id: int, extra_pads=(0, 4, 16), sides=("left", "right")) -> list[dict]:
@@ -105,17 +114,7 @@ def first_step_mismatch(model, tokenizer, prompts: list[str], *, position_ids: s
     }
 
 
-# ---- sweeps, verdict and figures (notebooks 00 and 01) ----------------------------------------
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def per_text_drift(model, rows, *, pad_token_id: int, extra_pad: int, position_ids: str, side: str = "left") -> list[float]:
-    """max |Δ log p| of each row, padded (``side``, ``extra_pad``) vs alone."""
-    alone = logprobs_alone(model, rows)
-    padded = logprobs_padded(model, rows, pad_token_id=pad_token_id, side=side, extra_pad=extra_pad, position_ids=position_ids)
-    return [float((a - p).abs().max()) if len(a) else 0.0 for a, p in zip(alone, padded, strict=True)]
-
-
+# ---- sweeps -------------------------------------------------------------------------------------
 def drift_sweep(texts: list[str], pad_lengths, *, seed: int = 0, architectures=None, dtypes=("fp32", "bf16")) -> dict:
     """``drift_table`` for every tiny architecture × dtype: ``{(arch, dtype, side, mode): [drift per pad length]}``."""
     sweep = {}
@@ -128,25 +127,28 @@ def drift_sweep(texts: list[str], pad_lengths, *, seed: int = 0, architectures=N
     return sweep
 
 
+def first_step_table(names, prompts: list[str], *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto") -> dict:
+    """``first_step_mismatch`` for each model name × position-ids mode: ``{(name, mode): result}``
+    (``device``, ``pad_token``: as for ``workbench.modeling.models.load``)."""
+    table = {}
+    for name in names:
+        model, tokenizer = load(name, device=device, pad_token=pad_token)
+        for mode in ("model", "mask"):
+            table[name, mode] = first_step_mismatch(model, tokenizer, prompts, position_ids=mode, seed=seed)
+    return table
+
+
 def worst(sweep: dict, arch: str, dtype: str = "fp32", mode: str = "model", sides=("left", "right")) -> float:
     """The largest drift over pad lengths and ``sides`` of one architecture, dtype and mode."""
     return max(max(sweep[arch, dtype, side, mode]) for side in sides)
 
 
-def bf16_rope_conclusion(sweep: dict, rope=("llama", "qwen2"), factor: float = 2.0) -> tuple[float, float, str]:
-    """Left-padding drift of rotary models in bf16 without (bug) and with (fix) position ids, and
-    the conclusion chosen by the numbers: does the position shift add anything to bf16 rounding?"""
-    bug = max(worst(sweep, a, "bf16", "model", ("left",)) for a in rope)
-    fix = max(worst(sweep, a, "bf16", "mask", ("left",)) for a in rope)
-    if bug > factor * max(fix, 1e-12):
-        text = (f"rotary models in bf16: {bug:.1e} without position ids vs {fix:.1e} with: "
-                "the shift is visible above bf16 rounding")
-    else:
-        text = (f"rotary models in bf16: {bug:.1e} without position ids vs {fix:.1e} with: both are bf16 rounding, "
-                "the fix changes nothing measurable")
-    return bug, fix, text
+def ppo_effects(runs: dict) -> dict:
+    """Bug vs fix effects on reward, KL and held-out accuracy (``statistics.effect``)."""
+    return {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in ("reward", "kl", "heldout_accuracy")}
 
 
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(drift_bug: float, drift_fix: float, *, threshold: float = 1e-2, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed): the drift without position ids exceeds ``threshold`` nats, and with
     mask-derived position ids it is float noise (≤ ``tolerance``)."""
@@ -163,26 +165,18 @@ def not_shown(model, drift_bug: float, *, threshold: float = 1e-2) -> str | None
             "learned absolute positions (realistic-gpt2) shows it")
 
 
-def first_step_table(names, prompts: list[str], *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto") -> dict:
-    """``first_step_mismatch`` for each model name × position-ids mode: ``{(name, mode): result}``
-    (``device``, ``pad_token``: as for ``workbench.modeling.models.load``)."""
-    table = {}
-    for name in names:
-        model, tokenizer = load(name, device=device, pad_token=pad_token)
-        for mode in ("model", "mask"):
-            table[name, mode] = first_step_mismatch(model, tokenizer, prompts, position_ids=mode, seed=seed)
-    return table
+# Stated before any run: position ids that do not follow the mask change the policy's log-probs of
+# left-padded rows but not the reference's sampled continuation, so the logged KL to the reference is inflated.
+PREDICTION = statistics.Prediction("kl", "logged KL to the reference (position ids not following the mask)", "+", "nats")
+
+
+# ---- figures ------------------------------------------------------------------------------------
+PPO_PANELS = (("reward", "mean task reward"), ("kl", "KL to reference (nats / response)"),
+              ("first_logp_gap", "max |Δ log p| sampler vs trainer (nats)"))  # not |ρ − 1|: it saturates at 1 as ρ → 0
 
 
 def _nonzero(values):
     return [v if v > 0 else float("nan") for v in values]
-
-
-def tint_positions(ax, bug: bool) -> None:
-    """Recolour a ``plots.plot_positions`` grid by convention: bug in oranges (vermilion family), fix in blues,
-    so the panel with the bug's positions never reads as the fix."""
-    for image in ax.get_images():
-        image.set_cmap("Oranges" if bug else "Blues")
 
 
 def plot_drift_per_text(ax, texts: list[str], drift: dict[str, list[float]]) -> None:
@@ -275,53 +269,6 @@ def plot_first_step(ax, table: dict) -> None:
               fontsize=7, loc="upper right")
 
 
-def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
-    """Per-token |Δ log p| between each text alone and in a left-padded batch."""
-    cache: dict = {}
-
-    def model_for(arch, dtype):
-        if (arch, dtype) not in cache:
-            cache[arch, dtype] = tiny_model(arch, seed=seed, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16)
-        return cache[arch, dtype]
-
-    def draw(arch, dtype, pad, position_ids):
-        model, tokenizer = model_for(arch, dtype)
-        rows = [tokenizer(t)["input_ids"] for t in texts]
-        drift = per_text_drift(model, rows, pad_token_id=tokenizer.pad_token_id, extra_pad=pad, position_ids=position_ids)
-        fig, ax = plt.subplots(figsize=(7, 3))
-        plot_drift_per_text(ax, texts, {position_ids: drift})
-        ax.set_title(f"{arch} {dtype}, +{pad} left pads, position_ids={position_ids}")
-        return {"max_drift": max(drift)}
-
-    controls = {
-        "arch": widgets.Dropdown(options=list(ARCHITECTURES), value="gpt2", description="arch"),
-        "dtype": widgets.ToggleButtons(options=["fp32", "bf16"], value="fp32", description="dtype"),
-        "pad": widgets.IntSlider(value=4, min=0, max=32, description="extra pads"),
-        "position_ids": widgets.ToggleButtons(options=["model", "mask"], value="model", description="position_ids"),
-    }
-    return Explorer(controls, draw, "Logit drift: pick an architecture, dtype, pad length and the fix")
-
-
-# --- what notebooks 00 and 01 show: figures (each built from the ``ax`` functions above), summaries, metrics ---
-
-PPO_VARIANTS = {"position_ids=model (bug)": {"position_ids": "model"}, "position_ids=mask (fix)": {"position_ids": "mask"}}
-PPO_PANELS = (("reward", "mean task reward"), ("kl", "KL to reference (nats / response)"),
-              ("first_logp_gap", "max |Δ log p| sampler vs trainer (nats)"))  # not |ρ − 1|: it saturates at 1 as ρ → 0
-
-
-def figure_padding_and_positions(ids: torch.Tensor, mask: torch.Tensor):
-    """Notebook 00: a left-padded batch's attention mask, the positions the model assumes (bug, oranges) and
-    the positions derived from the mask (fix, blues)."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3))
-    plots.plot_mask(axes[0], mask, "attention mask (left padding)", labels=("pad (0)", "real token (1)"))
-    plots.plot_positions(axes[1], torch.arange(ids.shape[1]).expand_as(ids), mask, "positions the model assumes (bug)")
-    plots.plot_positions(axes[2], position_ids_from_mask(mask), mask, "positions from the mask (fix)")
-    tint_positions(axes[1], bug=True)
-    tint_positions(axes[2], bug=False)
-    fig.tight_layout()
-    return fig
-
-
 def figure_drift_per_text(texts: list[str], drift: dict[str, list[float]]):
     fig, ax = plt.subplots(figsize=(8, 3))
     plot_drift_per_text(ax, texts, drift)
@@ -356,34 +303,19 @@ def figure_ppo(runs: dict):
     return plots.figure_row(lambda axes: plot_ppo(axes, runs), 4, (20, 3.8))
 
 
-# Stated before any run (issue 29): position ids that do not follow the mask change the policy's log-probs of
-# left-padded rows but not the reference's sampled continuation, so the logged KL to the reference is inflated.
-PREDICTION = statistics.Prediction("kl", "logged KL to the reference (position ids not following the mask)", "+", "nats")
-
-
-def ppo_effects(runs: dict) -> dict:
-    """Bug vs fix effects on reward, KL and held-out accuracy (``statistics.effect``)."""
-    return {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in ("reward", "kl", "heldout_accuracy")}
-
-
-def quickstart_conclusion(model_name: str, model, drift: dict[str, list[float]]) -> str:
-    """Notebook 00's reading of the drift per text, printed from the measured numbers."""
-    reproduced, _ = verdict(max(drift["model"]), max(drift["mask"]))
-    return (f"max |Δ log p| without position ids: {max(drift['model']):.2e} nats; "
-            f"with mask-derived position ids: {max(drift['mask']):.2e}\n"
-            f"{model_name} ({'rotary' if uses_rope(model) else 'learned absolute'} positions): "
-            + ("the padding changes the log-probs; the fix removes it." if reproduced else
-               "no drift above float noise without the fix: this architecture hides the bug (try tiny-gpt2)."))
-
-
-def quickstart_metrics(model_name: str, model, drift: dict[str, list[float]]) -> dict:
-    """Notebook 00's ``notebook_api.write_metrics`` keyword arguments."""
-    bug, fix = max(drift["model"]), max(drift["mask"])
-    reproduced, fixed = verdict(bug, fix)
-    return {"notebook": "00_quickstart", "reproduced": reproduced, "fixed": fixed, "not_shown": not_shown(model, bug),
-            "metrics": {"drift_without_position_ids": bug, "drift_with_position_ids": fix},
-            "headline": {"what": f"max |Δ log p| of a text in a left-padded batch vs alone ({model_name})", "unit": "nats",
-                         "bug": bug, "fix": fix}}
+# ---- printers -----------------------------------------------------------------------------------
+def bf16_rope_conclusion(sweep: dict, rope=("llama", "qwen2"), factor: float = 2.0) -> tuple[float, float, str]:
+    """Left-padding drift of rotary models in bf16 without (bug) and with (fix) position ids, and
+    the conclusion chosen by the numbers: does the position shift add anything to bf16 rounding?"""
+    bug = max(worst(sweep, a, "bf16", "model", ("left",)) for a in rope)
+    fix = max(worst(sweep, a, "bf16", "mask", ("left",)) for a in rope)
+    if bug > factor * max(fix, 1e-12):
+        text = (f"rotary models in bf16: {bug:.1e} without position ids vs {fix:.1e} with: "
+                "the shift is visible above bf16 rounding")
+    else:
+        text = (f"rotary models in bf16: {bug:.1e} without position ids vs {fix:.1e} with: both are bf16 rounding, "
+                "the fix changes nothing measurable")
+    return bug, fix, text
 
 
 def drift_summary(sweep: dict) -> str:
@@ -400,6 +332,35 @@ def first_step_lines(mismatch: dict) -> str:
                      f"sequence KL(k1) = {r['sequence_kl_k1']:+.2e}" for (name, mode), r in mismatch.items())
 
 
+# ---- explorer -----------------------------------------------------------------------------------
+def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
+    """Per-token |Δ log p| between each text alone and in a left-padded batch."""
+    cache: dict = {}
+
+    def model_for(arch, dtype):
+        if (arch, dtype) not in cache:
+            cache[arch, dtype] = tiny_model(arch, seed=seed, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16)
+        return cache[arch, dtype]
+
+    def draw(arch, dtype, pad, position_ids):
+        model, tokenizer = model_for(arch, dtype)
+        rows = [tokenizer(t)["input_ids"] for t in texts]
+        drift = per_text_drift(model, rows, pad_token_id=tokenizer.pad_token_id, extra_pad=pad, position_ids=position_ids)
+        fig, ax = plt.subplots(figsize=(7, 3))
+        plot_drift_per_text(ax, texts, {position_ids: drift})
+        ax.set_title(f"{arch} {dtype}, +{pad} left pads, position_ids={position_ids}")
+        return {"max_drift": max(drift)}
+
+    controls = {
+        "arch": widgets.Dropdown(options=list(ARCHITECTURES), value="gpt2", description="arch"),
+        "dtype": widgets.ToggleButtons(options=["fp32", "bf16"], value="fp32", description="dtype"),
+        "pad": widgets.IntSlider(value=4, min=0, max=32, description="extra pads"),
+        "position_ids": widgets.ToggleButtons(options=["model", "mask"], value="model", description="position_ids"),
+    }
+    return Explorer(controls, draw, "Logit drift: pick an architecture, dtype, pad length and the fix")
+
+
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, sweep: dict, mismatch: dict, policy, names: tuple[str, str], runs: dict, effects: dict, settings: dict,
             task: str = "arith") -> dict:
     """Notebook 01's ``notebook_api.write_metrics`` keyword arguments; ``names`` = (the PPO policy, the rotary model)."""

@@ -43,6 +43,7 @@ TRANSFORMERS_MESSAGE = (
 )
 
 
+# ---- measurements -------------------------------------------------------------------------------
 @dataclass
 class PaddingReport:
     padding_side: str
@@ -124,45 +125,6 @@ def scoring_throughput(model, sequences: list[list[int]], *, packed: bool, pad_t
     return real_tokens / sorted(times)[len(times) // 2]
 
 
-# ---- sweeps, verdict and figures (notebook 02) ------------------------------------------------
-class _Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
-@contextlib.contextmanager
-def captured_transformers_warnings():
-    """Collect transformers' logged warnings (e.g. generate's right-padding warning) instead of
-    printing each one; yields the list they are appended to."""
-    handler = _Capture()
-    logger = logging.getLogger("transformers")
-    default = logger.handlers[:]
-    for h in default:
-        logger.removeHandler(h)
-    logger.addHandler(handler)
-    propagate, logger.propagate = logger.propagate, False
-    try:
-        yield handler.messages
-    finally:
-        logger.removeHandler(handler)
-        for h in default:
-            logger.addHandler(h)
-        logger.propagate = propagate
-
-
-def divergence_sweep(models: dict[str, tuple], prompts: list[str], *, max_new_tokens: int = 6) -> tuple[dict, list[str]]:
-    """``generation_divergence`` per model; returns it and the distinct transformers warnings raised."""
-    results = {}
-    with captured_transformers_warnings() as messages:
-        for name, (model, tokenizer) in models.items():
-            results[name] = generation_divergence(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
-    return results, list(dict.fromkeys(messages))
-
-
 @torch.no_grad()
 def packed_vs_alone(model, sequences: list[list[int]]) -> dict[str, float]:
     """max |Δ log p| of packed scoring vs each sequence alone: correct packing, packing with the
@@ -207,32 +169,68 @@ def attention_entries(lengths: list[int]) -> dict[str, int]:
             "packed, varlen kernels": sum(n * n for n in lengths)}
 
 
-def throughput_note(lengths: list[int], speedup: float) -> str:
-    """Why packed scoring can be faster although its dense mask has more attention entries: per-token work
-    (embeddings, projections, MLP) scales with the tokens fed, rows × longest padded against Σ lengths packed. When
-    packing is slower and its dense mask has more entries, the note says so, with the variable-length kernels' count
-    beside it (what the entries cost is not measured here: the mask's size is the likely cause, not a proven one)."""
-    entries = attention_entries(lengths)
-    tokens = len(lengths) * max(lengths) / sum(lengths)
-    attention = entries["packed, dense mask"] / entries["padded"]
-    line = (f"packed/padded throughput {speedup:.2f}×; padded rows feed {tokens:.2f}× the tokens packing feeds, and the packed "
-            f"dense mask has {attention:.2f}× the attention entries of the padded batch")
-    if speedup > 1 and attention > 1:
-        line += ": the per-token work (projections, MLP) dominates at this size, so the token count decides, not the attention"
-    elif speedup < 1 and attention > 1:
-        varlen = entries["packed, varlen kernels"] / entries["padded"]
-        line += (": packing is slower here, presumably because the dense mask's extra attention costs more than the padded"
-                 " rows' extra tokens;"
-                 f" variable-length flash kernels would attend over Σ lengthᵢ² entries only ({varlen:.2f}× the padded batch's)")
-    return line
-
-
 def comparable_targets(mask: torch.Tensor) -> torch.Tensor:
     """(B, T − 1): 1 where target t + 1 is a real token predicted from a real token at t. A left-padded row's first
     token is "predicted" from a pad position, whose output no back-end defines: flash's unpadded kernel never
     computes it and sdpa computes an arbitrary one, so comparing back-ends there measures nothing (on the H100 it
     put 3.3 nats into the flash-vs-sdpa gap: docs/GPU.md)."""
     return mask[:, 1:] * mask[:, :-1]
+
+
+def ppo_masks(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 8, seed: int = 0):
+    """Sample responses to left-padded prompts and mask after EOS, as a PPO actor does: returns
+    ``(ids, mask, prompt_width, report)`` with ``report = padding_guard(mask)`` (old Qwen2 flash check)."""
+    device = model.device
+    prompt_ids, prompt_mask = (t.to(device) for t in encode_prompts(tokenizer, prompts))
+    rollout = sample(model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id, generator=torch.Generator(device=device).manual_seed(seed))
+    ids, mask = (t.cpu() for t in rollout.sequences())
+    return ids, mask, prompt_ids.shape[1], padding_guard(mask, use_cache=True, attn_implementation="flash_attention_2",
+                                                         model_type="qwen2")
+
+
+# ---- sweeps -------------------------------------------------------------------------------------
+def packed_speedup(throughput: dict[str, float]) -> float:
+    """Packed over padded real tokens scored per second."""
+    return throughput["packed"] / throughput["padded"]
+
+
+class _Capture(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def captured_transformers_warnings():
+    """Collect transformers' logged warnings (e.g. generate's right-padding warning) instead of
+    printing each one; yields the list they are appended to."""
+    handler = _Capture()
+    logger = logging.getLogger("transformers")
+    default = logger.handlers[:]
+    for h in default:
+        logger.removeHandler(h)
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+        for h in default:
+            logger.addHandler(h)
+        logger.propagate = propagate
+
+
+def divergence_sweep(models: dict[str, tuple], prompts: list[str], *, max_new_tokens: int = 6) -> tuple[dict, list[str]]:
+    """``generation_divergence`` per model; returns it and the distinct transformers warnings raised."""
+    results = {}
+    with captured_transformers_warnings() as messages:
+        for name, (model, tokenizer) in models.items():
+            results[name] = generation_divergence(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
+    return results, list(dict.fromkeys(messages))
 
 
 @torch.no_grad()
@@ -286,23 +284,7 @@ def _flash_gaps(model_name: str, backend: str, prompts: list[str], texts: list[s
     return gaps, "; ".join(errors)
 
 
-def flash_lines(flash: dict) -> str:
-    """One line per flash back-end: its gaps, or why it was skipped."""
-    lines = []
-    for name, r in flash["backends"].items():
-        parts = []
-        if "vs_sdpa" in r:
-            parts.append(f"vs sdpa (left-padded batch) max |Δ log p| = {r['vs_sdpa']:.2e}")
-        if "packed" in r:
-            parts.append(f"packed row vs alone {r['packed']:.2e} (cache on {r['packed, cache on']:.2e})")
-        if "rows" in r:
-            parts.append(f"cached greedy generation, rows differing from alone: right-padded {r['right_divergent_rows']}/{r['rows']}, "
-                         f"left-padded {r['left_divergent_rows']}/{r['rows']}")
-        lines.append(f"{name}, bf16 on CUDA: " + "; ".join(parts))
-    lines += [f"{name}: failed on this machine: {error}" for name, error in flash.get("errors", {}).items()]
-    return "\n".join(lines + [f"{name}: skipped: {reason}" for name, reason in flash["skipped"].items()])
-
-
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(divergence: dict, packed: dict, *, tolerance: float = 1e-5) -> tuple[bool, bool]:
     """(reproduced, fixed): some right-padded row's cached greedy continuation differs from generating
     it alone; no left-padded row does, and correct packing matches per-sequence scoring (≤ ``tolerance``)."""
@@ -310,6 +292,21 @@ def verdict(divergence: dict, packed: dict, *, tolerance: float = 1e-5) -> tuple
     fixed = all(d["left_divergent_rows"] == 0 for d in divergence.values()) and all(
         p["packed"] <= tolerance for p in packed.values())
     return bool(reproduced), bool(fixed)
+
+
+# ---- figures ------------------------------------------------------------------------------------
+def plot_ppo_masks(ax, ids, mask, prompt_width: int, report: PaddingReport, eos_token_id: int) -> None:
+    """The sequence mask with EOS cells marked, the prompt/response boundary, ◀ on right-padded rows."""
+    plots.plot_mask(ax, mask, "prompt (left-padded) + response (masked after EOS)", eos=(ids == eos_token_id) & (mask > 0))
+    ax.axvline(prompt_width - 0.5, color=plots.NEUTRAL_COLOR, lw=1)
+    for row in report.rows_ending_in_padding:
+        ax.text(mask.shape[1] - 0.5, row, "◀", color=plots.BUG_COLOR, va="center", fontsize=8)
+
+
+def figure_ppo_masks(ids, mask, prompt_width: int, report: PaddingReport, eos_token_id: int):
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    plot_ppo_masks(ax, ids, mask, prompt_width, report, eos_token_id)
+    return fig
 
 
 def plot_divergence(ax, divergence: dict) -> None:
@@ -328,6 +325,12 @@ def plot_divergence(ax, divergence: dict) -> None:
     ax.set_ylim(0, 115)
     ax.set_ylabel("rows whose greedy continuation differs (%)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def figure_divergence(divergence: dict):
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    plot_divergence(ax, divergence)
+    return fig
 
 
 def plot_packed(axes, packed: dict, tolerance: float = 1e-5) -> None:
@@ -354,6 +357,13 @@ def plot_packed(axes, packed: dict, tolerance: float = 1e-5) -> None:
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
+def figure_packed(packed: dict):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6), gridspec_kw={"width_ratios": [2, 1]})
+    plot_packed(axes, packed)
+    fig.tight_layout()
+    return fig
+
+
 def plot_throughput(ax, throughput: dict[str, float], entries: dict[str, int]) -> None:
     """Real tokens per second, padded vs packed, each bar labelled with its attention entry count."""
     names = list(throughput)
@@ -365,24 +375,53 @@ def plot_throughput(ax, throughput: dict[str, float], entries: dict[str, int]) -
     ax.set_ylabel("real tokens scored per second")
 
 
-def ppo_masks(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 8, seed: int = 0):
-    """Sample responses to left-padded prompts and mask after EOS, as a PPO actor does: returns
-    ``(ids, mask, prompt_width, report)`` with ``report = padding_guard(mask)`` (old Qwen2 flash check)."""
-    device = model.device
-    prompt_ids, prompt_mask = (t.to(device) for t in encode_prompts(tokenizer, prompts))
-    rollout = sample(model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-                     pad_token_id=tokenizer.pad_token_id, generator=torch.Generator(device=device).manual_seed(seed))
-    ids, mask = (t.cpu() for t in rollout.sequences())
-    return ids, mask, prompt_ids.shape[1], padding_guard(mask, use_cache=True, attn_implementation="flash_attention_2",
-                                                         model_type="qwen2")
+def figure_throughput(throughput: dict[str, float], entries: dict[str, int]):
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    plot_throughput(ax, throughput, entries)
+    return fig
 
 
-def plot_ppo_masks(ax, ids, mask, prompt_width: int, report: PaddingReport, eos_token_id: int) -> None:
-    """The sequence mask with EOS cells marked, the prompt/response boundary, ◀ on right-padded rows."""
-    plots.plot_mask(ax, mask, "prompt (left-padded) + response (masked after EOS)", eos=(ids == eos_token_id) & (mask > 0))
-    ax.axvline(prompt_width - 0.5, color=plots.NEUTRAL_COLOR, lw=1)
-    for row in report.rows_ending_in_padding:
-        ax.text(mask.shape[1] - 0.5, row, "◀", color=plots.BUG_COLOR, va="center", fontsize=8)
+# ---- printers -----------------------------------------------------------------------------------
+def throughput_note(lengths: list[int], throughput: dict[str, float], entries: dict[str, int]) -> str:
+    """Why packed scoring can be faster although its dense mask has more attention entries: per-token work
+    (embeddings, projections, MLP) scales with the tokens fed, rows × longest padded against Σ lengths packed. When
+    packing is slower and its dense mask has more entries, the note says so, with the variable-length kernels' count
+    beside it (what the entries cost is not measured here: the mask's size is the likely cause, not a proven one).
+    ``entries``: ``attention_entries(lengths)``."""
+    speedup = packed_speedup(throughput)
+    tokens = len(lengths) * max(lengths) / sum(lengths)
+    attention = entries["packed, dense mask"] / entries["padded"]
+    line = (f"packed/padded throughput {speedup:.2f}×; padded rows feed {tokens:.2f}× the tokens packing feeds, and the packed "
+            f"dense mask has {attention:.2f}× the attention entries of the padded batch")
+    if speedup > 1 and attention > 1:
+        line += ": the per-token work (projections, MLP) dominates at this size, so the token count decides, not the attention"
+    elif speedup < 1 and attention > 1:
+        varlen = entries["packed, varlen kernels"] / entries["padded"]
+        line += (": packing is slower here, presumably because the dense mask's extra attention costs more than the padded"
+                 " rows' extra tokens;"
+                 f" variable-length flash kernels would attend over Σ lengthᵢ² entries only ({varlen:.2f}× the padded batch's)")
+    return line
+
+
+def packed_lines(packed: dict) -> str:
+    return "\n".join(f"{name:>18}: " + ", ".join(f"{k}: {v:.1e}" for k, v in r.items()) for name, r in packed.items())
+
+
+def flash_lines(flash: dict) -> str:
+    """One line per flash back-end: its gaps, or why it was skipped."""
+    lines = []
+    for name, r in flash["backends"].items():
+        parts = []
+        if "vs_sdpa" in r:
+            parts.append(f"vs sdpa (left-padded batch) max |Δ log p| = {r['vs_sdpa']:.2e}")
+        if "packed" in r:
+            parts.append(f"packed row vs alone {r['packed']:.2e} (cache on {r['packed, cache on']:.2e})")
+        if "rows" in r:
+            parts.append(f"cached greedy generation, rows differing from alone: right-padded {r['right_divergent_rows']}/{r['rows']}, "
+                         f"left-padded {r['left_divergent_rows']}/{r['rows']}")
+        lines.append(f"{name}, bf16 on CUDA: " + "; ".join(parts))
+    lines += [f"{name}: failed on this machine: {error}" for name, error in flash.get("errors", {}).items()]
+    return "\n".join(lines + [f"{name}: skipped: {reason}" for name, reason in flash["skipped"].items()])
 
 
 def divergent_example(divergence: dict, tokenizer, prompts: list[str]) -> str:
@@ -393,6 +432,7 @@ def divergent_example(divergence: dict, tokenizer, prompts: list[str]) -> str:
     return "no row diverged"
 
 
+# ---- explorer -----------------------------------------------------------------------------------
 def padding_side_explorer(models: dict[str, tuple], prompts: list[str]) -> Explorer:
     """Rows whose greedy continuation differs from generating alone (the notebook's figure, one model);
     ``last["divergent_rows"]`` is the count for the chosen padding side."""
@@ -414,38 +454,7 @@ def padding_side_explorer(models: dict[str, tuple], prompts: list[str]) -> Explo
     return Explorer(controls, draw, "Batched cached generation: right vs left padding")
 
 
-# --- what notebook 02 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
-
-
-def figure_ppo_masks(ids, mask, prompt_width: int, report: PaddingReport, eos_token_id: int):
-    fig, ax = plt.subplots(figsize=(9, 3.2))
-    plot_ppo_masks(ax, ids, mask, prompt_width, report, eos_token_id)
-    return fig
-
-
-def figure_divergence(divergence: dict):
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    plot_divergence(ax, divergence)
-    return fig
-
-
-def figure_packed(packed: dict):
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6), gridspec_kw={"width_ratios": [2, 1]})
-    plot_packed(axes, packed)
-    fig.tight_layout()
-    return fig
-
-
-def packed_lines(packed: dict) -> str:
-    return "\n".join(f"{name:>18}: " + ", ".join(f"{k}: {v:.1e}" for k, v in r.items()) for name, r in packed.items())
-
-
-def figure_throughput(throughput: dict[str, float], entries: dict[str, int]):
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    plot_throughput(ax, throughput, entries)
-    return fig
-
-
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, divergence: dict, packed: dict, report: PaddingReport, throughput: dict[str, float], entries: dict[str, int],
             flash: dict) -> dict:
     """Notebook 02's ``notebook_api.write_metrics`` keyword arguments."""
@@ -458,7 +467,7 @@ def metrics(*, divergence: dict, packed: dict, report: PaddingReport, throughput
                     "ppo_masks_right_padded": report.right_padded, "guard_would_raise": report.would_raise_in_transformers_4_37_to_4_41,
                     "packed_max_abs_logp_diff": max(p["packed"] for p in packed.values()),
                     "packed_with_cache_max_abs_logp_diff": max(p["packed, cache on"] for p in packed.values()),
-                    "packed_speedup": throughput["packed"] / throughput["padded"], "attention_entries": entries,
+                    "packed_speedup": packed_speedup(throughput), "attention_entries": entries,
                     "flash_vs_sdpa_max_abs_logp_diff": max((r["vs_sdpa"] for r in flash["backends"].values() if "vs_sdpa" in r),
                                                            default=None),
                     "flash_backends": flash["backends"], "flash_errors": flash.get("errors", {}), "flash_attention": flash_lines(flash)},

@@ -23,7 +23,10 @@ from workbench.tasks import encode_prompts
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
+PPO_VARIANTS = {"stop_at_eos=False (bug)": {"stop_at_eos": False}, "stop_at_eos=True (fix)": {"stop_at_eos": True}}
 
+
+# ---- measurements -------------------------------------------------------------------------------
 def rollout_pair(model, tokenizer, prompts: list[str], *, max_new_tokens: int, seed: int = 0,
                  temperature: float = 1.0) -> dict[str, Rollout]:
     """The same prompts sampled with ``stop_at_eos`` True (fix) and False (bug), same random stream."""
@@ -72,18 +75,6 @@ def eos_in_loss_mask(response_ids: torch.Tensor, loss_mask: torch.Tensor, eos_to
     return int(((response_ids == eos_token_id) & loss_mask.bool()).sum())
 
 
-# ---- sweeps, verdict and figures (notebook 03) ------------------------------------------------
-def cost_sweep(model, tokenizer, prompts: list[str], batch_sizes, *, max_new_tokens: int, seed: int = 0) -> dict:
-    """``{batch_size: {"bug": cost, "fix": cost}}``; raises if stopping at EOS changed a kept token."""
-    costs = {}
-    for batch_size in batch_sizes:
-        pair = rollout_pair(model, tokenizer, prompts[:batch_size], max_new_tokens=max_new_tokens, seed=seed)
-        if not same_responses(pair["fix"], pair["bug"]):
-            raise AssertionError("stopping at EOS changed the kept tokens: the two rollouts must be identical")
-        costs[batch_size] = {name: generation_cost(r) for name, r in pair.items()}
-    return costs
-
-
 def one_step_gap(model_name: str, *, max_new_tokens: int, seed: int = 0, prompts_per_step: int = 16,
                  **loading) -> tuple[dict, dict, float]:
     """One PPO step from the same weights with ``stop_at_eos`` True and False: both step records and
@@ -106,24 +97,31 @@ def pad_equals_eos_masks(rollout: Rollout, eos_token_id: int) -> dict:
             "finished": int(rollout.finished.sum())}
 
 
-def missing_eos_note(scores: torch.Tensor, finished: torch.Tensor, penalty: float) -> str:
-    """What ``missing_eos_penalty`` does to one batch, in words chosen by the counts: how many responses
-    were cut (no EOS), how many finished and were wrong, and where the penalty puts the cut ones."""
-    scores, finished = scores.float(), finished.bool()
-    cut, n = int((~finished).sum()), len(finished)
-    wrong = int((finished & (scores <= 0)).sum())
-    line = f"{cut}/{n} responses truncated (no EOS), {n - cut} finished, {wrong} of them wrong"
-    if cut == 0:
-        return line + "; nothing is truncated at this budget, so the penalty changes nothing"
-    before = float(scores[~finished].mean())
-    line += f"; truncated mean score {before:.3f} → {before - penalty:.3f} with missing_eos_penalty={penalty}"
-    if wrong == 0:
-        return line + "; no finished-but-wrong answer here to compare the truncated ones with"
-    floor = float(scores[finished & (scores <= 0)].max())
-    side = "below" if before - penalty < floor else "not below"
-    return line + f", {side} the finished-but-wrong answers (score {floor:.3f})"
+# ---- sweeps -------------------------------------------------------------------------------------
+def cost_sweep(model, tokenizer, prompts: list[str], batch_sizes, *, max_new_tokens: int, seed: int = 0) -> dict:
+    """``{batch_size: {"bug": cost, "fix": cost}}``; raises if stopping at EOS changed a kept token."""
+    costs = {}
+    for batch_size in batch_sizes:
+        pair = rollout_pair(model, tokenizer, prompts[:batch_size], max_new_tokens=max_new_tokens, seed=seed)
+        if not same_responses(pair["fix"], pair["bug"]):
+            raise AssertionError("stopping at EOS changed the kept tokens: the two rollouts must be identical")
+        costs[batch_size] = {name: generation_cost(r) for name, r in pair.items()}
+    return costs
 
 
+def ppo_split(runs: dict) -> tuple[int | None, float]:
+    """(first step whose reward differs, largest |reward difference|) between the bug and fix runs of the first seed."""
+    bug_run, fix_run = (r[0] for r in runs.values())
+    split = comparison.first_divergence(bug_run, fix_run, "reward", tolerance=1e-6)
+    return split, max(abs(a["reward"] - b["reward"]) for a, b in zip(bug_run, fix_run, strict=False))
+
+
+def ppo_effects(runs: dict) -> dict:
+    """Bug vs fix on the tokens generated per step and on the reward (``statistics.effect``)."""
+    return {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in ("tokens_generated", "reward")}
+
+
+# ---- verdict ------------------------------------------------------------------------------------
 # How far one PPO step may move between stopping at EOS and decoding past it (masked), by the trainers' precision. The two
 # batches have other widths, so kernels may sum in another order: fp32 noise ~1e-8 (measured 6e-9 on the tiny model);
 # under bf16 autocast float noise is bf16's (eps 3.9e-3 relative), measured 1.5e-4 on an H200 in smoke mode (docs/GPU.md).
@@ -161,6 +159,18 @@ def not_shown(costs: dict) -> str | None:
             "checkpoint (an untrained one rarely stops); use a trained one")
 
 
+# Stated before any run: without stopping at EOS every row decodes to ``max_new_tokens``, so a PPO step
+# generates more tokens (and takes longer) while the masked loss stays the same. Long responses (the sums task) give
+# the waste room.
+PREDICTION = statistics.Prediction("tokens_generated", "tokens generated per PPO step (decoding past every row's EOS)", "+",
+                                   "tokens")
+
+
+# ---- figures ------------------------------------------------------------------------------------
+PPO_PANELS = (("reward", "mean task reward"), ("tokens_generated", "tokens generated per step"),
+              ("rollout_seconds", "rollout time per step (s)"))
+
+
 def plot_generation_cost(axes, costs: dict) -> None:
     """Decoding steps, wasted share and wall time vs batch size, bug and fix."""
     sizes = sorted(costs)
@@ -181,6 +191,10 @@ def plot_generation_cost(axes, costs: dict) -> None:
     axes[0].legend(loc="lower right")
 
 
+def figure_generation_cost(costs: dict):
+    return plots.figure_row(lambda axes: plot_generation_cost(axes, costs), 3, (14, 3.8))
+
+
 def plot_pad_eos_masks(axes, masks: dict, eos_token_id: int, rows: int = 16) -> None:
     """The two loss masks side by side, EOS cells in the EOS colour (hatched where the mask drops them)."""
     for ax, key, title in ((axes[0], "distinct", "loss mask, pad ≠ EOS (EOS kept)"),
@@ -194,39 +208,6 @@ def _first_eos(ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
     """True at each row's first EOS (with pad = EOS, later EOS cells are padding)."""
     is_eos = ids == eos_token_id
     return is_eos & (is_eos.long().cumsum(-1) == 1)
-
-
-def eos_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
-    """Decoding steps and wasted tokens with and without EOS stopping."""
-
-    def draw(batch_size, max_new_tokens):
-        costs = cost_sweep(model, tokenizer, prompts, [batch_size], max_new_tokens=max_new_tokens, seed=seed)
-        fig, axes = plt.subplots(1, 3, figsize=(12, 2.8))
-        plot_generation_cost(axes, costs)
-        return costs[batch_size]
-
-    controls = {
-        "batch_size": widgets.IntSlider(value=16, min=1, max=len(prompts), description="batch size"),
-        "max_new_tokens": widgets.IntSlider(value=16, min=2, max=64, description="max_new_tokens"),
-    }
-    return Explorer(controls, draw, "What decoding past EOS costs")
-
-
-# --- what notebook 03 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
-
-PPO_VARIANTS = {"stop_at_eos=False (bug)": {"stop_at_eos": False}, "stop_at_eos=True (fix)": {"stop_at_eos": True}}
-PPO_PANELS = (("reward", "mean task reward"), ("tokens_generated", "tokens generated per step"),
-              ("rollout_seconds", "rollout time per step (s)"))
-
-
-def figure_generation_cost(costs: dict):
-    return plots.figure_row(lambda axes: plot_generation_cost(axes, costs), 3, (14, 3.8))
-
-
-def cost_lines(costs: dict) -> str:
-    return "\n".join(f"batch {b:4d}: decode steps bug {c['bug']['decode_steps']:3d} / fix {c['fix']['decode_steps']:3d}; tokens bug "
-                     f"{c['bug']['tokens_generated']:6d} / fix {c['fix']['tokens_generated']:6d} / needed {c['fix']['tokens_needed']:6d}"
-                     for b, c in costs.items())
 
 
 def figure_pad_eos_masks(masks: dict, eos_token_id: int):
@@ -251,38 +232,65 @@ def figure_ppo(runs: dict, seed: int):
     return fig
 
 
-def ppo_split(runs: dict) -> tuple[int | None, float]:
-    """(first step whose reward differs, largest |reward difference|) between the bug and fix runs of the first seed."""
-    bug_run, fix_run = (r[0] for r in runs.values())
-    split = comparison.first_divergence(bug_run, fix_run, "reward", tolerance=1e-6)
-    return split, max(abs(a["reward"] - b["reward"]) for a, b in zip(bug_run, fix_run, strict=False))
+# ---- printers -----------------------------------------------------------------------------------
+def cost_lines(costs: dict) -> str:
+    return "\n".join(f"batch {b:4d}: decode steps bug {c['bug']['decode_steps']:3d} / fix {c['fix']['decode_steps']:3d}; tokens bug "
+                     f"{c['bug']['tokens_generated']:6d} / fix {c['fix']['tokens_generated']:6d} / needed {c['fix']['tokens_needed']:6d}"
+                     for b, c in costs.items())
 
 
-def ppo_sentence(runs: dict, steps: int) -> str:
-    split, curve_gap = ppo_split(runs)
-    return (f"identical rewards at every one of the {steps} steps" if split is None else
-            f"identical rewards up to step {split - 1}, then rounding differences grow into different samples "
-            f"(largest gap {curve_gap:.2e}); " + statistics.effect(runs, "reward", *PPO_VARIANTS).sentence())
+def missing_eos_note(scores: torch.Tensor, finished: torch.Tensor, penalty: float) -> str:
+    """What ``missing_eos_penalty`` does to one batch, in words chosen by the counts: how many responses
+    were cut (no EOS), how many finished and were wrong, and where the penalty puts the cut ones."""
+    scores, finished = scores.float(), finished.bool()
+    cut, n = int((~finished).sum()), len(finished)
+    wrong = int((finished & (scores <= 0)).sum())
+    line = f"{cut}/{n} responses truncated (no EOS), {n - cut} finished, {wrong} of them wrong"
+    if cut == 0:
+        return line + "; nothing is truncated at this budget, so the penalty changes nothing"
+    before = float(scores[~finished].mean())
+    line += f"; truncated mean score {before:.3f} → {before - penalty:.3f} with missing_eos_penalty={penalty}"
+    if wrong == 0:
+        return line + "; no finished-but-wrong answer here to compare the truncated ones with"
+    floor = float(scores[finished & (scores <= 0)].max())
+    side = "below" if before - penalty < floor else "not below"
+    return line + f", {side} the finished-but-wrong answers (score {floor:.3f})"
 
 
-# Stated before any run (issue 29): without stopping at EOS every row decodes to ``max_new_tokens``, so a PPO step
-# generates more tokens (and takes longer) while the masked loss stays the same. Long responses (the sums task) give
-# the waste room.
-PREDICTION = statistics.Prediction("tokens_generated", "tokens generated per PPO step (decoding past every row's EOS)", "+",
-                                   "tokens")
+def ppo_sentence(split: tuple[int | None, float], effects: dict, steps: int) -> str:
+    """The PPO runs in words: where the rewards of bug and fix part (``split = ppo_split(runs)``) and, if they do,
+    the reward effect (``effects = ppo_effects(runs)``)."""
+    first, curve_gap = split
+    return (f"identical rewards at every one of the {steps} steps" if first is None else
+            f"identical rewards up to step {first - 1}, then rounding differences grow into different samples "
+            f"(largest gap {curve_gap:.2e}); " + effects["reward"].sentence())
 
 
-def ppo_effects(runs: dict) -> dict:
-    """Bug vs fix on the tokens generated per step and on the reward (``statistics.effect``)."""
-    return {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in ("tokens_generated", "reward")}
+# ---- explorer -----------------------------------------------------------------------------------
+def eos_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
+    """Decoding steps and wasted tokens with and without EOS stopping."""
+
+    def draw(batch_size, max_new_tokens):
+        costs = cost_sweep(model, tokenizer, prompts, [batch_size], max_new_tokens=max_new_tokens, seed=seed)
+        fig, axes = plt.subplots(1, 3, figsize=(12, 2.8))
+        plot_generation_cost(axes, costs)
+        return costs[batch_size]
+
+    controls = {
+        "batch_size": widgets.IntSlider(value=16, min=1, max=len(prompts), description="batch size"),
+        "max_new_tokens": widgets.IntSlider(value=16, min=2, max=64, description="max_new_tokens"),
+    }
+    return Explorer(controls, draw, "What decoding past EOS costs")
 
 
-def metrics(*, costs: dict, loss_gap: float, masks: dict, runs: dict, task: str = "arith", precision: str = "fp32") -> dict:
-    """Notebook 03's ``notebook_api.write_metrics`` keyword arguments (``precision``: the trainers', for the loss tolerance)."""
+# ---- metrics ------------------------------------------------------------------------------------
+def metrics(*, costs: dict, loss_gap: float, masks: dict, split: tuple[int | None, float], effects: dict, task: str = "arith",
+            precision: str = "fp32") -> dict:
+    """Notebook 03's ``notebook_api.write_metrics`` keyword arguments (``split``: ``ppo_split(runs)``, ``effects``:
+    ``ppo_effects(runs)``; ``precision``: the trainers', for the loss tolerance)."""
     reproduced, fixed = verdict(costs, loss_gap, loss_tolerance(precision))
     bug, fix = costs[max(costs)]["bug"], costs[max(costs)]["fix"]
-    split, curve_gap = ppo_split(runs)
-    effects = ppo_effects(runs)
+    first_split, curve_gap = split
     return {
         "notebook": "03_eos_termination", "reproduced": reproduced, "fixed": fixed, "not_shown": not_shown(costs),
         "metrics": {"tokens_generated_bug": bug["tokens_generated"], "tokens_generated_fix": fix["tokens_generated"],
@@ -290,7 +298,7 @@ def metrics(*, costs: dict, loss_gap: float, masks: dict, runs: dict, task: str 
                     "waste_fraction_fix": fix["waste_fraction"], "decode_steps_bug": bug["decode_steps"],
                     "decode_steps_fix": fix["decode_steps"], "one_step_loss_gap": loss_gap,
                     "one_step_loss_tolerance": loss_tolerance(precision), "ppo_curve_reward_gap": curve_gap,
-                    "ppo_first_split_step": split,
+                    "ppo_first_split_step": first_split,
                     "ppo_effects": {k: vars(e) for k, e in effects.items()}, "prediction": PREDICTION.record(effects, task),
                     "eos_actions_in_mask_pad_distinct": masks["eos_kept_distinct"],
                     "eos_actions_in_mask_pad_equals_eos": masks["eos_kept_pad_is_eos"], "finished_responses": masks["finished"]},

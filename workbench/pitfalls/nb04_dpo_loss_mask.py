@@ -26,7 +26,10 @@ from workbench.trainers.preferences import PROMPT_MASK_MODES, PreferenceBatch, b
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
+MODES = ("both", "chosen_only", "none")
 
+
+# ---- measurements -------------------------------------------------------------------------------
 def check_prompt_lengths(num_rows: int, prompt_lengths: list[int]) -> None:
     """Raise unless there is one prompt length per row (pass the per-row list, e.g. ``lengths * 2``)."""
     if len(prompt_lengths) != num_rows:
@@ -78,8 +81,9 @@ def margin_decomposition(policy, reference, batch: PreferenceBatch, beta: float)
     return out
 
 
-# ---- training, verdict and figures (notebook 04) ----------------------------------------------
-MODE_LABELS = {"both": "both (fix)", "chosen_only": "chosen_only (bug)", "none": "none"}
+def margin_gap(decomposition: dict) -> float:
+    """max |margin(chosen_only) − margin(both)| of a ``margin_decomposition``."""
+    return float((decomposition["margin_chosen_only"] - decomposition["margin_both"]).abs().max())
 
 
 @torch.no_grad()
@@ -95,6 +99,97 @@ def hand_margin_gap(policy, reference, batch: PreferenceBatch, beta: float) -> f
     pol, ref = summed(policy), summed(reference)
     hand = beta * ((pol[:b] - ref[:b]) - (pol[b:] - ref[b:]))
     return float((hand - margin_decomposition(policy, reference, batch, beta)["margin_both"]).abs().max())
+
+
+# ---- sweeps -------------------------------------------------------------------------------------
+def mask_audits(batch: PreferenceBatch) -> dict[str, list[dict]]:
+    """``audit_loss_mask`` of each mode's loss mask: the rows that count prompt tokens."""
+    return {m: audit_loss_mask(batch.input_ids, build_loss_mask(batch.attention_mask, batch.prompt_lengths, m), batch.prompt_lengths)
+            for m in MODES}
+
+
+def training_effects(runs: dict) -> dict[str, Effect]:
+    """chosen_only (bug) vs both (fix) on log p(prompt), the margin and held-out accuracy."""
+    return {key: statistics.effect(runs, key, "chosen_only", "both") for key in ("logps/prompt", "rewards/margins", "heldout_accuracy")}
+
+
+# ---- verdict ------------------------------------------------------------------------------------
+def verdict(audits: dict, margin_gap_after: float, hand_gap: float, *, tolerance: float = 1e-5) -> tuple[bool, bool]:
+    """(reproduced, fixed): the bug's mask counts rejected prompt tokens and, after training, its
+    margin differs from the response-only one; the fixed mask counts no prompt token and its margin
+    equals a hand computation over response tokens (≤ ``tolerance``)."""
+    reproduced = any(a["side"] == "rejected" for a in audits["chosen_only"]) and margin_gap_after > 1e-4
+    fixed = not audits["both"] and hand_gap <= tolerance
+    return bool(reproduced), bool(fixed)
+
+
+# Stated before any run: with prompt tokens in the chosen rows' log-probs only, the loss lowers the
+# prompt's log-probability along with the rejected response.
+PREDICTION = statistics.Prediction("logps/prompt", "log-probability of the prompt tokens (prompt masked in the rejected rows only)",
+                                   "-", "nats")
+
+
+# ---- figures ------------------------------------------------------------------------------------
+MODE_LABELS = {"both": "both (fix)", "chosen_only": "chosen_only (bug)", "none": "none"}
+TRAINING_PANELS = [("loss", "DPO loss"), ("rewards/margins", "reward margin (nats × β)"),
+                   ("rewards/accuracies", "reward accuracy (share of pairs)"), ("logps/prompt", "policy log p(prompt) (nats)")]
+
+
+def plot_loss_mask(ax, batch: PreferenceBatch, mode: str, audit: list[dict]) -> None:
+    """The loss mask of one ``prompt_mask`` mode (chosen rows on top), titled with how many rows count prompt tokens
+    (``audit``: that mode's entry of ``mask_audits``)."""
+    mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, mode)
+    b = batch.num_pairs
+    plots.plot_mask(ax, mask, f"prompt_mask={MODE_LABELS[mode]}: {len(audit)} rows count prompt tokens",
+                    xlabel="target token position", ylabel=f"row (chosen 0–{b - 1}, rejected {b}–{2 * b - 1})",
+                    key=mode == "none", labels=("not summed", "summed by the loss"))
+    ax.axhline(b - 0.5, color=plots.BUG_COLOR if mode == "chosen_only" else plots.NEUTRAL_COLOR, lw=1)
+
+
+def figure_loss_masks(batch: PreferenceBatch, audits: dict[str, list[dict]]):
+    fig, axes = plt.subplots(1, len(MODES), figsize=(17, 3.6))
+    for ax, mode in zip(axes, MODES, strict=True):
+        plot_loss_mask(ax, batch, mode, audits[mode])
+    fig.tight_layout()
+    return fig
+
+
+def plot_training_bands(axes, runs: dict) -> None:
+    """Loss, margin, accuracy and log p(prompt) over seeds (``comparison.train_variants`` runs keyed by mode): mean ± std bands,
+    'none' (coinciding with 'both') drawn on top, dotted, 'both' thick underneath; a fifth axis gets
+    held-out greedy accuracy before/after (``plots.plot_heldout``) in the same colours."""
+    colors = {MODE_LABELS["both"]: plots.FIX_COLOR, MODE_LABELS["chosen_only"]: plots.BUG_COLOR,
+              MODE_LABELS["none"]: plots.NEUTRAL_COLOR}
+    styles = {MODE_LABELS["both"]: {"ls": "-", "lw": 3, "alpha": 0.6}, MODE_LABELS["chosen_only"]: {"ls": "-"},
+              MODE_LABELS["none"]: {"ls": ":", "marker": "o"}}
+    ordered = {MODE_LABELS[m]: runs[m] for m in ("none", "chosen_only", "both") if m in runs}
+    for ax, (key, label) in zip(axes[:4], TRAINING_PANELS, strict=True):
+        plots.plot_bands(ax, ordered, key, label, colors, styles=styles, legend_kw=plots.LEGEND_BELOW)  # below: lines fill the axes
+    if len(axes) > 4:
+        plots.plot_heldout(axes[4], {MODE_LABELS[m]: r for m, r in runs.items()}, colors)
+
+
+def figure_training_bands(runs: dict):
+    fig, axes = plt.subplots(1, 5, figsize=(24, 4.6))
+    plot_training_bands(axes, runs)
+    fig.tight_layout()
+    return fig
+
+
+# ---- printers -----------------------------------------------------------------------------------
+def buggy_call_message(batch: PreferenceBatch) -> str:
+    """What ``check_prompt_lengths`` says about the buggy call (one prompt length per *pair*, not per row)."""
+    try:
+        check_prompt_lengths(batch.input_ids.shape[0], batch.prompt_lengths)
+    except PromptMaskError as error:
+        return f"check_prompt_lengths on the buggy call: {error}"
+    return "check_prompt_lengths on the buggy call: no error (one prompt length per row)"
+
+
+def trained_margin_lines(after: dict, hand_gap: float) -> str:
+    return (f"bug run: mean margin {after['margin_chosen_only'].mean():.3f} = response-only {after['margin_both'].mean():.3f} "
+            f"+ rejected prompt term {after['rejected_prompt_term'].mean():.3f}\n"
+            f"fixed run: margin vs a hand computation over response tokens only: max |Δ| = {hand_gap:.1e}")
 
 
 def accuracy_conclusion(before: float, after: dict[str, float], n: int) -> str:
@@ -113,46 +208,6 @@ def accuracy_conclusion(before: float, after: dict[str, float], n: int) -> str:
     mask_effect = "larger" if spread > noise else "not larger"
     return (f"greedy accuracy on {n} held-out prompts: before {before:.3f}; after {parts}; noise ±{noise:.3f}: {verdict}. "
             f"Spread between masks {spread:.3f}: {mask_effect} than the noise.")
-
-
-def verdict(audits: dict, margin_gap_after: float, hand_gap: float, *, tolerance: float = 1e-5) -> tuple[bool, bool]:
-    """(reproduced, fixed): the bug's mask counts rejected prompt tokens and, after training, its
-    margin differs from the response-only one; the fixed mask counts no prompt token and its margin
-    equals a hand computation over response tokens (≤ ``tolerance``)."""
-    reproduced = any(a["side"] == "rejected" for a in audits["chosen_only"]) and margin_gap_after > 1e-4
-    fixed = not audits["both"] and hand_gap <= tolerance
-    return bool(reproduced), bool(fixed)
-
-
-def plot_loss_mask(ax, batch: PreferenceBatch, mode: str) -> int:
-    """The loss mask of one ``prompt_mask`` mode (chosen rows on top); returns how many rows count prompt tokens."""
-    mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, mode)
-    audit = audit_loss_mask(batch.input_ids, mask, batch.prompt_lengths)
-    b = batch.num_pairs
-    plots.plot_mask(ax, mask, f"prompt_mask={MODE_LABELS[mode]}: {len(audit)} rows count prompt tokens",
-                    xlabel="target token position", ylabel=f"row (chosen 0–{b - 1}, rejected {b}–{2 * b - 1})",
-                    key=mode == "none", labels=("not summed", "summed by the loss"))
-    ax.axhline(b - 0.5, color=plots.BUG_COLOR if mode == "chosen_only" else plots.NEUTRAL_COLOR, lw=1)
-    return len(audit)
-
-
-TRAINING_PANELS = [("loss", "DPO loss"), ("rewards/margins", "reward margin (nats × β)"),
-                   ("rewards/accuracies", "reward accuracy (share of pairs)"), ("logps/prompt", "policy log p(prompt) (nats)")]
-
-
-def plot_training_bands(axes, runs: dict) -> None:
-    """Loss, margin, accuracy and log p(prompt) over seeds (``comparison.train_variants`` runs keyed by mode): mean ± std bands,
-    'none' (coinciding with 'both') drawn on top, dotted, 'both' thick underneath; a fifth axis gets
-    held-out greedy accuracy before/after (``plots.plot_heldout``) in the same colours."""
-    colors = {MODE_LABELS["both"]: plots.FIX_COLOR, MODE_LABELS["chosen_only"]: plots.BUG_COLOR,
-              MODE_LABELS["none"]: plots.NEUTRAL_COLOR}
-    styles = {MODE_LABELS["both"]: {"ls": "-", "lw": 3, "alpha": 0.6}, MODE_LABELS["chosen_only"]: {"ls": "-"},
-              MODE_LABELS["none"]: {"ls": ":", "marker": "o"}}
-    ordered = {MODE_LABELS[m]: runs[m] for m in ("none", "chosen_only", "both") if m in runs}
-    for ax, (key, label) in zip(axes[:4], TRAINING_PANELS, strict=True):
-        plots.plot_bands(ax, ordered, key, label, colors, styles=styles, legend_kw=plots.LEGEND_BELOW)  # below: lines fill the axes
-    if len(axes) > 4:
-        plots.plot_heldout(axes[4], {MODE_LABELS[m]: r for m, r in runs.items()}, colors)
 
 
 def heldout_explanation(heldout: Effect, chosen: Effect, rejected: Effect) -> str:
@@ -176,78 +231,24 @@ def heldout_explanation(heldout: Effect, chosen: Effect, rejected: Effect) -> st
     return numbers + ": held-out accuracy moves beyond the seed noise without the chosen answers losing probability."
 
 
-def dpo_mask_explorer(batch) -> Explorer:
-    """The loss mask of a concatenated chosen+rejected batch for each prompt_mask mode."""
-    def draw(prompt_mask):
-        fig, ax = plt.subplots(figsize=(7, 3))
-        return {"rows_counting_prompt": plot_loss_mask(ax, batch, prompt_mask)}
-
-    controls = {"prompt_mask": widgets.ToggleButtons(options=list(PROMPT_MASK_MODES), value="chosen_only", description="mask")}
-    return Explorer(controls, draw, "DPO loss mask: toggle the bug")
-
-
-# --- what notebook 04 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
-
-MODES = ("both", "chosen_only", "none")
-
-
-def figure_loss_masks(batch: PreferenceBatch):
-    fig, axes = plt.subplots(1, len(MODES), figsize=(17, 3.6))
-    for ax, mode in zip(axes, MODES, strict=True):
-        plot_loss_mask(ax, batch, mode)
-    fig.tight_layout()
-    return fig
-
-
-def mask_audits(batch: PreferenceBatch) -> dict[str, list[dict]]:
-    """``audit_loss_mask`` of each mode's loss mask: the rows that count prompt tokens."""
-    return {m: audit_loss_mask(batch.input_ids, build_loss_mask(batch.attention_mask, batch.prompt_lengths, m), batch.prompt_lengths)
-            for m in MODES}
-
-
-def buggy_call_message(batch: PreferenceBatch) -> str:
-    """What ``check_prompt_lengths`` says about the buggy call (one prompt length per *pair*, not per row)."""
-    try:
-        check_prompt_lengths(batch.input_ids.shape[0], batch.prompt_lengths)
-    except PromptMaskError as error:
-        return f"check_prompt_lengths on the buggy call: {error}"
-    return "check_prompt_lengths on the buggy call: no error (one prompt length per row)"
-
-
-def margin_gap(decomposition: dict) -> float:
-    """max |margin(chosen_only) − margin(both)| of a ``margin_decomposition``."""
-    return float((decomposition["margin_chosen_only"] - decomposition["margin_both"]).abs().max())
-
-
-def figure_training_bands(runs: dict):
-    fig, axes = plt.subplots(1, 5, figsize=(24, 4.6))
-    plot_training_bands(axes, runs)
-    fig.tight_layout()
-    return fig
-
-
-# Stated before any run (issue 29): with prompt tokens in the chosen rows' log-probs only, the loss lowers the
-# prompt's log-probability along with the rejected response.
-PREDICTION = statistics.Prediction("logps/prompt", "log-probability of the prompt tokens (prompt masked in the rejected rows only)",
-                                   "-", "nats")
-
-
-def training_effects(runs: dict) -> dict[str, Effect]:
-    """chosen_only (bug) vs both (fix) on log p(prompt), the margin and held-out accuracy."""
-    return {key: statistics.effect(runs, key, "chosen_only", "both") for key in ("logps/prompt", "rewards/margins", "heldout_accuracy")}
-
-
 def heldout_reading(runs: dict) -> str:
     keys = ("heldout_accuracy", "heldout_logp_chosen", "heldout_logp_rejected")
     return heldout_explanation(*(statistics.gain(runs, "both", k) for k in keys))
 
 
-def trained_margin_lines(after: dict, hand_gap: float) -> str:
-    return (f"bug run: mean margin {after['margin_chosen_only'].mean():.3f} = response-only {after['margin_both'].mean():.3f} "
-            f"+ rejected prompt term {after['rejected_prompt_term'].mean():.3f}\n"
-            f"fixed run: margin vs a hand computation over response tokens only: max |Δ| = {hand_gap:.1e}")
+# ---- explorer -----------------------------------------------------------------------------------
+def dpo_mask_explorer(batch: PreferenceBatch, audits: dict[str, list[dict]]) -> Explorer:
+    """The loss mask of a concatenated chosen+rejected batch for each prompt_mask mode (``audits``: ``mask_audits(batch)``)."""
+    def draw(prompt_mask):
+        fig, ax = plt.subplots(figsize=(7, 3))
+        plot_loss_mask(ax, batch, prompt_mask, audits[prompt_mask])
+        return {"rows_counting_prompt": len(audits[prompt_mask])}
+
+    controls = {"prompt_mask": widgets.ToggleButtons(options=list(PROMPT_MASK_MODES), value="chosen_only", description="mask")}
+    return Explorer(controls, draw, "DPO loss mask: toggle the bug")
 
 
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, audits: dict, margin_gap_step0: float, margin_gap_after: float, hand_gap: float, runs: dict, effects: dict,
             train_steps: int, task: str = "arith") -> dict:
     """Notebook 04's ``notebook_api.write_metrics`` keyword arguments."""

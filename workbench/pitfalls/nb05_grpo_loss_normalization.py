@@ -37,6 +37,7 @@ from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
+# ---- measurements -------------------------------------------------------------------------------
 def analytic_token_weights(lengths: list[int], mode: str, max_len: int | None = None) -> list[float]:
     """∂loss/∂(per-token loss) for one token of each sequence, from the table above."""
     canonical = losses.canonical_loss_agg(mode)
@@ -60,6 +61,19 @@ def measured_token_weights(lengths: list[int], mode: str, max_len: int | None = 
     mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
     losses.aggregate_loss(per_token, mask, mode, max_len=max_len).backward()
     return [float(per_token.grad[i, 0]) if n > 0 else 0.0 for i, n in enumerate(lengths)]
+
+
+def token_weights(lengths: list[int], modes=losses.LOSS_AGG_MODES) -> dict:
+    """The gradient weight of one token of each of ``lengths`` per mode, ``analytic`` (the table above) and ``measured``
+    (autograd): ``{"lengths": lengths, "analytic": {mode: weights}, "measured": {mode: weights}}``."""
+    return {"lengths": list(lengths), "analytic": {mode: analytic_token_weights(lengths, mode) for mode in modes},
+            "measured": {mode: measured_token_weights(lengths, mode) for mode in modes}}
+
+
+def token_weight_error(weights: dict) -> float:
+    """Largest |analytic − autograd| per-token weight of a ``token_weights`` result."""
+    return max(abs(a - m) for mode, analytic in weights["analytic"].items()
+               for a, m in zip(analytic, weights["measured"][mode], strict=True))
 
 
 def effective_kl_coefficient(lengths: list[int], beta: float, loss_agg: str) -> list[float]:
@@ -91,7 +105,6 @@ def zero_loss_probe(model, tokenizer, prompt: str, completions: list[str], rewar
     return results
 
 
-# ---- the trainer's KL mix, training, verdict and figures (notebook 05) ------------------------
 def measured_effective_beta(lengths: list[int], beta: float, loss_agg: str, kl_aggregation: str) -> list[float]:
     """β as the GRPO trainer's own loss (``trainers.grpo.grpo_loss``) applies it to each sequence's
     tokens, measured by autograd: ∂loss/∂log π from the KL term (k1, advantages 0) divided by the
@@ -111,61 +124,12 @@ def measured_effective_beta(lengths: list[int], beta: float, loss_agg: str, kl_a
     return [float(k / p) for k, p in zip(kl, policy, strict=True)]
 
 
+# ---- sweeps -------------------------------------------------------------------------------------
 def effective_beta_sweep(spreads, beta: float, loss_agg: str = "token-mean", short: int = 2) -> dict[str, list[list[float]]]:
     """``measured_effective_beta`` for a short and a long sequence (length ratio ``spread``) under both
     KL aggregations: ``{kl_aggregation: [[β_short, β_long] per spread]}``."""
     return {agg: [measured_effective_beta([short, short * s], beta, loss_agg, agg) for s in spreads]
             for agg in ("per_sequence", "with_loss")}
-
-
-def verdict(probe: dict, effective: dict, beta: float, *, tolerance: float = 1e-6) -> tuple[bool, bool]:
-    """(reproduced, fixed): the token-mean probe loss is not 0 and the trainer's per-sequence KL gives
-    sequences different β; the per-sequence-mean probe is 0 and the trainer's ``with_loss`` KL gives
-    every token the same β (relative error ≤ ``tolerance``)."""
-    spread = [b for pair in effective["per_sequence"] for b in pair]
-    same = [b for pair in effective["with_loss"] for b in pair]
-    reproduced = abs(probe["token-mean"]["loss"]) > 1e-4 and max(spread) / min(spread) > 1.5
-    fixed = abs(probe["seq-mean-token-mean"]["loss"]) <= 1e-7 and all(abs(b / beta - 1) <= tolerance for b in same)
-    return bool(reproduced), bool(fixed)
-
-
-def plot_token_weights(ax_token, ax_total, lengths: list[int], modes=losses.LOSS_AGG_MODES) -> float:
-    """Per-token (analytic lines, autograd markers) and whole-response weight by length, per mode;
-    returns the largest |analytic − autograd| difference."""
-    error = 0.0
-    for i, mode in enumerate(modes):
-        color, style = plots.SERIES_COLORS[i], plots.LINE_STYLES[i % len(plots.LINE_STYLES)]
-        analytic, measured = analytic_token_weights(lengths, mode), measured_token_weights(lengths, mode)
-        error = max([error] + [abs(a - m) for a, m in zip(analytic, measured, strict=True)])
-        ax_token.plot(lengths, analytic, style, color=color, label=mode, zorder=5 - i)
-        ax_token.plot(lengths, measured, plots.MARKERS[i], color=color, markerfacecolor="none", markersize=8)
-        ax_total.plot(lengths, [w * n for w, n in zip(analytic, lengths, strict=True)], style, marker=plots.MARKERS[i],
-                      color=color, label=mode, zorder=5 - i)
-    ax_token.set_ylabel("gradient weight per token")
-    ax_total.set_ylabel("total weight of the response (L × per-token)")
-    for ax in (ax_token, ax_total):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("response length L (tokens)")
-    ax_token.legend(fontsize=8)
-    return error
-
-
-def plot_effective_beta(ax, spreads, effective: dict, beta: float) -> None:
-    """The β each sequence's tokens feel in the trainer's loss, per KL aggregation, vs the length ratio."""
-    bug, fix = effective["per_sequence"], effective["with_loss"]
-    ax.plot(spreads, [b[0] for b in bug], "o-", color=plots.BUG_COLOR, label="short response, KL per sequence (bug)")
-    ax.plot(spreads, [b[1] for b in bug], "s--", color=plots.BUG_COLOR, label="long response, KL per sequence (bug)")
-    ax.plot(spreads, [b[0] for b in fix], "D-", color=plots.FIX_COLOR, markersize=9, markerfacecolor="none",
-            label="short response, KL added per token (fix)")
-    ax.plot(spreads, [b[1] for b in fix], "x:", color=plots.FIX_COLOR, markersize=9,
-            label="long response, KL added per token (fix)")
-    ax.axhline(beta, color=plots.NEUTRAL_COLOR, lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("length ratio long / short in the batch")
-    ax.set_ylabel("effective β per token (measured)")
-    ax.legend(fontsize=8)
 
 
 def training_conclusion(runs: dict, fraction: float = 0.25) -> tuple[dict, str]:
@@ -189,60 +153,83 @@ def training_conclusion(runs: dict, fraction: float = 0.25) -> tuple[dict, str]:
     return summary, text
 
 
-def loss_mode_explorer() -> Explorer:
-    """Per-token and per-response gradient weight for a loss mode and a length spread."""
-
-    def draw(mode, longest):
-        lengths = sorted({1, max(1, longest // 4), max(1, longest // 2), longest})
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
-        plot_token_weights(axes[0], axes[1], lengths, [mode])
-        axes[0].set_title(mode)
-        return {"lengths": lengths, "weights": analytic_token_weights(lengths, mode)}
-
-    controls = {
-        "mode": widgets.Dropdown(options=list(losses.LOSS_AGG_MODES), value="token-mean", description="loss_agg"),
-        "longest": widgets.IntSlider(value=16, min=2, max=256, description="longest L"),
-    }
-    return Explorer(controls, draw, "Gradient weight per token and per response")
+def training_effects(runs: dict, modes: list[str]) -> dict:
+    """The second mode against the first (``statistics.effect(runs, key, modes[1], modes[0])``)."""
+    return {key: statistics.effect(runs, key, *modes[1::-1]) for key in ("length_incorrect", "reward", "heldout_accuracy")}
 
 
-# --- what notebook 05 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
+# ---- verdict ------------------------------------------------------------------------------------
+def verdict(probe: dict, effective: dict, beta: float, *, tolerance: float = 1e-6) -> tuple[bool, bool]:
+    """(reproduced, fixed): the token-mean probe loss is not 0 and the trainer's per-sequence KL gives
+    sequences different β; the per-sequence-mean probe is 0 and the trainer's ``with_loss`` KL gives
+    every token the same β (relative error ≤ ``tolerance``)."""
+    spread = [b for pair in effective["per_sequence"] for b in pair]
+    same = [b for pair in effective["with_loss"] for b in pair]
+    reproduced = abs(probe["token-mean"]["loss"]) > 1e-4 and max(spread) / min(spread) > 1.5
+    fixed = abs(probe["seq-mean-token-mean"]["loss"]) <= 1e-7 and all(abs(b / beta - 1) <= tolerance for b in same)
+    return bool(reproduced), bool(fixed)
 
+
+# Stated before any run (Dr. GRPO, arXiv 2503.20783): under the per-response mean a long wrong answer is
+# penalised less per token than under the token mean, so the length of incorrect responses grows faster. The
+# "bug" side is ``modes[1]`` (the per-sequence mean), the "fix" side ``modes[0]``.
+PREDICTION = statistics.Prediction("length_incorrect", "length of incorrect responses (seq-mean-token-mean vs token-mean)", "+",
+                                   "tokens")
+
+
+# ---- figures ------------------------------------------------------------------------------------
 TRAINING_PANELS = (("reward", "reward"), ("length_correct", "length of correct responses (tokens)"),
                    ("length_incorrect", "length of incorrect responses (tokens)"))
 
 
-def probe_lines(probe: dict, completions: list[str], rewards: list[float]) -> str:
-    """The zero-loss probe per mode, with TRL's name for each mode."""
-    trl = {v: k for k, v in losses.LOSS_AGG_ALIASES.items() if k != "bnpo"}
-    return "\n".join([f"group {completions} (lengths with EOS {[len(c) + 1 for c in completions]}), rewards {rewards}"] + [
-        f"{mode:>26} (TRL {trl.get(mode, '—'):>7}): probe loss {result['loss']:+.3e}, gradient norm {result['grad_norm']:.3f}"
-        for mode, result in probe.items()])
+def plot_token_weights(ax_token, ax_total, weights: dict) -> None:
+    """Per-token (analytic lines, autograd markers) and whole-response weight by length, per mode of ``weights``
+    (``token_weights``)."""
+    lengths = weights["lengths"]
+    for i, (mode, analytic) in enumerate(weights["analytic"].items()):
+        color, style = plots.SERIES_COLORS[i], plots.LINE_STYLES[i % len(plots.LINE_STYLES)]
+        measured = weights["measured"][mode]
+        ax_token.plot(lengths, analytic, style, color=color, label=mode, zorder=5 - i)
+        ax_token.plot(lengths, measured, plots.MARKERS[i], color=color, markerfacecolor="none", markersize=8)
+        ax_total.plot(lengths, [w * n for w, n in zip(analytic, lengths, strict=True)], style, marker=plots.MARKERS[i],
+                      color=color, label=mode, zorder=5 - i)
+    ax_token.set_ylabel("gradient weight per token")
+    ax_total.set_ylabel("total weight of the response (L × per-token)")
+    for ax in (ax_token, ax_total):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("response length L (tokens)")
+    ax_token.legend(fontsize=8)
 
 
-def token_weight_error(lengths: list[int], modes=losses.LOSS_AGG_MODES) -> float:
-    """Largest |analytic − autograd| per-token weight over ``lengths`` and ``modes``."""
-    return max(abs(a - m) for mode in modes
-               for a, m in zip(analytic_token_weights(lengths, mode), measured_token_weights(lengths, mode), strict=True))
-
-
-def figure_token_weights(lengths: list[int]):
+def figure_token_weights(weights: dict):
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    plot_token_weights(axes[0], axes[1], lengths)
+    plot_token_weights(axes[0], axes[1], weights)
     fig.tight_layout()
     return fig
+
+
+def plot_effective_beta(ax, spreads, effective: dict, beta: float) -> None:
+    """The β each sequence's tokens feel in the trainer's loss, per KL aggregation, vs the length ratio."""
+    bug, fix = effective["per_sequence"], effective["with_loss"]
+    ax.plot(spreads, [b[0] for b in bug], "o-", color=plots.BUG_COLOR, label="short response, KL per sequence (bug)")
+    ax.plot(spreads, [b[1] for b in bug], "s--", color=plots.BUG_COLOR, label="long response, KL per sequence (bug)")
+    ax.plot(spreads, [b[0] for b in fix], "D-", color=plots.FIX_COLOR, markersize=9, markerfacecolor="none",
+            label="short response, KL added per token (fix)")
+    ax.plot(spreads, [b[1] for b in fix], "x:", color=plots.FIX_COLOR, markersize=9,
+            label="long response, KL added per token (fix)")
+    ax.axhline(beta, color=plots.NEUTRAL_COLOR, lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("length ratio long / short in the batch")
+    ax.set_ylabel("effective β per token (measured)")
+    ax.legend(fontsize=8)
 
 
 def figure_effective_beta(spreads, effective: dict, beta: float):
     fig, ax = plt.subplots(figsize=(7, 4))
     plot_effective_beta(ax, spreads, effective, beta)
     return fig
-
-
-def effective_beta_line(spreads, effective: dict) -> str:
-    bug, fix = effective["per_sequence"][-1], effective["with_loss"][-1]
-    return (f"length ratio {spreads[-1]}: per-sequence KL gives β {bug[0]:.3f} (short) and {bug[1]:.4f} (long); "
-            f"with_loss gives {fix[0]:.4f} and {fix[1]:.4f}")
 
 
 def plot_training_bands(axes, runs: dict, window: int) -> None:
@@ -259,18 +246,41 @@ def figure_training_bands(runs: dict, train_steps: int):
     return fig
 
 
-# Stated before any run (issue 29; Dr. GRPO, arXiv 2503.20783): under the per-response mean a long wrong answer is
-# penalised less per token than under the token mean, so the length of incorrect responses grows faster. The
-# "bug" side is ``modes[1]`` (the per-sequence mean), the "fix" side ``modes[0]``.
-PREDICTION = statistics.Prediction("length_incorrect", "length of incorrect responses (seq-mean-token-mean vs token-mean)", "+",
-                                   "tokens")
+# ---- printers -----------------------------------------------------------------------------------
+def probe_lines(probe: dict, completions: list[str], rewards: list[float]) -> str:
+    """The zero-loss probe per mode, with TRL's name for each mode."""
+    trl = {v: k for k, v in losses.LOSS_AGG_ALIASES.items() if k != "bnpo"}
+    return "\n".join([f"group {completions} (lengths with EOS {[len(c) + 1 for c in completions]}), rewards {rewards}"] + [
+        f"{mode:>26} (TRL {trl.get(mode, '—'):>7}): probe loss {result['loss']:+.3e}, gradient norm {result['grad_norm']:.3f}"
+        for mode, result in probe.items()])
 
 
-def training_effects(runs: dict, modes: list[str]) -> dict:
-    """The second mode against the first (``statistics.effect(runs, key, modes[1], modes[0])``)."""
-    return {key: statistics.effect(runs, key, *modes[1::-1]) for key in ("length_incorrect", "reward", "heldout_accuracy")}
+def effective_beta_line(spreads, effective: dict) -> str:
+    bug, fix = effective["per_sequence"][-1], effective["with_loss"][-1]
+    return (f"length ratio {spreads[-1]}: per-sequence KL gives β {bug[0]:.3f} (short) and {bug[1]:.4f} (long); "
+            f"with_loss gives {fix[0]:.4f} and {fix[1]:.4f}")
 
 
+# ---- explorer -----------------------------------------------------------------------------------
+def loss_mode_explorer() -> Explorer:
+    """Per-token and per-response gradient weight for a loss mode and a length spread."""
+
+    def draw(mode, longest):
+        lengths = sorted({1, max(1, longest // 4), max(1, longest // 2), longest})
+        weights = token_weights(lengths, [mode])
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_token_weights(axes[0], axes[1], weights)
+        axes[0].set_title(mode)
+        return {"lengths": lengths, "weights": weights["analytic"][mode]}
+
+    controls = {
+        "mode": widgets.Dropdown(options=list(losses.LOSS_AGG_MODES), value="token-mean", description="loss_agg"),
+        "longest": widgets.IntSlider(value=16, min=2, max=256, description="longest L"),
+    }
+    return Explorer(controls, draw, "Gradient weight per token and per response")
+
+
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, probe: dict, weight_error: float, effective: dict, beta: float, runs: dict, effects: dict, settings: dict,
             task: str = "arith") -> dict:
     """Notebook 05's ``notebook_api.write_metrics`` keyword arguments."""

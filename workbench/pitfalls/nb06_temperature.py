@@ -18,7 +18,11 @@ from workbench.tasks import encode_prompts
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
+PPO_VARIANTS = {"rescale_by_temperature=False (bug)": {"rescale_by_temperature": False},
+                "rescale_by_temperature=True (fix)": {"rescale_by_temperature": True}}
 
+
+# ---- measurements -------------------------------------------------------------------------------
 @torch.no_grad()
 def first_step_ratio(model, tokenizer, prompts: list[str], *, temperature: float, rescale: bool, seed: int = 0,
                      max_new_tokens: int = 8) -> dict:
@@ -34,13 +38,18 @@ def first_step_ratio(model, tokenizer, prompts: list[str], *, temperature: float
     return {"max_ratio_deviation": float((log_ratio.exp() - 1).abs().max()), "mean_abs_log_ratio": float(log_ratio.abs().mean())}
 
 
-# ---- sweep, verdict and figure (notebook 06_temperature) --------------------------------------
+# ---- sweeps -------------------------------------------------------------------------------------
 def sweep(model, tokenizer, prompts: list[str], temperatures, *, seed: int = 0) -> dict:
     """``first_step_ratio`` for every temperature, bug and fix: ``{(τ, rescale): result}``."""
     return {(t, rescale): first_step_ratio(model, tokenizer, prompts, temperature=t, rescale=rescale, seed=seed)
             for t in temperatures for rescale in (False, True)}
 
 
+def ppo_effects(runs: dict) -> dict:
+    return {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in ("clip_fraction", "reward", "heldout_accuracy")}
+
+
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(results: dict, *, threshold: float = 1e-2, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed): at some τ ≠ 1 the unscaled recomputation gives max |ρ − 1| > ``threshold``;
     dividing by τ gives ≤ ``tolerance`` at every τ."""
@@ -48,6 +57,16 @@ def verdict(results: dict, *, threshold: float = 1e-2, tolerance: float = 1e-4) 
     reproduced = any(results[t, False]["max_ratio_deviation"] > threshold for t in temperatures if t != 1.0)
     fixed = all(results[t, True]["max_ratio_deviation"] <= tolerance for t in temperatures)
     return bool(reproduced), bool(fixed)
+
+
+# Stated before any run: the trainer scores samples drawn at τ ≠ 1 with softmax(z) instead of
+# softmax(z / τ), so the ratio is off 1 from the first mini-batch and more tokens fall outside the clip range.
+PREDICTION = statistics.Prediction("clip_fraction", "share of clipped tokens (sampler at τ, trainer at 1)", "+")
+
+
+# ---- figures ------------------------------------------------------------------------------------
+PPO_PANELS = (("first_ratio_deviation", "max |ρ − 1| sampler vs trainer"), ("clip_fraction", "clipped share of tokens"),
+              ("reward", "mean task reward"))
 
 
 def plot_ratio_vs_temperature(ax, results: dict) -> None:
@@ -67,6 +86,28 @@ def plot_ratio_vs_temperature(ax, results: dict) -> None:
     ax.legend()
 
 
+def figure_ratio_vs_temperature(results: dict):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    plot_ratio_vs_temperature(ax, results)
+    return fig
+
+
+def plot_ppo(axes, runs: dict, window: int) -> None:
+    """First-step |ρ − 1|, clipped share and reward bands, bug and fix, and held-out accuracy (4 axes)."""
+    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(PPO_VARIANTS), window=window, log_key="first_ratio_deviation")
+
+
+def figure_ppo(runs: dict, ppo_steps: int):
+    return plots.figure_row(lambda axes: plot_ppo(axes, runs, window=max(1, ppo_steps // 10)), 4, (20, 3.8))
+
+
+# ---- printers -----------------------------------------------------------------------------------
+def ratio_lines(results: dict, temperatures) -> str:
+    return "\n".join(f"τ={t:4}: bug max|ρ−1| = {results[t, False]['max_ratio_deviation']:.3e}, "
+                     f"fix = {results[t, True]['max_ratio_deviation']:.1e}" for t in temperatures)
+
+
+# ---- explorer -----------------------------------------------------------------------------------
 def temperature_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
     """P6: first-step max |ρ − 1| for a sampling temperature, with or without dividing by it."""
 
@@ -82,43 +123,7 @@ def temperature_explorer(model, tokenizer, prompts: list[str], seed: int = 0) ->
     return Explorer(controls, draw, "Sampling temperature vs the recomputed log-probs")
 
 
-# --- what notebook 06 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
-
-PPO_VARIANTS = {"rescale_by_temperature=False (bug)": {"rescale_by_temperature": False},
-                "rescale_by_temperature=True (fix)": {"rescale_by_temperature": True}}
-PPO_PANELS = (("first_ratio_deviation", "max |ρ − 1| sampler vs trainer"), ("clip_fraction", "clipped share of tokens"),
-              ("reward", "mean task reward"))
-
-
-def figure_ratio_vs_temperature(results: dict):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    plot_ratio_vs_temperature(ax, results)
-    return fig
-
-
-def ratio_lines(results: dict, temperatures) -> str:
-    return "\n".join(f"τ={t:4}: bug max|ρ−1| = {results[t, False]['max_ratio_deviation']:.3e}, "
-                     f"fix = {results[t, True]['max_ratio_deviation']:.1e}" for t in temperatures)
-
-
-def plot_ppo(axes, runs: dict, window: int) -> None:
-    """First-step |ρ − 1|, clipped share and reward bands, bug and fix, and held-out accuracy (4 axes)."""
-    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(PPO_VARIANTS), window=window, log_key="first_ratio_deviation")
-
-
-def figure_ppo(runs: dict, ppo_steps: int):
-    return plots.figure_row(lambda axes: plot_ppo(axes, runs, window=max(1, ppo_steps // 10)), 4, (20, 3.8))
-
-
-# Stated before any run (issue 29): the trainer scores samples drawn at τ ≠ 1 with softmax(z) instead of
-# softmax(z / τ), so the ratio is off 1 from the first mini-batch and more tokens fall outside the clip range.
-PREDICTION = statistics.Prediction("clip_fraction", "share of clipped tokens (sampler at τ, trainer at 1)", "+")
-
-
-def ppo_effects(runs: dict) -> dict:
-    return {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in ("clip_fraction", "reward", "heldout_accuracy")}
-
-
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, results: dict, temperatures, runs: dict, effects: dict, settings: dict, task: str = "arith") -> dict:
     """Notebook 06's ``notebook_api.write_metrics`` keyword arguments; the headline is the τ with the largest bug."""
     reproduced, fixed = verdict(results)

@@ -23,7 +23,11 @@ from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 from workbench.viz.plots import note_coinciding
 
+PPO_DROPOUT = 0.1  # dropout of the PPO runs (set by ``set_dropout`` before training)
+PPO_VARIANTS = {"disable_dropout=False (bug)": {"disable_dropout": False}, "disable_dropout=True (fix)": {"disable_dropout": True}}
 
+
+# ---- measurements -------------------------------------------------------------------------------
 def set_dropout(model, p: float) -> None:
     """Switch dropout on at probability ``p`` everywhere it exists (modules and attention)."""
     for module in model.modules():
@@ -60,13 +64,21 @@ def step0_mismatch(model, tokenizer, prompts: list[str], *, dropout: float, disa
     }
 
 
-# ---- sweep, verdict and figure (notebook 07) --------------------------------------------------
+# ---- sweeps -------------------------------------------------------------------------------------
 def sweep(model, tokenizer, prompts: list[str], dropouts, *, seed: int = 0) -> dict:
     """``step0_mismatch`` for every dropout probability, bug and fix: ``{(p, disable): result}``."""
     return {(d, disable): step0_mismatch(model, tokenizer, prompts, dropout=d, disable=disable, seed=seed)
             for d in dropouts for disable in (False, True)}
 
 
+def ppo_effects(runs: dict) -> dict:
+    return {"reward_step0": statistics.effect(runs, "reward", *PPO_VARIANTS, at="start"),
+            "reward_end": statistics.effect(runs, "reward", *PPO_VARIANTS),
+            "reward_learnt": statistics.learnt_gap(runs, "reward", *PPO_VARIANTS),
+            "heldout_accuracy": statistics.effect(runs, "heldout_accuracy", *PPO_VARIANTS)}
+
+
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(results: dict, *, threshold: float = 1e-2, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed): with some dropout > 0 left on, max |ρ − 1| at step 0 exceeds ``threshold``;
     with dropout disabled ρ − 1 and the KL to an identical reference are ≤ ``tolerance`` everywhere."""
@@ -77,23 +89,14 @@ def verdict(results: dict, *, threshold: float = 1e-2, tolerance: float = 1e-4) 
     return bool(reproduced), bool(fixed)
 
 
-def step0_note(results: dict) -> str:
-    """Max vs median of |log ρ| over the dropout sweep with dropout left on: whether each rises with the
-    probability. The max is the one most extreme token of a heavy tail, so it need not follow the trend."""
-    dropouts = sorted(d for d, disable in results if not disable)
-    maxima = [results[d, False]["max_ratio_deviation"] for d in dropouts]
-    medians = [results[d, False]["median_abs_log_ratio"] for d in dropouts]
+# Stated before any run: sampling with dropout active draws from a noisier policy than the one being
+# trained, so the reward of the very first batch is already lower with the bug.
+PREDICTION = statistics.Prediction("reward_step0", "task reward of the first sampled batch (dropout on while sampling)", "-")
 
-    def rising(v):
-        return all(b >= a for a, b in zip(v, v[1:], strict=False))
 
-    line = "median |log ρ| per token, dropout on: " + ", ".join(f"{d}: {m:.2g}" for d, m in zip(dropouts, medians, strict=True))
-    line += f" ({'rises' if rising(medians) else 'does not rise'} with the probability)"
-    if not rising(maxima):
-        line += ("; max |ρ − 1| does not: it is exp of the single largest log-ratio among "
-                 f"~{results[dropouts[-1], False]['tokens']} tokens, a heavy-tail extreme that jumps between runs and grows with "
-                 "the number of tokens it is taken over — read the median for the trend")
-    return line
+# ---- figures ------------------------------------------------------------------------------------
+PPO_PANELS = (("train_ratio_deviation", "max |ρ − 1|, first mini-batch"), ("kl", "KL to reference (nats / response)"),
+              ("reward", "mean task reward"))
 
 
 def plot_step0(axes, results: dict) -> None:
@@ -118,6 +121,58 @@ def plot_step0(axes, results: dict) -> None:
         note_coinciding(ax)
 
 
+def figure_step0(results: dict):
+    return plots.figure_row(lambda axes: plot_step0(axes, results), 2, (12, 3.8))
+
+
+def plot_ppo(axes, runs: dict) -> None:
+    """First-mini-batch |ρ − 1|, KL and reward bands, bug and fix, and held-out accuracy (4 axes)."""
+    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(PPO_VARIANTS), log_key="train_ratio_deviation")
+
+
+def figure_ppo(runs: dict):
+    return plots.figure_row(lambda axes: plot_ppo(axes, runs), 4, (20, 3.8))
+
+
+# ---- printers -----------------------------------------------------------------------------------
+def step0_lines(results: dict, dropouts) -> str:
+    return "\n".join(
+        f"dropout {d}: max |ρ−1| on {results[d, False]['max_ratio_deviation']:.2e} / "
+        f"disabled {results[d, True]['max_ratio_deviation']:.1e}; "
+        f"KL to an identical reference on {results[d, False]['sequence_kl_k1']:+.2e} / disabled {results[d, True]['sequence_kl_k1']:+.1e}"
+        for d in dropouts)
+
+
+def step0_note(results: dict) -> str:
+    """Max vs median of |log ρ| over the dropout sweep with dropout left on: whether each rises with the
+    probability. The max is the one most extreme token of a heavy tail, so it need not follow the trend."""
+    dropouts = sorted(d for d, disable in results if not disable)
+    maxima = [results[d, False]["max_ratio_deviation"] for d in dropouts]
+    medians = [results[d, False]["median_abs_log_ratio"] for d in dropouts]
+
+    def rising(v):
+        return all(b >= a for a, b in zip(v, v[1:], strict=False))
+
+    line = "median |log ρ| per token, dropout on: " + ", ".join(f"{d}: {m:.2g}" for d, m in zip(dropouts, medians, strict=True))
+    line += f" ({'rises' if rising(medians) else 'does not rise'} with the probability)"
+    if not rising(maxima):
+        line += ("; max |ρ − 1| does not: it is exp of the single largest log-ratio among "
+                 f"~{results[dropouts[-1], False]['tokens']} tokens, a heavy-tail extreme that jumps between runs and grows with "
+                 "the number of tokens it is taken over — read the median for the trend")
+    return line
+
+
+def first_minibatch_note(runs: dict, results: dict) -> str:
+    """PPO's first-mini-batch |ρ − 1| per seed beside the step-0 sweep at the same dropout (not comparable maxima)."""
+    if (PPO_DROPOUT, False) not in results:
+        return ""
+    first = [h[0]["train_ratio_deviation"] for h in runs[next(iter(PPO_VARIANTS))]]
+    return (f"max |ρ − 1| on PPO's first mini-batch, dropout {PPO_DROPOUT}, per seed: {', '.join(f'{v:.2g}' for v in first)}; "
+            f"step-0 sweep at {PPO_DROPOUT}: {results[PPO_DROPOUT, False]['max_ratio_deviation']:.2g} — maxima over different "
+            "tokens (another batch), not comparable values")
+
+
+# ---- explorer -----------------------------------------------------------------------------------
 def dropout_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
     """P7: step-0 ratio and KL for a dropout probability, with or without disabling dropout."""
 
@@ -133,57 +188,7 @@ def dropout_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Exp
     return Explorer(controls, draw, "Dropout during RL: step-0 ratio and KL")
 
 
-# --- what notebook 07 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
-
-PPO_DROPOUT = 0.1  # dropout of the PPO runs (set by ``set_dropout`` before training)
-PPO_VARIANTS = {"disable_dropout=False (bug)": {"disable_dropout": False}, "disable_dropout=True (fix)": {"disable_dropout": True}}
-PPO_PANELS = (("train_ratio_deviation", "max |ρ − 1|, first mini-batch"), ("kl", "KL to reference (nats / response)"),
-              ("reward", "mean task reward"))
-
-
-def figure_step0(results: dict):
-    return plots.figure_row(lambda axes: plot_step0(axes, results), 2, (12, 3.8))
-
-
-def step0_lines(results: dict, dropouts) -> str:
-    return "\n".join(
-        f"dropout {d}: max |ρ−1| on {results[d, False]['max_ratio_deviation']:.2e} / "
-        f"disabled {results[d, True]['max_ratio_deviation']:.1e}; "
-        f"KL to an identical reference on {results[d, False]['sequence_kl_k1']:+.2e} / disabled {results[d, True]['sequence_kl_k1']:+.1e}"
-        for d in dropouts)
-
-
-def plot_ppo(axes, runs: dict) -> None:
-    """First-mini-batch |ρ − 1|, KL and reward bands, bug and fix, and held-out accuracy (4 axes)."""
-    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(PPO_VARIANTS), log_key="train_ratio_deviation")
-
-
-def figure_ppo(runs: dict):
-    return plots.figure_row(lambda axes: plot_ppo(axes, runs), 4, (20, 3.8))
-
-
-# Stated before any run (issue 29): sampling with dropout active draws from a noisier policy than the one being
-# trained, so the reward of the very first batch is already lower with the bug.
-PREDICTION = statistics.Prediction("reward_step0", "task reward of the first sampled batch (dropout on while sampling)", "-")
-
-
-def ppo_effects(runs: dict) -> dict:
-    return {"reward_step0": statistics.effect(runs, "reward", *PPO_VARIANTS, at="start"),
-            "reward_end": statistics.effect(runs, "reward", *PPO_VARIANTS),
-            "reward_learnt": statistics.learnt_gap(runs, "reward", *PPO_VARIANTS),
-            "heldout_accuracy": statistics.effect(runs, "heldout_accuracy", *PPO_VARIANTS)}
-
-
-def first_minibatch_note(runs: dict, results: dict) -> str:
-    """PPO's first-mini-batch |ρ − 1| per seed beside the step-0 sweep at the same dropout (not comparable maxima)."""
-    if (PPO_DROPOUT, False) not in results:
-        return ""
-    first = [h[0]["train_ratio_deviation"] for h in runs[next(iter(PPO_VARIANTS))]]
-    return (f"max |ρ − 1| on PPO's first mini-batch, dropout {PPO_DROPOUT}, per seed: {', '.join(f'{v:.2g}' for v in first)}; "
-            f"step-0 sweep at {PPO_DROPOUT}: {results[PPO_DROPOUT, False]['max_ratio_deviation']:.2g} — maxima over different "
-            "tokens (another batch), not comparable values")
-
-
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, results: dict, dropouts, runs: dict, effects: dict, settings: dict, task: str = "arith") -> dict:
     """Notebook 07's ``notebook_api.write_metrics`` keyword arguments; the headline is the largest dropout measured."""
     reproduced, fixed = verdict(results)

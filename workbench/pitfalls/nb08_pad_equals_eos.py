@@ -21,6 +21,7 @@ from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
+# ---- measurements -------------------------------------------------------------------------------
 def starting_model(name: str, *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto"):
     """``(model, tokenizer)`` to fine-tune: ``tiny-<arch>`` (``tiny-qwen2``, ``tiny-llama``, ``tiny-gpt2``)
     or a bare architecture name is a tiny model built from scratch with ``seed``; any other name or
@@ -53,13 +54,13 @@ def stopping_stats(model, tokenizer, problems: list[Problem], *, max_new_tokens:
             "mean_length": float(rollout.response_lengths.float().mean()), "accuracy": float(rewards.mean())}
 
 
-# ---- comparison, verdict and figures (notebook 08) --------------------------------------------
 def eos_targets_kept(tokenizer, problems: list[Problem], *, pad_equals_eos: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The SFT batch's ids and loss mask, and how many EOS targets the mask keeps."""
     ids, _, loss_mask = sft_batch(tokenizer, problems, pad_equals_eos=pad_equals_eos)
     return ids, loss_mask, int(((ids == tokenizer.eos_token_id) & loss_mask.bool()).sum())
 
 
+# ---- sweeps -------------------------------------------------------------------------------------
 def compare(train: list[Problem], test: list[Problem], *, steps: int, seed: int = 0, arch: str = "qwen2",
             max_new_tokens: int = 16, **loading) -> dict[bool, dict]:
     """Train ``arch`` (a tiny architecture, or any name or folder: ``starting_model``) with pad ≠ EOS
@@ -71,6 +72,17 @@ def compare(train: list[Problem], test: list[Problem], *, steps: int, seed: int 
     return stats
 
 
+def sft_masks(tokenizer, problems: list[Problem]) -> dict[bool, tuple[torch.Tensor, torch.Tensor, int]]:
+    """``eos_targets_kept`` with a distinct pad and with pad = EOS: ``{pad_equals_eos: (ids, loss_mask, EOS kept)}``."""
+    return {bug: eos_targets_kept(tokenizer, problems, pad_equals_eos=bug) for bug in (False, True)}
+
+
+def eos_kept(masks: dict[bool, tuple]) -> dict[bool, int]:
+    """EOS targets each SFT loss mask of ``sft_masks`` keeps, ``{pad_equals_eos: count}``."""
+    return {bug: kept for bug, (_, _, kept) in masks.items()}
+
+
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(stats: dict[bool, dict], *, low: float = 0.1, high: float = 0.9) -> tuple[bool, bool]:
     """(reproduced, fixed): with pad = EOS fewer than ``low`` of greedy answers stop; with a distinct pad more than ``high``."""
     return bool(stats[True]["finished_fraction"] < low), bool(stats[False]["finished_fraction"] > high)
@@ -87,14 +99,24 @@ def not_shown(stats: dict[bool, dict], *, high: float = 0.9) -> str | None:
             f"than {high:.0%}; with pad = EOS {bug:.0%} stop): train longer (sft_steps) to see the fix in full")
 
 
-def plot_sft_mask(ax, tokenizer, problems: list[Problem], *, pad_equals_eos: bool) -> int:
-    """The SFT loss mask with EOS cells marked (hatched where the mask drops them); returns the EOS targets kept."""
-    ids, loss_mask, kept = eos_targets_kept(tokenizer, problems, pad_equals_eos=pad_equals_eos)
-    is_eos = ids == tokenizer.eos_token_id
+# ---- figures ------------------------------------------------------------------------------------
+def plot_sft_mask(ax, masks: dict[bool, tuple], eos_token_id: int, *, pad_equals_eos: bool) -> None:
+    """The SFT loss mask of ``masks[pad_equals_eos]`` (``sft_masks``) with EOS cells marked (hatched where the mask
+    drops them), titled with the EOS targets it keeps."""
+    ids, loss_mask, kept = masks[pad_equals_eos]
+    is_eos = ids == eos_token_id
     first_eos = is_eos & (is_eos.long().cumsum(-1) == 1)
     title = "pad = EOS, mask = ids != pad (bug)" if pad_equals_eos else "distinct pad, explicit mask (fix)"
     plots.plot_mask(ax, loss_mask, f"{title}: {kept} EOS targets kept", eos=first_eos)
-    return kept
+
+
+def figure_sft_masks(masks: dict[bool, tuple], eos_token_id: int):
+    """The SFT loss mask with a distinct pad (fix) beside pad = EOS (bug)."""
+    fig, axes = plt.subplots(1, 2, figsize=(13, 2.8))
+    for ax, bug in zip(axes, (False, True), strict=True):
+        plot_sft_mask(ax, masks, eos_token_id, pad_equals_eos=bug)
+    fig.tight_layout()
+    return fig
 
 
 def plot_stopping(axes, stats: dict[bool, dict], max_new_tokens: int = 16) -> None:
@@ -109,34 +131,6 @@ def plot_stopping(axes, stats: dict[bool, dict], max_new_tokens: int = 16) -> No
         ax.set_ylabel(ylabel)
 
 
-def pad_eos_explorer(tokenizer, problems) -> Explorer:
-    """P8: the SFT loss mask with pad ≠ EOS or pad = EOS; counts the EOS targets it keeps."""
-
-    def draw(pad_equals_eos):
-        fig, ax = plt.subplots(figsize=(7, 2.5))
-        return {"eos_kept": plot_sft_mask(ax, tokenizer, problems, pad_equals_eos=pad_equals_eos)}
-
-    return Explorer({"pad_equals_eos": widgets.Checkbox(value=True, description="pad = EOS (bug)")}, draw,
-                    "Which targets the loss keeps")
-
-
-# ---- what notebook 08 shows: figures (each built from the ``ax`` functions above), metrics -----
-
-
-def figure_sft_masks(tokenizer, problems: list[Problem]):
-    """The SFT loss mask with a distinct pad (fix) beside pad = EOS (bug)."""
-    fig, axes = plt.subplots(1, 2, figsize=(13, 2.8))
-    for ax, bug in zip(axes, (False, True), strict=True):
-        plot_sft_mask(ax, tokenizer, problems, pad_equals_eos=bug)
-    fig.tight_layout()
-    return fig
-
-
-def eos_kept(tokenizer, problems: list[Problem]) -> dict[bool, int]:
-    """EOS targets the SFT loss mask keeps, ``{pad_equals_eos: count}``."""
-    return {bug: eos_targets_kept(tokenizer, problems, pad_equals_eos=bug)[2] for bug in (False, True)}
-
-
 def figure_stopping(stats: dict[bool, dict]):
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
     plot_stopping(axes, stats)
@@ -144,11 +138,26 @@ def figure_stopping(stats: dict[bool, dict]):
     return fig
 
 
+# ---- printers -----------------------------------------------------------------------------------
 def stopping_lines(stats: dict[bool, dict]) -> str:
     return "\n".join(f"pad_equals_eos={bug}: {s['finished_fraction']:.0%} stop, mean length {s['mean_length']:.1f}, "
                      f"accuracy {s['accuracy']:.2f}" for bug, s in stats.items())
 
 
+# ---- explorer -----------------------------------------------------------------------------------
+def pad_eos_explorer(masks: dict[bool, tuple], eos_token_id: int) -> Explorer:
+    """P8: the SFT loss mask with pad ≠ EOS or pad = EOS (``masks``: ``sft_masks``); counts the EOS targets it keeps."""
+
+    def draw(pad_equals_eos):
+        fig, ax = plt.subplots(figsize=(7, 2.5))
+        plot_sft_mask(ax, masks, eos_token_id, pad_equals_eos=pad_equals_eos)
+        return {"eos_kept": masks[pad_equals_eos][2]}
+
+    return Explorer({"pad_equals_eos": widgets.Checkbox(value=True, description="pad = EOS (bug)")}, draw,
+                    "Which targets the loss keeps")
+
+
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, stats: dict[bool, dict], kept: dict[bool, int]) -> dict:
     """Notebook 08's ``notebook_api.write_metrics`` keyword arguments."""
     reproduced, fixed = verdict(stats)

@@ -32,6 +32,7 @@ ESTIMATORS = ("k1", "k2", "k3")
 GRADIENT_VARIANTS = ("k1 in reward", "k1 in loss", "k2 in loss", "k3 in loss")
 
 
+# ---- measurements -------------------------------------------------------------------------------
 def _distributions(policy, reference, input_ids, attention_mask, positions: torch.Tensor):
     """log π and log π_ref (N, V) at the selected (row, column) contexts."""
     logp = F.log_softmax(forward(policy, input_ids, attention_mask).float(), -1)[positions[:, 0], positions[:, 1]]
@@ -85,7 +86,6 @@ def gradient_comparison(policy, reference, input_ids, attention_mask, positions)
     return out
 
 
-# ---- sweep, verdict and figures (notebook 09) -------------------------------------------------
 @torch.no_grad()
 def sampled_contexts(policy, tokenizer, prompts: list[str], *, max_new_tokens: int = 6, seed: int = 0):
     """Responses sampled from ``policy``: ``(ids, mask, positions)`` with ``positions`` the (row, column)
@@ -99,6 +99,7 @@ def sampled_contexts(policy, tokenizer, prompts: list[str], *, max_new_tokens: i
     return ids, mask, positions
 
 
+# ---- sweeps -------------------------------------------------------------------------------------
 def sweep(reference, tokenizer, prompts: list[str], noise_scales, *, seed: int = 0) -> tuple[dict, dict]:
     """For each noise scale, a perturbed copy of ``reference`` as the policy: ``(values, gradients)``
     keyed by scale (``value_stats`` and ``gradient_comparison`` at the policy's sampled contexts)."""
@@ -111,6 +112,7 @@ def sweep(reference, tokenizer, prompts: list[str], noise_scales, *, seed: int =
     return values, gradients
 
 
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(values: dict, gradients: dict, *, no_gradient: float = 1e-3, agreement: float = 0.999) -> tuple[bool, bool]:
     """(reproduced, fixed): k1 differentiated as a loss gives (almost) no gradient — norm ratio to
     ∇KL below ``no_gradient`` at every distance — while k2 is visibly biased at the largest one;
@@ -124,6 +126,7 @@ def verdict(values: dict, gradients: dict, *, no_gradient: float = 1e-3, agreeme
     return bool(reproduced), bool(fixed)
 
 
+# ---- figures ------------------------------------------------------------------------------------
 STYLES = {"k1": ("o", "-", 10), "k2": ("s", "--", 5), "k3": ("^", ":", 6),
           "k1 in reward": ("o", "-", 9), "k1 in loss": ("x", "-", 6), "k2 in loss": ("s", "--", 5), "k3 in loss": ("^", ":", 6)}
 
@@ -152,6 +155,13 @@ def plot_values(axes, values: dict) -> None:
         ax.legend(fontsize=8)
 
 
+def figure_values(values: dict):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    plot_values(axes, values)
+    fig.tight_layout()
+    return fig
+
+
 def plot_gradients(axes, values: dict, gradients: dict, *, undefined_below: float = 1e-4) -> None:
     """Cosine with the exact ∇KL and norm ratio per variant. Where a variant's gradient is (numerically)
     zero — norm ratio below ``undefined_below`` — its cosine is undefined and is not drawn."""
@@ -174,6 +184,24 @@ def plot_gradients(axes, values: dict, gradients: dict, *, undefined_below: floa
     axes[0].legend(fontsize=8)
 
 
+def figure_gradients(values: dict, gradients: dict):
+    return plots.figure_row(lambda axes: plot_gradients(axes, values, gradients), 2, (12, 3.8))
+
+
+# ---- printers -----------------------------------------------------------------------------------
+def values_line(values: dict, largest: float) -> str:
+    """Bias and spread of each estimator at the noise scale ``largest``."""
+    return f"exact KL {values[largest]['exact_kl']:.4f} nats/token: " + ", ".join(
+        f"{k} bias {values[largest][k]['bias']:+.1e} std {values[largest][k]['std']:.3f}" for k in ESTIMATORS)
+
+
+def gradient_lines(gradients: dict, largest: float) -> str:
+    """Cosine and norm ratio of each gradient variant at the noise scale ``largest``."""
+    at = gradients[largest]
+    return "\n".join(f"{name:>13}: cosine {at[name]['cosine']:+.4f}, norm ratio {at[name]['norm_ratio']:.2e}" for name in GRADIENT_VARIANTS)
+
+
+# ---- explorer -----------------------------------------------------------------------------------
 def kl_estimator_gradient_explorer(noise_scales: list[float], values: dict, gradients: dict) -> Explorer:
     """P9: cosine of each estimator's expected gradient with ∇KL, at a chosen policy distance."""
 
@@ -188,32 +216,7 @@ def kl_estimator_gradient_explorer(noise_scales: list[float], values: dict, grad
                                                       description="distance")}, draw, "Gradient of each KL choice")
 
 
-# --- what notebook 09 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
-
-
-def figure_values(values: dict):
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    plot_values(axes, values)
-    fig.tight_layout()
-    return fig
-
-
-def values_line(values: dict, largest: float) -> str:
-    """Bias and spread of each estimator at the noise scale ``largest``."""
-    return f"exact KL {values[largest]['exact_kl']:.4f} nats/token: " + ", ".join(
-        f"{k} bias {values[largest][k]['bias']:+.1e} std {values[largest][k]['std']:.3f}" for k in ESTIMATORS)
-
-
-def figure_gradients(values: dict, gradients: dict):
-    return plots.figure_row(lambda axes: plot_gradients(axes, values, gradients), 2, (12, 3.8))
-
-
-def gradient_lines(gradients: dict, largest: float) -> str:
-    """Cosine and norm ratio of each gradient variant at the noise scale ``largest``."""
-    at = gradients[largest]
-    return "\n".join(f"{name:>13}: cosine {at[name]['cosine']:+.4f}, norm ratio {at[name]['norm_ratio']:.2e}" for name in GRADIENT_VARIANTS)
-
-
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, values: dict, gradients: dict, noise_scales) -> dict:
     """Notebook 09's ``notebook_api.write_metrics`` keyword arguments (headline at the last noise scale)."""
     reproduced, fixed = verdict(values, gradients)

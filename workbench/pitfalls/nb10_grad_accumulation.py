@@ -19,6 +19,7 @@ from workbench.modeling.scoring import token_logprobs
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
+# ---- measurements -------------------------------------------------------------------------------
 NORMALIZATIONS = ("global", "per_micro_batch")
 
 
@@ -56,7 +57,6 @@ def relative_error(gradient: torch.Tensor, reference: torch.Tensor) -> float:
     return float((gradient - reference).norm() / reference.norm())
 
 
-# ---- batch, sweep, verdict and figure (notebook 10) -------------------------------------------
 def length_sorted_batch(tokenizer, batch_size: int, *, seed: int = 0, lengths=(2, 3, 4, 8, 16, 32)):
     """A right-padded batch of random sequences sorted by length (as length-grouped samplers give),
     so micro-batches differ in token count, with advantages ±1: ``(ids, mask, advantages)``."""
@@ -70,6 +70,7 @@ def length_sorted_batch(tokenizer, batch_size: int, *, seed: int = 0, lengths=(2
     return ids, mask, torch.tensor([rng.choice([-1.0, 1.0]) for _ in rows])
 
 
+# ---- sweeps -------------------------------------------------------------------------------------
 def sweep(model, ids, mask, advantages, micro_batch_counts) -> dict[str, list[float]]:
     """Relative gradient error against the full batch, per normalisation and micro-batch count."""
     reference = full_batch_gradient(model, ids, mask, advantages)
@@ -77,12 +78,14 @@ def sweep(model, ids, mask, advantages, micro_batch_counts) -> dict[str, list[fl
                 for k in micro_batch_counts] for n in ("per_micro_batch", "global")}
 
 
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(errors: dict[str, list[float]], *, threshold: float = 1e-2, tolerance: float = 1e-5) -> tuple[bool, bool]:
     """(reproduced, fixed): the mean of micro-batch means misses the full-batch gradient by more than
     ``threshold`` (relative) somewhere; global normalisation matches it within ``tolerance`` everywhere."""
     return bool(max(errors["per_micro_batch"]) > threshold), bool(max(errors["global"]) <= tolerance)
 
 
+# ---- figures ------------------------------------------------------------------------------------
 def plot_gradient_error(ax, micro_batch_counts, errors: dict[str, list[float]]) -> None:
     """Relative gradient error vs the number of micro-batches; exact zeros are written at the bottom, not drawn."""
     for normalization, bug in (("per_micro_batch", True), ("global", False)):
@@ -105,6 +108,19 @@ def plot_gradient_error(ax, micro_batch_counts, errors: dict[str, list[float]]) 
     ax.legend()
 
 
+def figure_gradient_error(micro_batch_counts, errors: dict[str, list[float]]):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    plot_gradient_error(ax, micro_batch_counts, errors)
+    return fig
+
+
+# ---- printers -----------------------------------------------------------------------------------
+def error_lines(micro_batch_counts, errors: dict[str, list[float]]) -> str:
+    return "\n".join(f"{k:2d} micro-batches: relative error {bug:.2e} (mean of means) vs {fix:.1e} (global token count)"
+                     for k, bug, fix in zip(micro_batch_counts, errors["per_micro_batch"], errors["global"], strict=True))
+
+
+# ---- explorer -----------------------------------------------------------------------------------
 def grad_accumulation_explorer(mask: torch.Tensor, micro_batch_counts: list[int], errors: dict | None = None) -> Explorer:
     """P10: the notebook's figure — relative gradient error vs micro-batches (``errors`` from
     ``grad_accumulation.sweep``), the chosen count marked — above the per-token weights of that split,
@@ -137,20 +153,7 @@ def grad_accumulation_explorer(mask: torch.Tensor, micro_batch_counts: list[int]
     return Explorer({"micro_batches": control}, draw, "Gradient error and token weights under accumulation")
 
 
-# --- what notebook 10 shows: the figure (built from the ``ax`` function above), a summary, metrics ---
-
-
-def figure_gradient_error(micro_batch_counts, errors: dict[str, list[float]]):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    plot_gradient_error(ax, micro_batch_counts, errors)
-    return fig
-
-
-def error_lines(micro_batch_counts, errors: dict[str, list[float]]) -> str:
-    return "\n".join(f"{k:2d} micro-batches: relative error {bug:.2e} (mean of means) vs {fix:.1e} (global token count)"
-                     for k, bug, fix in zip(micro_batch_counts, errors["per_micro_batch"], errors["global"], strict=True))
-
-
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, micro_batch_counts, errors: dict[str, list[float]]) -> dict:
     """Notebook 10's ``notebook_api.write_metrics`` keyword arguments."""
     reproduced, fixed = verdict(errors)

@@ -32,18 +32,10 @@ from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 BUG = "scored as finished (bug)"
+REFERENCE = "zero reward without EOS"
 
 
-def variants(missing_eos_penalty: float = 0.5) -> dict[str, dict]:
-    """The bug and the three fixes as GRPO config switches, keyed by label."""
-    return {
-        BUG: {"score_truncated_as_finished": True},
-        "zero reward without EOS": {},
-        "masked out of the loss": {"mask_truncated_completions": True},
-        f"penalised ({missing_eos_penalty})": {"missing_eos_penalty": missing_eos_penalty},
-    }
-
-
+# ---- measurements -------------------------------------------------------------------------------
 def budget_profile(tokenizer, problems, max_new_tokens: int) -> dict:
     """What ``max_new_tokens`` cuts among the supervised responses (``problem.answer``) of ``problems``:
 
@@ -77,20 +69,6 @@ def budget_profile(tokenizer, problems, max_new_tokens: int) -> dict:
     nan = float("nan")
     return {"problems": len(problems), "cut": cut / len(problems), "paid": paid / cut if cut else nan,
             "went_on": went_on / paid if paid else nan, "unfinishable": unfinishable / len(problems)}
-
-
-def budget_sentence(profile: dict, task: str, max_new_tokens: int) -> str:
-    """``budget_profile`` in words, for the notebook's setup cell."""
-    head = (f"task {task}, budget {max_new_tokens} tokens: {profile['cut']:.1%} of {profile['problems']} supervised responses "
-            "do not fit with their EOS")
-    if profile["cut"] > 0:
-        head += (f"; {profile['paid']:.1%} of those read as right when cut there and scored as finished (what the bug can "
-                 "pay)")
-        if profile["paid"] > 0:
-            head += (f", and {profile['went_on']:.1%} of these had stated a right answer before the cut and could have "
-                     "stopped there (what makes paying them a reward for not stopping)")
-    return head + (f". {profile['unfinishable']:.1%} of the problems have no right response that fits with its EOS (zero reward "
-                   "without EOS gives them nothing to learn from; the bug pays their cut answers).")
 
 
 @torch.no_grad()
@@ -134,9 +112,6 @@ def pressure(model, tokenizer, problems, switches: dict[str, dict], *, max_new_t
     return out
 
 
-REFERENCE = "zero reward without EOS"
-
-
 def shift(measured: dict[str, dict]) -> float:
     """How much the bug moves the pressure towards truncated responses, against scoring them 0."""
     return measured[BUG]["pressure"] - measured[REFERENCE]["pressure"]
@@ -153,6 +128,23 @@ def shift_noise(measured: dict[str, dict]) -> tuple[float, float, int]:
     return shift(measured), float(d.std() / len(d) ** 0.5), len(d)
 
 
+# ---- sweeps -------------------------------------------------------------------------------------
+def variants(missing_eos_penalty: float = 0.5) -> dict[str, dict]:
+    """The bug and the three fixes as GRPO config switches, keyed by label."""
+    return {
+        BUG: {"score_truncated_as_finished": True},
+        "zero reward without EOS": {},
+        "masked out of the loss": {"mask_truncated_completions": True},
+        f"penalised ({missing_eos_penalty})": {"missing_eos_penalty": missing_eos_penalty},
+    }
+
+
+def training_effects(runs: dict) -> dict:
+    """The bug against zero reward without EOS: EOS rate and held-out accuracy."""
+    return {key: statistics.effect(runs, key, BUG, REFERENCE) for key in ("finished_fraction", "heldout_accuracy")}
+
+
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(measured: dict[str, dict], *, threshold: float = 0.05) -> tuple[bool, bool]:
     """(reproduced, fixed): the bug shifts the in-loss advantage towards truncated responses by more
     than ``threshold`` compared with scoring them 0 (``shift``) and, when the per-group gaps are
@@ -181,23 +173,19 @@ def not_shown(measured: dict[str, dict]) -> str | None:
             "the pressure), so it moves none here; use a trained checkpoint or more batches")
 
 
-def conclusion(measured: dict[str, dict]) -> str:
-    """The step-0 finding in words chosen by the numbers."""
-    bug, ref = measured[BUG]["pressure"], measured[REFERENCE]["pressure"]
-    direction = "towards" if bug > ref else "away from"
-    absolute = ("and truncated responses end up favoured over their finished siblings" if bug > 0 else
-                "yet truncated responses are still disfavoured against their finished siblings (they are mostly wrong)")
-    value, se, n = shift_noise(measured)
-    noise = (f" ± {se:.3f} (s.e. over {n} mixed groups; "
-             + ("larger than 2 s.e." if abs(value) > 2 * se else "not larger than 2 s.e.: within the sampling noise") + ")"
-             if se == se else " (no noise estimate: fewer than 2 mixed groups measured)")
-    return (f"{measured[BUG]['mixed_groups']} mixed groups: the bug moves the in-loss advantage {direction} truncated responses "
-            f"by {bug - ref:+.3f}{noise} ({ref:+.3f} → {bug:+.3f}), {absolute}.")
+# Stated before any run: a rewarded truncated response gets a positive advantage, so the update raises
+# the probability of not stopping and fewer responses end with EOS than when a truncated response earns nothing.
+# Task: ``restate`` (docs/LEARNING.md, regime E).
+PREDICTION = statistics.Prediction("finished_fraction", "share of responses ending with EOS", "-")
 
 
+# ---- figures ------------------------------------------------------------------------------------
 def colors(labels) -> dict[str, str]:
     palette = [plots.BUG_COLOR, plots.FIX_COLOR, plots.SERIES_COLORS[2], plots.SERIES_COLORS[3]]
     return dict(zip(labels, palette, strict=False))
+
+
+TRAINING_PANELS = (("finished_fraction", "share of responses ending with EOS"), ("reward", "mean reward as the trainer saw it"))
 
 
 def plot_pressure(ax, measured: dict[str, dict]) -> None:
@@ -221,20 +209,10 @@ def plot_pressure(ax, measured: dict[str, dict]) -> None:
     ax.set_ylabel("in-loss advantage: truncated − finished\n(mixed groups)")
 
 
-# --- what notebook 11 shows: figures (each built from the ``ax`` functions above), its explorer, metrics ---
-
-TRAINING_PANELS = (("finished_fraction", "share of responses ending with EOS"), ("reward", "mean reward as the trainer saw it"))
-
-
 def figure_pressure(measured: dict[str, dict]):
     fig, ax = plt.subplots(figsize=(8, 3.6))
     plot_pressure(ax, measured)
     return fig
-
-
-def pressure_lines(measured: dict[str, dict]) -> str:
-    return "\n".join(f"{label:>26}: {m['truncated']} truncated, {m['truncated_rewarded']} rewarded, pressure {m['pressure']:+.3f}"
-                     for label, m in measured.items())
 
 
 def plot_training_bands(axes, runs: dict, window: int) -> None:
@@ -249,11 +227,41 @@ def figure_training_bands(runs: dict, train_steps: int):
     return plots.figure_row(lambda axes: plot_training_bands(axes, runs, window=max(1, train_steps // 8)), 3, (18, 4.8))
 
 
-def training_effects(runs: dict) -> dict:
-    """The bug against zero reward without EOS: EOS rate and held-out accuracy."""
-    return {key: statistics.effect(runs, key, BUG, REFERENCE) for key in ("finished_fraction", "heldout_accuracy")}
+# ---- printers -----------------------------------------------------------------------------------
+def budget_sentence(profile: dict, task: str, max_new_tokens: int) -> str:
+    """``budget_profile`` in words, for the notebook's setup cell."""
+    head = (f"task {task}, budget {max_new_tokens} tokens: {profile['cut']:.1%} of {profile['problems']} supervised responses "
+            "do not fit with their EOS")
+    if profile["cut"] > 0:
+        head += (f"; {profile['paid']:.1%} of those read as right when cut there and scored as finished (what the bug can "
+                 "pay)")
+        if profile["paid"] > 0:
+            head += (f", and {profile['went_on']:.1%} of these had stated a right answer before the cut and could have "
+                     "stopped there (what makes paying them a reward for not stopping)")
+    return head + (f". {profile['unfinishable']:.1%} of the problems have no right response that fits with its EOS (zero reward "
+                   "without EOS gives them nothing to learn from; the bug pays their cut answers).")
 
 
+def pressure_lines(measured: dict[str, dict]) -> str:
+    return "\n".join(f"{label:>26}: {m['truncated']} truncated, {m['truncated_rewarded']} rewarded, pressure {m['pressure']:+.3f}"
+                     for label, m in measured.items())
+
+
+def conclusion(measured: dict[str, dict]) -> str:
+    """The step-0 finding in words chosen by the numbers."""
+    bug, ref = measured[BUG]["pressure"], measured[REFERENCE]["pressure"]
+    direction = "towards" if bug > ref else "away from"
+    absolute = ("and truncated responses end up favoured over their finished siblings" if bug > 0 else
+                "yet truncated responses are still disfavoured against their finished siblings (they are mostly wrong)")
+    value, se, n = shift_noise(measured)
+    noise = (f" ± {se:.3f} (s.e. over {n} mixed groups; "
+             + ("larger than 2 s.e." if abs(value) > 2 * se else "not larger than 2 s.e.: within the sampling noise") + ")"
+             if se == se else " (no noise estimate: fewer than 2 mixed groups measured)")
+    return (f"{measured[BUG]['mixed_groups']} mixed groups: the bug moves the in-loss advantage {direction} truncated responses "
+            f"by {bug - ref:+.3f}{noise} ({ref:+.3f} → {bug:+.3f}), {absolute}.")
+
+
+# ---- explorer -----------------------------------------------------------------------------------
 def eos_rate_explorer(runs: dict) -> Explorer:
     """The share of responses ending with EOS over training, one variant (first seed) at a time."""
     histories, palette = comparison.first_seed(runs), colors(runs)
@@ -268,12 +276,7 @@ def eos_rate_explorer(runs: dict) -> Explorer:
                     "share of responses ending with EOS per run")
 
 
-# Stated before any run (issue 29): a rewarded truncated response gets a positive advantage, so the update raises
-# the probability of not stopping and fewer responses end with EOS than when a truncated response earns nothing.
-# Task: ``restate`` since 2026-11-26 (docs/LEARNING.md, regime E, stated before its run); ``arith`` before it.
-PREDICTION = statistics.Prediction("finished_fraction", "share of responses ending with EOS", "-")
-
-
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, measured: dict[str, dict], runs: dict, effects: dict, settings: dict, task: str = "arith") -> dict:
     """Notebook 11's ``notebook_api.write_metrics`` keyword arguments."""
     reproduced, fixed = verdict(measured)

@@ -22,7 +22,12 @@ from workbench.tasks import encode_prompts
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
+BUG, FP32, TIS = "bf16 rollout (bug)", "fp32 rollout", "bf16 rollout + TIS"
+PAIRS = ((BUG, FP32), (BUG, TIS), (FP32, TIS))  # the harm, what TIS changes, and TIS against fp32
+EFFECT_KEYS = ("reward", "heldout_accuracy")
 
+
+# ---- measurements -------------------------------------------------------------------------------
 @torch.no_grad()
 def rollout_vs_trainer(model, tokenizer, prompts: list[str], *, rollout_dtype: torch.dtype, cap: float = 2.0, seed: int = 0) -> dict:
     """Per-token log-ratio trainer/rollout for samples of a ``rollout_dtype`` copy of ``model``."""
@@ -44,7 +49,13 @@ def rollout_vs_trainer(model, tokenizer, prompts: list[str], *, rollout_dtype: t
     }
 
 
-# ---- sweep, verdict and figures (notebook 12) -------------------------------------------------
+def clipped_fraction_by_cap(log_ratio: torch.Tensor, caps) -> list[float]:
+    """Share of tokens whose importance ratio exceeds each cap C (the tokens TIS reweights)."""
+    ratio = log_ratio.exp()
+    return [float((ratio > c).float().mean()) for c in caps]
+
+
+# ---- sweeps -------------------------------------------------------------------------------------
 ROLLOUT_DTYPES = {"bf16 rollout": torch.bfloat16, "fp16 rollout": torch.float16, "fp32 rollout": torch.float32}
 
 
@@ -54,12 +65,19 @@ def sweep(model, tokenizer, prompts: list[str], *, cap: float, seed: int = 0) ->
             for name, dtype in ROLLOUT_DTYPES.items()}
 
 
-def clipped_fraction_by_cap(log_ratio: torch.Tensor, caps) -> list[float]:
-    """Share of tokens whose importance ratio exceeds each cap C (the tokens TIS reweights)."""
-    ratio = log_ratio.exp()
-    return [float((ratio > c).float().mean()) for c in caps]
+def ppo_variants(tis_cap: float) -> dict[str, dict]:
+    """The PPO runs: a bf16 sampler whose log-probs are π_old (bug: ``old_logprobs="rollout"``), an fp32 sampler with π_old
+    recomputed, and a bf16 sampler with π_old recomputed and truncated importance sampling at ``tis_cap``."""
+    return {BUG: {"rollout_dtype": "bfloat16", "old_logprobs": "rollout"}, FP32: {},
+            TIS: {"rollout_dtype": "bfloat16", "old_logprobs": "recompute", "tis_cap": tis_cap}}
 
 
+def ppo_effects(runs: dict) -> dict:
+    """``{(key, a, b): statistics.effect(runs, key, a, b)}`` for every pair in ``PAIRS``."""
+    return {(key, a, b): statistics.effect(runs, key, a, b) for a, b in PAIRS for key in EFFECT_KEYS}
+
+
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(results: dict, *, threshold: float = 1e-2, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed): a bf16 rollout gives max |ρ − 1| > ``threshold`` before any update; an fp32
     rollout (the trainer's own precision) gives ≤ ``tolerance``, and TIS at the chosen cap acts on some
@@ -79,24 +97,17 @@ def not_shown(results: dict, *, threshold: float = 1e-2) -> str | None:
             "logits are near zero, so bf16 rounding barely changes its log-probs; use a trained one")
 
 
-def tis_reading(harm, tis_change, tis_vs_fp32) -> str:
-    """What the PPO runs say about TIS, chosen by three ``statistics.Effect``s of one metric: bf16 vs fp32
-    rollout (is there a harm?), bf16 vs bf16 + TIS (does TIS change the update?), fp32 vs bf16 + TIS (does TIS
-    land where the fp32 rollout does?). TIS is called a repair only when a harm was measured and TIS removes it."""
-    key = harm.key
-    if not tis_change.larger_than_noise:
-        return (f"{key}: TIS does not change the result measurably here "
-                f"(effect {tis_change.difference:+.3g} ± {tis_change.noise:.2g})")
-    if not harm.larger_than_noise:
-        return (f"{key}: TIS changes the update (bf16 {tis_change.bug:.3g} → with TIS {tis_change.fix:.3g}), "
-                f"but the bf16 rollout itself did no measurable harm against fp32 ({harm.difference:+.3g} ± {harm.noise:.2g}): "
-                "a change, not a repair")
-    same = not tis_vs_fp32.larger_than_noise
-    return (f"{key}: the bf16 rollout differs from fp32 ({harm.difference:+.3g} ± {harm.noise:.2g}) and TIS "
-            + ("brings it to the fp32 result" if same else
-               f"changes it but not to the fp32 result (fp32 {tis_vs_fp32.bug:.3g} vs TIS {tis_vs_fp32.fix:.3g})"))
+# Stated before any run: a bf16 sampler's log-probs used as π_old make the ratio wrong from the first
+# mini-batch (clipping tokens that are on-policy), a biased update that lowers the reward against an fp32 sampler.
+PREDICTION = statistics.Prediction("reward", "task reward, bf16 sampler's log-probs as π_old vs an fp32 sampler", "-")
 
 
+def prediction_effects(effects: dict) -> dict:
+    """The effect ``PREDICTION`` reads: bf16 sampler (bug) vs fp32 sampler on the reward."""
+    return {PREDICTION.measure: effects[(PREDICTION.measure, BUG, FP32)]}
+
+
+# ---- figures ------------------------------------------------------------------------------------
 def plot_mismatch(axes, results: dict, cap: float, caps=None) -> None:
     """Left: histogram of the per-token log-ratio per rollout dtype. Right: share of tokens TIS clips vs the cap."""
     colors = {"bf16 rollout": plots.BUG_COLOR, "fp16 rollout": plots.SERIES_COLORS[4], "fp32 rollout": plots.FIX_COLOR}
@@ -122,41 +133,8 @@ def plot_mismatch(axes, results: dict, cap: float, caps=None) -> None:
     axes[1].legend()
 
 
-def log_ratio_explorer(results: dict, cap: float = 1.02) -> Explorer:
-    """P12: the trainer/rollout log-ratio histogram and TIS clipped share of a rollout engine (the notebook's figure)."""
-
-    def draw(rollout):
-        result = results[rollout]
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
-        plot_mismatch(axes, {rollout: result}, cap)
-        return {"max_ratio_deviation": result["max_ratio_deviation"]}
-
-    return Explorer({"rollout": widgets.ToggleButtons(options=list(results), description="sampler")}, draw,
-                    "Rollout engine vs trainer")
-
-
-# --- what notebook 12 shows: figures (each built from the ``ax`` functions above), summaries, metrics ---
-
-BUG, FP32, TIS = "bf16 rollout (bug)", "fp32 rollout", "bf16 rollout + TIS"
-PAIRS = ((BUG, FP32), (BUG, TIS), (FP32, TIS))  # the harm, what TIS changes, and TIS against fp32
-EFFECT_KEYS = ("reward", "heldout_accuracy")
-
-
-def ppo_variants(tis_cap: float) -> dict[str, dict]:
-    """The PPO runs: a bf16 sampler whose log-probs are π_old (bug: ``old_logprobs="rollout"``), an fp32 sampler with π_old
-    recomputed, and a bf16 sampler with π_old recomputed and truncated importance sampling at ``tis_cap``."""
-    return {BUG: {"rollout_dtype": "bfloat16", "old_logprobs": "rollout"}, FP32: {},
-            TIS: {"rollout_dtype": "bfloat16", "old_logprobs": "recompute", "tis_cap": tis_cap}}
-
-
 def figure_mismatch(results: dict, cap: float):
     return plots.figure_row(lambda axes: plot_mismatch(axes, results, cap), 2, (13, 3.8))
-
-
-def mismatch_lines(results: dict, cap: float) -> str:
-    return "\n".join(f"{name}: max |ρ−1| = {r['max_ratio_deviation']:.2e}, mean |log ρ| = {r['mean_abs_log_ratio']:.2e}, "
-                     f"max ratio {r['log_ratio'].exp().max():.3f}, reweighted by TIS at C = {cap}: {r['tis_clipped_fraction']:.2%}"
-                     for name, r in results.items())
 
 
 def plot_ppo(axes, runs: dict, window: int) -> None:
@@ -171,9 +149,11 @@ def figure_ppo(runs: dict, ppo_steps: int):
     return plots.figure_row(lambda axes: plot_ppo(axes, runs, window=max(1, ppo_steps // 10)), 3, (18, 3.8))
 
 
-def ppo_effects(runs: dict) -> dict:
-    """``{(key, a, b): statistics.effect(runs, key, a, b)}`` for every pair in ``PAIRS``."""
-    return {(key, a, b): statistics.effect(runs, key, a, b) for a, b in PAIRS for key in EFFECT_KEYS}
+# ---- printers -----------------------------------------------------------------------------------
+def mismatch_lines(results: dict, cap: float) -> str:
+    return "\n".join(f"{name}: max |ρ−1| = {r['max_ratio_deviation']:.2e}, mean |log ρ| = {r['mean_abs_log_ratio']:.2e}, "
+                     f"max ratio {r['log_ratio'].exp().max():.3f}, reweighted by TIS at C = {cap}: {r['tis_clipped_fraction']:.2%}"
+                     for name, r in results.items())
 
 
 def effect_lines(effects: dict) -> str:
@@ -182,16 +162,39 @@ def effect_lines(effects: dict) -> str:
                      [tis_reading(*(effects[(key, a, b)] for a, b in PAIRS)) for key in EFFECT_KEYS])
 
 
-# Stated before any run (issue 29): a bf16 sampler's log-probs used as π_old make the ratio wrong from the first
-# mini-batch (clipping tokens that are on-policy), a biased update that lowers the reward against an fp32 sampler.
-PREDICTION = statistics.Prediction("reward", "task reward, bf16 sampler's log-probs as π_old vs an fp32 sampler", "-")
+def tis_reading(harm, tis_change, tis_vs_fp32) -> str:
+    """What the PPO runs say about TIS, chosen by three ``statistics.Effect``s of one metric: bf16 vs fp32
+    rollout (is there a harm?), bf16 vs bf16 + TIS (does TIS change the update?), fp32 vs bf16 + TIS (does TIS
+    land where the fp32 rollout does?). TIS is called a repair only when a harm was measured and TIS removes it."""
+    key = harm.key
+    if not tis_change.larger_than_noise:
+        return (f"{key}: TIS does not change the result measurably here "
+                f"(effect {tis_change.difference:+.3g} ± {tis_change.noise:.2g})")
+    if not harm.larger_than_noise:
+        return (f"{key}: TIS changes the update (bf16 {tis_change.bug:.3g} → with TIS {tis_change.fix:.3g}), "
+                f"but the bf16 rollout itself did no measurable harm against fp32 ({harm.difference:+.3g} ± {harm.noise:.2g}): "
+                "a change, not a repair")
+    same = not tis_vs_fp32.larger_than_noise
+    return (f"{key}: the bf16 rollout differs from fp32 ({harm.difference:+.3g} ± {harm.noise:.2g}) and TIS "
+            + ("brings it to the fp32 result" if same else
+               f"changes it but not to the fp32 result (fp32 {tis_vs_fp32.bug:.3g} vs TIS {tis_vs_fp32.fix:.3g})"))
 
 
-def prediction_effects(effects: dict) -> dict:
-    """The effect ``PREDICTION`` reads: bf16 sampler (bug) vs fp32 sampler on the reward."""
-    return {PREDICTION.measure: effects[(PREDICTION.measure, BUG, FP32)]}
+# ---- explorer -----------------------------------------------------------------------------------
+def log_ratio_explorer(results: dict, cap: float = 1.02) -> Explorer:
+    """P12: the trainer/rollout log-ratio histogram and TIS clipped share of a rollout engine (the notebook's figure)."""
+
+    def draw(rollout):
+        result = results[rollout]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_mismatch(axes, {rollout: result}, cap)
+        return {"max_ratio_deviation": result["max_ratio_deviation"]}
+
+    return Explorer({"rollout": widgets.ToggleButtons(options=list(results), description="sampler")}, draw,
+                    "Rollout engine vs trainer")
 
 
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, results: dict, runs: dict, effects: dict, settings: dict, task: str = "arith") -> dict:
     """Notebook 12's ``notebook_api.write_metrics`` keyword arguments."""
     reproduced, fixed = verdict(results)
