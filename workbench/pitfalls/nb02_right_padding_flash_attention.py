@@ -173,7 +173,7 @@ def comparable_targets(mask: torch.Tensor) -> torch.Tensor:
     """(B, T − 1): 1 where target t + 1 is a real token predicted from a real token at t. A left-padded row's first
     token is "predicted" from a pad position, whose output no back-end defines: flash's unpadded kernel never
     computes it and sdpa computes an arbitrary one, so comparing back-ends there measures nothing (on the H100 it
-    put 3.3 nats into the flash-vs-sdpa gap: docs/GPU.md)."""
+    put 3.3 nats into the flash-vs-sdpa gap: docs/journal/2026-11-26.md, second lease)."""
     return mask[:, 1:] * mask[:, :-1]
 
 

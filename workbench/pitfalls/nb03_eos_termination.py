@@ -124,7 +124,7 @@ def ppo_effects(runs: dict) -> dict:
 # ---- verdict ------------------------------------------------------------------------------------
 # How far one PPO step may move between stopping at EOS and decoding past it (masked), by the trainers' precision. The two
 # batches have other widths, so kernels may sum in another order: fp32 noise ~1e-8 (measured 6e-9 on the tiny model);
-# under bf16 autocast float noise is bf16's (eps 3.9e-3 relative), measured 1.5e-4 on an H200 in smoke mode (docs/GPU.md).
+# under bf16 autocast float noise is bf16's (eps 3.9e-3 relative), measured 1.5e-4 on an H200 in smoke mode (docs/journal/2026-11-27.md).
 # Pure bf16 was not measured: it gets bf16-mixed's tolerance.
 LOSS_TOLERANCE = {"fp32": 1e-6, "bf16-mixed": 1e-3, "bf16": 1e-3}
 
