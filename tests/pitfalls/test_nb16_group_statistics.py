@@ -52,7 +52,7 @@ def test_metrics_are_write_metrics_arguments(measured, tmp_path):
     assert written["reproduced"] == gs.verdict(head, worst)[0]
     assert set(written["metrics"]["singleton_advantage"]) == {"0.5", "0.95"}
     assert written["headline"]["bug"] == pytest.approx(head["one-pass"])
-    assert "rewards of 0.95 in fp32" in gs.cancellation_line(8)
+    assert "rewards of 0.95 in fp32" in gs.cancellation_line(singleton, 8)
     assert len(gs.sweep_lines(singleton, spreads, errors, partial).splitlines()) == len(singleton) + len(errors) + len(partial)
 
 

@@ -44,7 +44,7 @@ def test_metrics_say_why_when_the_models_are_too_close(measured):
 
 def test_figure_and_lines(measured):
     small, tiny, on_policy, small_cmp, off_policy, sample_sizes, mc = measured
-    fig = kg.figure_kl_gradients(small, tiny, on_policy, off_policy, sample_sizes, mc)
+    fig = kg.figure_kl_gradients(kg.expected_gradients(*small), tiny, on_policy, off_policy, sample_sizes, mc)
     assert len(fig.axes) == 4 and "4 contexts" in fig.axes[1].get_title()
     assert drew(fig)
     lines = kg.gradient_lines(small_cmp, on_policy, off_policy, sample_sizes, mc).splitlines()

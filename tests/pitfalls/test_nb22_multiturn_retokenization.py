@@ -47,7 +47,7 @@ def test_figure_and_lines(tokenizer):
     assert drew(fig)
     lines = p22.stats_lines(stats, tokenizer).splitlines()
     assert len(lines) == 3 and lines[0].startswith("3 finished episodes; turn-1 tokens changed by the round trip in 33%")
-    assert "changed: " in p22.roundtrip_line(tokenizer, "ab")
+    assert "changed: " in p22.roundtrip_line(p22.letter_roundtrip(tokenizer, "ab"))
 
 
 def test_episode_explorer_starts_on_a_changed_turn_and_follows_the_slider(tokenizer):

@@ -41,8 +41,11 @@ def test_figures_draw_on_a_given_ax():
     assert len(axes[0].lines) == len(SWEEP) and axes[0].get_xscale() == "log"
     p23.plot_loss_curves(axes[1], RUNS, lr=1e-5, seed=0)
     assert [line.get_label().split(":")[0] for line in axes[1].lines] == ["fp32", "bf16-mixed", "bf16"]
-    lost = p23.plot_rounding_threshold(axes[2], torch.tensor([1.0, 0.02, -0.5]), 1e-4)
+    weights = torch.tensor([1.0, 0.02, -0.5])
+    lost = p23.predicted_lost_fraction(weights, 1e-4)
     assert lost == pytest.approx(2 / 3)  # 1e-4 moves 0.02 (ulp/2 = 6e-5) but not 1.0 or 0.5
+    p23.plot_rounding_threshold(axes[2], weights, 1e-4, lost)
+    assert axes[2].has_data() and f"({lost:.1%})" in axes[2].get_legend().get_texts()[0].get_text()
     plt.close(fig)
     for fig in (p23.figure_frozen_vs_lr(LRS, SWEEP, 5), p23.figure_loss_curves(RUNS, lr=1e-5, seed=0)):
         assert len(fig.axes) == 1 and fig.axes[0].has_data()

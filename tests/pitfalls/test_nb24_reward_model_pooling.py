@@ -30,9 +30,9 @@ def measured(qwen):
 
 def test_bug_scores_a_text_by_its_batch_with_pad_equal_eos(measured):
     rows, inside = measured
-    bug = pooling._pick(rows, "left", True, "first pad − 1")
+    bug = pooling.scenario_row(rows, "left", True, "first pad − 1")
     assert bug["max_abs_score_delta"] > 1e-3 and bug["changed_share"] > 0
-    assert pooling._pick(inside, "right", True, "first pad − 1")["mean_abs_offset"] > 1  # pooled inside the prompt
+    assert pooling.scenario_row(inside, "right", True, "first pad − 1")["mean_abs_offset"] > 1  # pooled inside the prompt
 
 
 def test_fix_pools_the_last_real_token_everywhere(measured):
@@ -40,7 +40,7 @@ def test_fix_pools_the_last_real_token_everywhere(measured):
     for r in rows + inside:
         if r["rule"] == "rightmost attended":
             assert r["wrong_token_share"] == 0 and r["max_abs_score_delta"] < 1e-4
-    assert pooling._pick(rows, "right", False, "first pad − 1")["max_abs_score_delta"] < 1e-4  # the bug is silent here
+    assert pooling.scenario_row(rows, "right", False, "first pad − 1")["max_abs_score_delta"] < 1e-4  # the bug is silent here
 
 
 def test_verdict_both_ways(measured):

@@ -22,14 +22,28 @@ from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 PPO_VARIANTS = {"whiten_over=padded (bug)": {"whiten_over": "padded"}, "whiten_over=real (fix)": {"whiten_over": "real"}}
-EFFECT_KEYS = ("advantage_mean_real_tokens", "reward", "heldout_accuracy")
 
 
+# ---- measurements -------------------------------------------------------------------------------
 def real_token_stats(whitened: torch.Tensor, mask: torch.Tensor) -> dict:
     """Mean and std of the whitened values over real tokens (should be 0 and 1)."""
     return {"mean": float(masked_mean(whitened, mask)), "std": float(masked_var(whitened, mask).sqrt())}
 
 
+def rollout_advantages(model_name: str, *, task: str = "arith", seed: int = 0, gamma: float = 1.0, lam: float = 0.95,
+                       device: str = "auto", pad_token: str | None = "auto"):
+    """GAE advantages of one PPO rollout of ``model_name`` on 64 prompts of ``task`` (its ``max_new_tokens``;
+    sparse score on the last token, V = 0): ``(advantages, mask)``, both (B, T) with real padding."""
+    policy, tokenizer = load(model_name, device=device, pad_token=pad_token)
+    config = PPOConfig(steps=1, seed=seed, progress=False, max_new_tokens=task_info(task).max_new_tokens)
+    trainer = PPOTrainer(policy, tokenizer, rl_problems(64, task), config)
+    _, rollout, scores = trainer.rollout(0)
+    mask = rollout.response_mask.float()
+    advantages, _ = losses.gae(last_token_rewards(scores, mask), torch.zeros_like(mask), mask, gamma, lam)
+    return advantages, mask
+
+
+# ---- sweeps -------------------------------------------------------------------------------------
 def whitening_vs_padding(values: torch.Tensor, mask: torch.Tensor, extra_pads: list[int]) -> list[dict]:
     """Real-token statistics after naive and masked whitening as padding columns are added."""
     rows = []
@@ -43,18 +57,27 @@ def whitening_vs_padding(values: torch.Tensor, mask: torch.Tensor, extra_pads: l
     return rows
 
 
-# ---- advantages of a real rollout, verdict and figure (notebook 13) ---------------------------
-def rollout_advantages(model_name: str, *, task: str = "arith", seed: int = 0, gamma: float = 1.0, lam: float = 0.95,
-                       device: str = "auto", pad_token: str | None = "auto"):
-    """GAE advantages of one PPO rollout of ``model_name`` on 64 prompts of ``task`` (its ``max_new_tokens``;
-    sparse score on the last token, V = 0): ``(advantages, mask)``, both (B, T) with real padding."""
-    policy, tokenizer = load(model_name, device=device, pad_token=pad_token)
-    config = PPOConfig(steps=1, seed=seed, progress=False, max_new_tokens=task_info(task).max_new_tokens)
-    trainer = PPOTrainer(policy, tokenizer, rl_problems(64, task), config)
-    _, rollout, scores = trainer.rollout(0)
-    mask = rollout.response_mask.float()
-    advantages, _ = losses.gae(last_token_rewards(scores, mask), torch.zeros_like(mask), mask, gamma, lam)
-    return advantages, mask
+EFFECT_KEYS = ("advantage_mean_real_tokens", "reward", "heldout_accuracy")
+
+
+def with_absolute_advantage_mean(runs: dict) -> dict:
+    """The runs with ``advantage_abs_mean_real_tokens`` = |advantage_mean_real_tokens| added to every record."""
+    return {label: [[{**record, "advantage_abs_mean_real_tokens": abs(record["advantage_mean_real_tokens"])} for record in history]
+                    for history in histories] for label, histories in runs.items()}
+
+
+def ppo_effects(runs: dict) -> dict:
+    """The bug-vs-fix effect (with its seed noise) on each of ``EFFECT_KEYS`` and on the predicted measure."""
+    effects = {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in EFFECT_KEYS}
+    effects[PREDICTION.measure] = statistics.effect(with_absolute_advantage_mean(runs), PREDICTION.measure, *PPO_VARIANTS)
+    return effects
+
+
+# ---- verdict ------------------------------------------------------------------------------------
+# Stated before any run: whitening over padded positions leaves the real tokens' advantages off centre
+# by mean_real × (padded share) / std — of either sign, so the prediction is on its size. Responses of varied length
+# (the sums task) give the padding room.
+PREDICTION = statistics.Prediction("advantage_abs_mean_real_tokens", "|mean whitened advantage over real tokens|", "+")
 
 
 def verdict(rows: list[dict], *, threshold: float = 0.05, tolerance: float = 1e-5) -> tuple[bool, bool]:
@@ -74,6 +97,7 @@ def not_shown(rows: list[dict]) -> str | None:
             "right), so whitening has nothing to centre or scale; use a trained one")
 
 
+# ---- figures ------------------------------------------------------------------------------------
 def plot_whitening(axes, rows: list[dict]) -> None:
     """Mean and std of whitened advantages on real tokens vs the padding share, naive (bug) and masked (fix)."""
     fractions = [r["padding_fraction"] * 100 for r in rows]
@@ -95,12 +119,6 @@ def figure_whitening_vs_padding(rows: list[dict]):
     return fig
 
 
-def padding_lines(rows: list[dict]) -> str:
-    """Part 1's numbers, one line per padding."""
-    return "\n".join(f"+{r['extra_pads']:2d} pads ({r['padding_fraction']:.0%} padding): naive mean {r['naive_mean']:+.3f} "
-                     f"std {r['naive_std']:.3f} | masked mean {r['masked_mean']:+.1e} std {r['masked_std']:.4f}" for r in rows)
-
-
 def figure_ppo_whitening(runs: dict, ppo_steps: int):
     """Part 2's figure: mean advantage on real tokens and reward per step (seed bands), and held-out accuracy."""
     colors = plots.bug_fix_colors(PPO_VARIANTS)
@@ -113,25 +131,29 @@ def figure_ppo_whitening(runs: dict, ppo_steps: int):
     return fig
 
 
-# Stated before any run (issue 29): whitening over padded positions leaves the real tokens' advantages off centre
-# by mean_real × (padded share) / std — of either sign, so the prediction is on its size. Responses of varied length
-# (the sums task) give the padding room.
-PREDICTION = statistics.Prediction("advantage_abs_mean_real_tokens", "|mean whitened advantage over real tokens|", "+")
+# ---- printers -----------------------------------------------------------------------------------
+def padding_lines(rows: list[dict]) -> str:
+    """Part 1's numbers, one line per padding."""
+    return "\n".join(f"+{r['extra_pads']:2d} pads ({r['padding_fraction']:.0%} padding): naive mean {r['naive_mean']:+.3f} "
+                     f"std {r['naive_std']:.3f} | masked mean {r['masked_mean']:+.1e} std {r['masked_std']:.4f}" for r in rows)
 
 
-def with_absolute_advantage_mean(runs: dict) -> dict:
-    """The runs with ``advantage_abs_mean_real_tokens`` = |advantage_mean_real_tokens| added to every record."""
-    return {label: [[{**record, "advantage_abs_mean_real_tokens": abs(record["advantage_mean_real_tokens"])} for record in history]
-                    for history in histories] for label, histories in runs.items()}
+# ---- explorer -----------------------------------------------------------------------------------
+def whitening_explorer(values: torch.Tensor, mask: torch.Tensor) -> Explorer:
+    """P13: real-token mean/std after naive and masked whitening, as padding columns are added."""
+
+    def draw(extra):
+        rows = whitening_vs_padding(values, mask, sorted({0, extra}))
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        plot_whitening(axes, rows)
+        axes[0].set_title(f"0 and +{extra} pad columns")
+        return rows[-1]
+
+    return Explorer({"extra": widgets.IntSlider(value=8, min=0, max=64, description="extra pads")}, draw,
+                    "Whitening over padding vs real tokens")
 
 
-def ppo_effects(runs: dict) -> dict:
-    """The bug-vs-fix effect (with its seed noise) on each of ``EFFECT_KEYS`` and on the predicted measure."""
-    effects = {key: statistics.effect(runs, key, *PPO_VARIANTS) for key in EFFECT_KEYS}
-    effects[PREDICTION.measure] = statistics.effect(with_absolute_advantage_mean(runs), PREDICTION.measure, *PPO_VARIANTS)
-    return effects
-
-
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(rows: list[dict], runs: dict, effects: dict, settings: dict, task: str = "arith") -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 13."""
     reproduced, fixed = verdict(rows)
@@ -147,17 +169,3 @@ def metrics(rows: list[dict], runs: dict, effects: dict, settings: dict, task: s
         headline={"what": f"mean of whitened advantages on real tokens at {worst['padding_fraction']:.0%} padding", "unit": "advantage",
                   "bug": worst["naive_mean"], "fix": worst["masked_mean"]},
     )
-
-
-def whitening_explorer(values: torch.Tensor, mask: torch.Tensor) -> Explorer:
-    """P13: real-token mean/std after naive and masked whitening, as padding columns are added."""
-
-    def draw(extra):
-        rows = whitening_vs_padding(values, mask, sorted({0, extra}))
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
-        plot_whitening(axes, rows)
-        axes[0].set_title(f"0 and +{extra} pad columns")
-        return rows[-1]
-
-    return Explorer({"extra": widgets.IntSlider(value=8, min=0, max=64, description="extra pads")}, draw,
-                    "Whitening over padding vs real tokens")

@@ -28,6 +28,7 @@ from workbench.viz.explorer import Explorer
 from workbench.viz.plots import label_zero_bars
 
 
+# ---- measurements -------------------------------------------------------------------------------
 def rollout_with_filters(model, tokenizer, prompts: list[str], *, top_k: int = 0, top_p: float = 1.0,
                          temperature: float = 1.0, seed: int = 0, max_new_tokens: int = 6) -> Rollout:
     ids, mask = (t.to(model_device(model)) for t in encode_prompts(tokenizer, prompts))  # everything on the model's device
@@ -76,6 +77,7 @@ def first_step_ratio(model, tokenizer, prompts: list[str], *, top_k: int = 0, to
     return out
 
 
+# ---- sweeps -------------------------------------------------------------------------------------
 def settings_for(top_ps: list[float], top_ks: list[int]) -> list[tuple[int, float]]:
     """The notebook's (top_k, top_p) settings: no filter, each top-p alone, each top-k alone."""
     return [(0, 1.0)] + [(0, p) for p in top_ps] + [(k, 1.0) for k in top_ks]
@@ -86,6 +88,7 @@ def sweep(model, tokenizer, prompts: list[str], settings: list[tuple[int, float]
     return [first_step_ratio(model, tokenizer, prompts, top_k=k, top_p=p, **kwargs) for k, p in settings]
 
 
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(row: dict, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed) for one truncating setting's ``first_step_ratio`` row.
 
@@ -97,7 +100,7 @@ def verdict(row: dict, tolerance: float = 1e-4) -> tuple[bool, bool]:
     return reproduced, fix["max_ratio_deviation"] < tolerance
 
 
-# ---- plots (take an ax) ------------------------------------------------------------------------
+# ---- figures ------------------------------------------------------------------------------------
 def setting_label(row: dict) -> str:
     parts = ([f"k={row['top_k']}"] if row["top_k"] else []) + ([f"p={row['top_p']}"] if row["top_p"] < 1 else [])
     return " ".join(parts) or "off"
@@ -133,7 +136,7 @@ def figure_ratio_vs_kept_mass(rows: list[dict]):
     return plots.figure_panels((13, 4.2), lambda ax: plot_ratio_vs_kept_mass(ax, rows), lambda ax: plot_clip_fraction(ax, rows))
 
 
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers -----------------------------------------------------------------------------------
 def sweep_lines(rows: list[dict]) -> str:
     """One line per filter setting: its kept mass S, the bug's mean ρ and clip share, the fix's largest |ρ − 1|."""
     return "\n".join(f"top_k={r['top_k']:>2} top_p={r['top_p']:.2f}: S = {r['kept_mass']:.4f}, mean ρ bug = {r['bug']['mean_ratio']:.4f} "
@@ -153,22 +156,7 @@ def headline_sentence(rows: list[dict]) -> str:
             + ("ρ = S token by token." if verdict(head)[0] else "no measurable bias at this setting."))
 
 
-def metrics(rows: list[dict]) -> dict:
-    """``notebook_api.write_metrics``'s keyword arguments for notebook 14: the headline setting's verdict, fixed at every setting."""
-    head = headline_row(rows)
-    reproduced, fixed = verdict(head)
-    return dict(
-        notebook="14_truncated_sampling",
-        reproduced=reproduced, fixed=fixed and all(verdict(r)[1] for r in rows),
-        metrics={"settings": [{"top_k": r["top_k"], "top_p": r["top_p"], "kept_mass": r["kept_mass"],
-                               "mean_ratio_bug": r["bug"]["mean_ratio"], "mean_ratio_fix": r["fix"]["mean_ratio"],
-                               "clip_fraction_bug": r["bug"]["clip_fraction"],
-                               "max_ratio_minus_mass": r["max_ratio_minus_mass"]} for r in rows]},
-        headline={"what": f"mean importance ratio at lr 0 (top_k={head['top_k']}, top_p={head['top_p']})", "unit": "ratio",
-                  "bug": head["bug"]["mean_ratio"], "fix": head["fix"]["mean_ratio"]},
-    )
-
-
+# ---- explorer -----------------------------------------------------------------------------------
 def filter_ratio_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
     """top-k / top-p / temperature controls redrawing the per-token ratio against S."""
 
@@ -190,3 +178,20 @@ def filter_ratio_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -
                 "top_k": widgets.IntSlider(value=0, min=0, max=16, description="top_k (0 off)"),
                 "temperature": widgets.FloatSlider(value=1.0, min=0.3, max=2.0, step=0.1, description="τ")}
     return Explorer(controls, draw, title="P14: per-token ratio at lr 0 against the kept mass")
+
+
+# ---- metrics ------------------------------------------------------------------------------------
+def metrics(rows: list[dict]) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 14: the headline setting's verdict, fixed at every setting."""
+    head = headline_row(rows)
+    reproduced, fixed = verdict(head)
+    return dict(
+        notebook="14_truncated_sampling",
+        reproduced=reproduced, fixed=fixed and all(verdict(r)[1] for r in rows),
+        metrics={"settings": [{"top_k": r["top_k"], "top_p": r["top_p"], "kept_mass": r["kept_mass"],
+                               "mean_ratio_bug": r["bug"]["mean_ratio"], "mean_ratio_fix": r["fix"]["mean_ratio"],
+                               "clip_fraction_bug": r["bug"]["clip_fraction"],
+                               "max_ratio_minus_mass": r["max_ratio_minus_mass"]} for r in rows]},
+        headline={"what": f"mean importance ratio at lr 0 (top_k={head['top_k']}, top_p={head['top_p']})", "unit": "ratio",
+                  "bug": head["bug"]["mean_ratio"], "fix": head["fix"]["mean_ratio"]},
+    )

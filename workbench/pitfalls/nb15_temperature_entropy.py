@@ -32,6 +32,7 @@ from workbench.viz.explorer import Explorer
 from workbench.viz.plots import draw_floor, note_coinciding
 
 
+# ---- measurements -------------------------------------------------------------------------------
 def entropy_at_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """H(softmax(logits / τ)) in nats at every position."""
     return entropy_from_logits(logits.float() / temperature)
@@ -76,10 +77,12 @@ def step0_measurements(model, tokenizer, prompts: list[str], *, temperature: flo
     return out
 
 
+# ---- sweeps -------------------------------------------------------------------------------------
 def sweep(model, tokenizer, prompts: list[str], temperatures: list[float], **kwargs) -> list[dict]:
     return [step0_measurements(model, tokenizer, prompts, temperature=t, **kwargs) for t in temperatures]
 
 
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(rows: list[dict], tolerance: float = 1e-5) -> tuple[bool, bool]:
     """(reproduced, fixed): at some τ ≠ 1 the raw-logit entropy differs from the sampled one and the
     step-0 KL against a τ = 1 reference is not 0; with the fix both vanish at every τ."""
@@ -89,7 +92,7 @@ def verdict(rows: list[dict], tolerance: float = 1e-5) -> tuple[bool, bool]:
     return reproduced, fixed
 
 
-# ---- plots (take an ax) ------------------------------------------------------------------------
+# ---- figures ------------------------------------------------------------------------------------
 def plot_entropy(ax, rows: list[dict]) -> None:
     temperatures = [r["temperature"] for r in rows]
     ax.plot(temperatures, [r["bug"]["entropy"] for r in rows], "o-", color=plots.BUG_COLOR, label="H(softmax(z)) (bug)")
@@ -121,7 +124,7 @@ def figure_entropy_vs_temperature(rows: list[dict]):
     return plots.figure_panels((13, 4.2), lambda ax: plot_entropy(ax, rows), lambda ax: plot_step0_kl(ax, rows))
 
 
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers -----------------------------------------------------------------------------------
 def sweep_lines(rows: list[dict]) -> str:
     """One line per temperature: the entropy of the raw and of the sampled distribution and their gap; the step-0
     KL with the reference at τ = 1 (exact, k1, k3 — the bug) and at τ (exact — the fix)."""
@@ -142,6 +145,37 @@ def headline_sentence(rows: list[dict], headline_temperature: float) -> str:
             + ("both vanish with the fix." if verdict(rows)[1] else "the fix leaves a residue."))
 
 
+# ---- explorer -----------------------------------------------------------------------------------
+def last_position_logits(model, tokenizer, prompt: str) -> torch.Tensor:
+    """The next-token logits after ``prompt`` (the explorer's one context)."""
+    ids, mask = encode_prompts(tokenizer, [prompt])
+    return forward(model, ids, mask)[0, -1].detach()  # forward returns the logits (B, T, V)
+
+
+def entropy_temperature_explorer(logits: torch.Tensor) -> Explorer:
+    """A τ slider redrawing one context's next-token distribution at τ and at 1, with both entropies."""
+
+    def draw(temperature):
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        order = logits.argsort(descending=True)[:12]
+        panels = ((-0.2, 1.0, plots.BUG_COLOR, "softmax(z)"), (0.2, temperature, plots.FIX_COLOR, "softmax(z/τ)"))
+        entropies = []
+        for shift, t, color, name in panels:
+            probs = F.softmax(logits.float() / t, -1)[order]
+            entropies.append(entropy_at_temperature(logits, t))
+            ax.bar([i + shift for i in range(len(order))], probs.tolist(), 0.4, color=color,
+                   label=f"{name}: H = {float(entropies[-1]):.3f} nats")
+        ax.set_xlabel("token rank")
+        ax.set_ylabel("probability")
+        ax.legend()
+        raw, sampled = entropies
+        return {"entropy_gap": float(raw - sampled)}
+
+    slider = widgets.FloatSlider(value=0.7, min=0.2, max=2.0, step=0.05, description="τ")
+    return Explorer({"temperature": slider}, draw, title="P15: the distribution you sample vs the one you measure")
+
+
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(rows: list[dict], headline_temperature: float) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 15."""
     head = headline_row(rows, headline_temperature)
@@ -157,29 +191,3 @@ def metrics(rows: list[dict], headline_temperature: float) -> dict:
         headline={"what": f"KL(policy ‖ reference) at step 0, where they are the same model (τ = {head['temperature']})",
                   "unit": "nats/token", "bug": head["bug"]["kl_exact"], "fix": head["fix"]["kl_exact"]},
     )
-
-
-def last_position_logits(model, tokenizer, prompt: str) -> torch.Tensor:
-    """The next-token logits after ``prompt`` (the explorer's one context)."""
-    ids, mask = encode_prompts(tokenizer, [prompt])
-    return forward(model, ids, mask)[0, -1].detach()  # forward returns the logits (B, T, V)
-
-
-def entropy_temperature_explorer(logits: torch.Tensor) -> Explorer:
-    """A τ slider redrawing one context's next-token distribution at τ and at 1, with both entropies."""
-
-    def draw(temperature):
-        fig, ax = plt.subplots(figsize=(7, 3.2))
-        order = logits.argsort(descending=True)[:12]
-        panels = ((-0.2, 1.0, plots.BUG_COLOR, "softmax(z)"), (0.2, temperature, plots.FIX_COLOR, "softmax(z/τ)"))
-        for shift, t, color, name in panels:
-            probs = F.softmax(logits.float() / t, -1)[order]
-            h = float(entropy_at_temperature(logits, t))
-            ax.bar([i + shift for i in range(len(order))], probs.tolist(), 0.4, color=color, label=f"{name}: H = {h:.3f} nats")
-        ax.set_xlabel("token rank")
-        ax.set_ylabel("probability")
-        ax.legend()
-        return {"entropy_gap": float(entropy_at_temperature(logits, 1.0) - entropy_at_temperature(logits, temperature))}
-
-    slider = widgets.FloatSlider(value=0.7, min=0.2, max=2.0, step=0.05, description="τ")
-    return Explorer({"temperature": slider}, draw, title="P15: the distribution you sample vs the one you measure")

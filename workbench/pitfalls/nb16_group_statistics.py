@@ -36,10 +36,8 @@ from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 from workbench.viz.plots import draw_floor, label_zero_bars, note_coinciding
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
-
-# ---- the statistics as pure functions -----------------------------------------------------------
+# ---- measurements -------------------------------------------------------------------------------
 def one_pass_std(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """sqrt((E[x²] − E[x]²) · n / (n − 1)) over the last dim, computed in ``dtype`` (the bug)."""
     x = x.to(dtype)
@@ -105,37 +103,6 @@ def grouped_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, *, eps: f
     return normalise(centred, variance.sqrt()[ids], eps=eps, floor=floor)
 
 
-# ---- measurements -------------------------------------------------------------------------------
-def singleton_sweep(values: list[float], group_size: int = 8, eps: float = 1e-6, floor: float = 1e-3) -> list[dict]:
-    """Group [0, v × (group_size − 1)] with a leave-one-out baseline: the advantage of the sample with
-    reward 0 (exact: −v) for one-pass, two-pass, and two-pass with the floor, all in fp32."""
-    rows = []
-    for v in values:
-        rewards = torch.tensor([0.0] + [v] * (group_size - 1))
-        rows.append({"value": v,
-                     "one-pass": float(loo_advantages(rewards, std="one-pass", eps=eps)[0]),
-                     "two-pass": float(loo_advantages(rewards, std="two-pass", eps=eps)[0]),
-                     "two-pass + floor": float(loo_advantages(rewards, std="two-pass", floor=floor, eps=eps)[0]),
-                     "one-pass std": float(leave_one_out_stats(rewards, "one-pass")[1][0])})
-    return rows
-
-
-def precision_sweep(spreads: list[float], mean: float = 1.0, n: int = 8, seed: int = 0) -> dict:
-    """Relative error of each std in each dtype for groups μ + s·z (z fixed, standard normal), against
-    the float64 std of the same (dtype-rounded) values. ``{"<method> <dtype>": [error per spread]}``."""
-    z = torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    out = {}
-    for method, fn in STD_FUNCTIONS.items():
-        for name in ("float32", "bfloat16"):
-            errors = []
-            for s in spreads:
-                x = (mean + s * z).to(DTYPES[name])
-                exact = x.double().std()
-                errors.append(float((fn(x, DTYPES[name]).double() - exact).abs() / exact))
-            out[f"{method} {name}"] = errors
-    return out
-
-
 @torch.no_grad()
 def sample_group_rewards(model, tokenizer, problems, group_size: int, seed: int = 0, max_new_tokens: int = 4) -> torch.Tensor:
     """(n_problems, group_size) task rewards of responses sampled from ``model``."""
@@ -172,13 +139,55 @@ def misgrouping(rewards: torch.Tensor, group_ids: torch.Tensor, group_size: int,
             "max_abs_group_mean_fix": float(max(fix[group_ids == g].mean().abs() for g in group_ids.unique()))}
 
 
-def cancellation_line(group_size: int, value: float = 0.95) -> str:
-    """E[x²] − E[x]² of ``group_size − 1`` equal rewards in fp32 (exactly 0 in exact arithmetic), with both stds."""
-    same = torch.full((group_size - 1,), value)
-    return (f"{group_size - 1} rewards of {value} in fp32: E[x²] − E[x]² = {float((same * same).mean() - same.mean() ** 2):.2g}, "
-            f"one-pass std {float(one_pass_std(same)):.2g}, two-pass std {float(two_pass_std(same)):.2g}")
+# ---- sweeps -------------------------------------------------------------------------------------
+def singleton_sweep(values: list[float], group_size: int = 8, eps: float = 1e-6, floor: float = 1e-3) -> list[dict]:
+    """Group [0, v × (group_size − 1)] with a leave-one-out baseline: the advantage of the sample with
+    reward 0 (exact: −v) for one-pass, two-pass, and two-pass with the floor, all in fp32; and the statistics of
+    the others it sees, ``group_size − 1`` equal rewards: both stds and E[x²] − E[x]² (0 in exact arithmetic)."""
+    rows = []
+    for v in values:
+        rewards = torch.tensor([0.0] + [v] * (group_size - 1))
+        baseline, one_pass = leave_one_out_stats(rewards, "one-pass")
+        _, two_pass = leave_one_out_stats(rewards, "two-pass")
+        centred, others = rewards.float() - baseline, rewards[1:]
+        rows.append({"value": v,
+                     "one-pass": float(normalise(centred, one_pass, eps=eps)[0]),
+                     "two-pass": float(normalise(centred, two_pass, eps=eps)[0]),
+                     "two-pass + floor": float(normalise(centred, two_pass, eps=eps, floor=floor)[0]),
+                     "one-pass std": float(one_pass[0]), "two-pass std": float(two_pass[0]),
+                     "E[x²] − E[x]²": float((others * others).mean() - others.mean() ** 2)})
+    return rows
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def precision_sweep(spreads: list[float], mean: float = 1.0, n: int = 8, seed: int = 0) -> dict:
+    """Relative error of each std in each dtype for groups μ + s·z (z fixed, standard normal), against
+    the float64 std of the same (dtype-rounded) values. ``{"<method> <dtype>": [error per spread]}``."""
+    z = torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    out = {}
+    for method, fn in STD_FUNCTIONS.items():
+        for name in ("float32", "bfloat16"):
+            errors = []
+            for s in spreads:
+                x = (mean + s * z).to(DTYPES[name])
+                exact = x.double().std()
+                errors.append(float((fn(x, DTYPES[name]).double() - exact).abs() / exact))
+            out[f"{method} {name}"] = errors
+    return out
+
+
+def partial_group_sweep(rewards: torch.Tensor, drop_probs: list[float], group_size: int, seed: int = 0) -> list[dict]:
+    """``misgrouping`` after dropping rollouts with each probability (one drop pattern per probability)."""
+    rows = []
+    for i, p in enumerate(drop_probs):
+        flat, ids = partial_groups(rewards, p, seed=seed + i)
+        rows.append({"drop_prob": p, **misgrouping(flat, ids, group_size)})
+    return rows
+
+
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(singleton: dict, partial: dict, *, floor_tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed) from one ``singleton_sweep`` row and one ``misgrouping`` result.
 
@@ -192,16 +201,7 @@ def verdict(singleton: dict, partial: dict, *, floor_tolerance: float = 1e-4) ->
     return reproduced, fixed
 
 
-def partial_group_sweep(rewards: torch.Tensor, drop_probs: list[float], group_size: int, seed: int = 0) -> list[dict]:
-    """``misgrouping`` after dropping rollouts with each probability (one drop pattern per probability)."""
-    rows = []
-    for i, p in enumerate(drop_probs):
-        flat, ids = partial_groups(rewards, p, seed=seed + i)
-        rows.append({"drop_prob": p, **misgrouping(flat, ids, group_size)})
-    return rows
-
-
-# ---- plots (take an ax) ------------------------------------------------------------------------
+# ---- figures ------------------------------------------------------------------------------------
 def _legend_below(ax, ncol: int = 1) -> None:
     """Legend under the axes, where it covers no data."""
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, fontsize=8, frameon=False)
@@ -287,6 +287,43 @@ def plot_singleton_advantages(ax, row: dict) -> None:
     ax.legend(fontsize=8)
 
 
+# ---- printers -----------------------------------------------------------------------------------
+def headline_singleton(singleton: list[dict]) -> dict:
+    """The ``singleton_sweep`` row nearest v = 0.95."""
+    return min(singleton, key=lambda r: abs(r["value"] - 0.95))
+
+
+def headline_rows(singleton: list[dict], partial: list[dict]) -> tuple[dict, dict]:
+    """The singleton row nearest v = 0.95 and the most mis-grouped partial-group row."""
+    return headline_singleton(singleton), max(partial, key=lambda r: r["misgrouped_fraction"])
+
+
+def cancellation_line(singleton: list[dict], group_size: int) -> str:
+    """E[x²] − E[x]² of the headline group's ``group_size − 1`` equal rewards in fp32 (exactly 0 in exact arithmetic),
+    with both stds."""
+    head = headline_singleton(singleton)
+    return (f"{group_size - 1} rewards of {head['value']} in fp32: E[x²] − E[x]² = {head['E[x²] − E[x]²']:.2g}, "
+            f"one-pass std {head['one-pass std']:.2g}, two-pass std {head['two-pass std']:.2g}")
+
+
+def sweep_lines(singleton: list[dict], spreads: list[float], errors: dict, partial: list[dict]) -> str:
+    lines = [f"v={r['value']:.2f}: one-pass std {r['one-pass std']:.2e} → A = {r['one-pass']:.4g}; two-pass {r['two-pass']:.4g}; "
+             f"floor {r['two-pass + floor']:.4g}" for r in singleton]
+    lines += [f"{key:>18}: relative std error " + ", ".join(f"{e:.1e}" for e in errs) + f" at spreads {spreads}"
+              for key, errs in errors.items()]
+    lines += [f"drop {r['drop_prob']:.0%}: {r['samples']} samples, {r['misgrouped_fraction']:.0%} mis-grouped, "
+              f"{r['sign_disagreement']:.1%} signs flipped, max |A| stride {r['max_abs_advantage_bug']:.3g} "
+              f"vs ids {r['max_abs_advantage_fix']:.3g}" for r in partial]
+    return "\n".join(lines)
+
+
+def headline_sentence(singleton: list[dict], partial: list[dict]) -> str:
+    head, worst = headline_rows(singleton, partial)
+    return (f"[0, {head['value']} × 7]: A = {head['one-pass']:.1f} with the one-pass std, {head['two-pass + floor']:.4f} with the fix; "
+            + ("the residue is the bug." if verdict(head, worst)[0] else "no residue at this value."))
+
+
+# ---- explorer -----------------------------------------------------------------------------------
 def singleton_advantage_explorer(group_size: int = 8, value: float = 0.95) -> Explorer:
     """A slider for v in the group [0, v × (group_size − 1)]: the reward-0 sample's advantage per std, redrawn."""
 
@@ -301,29 +338,7 @@ def singleton_advantage_explorer(group_size: int = 8, value: float = 0.95) -> Ex
     return Explorer({"v": slider}, draw, title="P16: the reward-0 sample's advantage, one-pass vs two-pass std")
 
 
-# ---- what the notebook prints and writes -------------------------------------------------------
-def sweep_lines(singleton: list[dict], spreads: list[float], errors: dict, partial: list[dict]) -> str:
-    lines = [f"v={r['value']:.2f}: one-pass std {r['one-pass std']:.2e} → A = {r['one-pass']:.4g}; two-pass {r['two-pass']:.4g}; "
-             f"floor {r['two-pass + floor']:.4g}" for r in singleton]
-    lines += [f"{key:>18}: relative std error " + ", ".join(f"{e:.1e}" for e in errs) + f" at spreads {spreads}"
-              for key, errs in errors.items()]
-    lines += [f"drop {r['drop_prob']:.0%}: {r['samples']} samples, {r['misgrouped_fraction']:.0%} mis-grouped, "
-              f"{r['sign_disagreement']:.1%} signs flipped, max |A| stride {r['max_abs_advantage_bug']:.3g} "
-              f"vs ids {r['max_abs_advantage_fix']:.3g}" for r in partial]
-    return "\n".join(lines)
-
-
-def headline_rows(singleton: list[dict], partial: list[dict]) -> tuple[dict, dict]:
-    """The singleton row nearest v = 0.95 and the most mis-grouped partial-group row."""
-    return min(singleton, key=lambda r: abs(r["value"] - 0.95)), max(partial, key=lambda r: r["misgrouped_fraction"])
-
-
-def headline_sentence(singleton: list[dict], partial: list[dict]) -> str:
-    head, worst = headline_rows(singleton, partial)
-    return (f"[0, {head['value']} × 7]: A = {head['one-pass']:.1f} with the one-pass std, {head['two-pass + floor']:.4f} with the fix; "
-            + ("the residue is the bug." if verdict(head, worst)[0] else "no residue at this value."))
-
-
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(singleton: list[dict], errors: dict, partial: list[dict]) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 16: fixed needs zero-mean groups at every drop rate."""
     head, worst = headline_rows(singleton, partial)

@@ -31,11 +31,11 @@ from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
+# ---- measurements -------------------------------------------------------------------------------
 def audit(folder) -> dict:
     """For a checkpoint folder: the sources, their union, and whether the template's turn end is a
     stop id of the tokenizer / the generation config (None without a template)."""
     from transformers import GenerationConfig  # transformers: seconds to import; loaded where a model is
-
 
     sources = stop_id_sources(GenerationConfig.from_pretrained(str(folder), local_files_only=True), load_tokenizer(folder))
     turn_end = sources["template_turn_end"]
@@ -72,6 +72,7 @@ def rollout_under(model, tokenizer, prompts: list[str], *, stop_ids: list[int], 
     }
 
 
+# ---- sweeps -------------------------------------------------------------------------------------
 def scenarios(sources: dict[str, list[int]]) -> dict[str, dict[str, list[int]]]:
     """The configurations compared: ``{name: {"stop_ids", "finished_ids"}}``."""
     union = union_stop_ids(sources)
@@ -84,6 +85,7 @@ def scenarios(sources: dict[str, list[int]]) -> dict[str, dict[str, list[int]]]:
     }
 
 
+# ---- verdict ------------------------------------------------------------------------------------
 def not_shown(sources: dict[str, list[int]]) -> str | None:
     """Why this checkpoint cannot show the pitfall, or None: when the tokenizer's EOS and the generation
     config both already name the template's turn end, every partial stop set stops at it."""
@@ -106,17 +108,7 @@ def verdict(bug_truncated: float, fix_counted_finished: float, stopped_on_turn_e
     return bug_truncated > signature, fix_counted_finished >= stopped_on_turn_end and fix_counted_finished > signature
 
 
-def checkpoint_audit_lines() -> str:
-    """``audit`` of every realistic checkpoint flavour: its sources, and whether they cover the template's turn end."""
-    lines = []
-    for flavour in realistic.FLAVOURS:
-        a = audit(realistic.checkpoint(flavour))
-        lines.append(f"{flavour:10s} sources {a['sources']}, turn end covered by tokenizer / generation config: "
-                     f"{a['turn_end_covered_by']['tokenizer']} / {a['turn_end_covered_by']['generation_config']}")
-    return "\n".join(lines)
-
-
-# ---- figures (take an ax) ----------------------------------------------------------------------
+# ---- figures ------------------------------------------------------------------------------------
 SCENARIO_COLORS = (plots.BUG_COLOR, plots.SERIES_COLORS[4], plots.FIX_COLOR)  # the two partial stop sets, the union (fix)
 
 
@@ -148,25 +140,23 @@ def figure_stopping(runs: dict, max_new_tokens: int):
     return fig
 
 
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers -----------------------------------------------------------------------------------
+def checkpoint_audit_lines() -> str:
+    """``audit`` of every realistic checkpoint flavour: its sources, and whether they cover the template's turn end."""
+    lines = []
+    for flavour in realistic.FLAVOURS:
+        a = audit(realistic.checkpoint(flavour))
+        lines.append(f"{flavour:10s} sources {a['sources']}, turn end covered by tokenizer / generation config: "
+                     f"{a['turn_end_covered_by']['tokenizer']} / {a['turn_end_covered_by']['generation_config']}")
+    return "\n".join(lines)
+
+
 def run_lines(runs: dict) -> str:
     return "\n".join(f"{name:40s} stopped {r['stopped_fraction']:.0%}, counted truncated {r['truncated_fraction']:.0%}, "
                      f"{r['tokens_generated_per_response']:.1f} tokens/response, e.g. {r['example'][:60]!r}" for name, r in runs.items())
 
 
-def metrics(runs: dict, sources: dict[str, list[int]]) -> dict:
-    """``notebook_api.write_metrics``'s keyword arguments for notebook 17 (``runs``: the three ``scenarios``, in order)."""
-    never_stops, counted_wrong, union = runs.values()
-    reproduced, fixed = verdict(min(never_stops["truncated_fraction"], counted_wrong["truncated_fraction"]),
-                                union["counted_finished_fraction"], counted_wrong["stopped_fraction"])
-    return dict(
-        notebook="17_stop_tokens", not_shown=not_shown(sources), reproduced=reproduced, fixed=fixed,
-        metrics={"sources": sources, "runs": {n: {k: v for k, v in r.items() if k != "example"} for n, r in runs.items()}},
-        headline={"what": "responses counted as truncated (sampling stops on the generation config's EOS)", "unit": "fraction",
-                  "bug": never_stops["truncated_fraction"], "fix": union["truncated_fraction"]},
-    )
-
-
+# ---- explorer -----------------------------------------------------------------------------------
 def stop_source_explorer(model, tokenizer, prompts: list[str], sources: dict[str, list[int]], *, max_new_tokens: int = 32,
                          seed: int = 0) -> Explorer:
     """Which source sampling stops on, and which the trainer counts as finished: the two bars redrawn from a new rollout."""
@@ -192,3 +182,17 @@ def stop_source_explorer(model, tokenizer, prompts: list[str], sources: dict[str
     controls = {"stop_on": widgets.Dropdown(options=options, value="generation_config", description="stop on"),
                 "count_on": widgets.Dropdown(options=options, value="generation_config", description="count")}
     return Explorer(controls, draw, title="P17: the stop ids sampling uses and the ones the trainer counts")
+
+
+# ---- metrics ------------------------------------------------------------------------------------
+def metrics(runs: dict, sources: dict[str, list[int]]) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 17 (``runs``: the three ``scenarios``, in order)."""
+    never_stops, counted_wrong, union = runs.values()
+    reproduced, fixed = verdict(min(never_stops["truncated_fraction"], counted_wrong["truncated_fraction"]),
+                                union["counted_finished_fraction"], counted_wrong["stopped_fraction"])
+    return dict(
+        notebook="17_stop_tokens", not_shown=not_shown(sources), reproduced=reproduced, fixed=fixed,
+        metrics={"sources": sources, "runs": {n: {k: v for k, v in r.items() if k != "example"} for n, r in runs.items()}},
+        headline={"what": "responses counted as truncated (sampling stops on the generation config's EOS)", "unit": "fraction",
+                  "bug": never_stops["truncated_fraction"], "fix": union["truncated_fraction"]},
+    )

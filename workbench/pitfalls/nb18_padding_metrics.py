@@ -35,6 +35,7 @@ STATISTICS = {"entropy": "mean entropy per token (nats)", "kl": "mean KL k1 per 
               "sequence_entropy": "Σ_t −log π per sequence"}  # what each logged statistic is, as the figure labels it
 
 
+# ---- measurements -------------------------------------------------------------------------------
 def rollout_for(model, tokenizer, prompts: list[str], seed: int = 0, max_new_tokens: int = 6) -> Rollout:
     ids, mask = encode_prompts(tokenizer, prompts)
     return sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
@@ -50,7 +51,7 @@ def widen(rollout: Rollout, extra: int, pad_token_id: int) -> tuple[torch.Tensor
     return ids, mask, old
 
 
-def logged_metrics(logprobs, ref_logprobs, old_logprobs, entropy, mask) -> dict:
+def logged_statistics(logprobs, ref_logprobs, old_logprobs, entropy, mask) -> dict:
     """The same four statistics three ways: ``unmasked`` (plain means over the grid), ``sentinel``
     (pad log-probs set to INVALID_LOGPROB, then plain means / per-sequence sums), ``masked`` (fix).
 
@@ -71,10 +72,11 @@ def logged_metrics(logprobs, ref_logprobs, old_logprobs, entropy, mask) -> dict:
     return {mode: {k: float(v) for k, v in values.items()} for mode, values in out.items()}
 
 
+# ---- sweeps -------------------------------------------------------------------------------------
 @torch.no_grad()
 def pad_invariance(policy, reference, tokenizer, prompts: list[str], extra_pads: list[int], seed: int = 0) -> list[dict]:
     """Sample once, then score the same responses with 0, w₁, w₂, … extra pad columns; one row of
-    ``logged_metrics`` per width (``{"extra_pads", "pad_fraction", "unmasked", "sentinel", "masked"}``)."""
+    ``logged_statistics`` per width (``{"extra_pads", "pad_fraction", "unmasked", "sentinel", "masked"}``)."""
     rollout = rollout_for(policy, tokenizer, prompts, seed=seed)
     rows = []
     for extra in extra_pads:
@@ -82,7 +84,7 @@ def pad_invariance(policy, reference, tokenizer, prompts: list[str], extra_pads:
         logp, entropy = response_logprobs(policy, rollout.prompt_ids, rollout.prompt_mask, ids, mask, with_entropy=True)
         ref = response_logprobs(reference, rollout.prompt_ids, rollout.prompt_mask, ids, mask)
         rows.append({"extra_pads": extra, "pad_fraction": float(1 - mask.float().mean()),
-                     **logged_metrics(logp.float(), ref.float(), old, entropy.float(), mask)})
+                     **logged_statistics(logp.float(), ref.float(), old, entropy.float(), mask)})
     return rows
 
 
@@ -91,15 +93,21 @@ def drift(rows: list[dict], mode: str, key: str) -> float:
     return max(abs(r[mode][key] - rows[0][mode][key]) for r in rows)
 
 
-def verdict(rows: list[dict], tolerance: float = 1e-4) -> tuple[bool, bool]:
-    """(reproduced, fixed): some unmasked or sentinel statistic moves with the pad count by more than
+def drifts(rows: list[dict]) -> dict:
+    """``{mode: {statistic: drift}}`` of every mode and statistic over the pad widths of ``rows``."""
+    return {mode: {key: drift(rows, mode, key) for key in STATISTICS} for mode in MODES}
+
+
+# ---- verdict ------------------------------------------------------------------------------------
+def verdict(drift_by_mode: dict, tolerance: float = 1e-4) -> tuple[bool, bool]:
+    """(reproduced, fixed) from ``drifts``: some unmasked or sentinel statistic moves with the pad count by more than
     100 × ``tolerance``; every masked statistic stays within ``tolerance``."""
     keys = ("entropy", "kl", "ratio", "sequence_entropy")
-    reproduced = any(drift(rows, mode, k) > 100 * tolerance for mode in ("unmasked", "sentinel") for k in keys)
-    return reproduced, all(drift(rows, "masked", k) < tolerance for k in keys)
+    reproduced = any(drift_by_mode[mode][k] > 100 * tolerance for mode in ("unmasked", "sentinel") for k in keys)
+    return reproduced, all(drift_by_mode["masked"][k] < tolerance for k in keys)
 
 
-# ---- plots (take an ax) ------------------------------------------------------------------------
+# ---- figures ------------------------------------------------------------------------------------
 def plot_metric(ax, rows: list[dict], key: str, ylabel: str) -> None:
     x = [r["extra_pads"] for r in rows]
     styles = {"unmasked": (plots.BUG_COLOR, "mean over the grid (bug)"),
@@ -113,7 +121,7 @@ def plot_metric(ax, rows: list[dict], key: str, ylabel: str) -> None:
     note_coinciding(ax, legend_kw=plots.legend_outside(ax))  # below the axes: three lines span its height
 
 
-def figure_padding_metrics(rows: list[dict]):
+def figure_statistics_vs_padding(rows: list[dict]):
     """The notebook's figure: each statistic of ``STATISTICS`` against the pad columns added (one ``plot_metric`` each)."""
     fig, axes = plt.subplots(1, len(STATISTICS), figsize=(20, 5))
     for ax, (key, label) in zip(axes, STATISTICS.items(), strict=True):
@@ -136,6 +144,23 @@ def plot_pad_shift(ax, rows: list[dict]) -> None:
     ax.legend(fontsize=8)
 
 
+# ---- printers -----------------------------------------------------------------------------------
+def drift_lines(rows: list[dict], drift_by_mode: dict) -> str:
+    """Per mode, each statistic's drift (``drifts``) over the pad widths of ``rows``."""
+    widths = [r["extra_pads"] for r in rows]
+    return "\n".join(f"{mode:>8}: drift over {widths} extra pads — " + ", ".join(f"{k} {drift_by_mode[mode][k]:.2e}" for k in STATISTICS)
+                     for mode in MODES)
+
+
+def headline_sentence(rows: list[dict], drift_by_mode: dict) -> str:
+    last = rows[-1]
+    return (f"With {last['extra_pads']} extra pad columns ({last['pad_fraction']:.0%} of the grid is padding): Σ −log π per sequence "
+            f"logs {last['sentinel']['sequence_entropy']:.3f} with the sentinel and {last['unmasked']['sequence_entropy']:.3f} unmasked, "
+            f"{last['masked']['sequence_entropy']:.3f} masked; "
+            + ("the masked statistics are pad-invariant." if verdict(drift_by_mode)[1] else "the masked ones move too."))
+
+
+# ---- explorer -----------------------------------------------------------------------------------
 def pad_columns_explorer(policy, reference, tokenizer, prompts: list[str], *, seed: int = 0, width: int = 8) -> Explorer:
     """P18: how far each logged statistic moves when ``width`` pad columns are added to the same batch."""
 
@@ -149,29 +174,14 @@ def pad_columns_explorer(policy, reference, tokenizer, prompts: list[str], *, se
     return Explorer({"width": slider}, draw, "P18: logged statistics with more pad columns")
 
 
-# ---- what the notebook prints and writes -------------------------------------------------------
-def drift_lines(rows: list[dict]) -> str:
-    """Per mode, each statistic's drift over the pad widths of ``rows``."""
-    widths = [r["extra_pads"] for r in rows]
-    return "\n".join(f"{mode:>8}: drift over {widths} extra pads — " + ", ".join(f"{k} {drift(rows, mode, k):.2e}" for k in STATISTICS)
-                     for mode in MODES)
-
-
-def headline_sentence(rows: list[dict]) -> str:
-    last = rows[-1]
-    return (f"With {last['extra_pads']} extra pad columns ({last['pad_fraction']:.0%} of the grid is padding): Σ −log π per sequence "
-            f"logs {last['sentinel']['sequence_entropy']:.3f} with the sentinel and {last['unmasked']['sequence_entropy']:.3f} unmasked, "
-            f"{last['masked']['sequence_entropy']:.3f} masked; "
-            + ("the masked statistics are pad-invariant." if verdict(rows)[1] else "the masked ones move too."))
-
-
-def metrics(rows: list[dict]) -> dict:
-    """Notebook 18's ``notebook_api.write_metrics`` keyword arguments."""
-    reproduced, fixed = verdict(rows)
+# ---- metrics ------------------------------------------------------------------------------------
+def metrics(rows: list[dict], drift_by_mode: dict) -> dict:
+    """Notebook 18's ``notebook_api.write_metrics`` keyword arguments (``drift_by_mode``: ``drifts(rows)``)."""
+    reproduced, fixed = verdict(drift_by_mode)
     last = rows[-1]
     return {
         "notebook": "18_padding_metrics", "reproduced": reproduced, "fixed": fixed,
-        "metrics": {"drift": {mode: {k: drift(rows, mode, k) for k in STATISTICS} for mode in MODES}, "rows": rows},
+        "metrics": {"drift": drift_by_mode, "rows": rows},
         "headline": {"what": f"logged entropy Σ_t −log π per sequence with {last['extra_pads']} extra pad columns (sentinel vs masked)",
                      "unit": "nats/sequence", "bug": last["sentinel"]["sequence_entropy"], "fix": last["masked"]["sequence_entropy"]},
     }

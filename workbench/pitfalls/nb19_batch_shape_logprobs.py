@@ -38,6 +38,15 @@ from workbench.viz.explorer import Explorer
 KV_BLOCK = 512  # keys per block of PyTorch's CPU flash attention (sdpa); the split every x86-64 ISA shares
 
 
+# ---- measurements -------------------------------------------------------------------------------
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """Prompt ids through the chat template when the tokenizer has one, else plain."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    return tokenizer(prompt, verbose=False)["input_ids"]
+
+
 def long_context_prompt(prompt: str, tokenizer, *, prompt_tokens: int = KV_BLOCK + 4) -> str:
     """``prompt`` behind a filler context, so that it encodes (chat template included) to about
     ``prompt_tokens`` tokens: a long-context prompt, as RL batches mix them with short ones.
@@ -72,19 +81,14 @@ def position_limit(model) -> int | None:
     return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
 
 
-def drift_widths(row_length: int, *, block: int = KV_BLOCK, step: int = 4) -> list[int]:
-    """Padded widths for ``width_drift``: the row's own, a few just wider, then across the key block."""
-    near = range(row_length, row_length + 8)
-    across = range(max(block - 16, row_length + 8), max(block, row_length) + 48, step)
-    return sorted(set(near) | set(across))
-
-
-def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """Prompt ids through the chat template when the tokenizer has one, else plain."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-    return tokenizer(prompt, verbose=False)["input_ids"]
+def usable_long_prompts(model, long_prompts: int) -> tuple[int, list[str]]:
+    """``(long_prompts, not_shown)``: no long-context prompts (and the reason) when the model's learned
+    position table ends before the CPU attention key block does, else ``long_prompts`` unchanged."""
+    limit = position_limit(model)
+    if long_prompts and limit is not None and limit < KV_BLOCK + 64:
+        return 0, [f"the position table ends at {limit} tokens, before the CPU attention key block ({KV_BLOCK}): "
+                   "no long-context prompts, so only the ISA-dependent reorderings of short widths can show"]
+    return long_prompts, []
 
 
 @torch.no_grad()
@@ -126,7 +130,8 @@ def layout(micro_batch_size: int, *, shuffle_seed: int | None = None, width: int
     return {"micro_batch_size": micro_batch_size, "shuffle_seed": shuffle_seed, "width": width}
 
 
-def _score(model, episodes, spec: dict, pad_token_id: int) -> list[torch.Tensor]:
+def score_in_layout(model, episodes, spec: dict, pad_token_id: int) -> list[torch.Tensor]:
+    """``row_logprobs`` of every episode scored in the ``layout`` ``spec`` (its rows shuffled by its seed)."""
     order = list(range(len(episodes)))
     if spec.get("shuffle_seed") is not None:
         random.Random(spec["shuffle_seed"]).shuffle(order)
@@ -134,11 +139,8 @@ def _score(model, episodes, spec: dict, pad_token_id: int) -> list[torch.Tensor]
                         pad_token_id=pad_token_id, width=spec.get("width"), order=order)
 
 
-def ratio_at_lr0(model, episodes, *, old_layout: dict, train_layout: dict, pad_token_id: int, clip_eps: float = 0.2) -> dict:
-    """π_old scored with ``old_layout``, π_θ (same weights: lr 0) with ``train_layout``; the
-    per-token log-ratio over response tokens and what a PPO clip would make of it."""
-    old = _score(model, episodes, old_layout, pad_token_id)
-    new = _score(model, episodes, train_layout, pad_token_id)
+def log_ratio_statistics(old: list[torch.Tensor], new: list[torch.Tensor], episodes, clip_eps: float = 0.2) -> dict:
+    """The per-token log-ratio new − old over the episodes' response tokens and what a PPO clip would make of it."""
     log_ratio = torch.cat([(n - o)[prompt_len - 1 :] for n, o, (_, prompt_len) in zip(new, old, episodes, strict=True)])
     ratio = log_ratio.exp()
     return {
@@ -151,6 +153,13 @@ def ratio_at_lr0(model, episodes, *, old_layout: dict, train_layout: dict, pad_t
     }
 
 
+def ratio_at_lr0(model, episodes, *, old_layout: dict, train_layout: dict, pad_token_id: int, clip_eps: float = 0.2) -> dict:
+    """π_old scored with ``old_layout``, π_θ (same weights: lr 0) with ``train_layout``: ``log_ratio_statistics``."""
+    old = score_in_layout(model, episodes, old_layout, pad_token_id)
+    new = score_in_layout(model, episodes, train_layout, pad_token_id)
+    return log_ratio_statistics(old, new, episodes, clip_eps)
+
+
 @torch.no_grad()
 def width_drift(model, row: list[int], widths: list[int], pad_token_id: int) -> list[float]:
     """max |Δ log p| of one row left-padded to each width vs scored alone (batch of one)."""
@@ -159,63 +168,15 @@ def width_drift(model, row: list[int], widths: list[int], pad_token_id: int) -> 
             for w in widths]
 
 
-def micro_batch_sweep(model, episodes, sizes: list[int], *, pad_token_id: int, old_micro_batch_size: int | None = None,
-                      seed: int = 0) -> list[dict]:
-    """Ratio statistics at lr 0 for π_old scored over the whole batch and π_θ in shuffled
-    micro-batches of each size."""
-    old = layout(old_micro_batch_size or len(episodes))
-    stats = []
-    for size in sizes:
-        r = ratio_at_lr0(model, episodes, old_layout=old, train_layout=layout(size, shuffle_seed=seed), pad_token_id=pad_token_id)
-        stats.append({k: v for k, v in r.items() if k != "log_ratio"} | {"micro_batch_size": size})
-    return stats
+# ---- sweeps -------------------------------------------------------------------------------------
+def drift_widths(row_length: int, *, block: int = KV_BLOCK, step: int = 4) -> list[int]:
+    """Padded widths for ``width_drift``: the row's own, a few just wider, then across the key block."""
+    near = range(row_length, row_length + 8)
+    across = range(max(block - 16, row_length + 8), max(block, row_length) + 48, step)
+    return sorted(set(near) | set(across))
 
 
-def verdict(bug: dict, fix: dict, *, tolerance: float = 1e-6, signature: float = 1e-3) -> tuple[bool, bool]:
-    """``(reproduced, fixed)``: with mismatched layouts some ratio moves past ``signature`` at lr 0;
-    with the fix every ratio is 1 within ``tolerance``."""
-    return bug["max_ratio_deviation"] > signature, fix["max_ratio_deviation"] <= tolerance
-
-
-def precision_note(bf16: dict, fp32: dict) -> str:
-    """One sentence comparing a bf16 and an fp32 sweep entry; explains why fp32 can count more ρ ≠ 1
-    tokens (it keeps tiny differences that bf16's 8-significant-bit log-probs round away)."""
-    line = (f"micro-batch {bf16['micro_batch_size']}: tokens with ρ ≠ 1: bf16 {bf16['fraction_ratio_not_one']:.1%}, "
-            f"fp32 {fp32['fraction_ratio_not_one']:.1%}; max |ρ − 1|: bf16 {bf16['max_ratio_deviation']:.2e}, "
-            f"fp32 {fp32['max_ratio_deviation']:.2e}")
-    if fp32["fraction_ratio_not_one"] > bf16["fraction_ratio_not_one"]:
-        line += (f"\nfp32 counts more tokens with ρ ≠ 1 but its deviations stay ≤ {fp32['max_ratio_deviation']:.0e}: it keeps "
-                 "differences that bf16, whose log-probs sit on a grid of 8 significant bits, rounds to the same value")
-    return line
-
-
-def clip_note(bug: dict, clip_eps: float = 0.2) -> str:
-    """Whether the layout noise moved any ratio out of PPO's clip range (chosen by the measured clip fraction)."""
-    if bug["clip_fraction"] > 0:
-        return (f"{bug['clip_fraction']:.1%} of the ratios leave the clip range ε = {clip_eps}: "
-                "the noise changes PPO's clipped update")
-    return (f"every ratio stays inside the clip range (max |ρ − 1| {bug['max_ratio_deviation']:.1e} < ε = {clip_eps}): "
-            "here the layout noise biases the ratio and the KL estimate but clips nothing")
-
-
-# --- what notebook 19 shows: figures (each built from an ``ax`` function), printed lines, an explorer, metrics ---
 PRECISIONS = (("fp32", torch.float32), ("bf16", torch.bfloat16))  # in this order: the model is left in bf16
-DTYPE_COLORS = {"bf16": plots.SERIES_COLORS[2], "fp32": plots.SERIES_COLORS[7]}  # precisions, not bug/fix: the fix is the layout
-
-
-def usable_long_prompts(model, long_prompts: int) -> tuple[int, list[str]]:
-    """``(long_prompts, not_shown)``: no long-context prompts (and the reason) when the model's learned
-    position table ends before the CPU attention key block does, else ``long_prompts`` unchanged."""
-    limit = position_limit(model)
-    if long_prompts and limit is not None and limit < KV_BLOCK + 64:
-        return 0, [f"the position table ends at {limit} tokens, before the CPU attention key block ({KV_BLOCK}): "
-                   "no long-context prompts, so only the ISA-dependent reorderings of short widths can show"]
-    return long_prompts, []
-
-
-def episodes_line(episodes, model) -> str:
-    lengths = [len(e[0]) for e in episodes]
-    return f"{len(episodes)} episodes of {min(lengths)}–{max(lengths)} tokens, weights in {next(model.parameters()).dtype}"
 
 
 def width_drift_by_precision(model, episodes, pad_token_id: int, *, long_context: bool) -> tuple[list[int], dict]:
@@ -224,6 +185,54 @@ def width_drift_by_precision(model, episodes, pad_token_id: int, *, long_context
     row = min(episodes, key=lambda e: len(e[0]))[0]
     widths = drift_widths(len(row), block=KV_BLOCK if long_context else len(row) + 16)
     return widths, {name: width_drift(model.to(dtype), row, widths, pad_token_id) for name, dtype in PRECISIONS}
+
+
+def micro_batch_sweep(model, episodes, sizes: list[int], *, pad_token_id: int, old_micro_batch_size: int | None = None,
+                      seed: int = 0) -> list[dict]:
+    """Ratio statistics at lr 0 for π_old scored over the whole batch (once) and π_θ in shuffled
+    micro-batches of each size."""
+    old = score_in_layout(model, episodes, layout(old_micro_batch_size or len(episodes)), pad_token_id)
+    stats = []
+    for size in sizes:
+        new = score_in_layout(model, episodes, layout(size, shuffle_seed=seed), pad_token_id)
+        r = log_ratio_statistics(old, new, episodes)
+        stats.append({k: v for k, v in r.items() if k != "log_ratio"} | {"micro_batch_size": size})
+    return stats
+
+
+def precision_sweeps(model, episodes, sizes: list[int], *, pad_token_id: int, seed: int = 0) -> dict:
+    """``micro_batch_sweep`` in fp32 then bf16 (the model is cast in place and left in bf16)."""
+    return {name: micro_batch_sweep(model.to(dtype), episodes, sizes, pad_token_id=pad_token_id, seed=seed) for name, dtype in PRECISIONS}
+
+
+def fix_cases(model, episodes, *, train_micro_batch: int, pad_token_id: int, seed: int = 0) -> dict:
+    """``log_ratio_statistics`` in bf16 for the bug (π_old over the whole batch) and the two fixes (π_old recomputed
+    in the training layout; one fixed width for every batch). The first key is the bug's; the bug and the first
+    fix share one scoring of π_θ in the training layout."""
+    model.to(torch.bfloat16)
+    width = max(len(e[0]) for e in episodes)
+    train = layout(train_micro_batch, shuffle_seed=seed)
+
+    def scored(spec: dict) -> list[torch.Tensor]:
+        return score_in_layout(model, episodes, spec, pad_token_id)
+
+    policy = scored(train)
+    cases = {"π_old over the batch (bug)": (scored(layout(len(episodes))), policy),
+             "π_old in the training layout": (scored(train), policy),
+             "fixed width for every batch": (scored(layout(len(episodes), width=width)),
+                                             scored(layout(train_micro_batch, shuffle_seed=seed, width=width)))}
+    return {name: log_ratio_statistics(old, new, episodes) for name, (old, new) in cases.items()}
+
+
+# ---- verdict ------------------------------------------------------------------------------------
+def verdict(bug: dict, fix: dict, *, tolerance: float = 1e-6, signature: float = 1e-3) -> tuple[bool, bool]:
+    """``(reproduced, fixed)``: with mismatched layouts some ratio moves past ``signature`` at lr 0;
+    with the fix every ratio is 1 within ``tolerance``."""
+    return bug["max_ratio_deviation"] > signature, fix["max_ratio_deviation"] <= tolerance
+
+
+# ---- figures ------------------------------------------------------------------------------------
+DTYPE_COLORS = {"bf16": plots.SERIES_COLORS[2], "fp32": plots.SERIES_COLORS[7]}  # precisions, not bug/fix: the fix is the layout
 
 
 def plot_width_drift(ax, widths: list[int], drift: dict) -> None:
@@ -239,15 +248,6 @@ def figure_width_drift(widths: list[int], drift: dict):
     fig, ax = plt.subplots(figsize=(8, 3.4))
     plot_width_drift(ax, widths, drift)
     return fig
-
-
-def width_drift_line(drift: dict) -> str:
-    return f"max drift over widths: bf16 {max(drift['bf16']):.2e}, fp32 {max(drift['fp32']):.2e} nats"
-
-
-def precision_sweeps(model, episodes, sizes: list[int], *, pad_token_id: int, seed: int = 0) -> dict:
-    """``micro_batch_sweep`` in fp32 then bf16 (the model is cast in place and left in bf16)."""
-    return {name: micro_batch_sweep(model.to(dtype), episodes, sizes, pad_token_id=pad_token_id, seed=seed) for name, dtype in PRECISIONS}
 
 
 def plot_micro_batch_sweep(axes, sizes: list[int], sweeps: dict) -> None:
@@ -269,23 +269,47 @@ def figure_micro_batch_sweep(sizes: list[int], sweeps: dict):
     return fig
 
 
+def plot_log_ratio(ax, name: str, result: dict) -> None:
+    """Histogram of one case's per-token log ρ at lr 0 (a spike at 0 when the layouts match)."""
+    ax.hist(result["log_ratio"].float().numpy(), bins=60, log=True, color=plots.bug_fix_color("(bug)" in name))
+    ax.set(xlabel="log ρ per response token at lr 0 (nats)", ylabel="tokens", title=name)
+
+
+# ---- printers -----------------------------------------------------------------------------------
+def episodes_line(episodes, model) -> str:
+    lengths = [len(e[0]) for e in episodes]
+    return f"{len(episodes)} episodes of {min(lengths)}–{max(lengths)} tokens, weights in {next(model.parameters()).dtype}"
+
+
+def width_drift_line(drift: dict) -> str:
+    return f"max drift over widths: bf16 {max(drift['bf16']):.2e}, fp32 {max(drift['fp32']):.2e} nats"
+
+
+def precision_note(bf16: dict, fp32: dict) -> str:
+    """One sentence comparing a bf16 and an fp32 sweep entry; explains why fp32 can count more ρ ≠ 1
+    tokens (it keeps tiny differences that bf16's 8-significant-bit log-probs round away)."""
+    line = (f"micro-batch {bf16['micro_batch_size']}: tokens with ρ ≠ 1: bf16 {bf16['fraction_ratio_not_one']:.1%}, "
+            f"fp32 {fp32['fraction_ratio_not_one']:.1%}; max |ρ − 1|: bf16 {bf16['max_ratio_deviation']:.2e}, "
+            f"fp32 {fp32['max_ratio_deviation']:.2e}")
+    if fp32["fraction_ratio_not_one"] > bf16["fraction_ratio_not_one"]:
+        line += (f"\nfp32 counts more tokens with ρ ≠ 1 but its deviations stay ≤ {fp32['max_ratio_deviation']:.0e}: it keeps "
+                 "differences that bf16, whose log-probs sit on a grid of 8 significant bits, rounds to the same value")
+    return line
+
+
 def sweep_note(sweeps: dict, sizes: list[int], train_micro_batch: int) -> str:
     """``precision_note`` at the training micro-batch (the largest size when it was not swept)."""
     at = {k: v[sizes.index(train_micro_batch) if train_micro_batch in sizes else -1] for k, v in sweeps.items()}
     return precision_note(at["bf16"], at["fp32"])
 
 
-def fix_cases(model, episodes, *, train_micro_batch: int, pad_token_id: int, seed: int = 0) -> dict:
-    """``ratio_at_lr0`` in bf16 for the bug (π_old over the whole batch) and the two fixes (π_old in the
-    training layout; one fixed width for every batch). The first key is the bug's."""
-    model.to(torch.bfloat16)
-    width = max(len(e[0]) for e in episodes)
-    train = layout(train_micro_batch, shuffle_seed=seed)
-    cases = {"π_old over the batch (bug)": (layout(len(episodes)), train),
-             "π_old in the training layout": (train, train),
-             "fixed width for every batch": (layout(len(episodes), width=width), layout(train_micro_batch, shuffle_seed=seed, width=width))}
-    return {name: ratio_at_lr0(model, episodes, old_layout=old, train_layout=new, pad_token_id=pad_token_id)
-            for name, (old, new) in cases.items()}
+def clip_note(bug: dict, clip_eps: float = 0.2) -> str:
+    """Whether the layout noise moved any ratio out of PPO's clip range (chosen by the measured clip fraction)."""
+    if bug["clip_fraction"] > 0:
+        return (f"{bug['clip_fraction']:.1%} of the ratios leave the clip range ε = {clip_eps}: "
+                "the noise changes PPO's clipped update")
+    return (f"every ratio stays inside the clip range (max |ρ − 1| {bug['max_ratio_deviation']:.1e} < ε = {clip_eps}): "
+            "here the layout noise biases the ratio and the KL estimate but clips nothing")
 
 
 def ratio_lines(ratios: dict) -> str:
@@ -295,12 +319,7 @@ def ratio_lines(ratios: dict) -> str:
     return "\n".join([*lines, clip_note(next(iter(ratios.values())))])
 
 
-def plot_log_ratio(ax, name: str, result: dict) -> None:
-    """Histogram of one case's per-token log ρ at lr 0 (a spike at 0 when the layouts match)."""
-    ax.hist(result["log_ratio"].float().numpy(), bins=60, log=True, color=plots.bug_fix_color("(bug)" in name))
-    ax.set(xlabel="log ρ per response token at lr 0 (nats)", ylabel="tokens", title=name)
-
-
+# ---- explorer -----------------------------------------------------------------------------------
 def layout_log_ratio_explorer(ratios: dict) -> Explorer:
     """P19: the per-token log-ratio at lr 0 of each scoring layout (bug, and the two fixes)."""
 
@@ -313,6 +332,7 @@ def layout_log_ratio_explorer(ratios: dict) -> Explorer:
                     "P19: log ρ at lr 0 per scoring layout")
 
 
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, drift: dict, sweeps: dict, ratios: dict, train_micro_batch: int, not_shown: list[str]) -> dict:
     """Notebook 19's ``notebook_api.write_metrics`` keyword arguments. ``ratios``: ``fix_cases`` (bug first);
     fixed needs both fixes; ``not_shown`` gains a reason when the layouts barely move this checkpoint's log-probs."""

@@ -32,11 +32,9 @@ from workbench.viz.explorer import Explorer
 from workbench.viz.plots import label_zero_bars, note_coinciding
 
 VARIANTS = ("k1 in loss", "k2 in loss", "k3 in loss", "k1 in reward", "w·k1 in reward", "w·k3 in loss")
-UNBIASED_ON_POLICY = ("k2 in loss", "k1 in reward", "w·k1 in reward", "w·k3 in loss")
-UNBIASED_OFF_POLICY = ("w·k1 in reward", "w·k3 in loss")
-MONTE_CARLO_VARIANTS = ("k1 in loss", "k3 in loss", "k1 in reward")  # the N-sample estimates drawn in the notebook
 
 
+# ---- measurements -------------------------------------------------------------------------------
 def exact_kl(theta: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
     logp, ref = F.log_softmax(theta, -1), F.log_softmax(ref_logits, -1)
     return (logp.exp() * (logp - ref)).sum(-1)
@@ -89,40 +87,27 @@ def relative_error(gradient: torch.Tensor, exact: torch.Tensor) -> float:
     return float((gradient - exact).norm() / exact.norm())
 
 
-def compare(theta: torch.Tensor, ref_logits: torch.Tensor, sampling_logits: torch.Tensor | None = None) -> dict:
-    """``{variant: {"relative_error", "cosine", "norm_ratio"}}`` of the expected gradient against ∇KL,
-    over all rows of ``theta`` (contexts) at once."""
-    exact = exact_kl_gradient(theta, ref_logits).flatten()
+def expected_gradients(theta: torch.Tensor, ref_logits: torch.Tensor, sampling_logits: torch.Tensor | None = None) -> dict:
+    """``{"exact": ∇KL, variant: expected_gradient(...) for each of VARIANTS}``, each shaped like ``theta``."""
+    return {"exact": exact_kl_gradient(theta, ref_logits)} | {
+        variant: expected_gradient(theta, ref_logits, variant, sampling_logits) for variant in VARIANTS}
+
+
+def gradient_errors(gradients: dict) -> dict:
+    """``{variant: {"relative_error", "cosine", "norm_ratio"}}`` of each expected gradient of ``expected_gradients``
+    against ∇KL, over all rows (contexts) at once."""
+    exact = gradients["exact"].flatten()
     out = {}
     for variant in VARIANTS:
-        g = expected_gradient(theta, ref_logits, variant, sampling_logits).flatten()
+        g = gradients[variant].flatten()
         out[variant] = {"relative_error": relative_error(g, exact), "norm_ratio": float(g.norm() / exact.norm()),
                         "cosine": float(F.cosine_similarity(g, exact, dim=0)) if g.norm() > 0 else 0.0}
     return out
 
 
-def monte_carlo_error(theta: torch.Tensor, ref_logits: torch.Tensor, variant: str, sample_sizes: list[int], *,
-                      trials: int = 20, seed: int = 0) -> list[float]:
-    """Mean relative error of the N-sample gradient estimate (on-policy, one context) against ∇KL."""
-    generator = torch.Generator().manual_seed(seed)
-    exact = exact_kl_gradient(theta, ref_logits)
-    probs = F.softmax(theta.double(), -1)
-    errors = []
-    for n in sample_sizes:
-        total = 0.0
-        for _ in range(trials):
-            counts = torch.bincount(torch.multinomial(probs, n, replacement=True, generator=generator), minlength=theta.shape[-1])
-            g = expected_gradient(theta, ref_logits, variant, sample_weights=counts.double() / n)  # mean of f over the N draws
-            total += relative_error(g, exact)
-        errors.append(total / trials)
-    return errors
-
-
-def off_policy_sweep(theta_old: torch.Tensor, ref_logits: torch.Tensor, steps: list[float], seed: int = 0) -> list[dict]:
-    """Samples from π_old = softmax(θ_old); the current policy θ = θ_old + s·δ (δ fixed, standard normal) for
-    every s in ``steps``. ``compare`` at each s."""
-    delta = torch.randn(theta_old.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    return [{"step": s, **compare(theta_old.double() + s * delta, ref_logits, sampling_logits=theta_old)} for s in steps]
+def compare(theta: torch.Tensor, ref_logits: torch.Tensor, sampling_logits: torch.Tensor | None = None) -> dict:
+    """``gradient_errors`` of the ``expected_gradients`` of ``theta`` (rows: contexts)."""
+    return gradient_errors(expected_gradients(theta, ref_logits, sampling_logits))
 
 
 def small_softmax(vocab: int = 6, scale: float = 1.0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,6 +127,45 @@ def next_token_logits(model, tokenizer, prompts: list[str]) -> torch.Tensor:
     return forward(model, ids, mask)[:, -1].double().cpu()  # the sweeps below run on the CPU in float64
 
 
+def monte_carlo_error(theta: torch.Tensor, ref_logits: torch.Tensor, variant: str, sample_sizes: list[int], *,
+                      trials: int = 20, seed: int = 0) -> list[float]:
+    """Mean relative error of the N-sample gradient estimate (on-policy, one context) against ∇KL."""
+    generator = torch.Generator().manual_seed(seed)
+    exact = exact_kl_gradient(theta, ref_logits)
+    probs = F.softmax(theta.double(), -1)
+    errors = []
+    for n in sample_sizes:
+        total = 0.0
+        for _ in range(trials):
+            counts = torch.bincount(torch.multinomial(probs, n, replacement=True, generator=generator), minlength=theta.shape[-1])
+            g = expected_gradient(theta, ref_logits, variant, sample_weights=counts.double() / n)  # mean of f over the N draws
+            total += relative_error(g, exact)
+        errors.append(total / trials)
+    return errors
+
+
+# ---- sweeps -------------------------------------------------------------------------------------
+def off_policy_sweep(theta_old: torch.Tensor, ref_logits: torch.Tensor, steps: list[float], seed: int = 0) -> list[dict]:
+    """Samples from π_old = softmax(θ_old); the current policy θ = θ_old + s·δ (δ fixed, standard normal) for
+    every s in ``steps``. ``compare`` at each s."""
+    delta = torch.randn(theta_old.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return [{"step": s, **compare(theta_old.double() + s * delta, ref_logits, sampling_logits=theta_old)} for s in steps]
+
+
+MONTE_CARLO_VARIANTS = ("k1 in loss", "k3 in loss", "k1 in reward")  # the N-sample estimates drawn in the notebook
+
+
+def monte_carlo_sweep(theta: torch.Tensor, ref_logits: torch.Tensor, sample_sizes: list[int], *, trials: int = 20,
+                      seed: int = 0) -> dict:
+    """``{variant: monte_carlo_error(...)}`` for each of ``MONTE_CARLO_VARIANTS``."""
+    return {v: monte_carlo_error(theta, ref_logits, v, sample_sizes, trials=trials, seed=seed) for v in MONTE_CARLO_VARIANTS}
+
+
+# ---- verdict ------------------------------------------------------------------------------------
+UNBIASED_ON_POLICY = ("k2 in loss", "k1 in reward", "w·k1 in reward", "w·k3 in loss")
+UNBIASED_OFF_POLICY = ("w·k1 in reward", "w·k3 in loss")
+
+
 def verdict(on_policy: dict, off_policy: dict, tolerance: float = 1e-6) -> tuple[bool, bool]:
     """(reproduced, fixed) from ``compare`` on-policy and at one off-policy step.
 
@@ -154,7 +178,7 @@ def verdict(on_policy: dict, off_policy: dict, tolerance: float = 1e-6) -> tuple
     return reproduced, fixed
 
 
-# ---- plots (take an ax) ------------------------------------------------------------------------
+# ---- figures ------------------------------------------------------------------------------------
 FLOOR = 1e-16  # where a log axis draws a relative error below float64 round-off (an exact 0 included)
 BUGS = ("k1 in loss", "k3 in loss")  # k1 in the loss: no gradient at all; k3 in the loss: the forward KL's gradient
 FIX = "w·k1 in reward"  # unbiased on- and off-policy
@@ -176,17 +200,17 @@ def variant_color(variant: str) -> str:
     return getattr(plots, color) if isinstance(color, str) else plots.SERIES_COLORS[color]
 
 
-def plot_per_logit(ax, theta: torch.Tensor, ref_logits: torch.Tensor,
-                   variants: tuple = ("k1 in loss", "k3 in loss", "k1 in reward")) -> None:
-    """∂/∂θ_j of the exact KL and of each variant's expected gradient, token by token."""
+def plot_per_logit(ax, gradients: dict, variants: tuple = ("k1 in loss", "k3 in loss", "k1 in reward")) -> None:
+    """∂/∂θ_j of the exact KL and of each variant's expected gradient (``expected_gradients`` of one context), token by
+    token."""
     from workbench.viz import plots
 
-    exact = exact_kl_gradient(theta, ref_logits)
+    exact = gradients["exact"]
     width = 0.8 / (len(variants) + 1)
-    x = torch.arange(theta.shape[-1]).double()
+    x = torch.arange(exact.shape[-1]).double()
     ax.bar((x - 0.4 + width / 2).tolist(), exact.tolist(), width, color="black", label="exact ∇KL")
     for i, v in enumerate(variants, start=1):
-        bars = ax.bar((x - 0.4 + width / 2 + i * width).tolist(), expected_gradient(theta, ref_logits, v).tolist(), width,
+        bars = ax.bar((x - 0.4 + width / 2 + i * width).tolist(), gradients[v].tolist(), width,
                       color=variant_color(v), hatch=VARIANT_STYLES[v][1], edgecolor="white", lw=0, label=variant_label(v))
         label_zero_bars(ax, bars, tol=1e-12 * float(exact.abs().max()))  # 0 to float precision: written, a bar cannot show it
     ax.axhline(0, color=plots.NEUTRAL_COLOR, lw=0.8)
@@ -240,32 +264,13 @@ def plot_monte_carlo(ax, sample_sizes: list[int], errors: dict) -> None:
     ax.legend(fontsize=8, loc="best")
 
 
-def off_policy_gradient_explorer(theta_old: torch.Tensor, ref_logits: torch.Tensor, *, seed: int = 0, step: float = 0.2) -> Explorer:
-    """P20: each estimator's expected-gradient error once the policy moved a step s from the sampling policy."""
-
-    def draw(s):
-        row = off_policy_sweep(theta_old, ref_logits, [s], seed=seed)[0]
-        fig, ax = plt.subplots(figsize=(8, 3.4))
-        plot_bars(ax, row, f"θ = θ_old + {s:g}·δ: samples from π_old")
-        return row
-
-    slider = widgets.FloatSlider(value=step, min=0.0, max=2.0, step=0.05, description="step s")
-    return Explorer({"s": slider}, draw, "P20: the KL gradient off-policy")
-
-
-# --- what notebook 20 shows: the figure (built from the ``ax`` functions above), printed lines, metrics ---
-def monte_carlo_sweep(theta: torch.Tensor, ref_logits: torch.Tensor, sample_sizes: list[int], *, trials: int = 20,
-                      seed: int = 0) -> dict:
-    """``{variant: monte_carlo_error(...)}`` for each of ``MONTE_CARLO_VARIANTS``."""
-    return {v: monte_carlo_error(theta, ref_logits, v, sample_sizes, trials=trials, seed=seed) for v in MONTE_CARLO_VARIANTS}
-
-
-def figure_kl_gradients(small: tuple, tiny: tuple, on_policy: dict, off_policy: list[dict], sample_sizes: list[int], mc: dict):
-    """The notebook's four panels: the small softmax per logit, the tiny model on-policy, off-policy, N samples.
-    ``small`` and ``tiny`` are (policy logits, reference logits) pairs."""
+def figure_kl_gradients(small_gradients: dict, tiny: tuple, on_policy: dict, off_policy: list[dict], sample_sizes: list[int],
+                        mc: dict):
+    """The notebook's four panels: the small softmax per logit (its ``expected_gradients``), the tiny model on-policy,
+    off-policy, N samples. ``tiny`` is the tiny model's (policy logits, reference logits) pair."""
     theta, ref_logits = tiny
     fig, axes = plt.subplots(1, 4, figsize=(24, 5.2))
-    plot_per_logit(axes[0], *small)
+    plot_per_logit(axes[0], small_gradients)
     kl = float(exact_kl(theta, ref_logits).mean())
     plot_bars(axes[1], on_policy, f"tiny model, on-policy ({theta.shape[0]} contexts, KL {kl:.3f} nats)")
     plot_off_policy(axes[2], off_policy)
@@ -274,6 +279,7 @@ def figure_kl_gradients(small: tuple, tiny: tuple, on_policy: dict, off_policy: 
     return fig
 
 
+# ---- printers -----------------------------------------------------------------------------------
 def gradient_lines(small: dict, on_policy: dict, off_policy: list[dict], sample_sizes: list[int], mc: dict) -> str:
     """Each estimator's relative error (small softmax, tiny model, farthest off-policy step), the Monte Carlo errors
     and the verdict in words."""
@@ -289,6 +295,21 @@ def gradient_lines(small: dict, on_policy: dict, off_policy: list[dict], sample_
     return "\n".join(lines)
 
 
+# ---- explorer -----------------------------------------------------------------------------------
+def off_policy_gradient_explorer(theta_old: torch.Tensor, ref_logits: torch.Tensor, *, seed: int = 0, step: float = 0.2) -> Explorer:
+    """P20: each estimator's expected-gradient error once the policy moved a step s from the sampling policy."""
+
+    def draw(s):
+        row = off_policy_sweep(theta_old, ref_logits, [s], seed=seed)[0]
+        fig, ax = plt.subplots(figsize=(8, 3.4))
+        plot_bars(ax, row, f"θ = θ_old + {s:g}·δ: samples from π_old")
+        return row
+
+    slider = widgets.FloatSlider(value=step, min=0.0, max=2.0, step=0.05, description="step s")
+    return Explorer({"s": slider}, draw, "P20: the KL gradient off-policy")
+
+
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, on_policy: dict, small: dict, off_policy: list[dict], sample_sizes: list[int], mc: dict) -> dict:
     """Notebook 20's ``notebook_api.write_metrics`` keyword arguments: reproduced on the tiny model on-policy (the first
     off-policy step for the weighted choices), fixed there and at the farthest off-policy step on the small softmax."""

@@ -30,6 +30,7 @@ ENCODINGS = ("template ids", "text + tokenizer()", "text + tokenizer(add_special
 BUG_PATH, FIX_PATH = ENCODINGS[1], ENCODINGS[2]
 
 
+# ---- measurements -------------------------------------------------------------------------------
 def encode_chat(tokenizer, messages: list[dict], how: str) -> list[int]:
     """Prompt ids (with the generation prompt) by one of the three usual paths in ``ENCODINGS``."""
     if how not in ENCODINGS:
@@ -93,16 +94,16 @@ def response_shift(model, tokenizer, prompts: list[str], *, max_new_tokens: int 
     ids, mask = (t.to(device) for t in pad_sequences(prompts_by["template ids"], pad, side="left"))
     rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad,
                      generator=torch.Generator(device).manual_seed(seed), greedy=greedy)
-    m = rollout.response_mask.bool()
+    real = rollout.response_mask.bool()
     # π_old as the engine saw it: the same responses behind the template's own ids (teacher-forced).
     reference = response_logprobs(model, ids, mask, rollout.response_ids, rollout.response_mask).float()
-    result = {"texts": [tokenizer.decode(r[k]) for r, k in zip(rollout.response_ids, m, strict=True)], "paths": {}}
+    result = {"texts": [tokenizer.decode(row[keep]) for row, keep in zip(rollout.response_ids, real, strict=True)], "paths": {}}
     for how, rows in prompts_by.items():
         p_ids, p_mask = (t.to(device) for t in pad_sequences(rows, pad, side="left"))
         logp = response_logprobs(model, p_ids, p_mask, rollout.response_ids, rollout.response_mask).float()
-        log_ratio = (logp - reference)[m]
+        log_ratio = (logp - reference)[real]
         result["paths"][how] = {
-            "leading_bos": [leading_bos(r, tokenizer.bos_token_id) for r in rows][0],
+            "leading_bos": leading_bos(rows[0], tokenizer.bos_token_id),
             "mean_abs_log_ratio": float(log_ratio.abs().mean()),
             "max_ratio_deviation": float((log_ratio.exp() - 1).abs().max()),
             "sequence_kl_k1": float(-(logp - reference).mul(rollout.response_mask).sum(-1).mean()) + 0.0,  # no "-0.0"
@@ -127,6 +128,14 @@ def greedy_answers(model, tokenizer, prompts: list[str], how: str, *, max_new_to
             for r, k in zip(rollout.response_ids, rollout.response_mask, strict=True)]
 
 
+def greedy_comparison(model, tokenizer, prompts: list[str]) -> dict:
+    """Greedy answers behind one BOS (template ids) and two (text + tokenizer()), and the share that changes."""
+    answers = {how: greedy_answers(model, tokenizer, prompts, how) for how in ("template ids", BUG_PATH)}
+    changed = sum(a != b for a, b in zip(*answers.values(), strict=True)) / len(prompts)
+    return {"prompts": prompts, "answers": answers, "changed_fraction": changed}
+
+
+# ---- verdict ------------------------------------------------------------------------------------
 def not_shown(tokenizer) -> str | None:
     """Why this checkpoint cannot show the pitfall, or None: a tokenizer without a BOS token (Qwen2)
     cannot put two in front of a prompt."""
@@ -143,19 +152,7 @@ def verdict(bug: dict, fix: dict, *, signature: float = 1e-3, tolerance: float =
     return reproduced, fixed
 
 
-def bos_audit_lines() -> str:
-    """``bos_audit`` of every realistic checkpoint flavour's tokenizer, one line each."""
-    return "\n".join(f"{flavour:10s} {bos_audit(models.load_tokenizer(realistic.checkpoint(flavour)))}"
-                     for flavour in realistic.FLAVOURS)
-
-
-def encoding_lines(tokenizer, content: str = "2+2=") -> str:
-    """The first four tokens of a one-message chat under each encoding path."""
-    return "\n".join(f"{how:45s} {tokenizer.convert_ids_to_tokens(encode_chat(tokenizer, [{'role': 'user', 'content': content}], how))[:4]}"
-                     for how in ENCODINGS)
-
-
-# ---- figures (take an ax) ----------------------------------------------------------------------
+# ---- figures ------------------------------------------------------------------------------------
 def plot_log_ratio(ax, shift: dict, how: str = BUG_PATH) -> None:
     """Histogram of the per-token log-ratios of path ``how`` (``response_shift``) against the fix path's line at 0."""
     path, fix = shift["paths"][how], shift["paths"][FIX_PATH]
@@ -171,30 +168,23 @@ def figure_log_ratio(shift: dict):
     return plots.figure_panels((7, 3.6), lambda ax: plot_log_ratio(ax, shift))
 
 
-def log_ratio_explorer(shift: dict) -> Explorer:
-    """A dropdown over the encoding paths: the chosen path's log-ratio histogram, redrawn from ``response_shift``'s result."""
-
-    def draw(how):
-        fig, ax = plt.subplots(figsize=(7, 3.2))
-        plot_log_ratio(ax, shift, how)
-        return {k: v for k, v in shift["paths"][how].items() if k != "log_ratio"}
-
-    dropdown = widgets.Dropdown(options=list(shift["paths"]), value=BUG_PATH, description="encoding")
-    return Explorer({"how": dropdown}, draw, title="P21: per-token log-ratio at lr 0 behind each encoding of the prompt")
+# ---- printers -----------------------------------------------------------------------------------
+def bos_audit_lines() -> str:
+    """``bos_audit`` of every realistic checkpoint flavour's tokenizer, one line each."""
+    return "\n".join(f"{flavour:10s} {bos_audit(models.load_tokenizer(realistic.checkpoint(flavour)))}"
+                     for flavour in realistic.FLAVOURS)
 
 
-# ---- what the notebook prints and writes -------------------------------------------------------
+def encoding_lines(tokenizer, content: str = "2+2=") -> str:
+    """The first four tokens of a one-message chat under each encoding path."""
+    return "\n".join(f"{how:45s} {tokenizer.convert_ids_to_tokens(encode_chat(tokenizer, [{'role': 'user', 'content': content}], how))[:4]}"
+                     for how in ENCODINGS)
+
+
 def shift_lines(shift: dict) -> str:
     lines = [f"{how:45s} {r['leading_bos']} BOS: mean |log ρ| {r['mean_abs_log_ratio']:.3f}, max |ρ−1| {r['max_ratio_deviation']:.3f}, "
              f"k1 KL per sequence {r['sequence_kl_k1']:+.4f}" for how, r in shift["paths"].items()]
     return "\n".join(lines + [f"stripping the extra BOS recovers the template's ids: {shift['guard_recovers_template_ids']}"])
-
-
-def greedy_comparison(model, tokenizer, prompts: list[str]) -> dict:
-    """Greedy answers behind one BOS (template ids) and two (text + tokenizer()), and the share that changes."""
-    answers = {how: greedy_answers(model, tokenizer, prompts, how) for how in ("template ids", BUG_PATH)}
-    changed = sum(a != b for a, b in zip(*answers.values(), strict=True)) / len(prompts)
-    return {"prompts": prompts, "answers": answers, "changed_fraction": changed}
 
 
 def greedy_lines(greedy: dict, shown: int = 4) -> str:
@@ -208,6 +198,20 @@ def greedy_lines(greedy: dict, shown: int = 4) -> str:
     return "\n".join(lines)
 
 
+# ---- explorer -----------------------------------------------------------------------------------
+def log_ratio_explorer(shift: dict) -> Explorer:
+    """A dropdown over the encoding paths: the chosen path's log-ratio histogram, redrawn from ``response_shift``'s result."""
+
+    def draw(how):
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        plot_log_ratio(ax, shift, how)
+        return {k: v for k, v in shift["paths"][how].items() if k != "log_ratio"}
+
+    dropdown = widgets.Dropdown(options=list(shift["paths"]), value=BUG_PATH, description="encoding")
+    return Explorer({"how": dropdown}, draw, title="P21: per-token log-ratio at lr 0 behind each encoding of the prompt")
+
+
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(shift: dict, greedy: dict, tokenizer) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 21: fixed needs the guard to recover the template's ids."""
     bug, fix = shift["paths"][BUG_PATH], shift["paths"][FIX_PATH]

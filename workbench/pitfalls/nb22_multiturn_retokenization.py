@@ -26,12 +26,14 @@ from workbench.modeling.scoring import response_logprobs
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
-SENTINEL = "Zq7"
 
-
+# ---- measurements -------------------------------------------------------------------------------
 def render_ids(tokenizer, messages: list[dict], *, add_generation_prompt: bool) -> list[int]:
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+SENTINEL = "Zq7"
 
 
 def turn_suffix_ids(tokenizer, user_message: str, turn_end_id: int) -> list[int]:
@@ -44,6 +46,13 @@ def turn_suffix_ids(tokenizer, user_message: str, turn_end_id: int) -> list[int]
     if not tail.startswith(turn_end):
         raise ValueError(f"the template does not end an assistant turn with {turn_end!r}")
     return tokenizer(tail[len(turn_end) :], add_special_tokens=False)["input_ids"]
+
+
+def template_turn_end_id(tokenizer) -> int:
+    """The special token id the chat template writes after an assistant message."""
+    from workbench.modeling.stop_ids import template_turn_end
+
+    return template_turn_end(tokenizer)
 
 
 @torch.no_grad()
@@ -116,11 +125,24 @@ def roundtrip_changes(tokenizer, ids: list[int]) -> bool:
     return tokenizer(tokenizer.decode(ids), add_special_tokens=False)["input_ids"] != ids
 
 
+def letter_roundtrip(tokenizer, word: str = "river") -> dict:
+    """``word`` sampled one character token at a time, decoded and encoded again (BPE merges the letters):
+    ``{"word", "sampled", "text", "encoded", "changed"}``."""
+    sampled = [tokenizer.convert_tokens_to_ids(c) for c in word]
+    text = tokenizer.decode(sampled)
+    encoded = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return {"word": word, "sampled": sampled, "text": text, "encoded": encoded, "changed": encoded != sampled}
+
+
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(stats: dict, *, signature: float = 0.1, tolerance: float = 1e-6) -> tuple[bool, bool]:
     """``(reproduced, fixed)``: some episodes' trained tokens differ from the sampled ones with a
     turn log-ratio beyond ``signature`` nats; with concatenated ids none moves."""
     reproduced = stats["changed_fraction"] > 0 and stats["max_abs_log_ratio_bug"] > signature
     return reproduced, stats["max_abs_log_ratio_fix"] <= tolerance
+
+
+NO_TEMPLATE = "this checkpoint has no chat template; the multi-turn episodes it samples are laid out by the chat template"
 
 
 def no_episode_reason(max_new_tokens: int) -> str:
@@ -140,24 +162,7 @@ def not_shown(stats: dict, n_episodes: int, max_new_tokens: int) -> str | None:
             "n_episodes / max_new_tokens")
 
 
-def template_turn_end_id(tokenizer) -> int:
-    """The special token id the chat template writes after an assistant message."""
-    from workbench.modeling.stop_ids import template_turn_end
-
-    return template_turn_end(tokenizer)
-
-
-# --- what notebook 22 shows: the figure, printed lines, an explorer, metrics ---------------------
-NO_TEMPLATE = "this checkpoint has no chat template; the multi-turn episodes it samples are laid out by the chat template"
-
-
-def roundtrip_line(tokenizer, word: str = "river") -> str:
-    """``word`` sampled one character token at a time, decoded and encoded again: the ids change."""
-    split = [tokenizer.convert_tokens_to_ids(c) for c in word]
-    return (f"{word!r} sampled letter by letter {split} → decode {tokenizer.decode(split)!r} → encode "
-            f"{tokenizer(tokenizer.decode(split), add_special_tokens=False)['input_ids']}; changed: {roundtrip_changes(tokenizer, split)}")
-
-
+# ---- figures ------------------------------------------------------------------------------------
 def plot_turn_log_ratio(ax, stats: dict, highlight: int | None = None) -> None:
     """Turn-1 log ρ at lr 0 per episode: re-encoded from text (bug, bars) vs sampled ids carried over (fix, squares)."""
     x = range(stats["episodes"])
@@ -179,6 +184,13 @@ def figure_turn_log_ratio(stats: dict):
     return plots.figure_panels((9, 3.6), lambda ax: plot_turn_log_ratio(ax, stats))
 
 
+# ---- printers -----------------------------------------------------------------------------------
+def roundtrip_line(roundtrip: dict) -> str:
+    """A ``letter_roundtrip``: the letters' ids, decoded, encoded again — and whether the ids changed."""
+    return (f"{roundtrip['word']!r} sampled letter by letter {roundtrip['sampled']} → decode {roundtrip['text']!r} → encode "
+            f"{roundtrip['encoded']}; changed: {roundtrip['changed']}")
+
+
 def stats_lines(stats: dict, tokenizer) -> str:
     """How many turns changed, the log-ratios with bug and fix, and up to three changed turns token by token."""
     lines = [f"{stats['episodes']} finished episodes; turn-1 tokens changed by the round trip in {stats['changed_fraction']:.0%}, "
@@ -190,6 +202,7 @@ def stats_lines(stats: dict, tokenizer) -> str:
     return "\n".join(lines)
 
 
+# ---- explorer -----------------------------------------------------------------------------------
 def episode_explorer(episodes: list[dict], stats: dict, tokenizer) -> Explorer:
     """P22: one episode's turn 1 — the sampled tokens, the tokens the trainer scores after decode → encode, its log ρ."""
 
@@ -207,6 +220,7 @@ def episode_explorer(episodes: list[dict], stats: dict, tokenizer) -> Explorer:
     return Explorer({"episode": slider}, draw, "P22: a turn re-encoded from its text")
 
 
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(stats: dict, *, n_episodes: int, max_new_tokens: int) -> dict:
     """Notebook 22's ``notebook_api.write_metrics`` keyword arguments (the per-episode tensors and examples stay out)."""
     reproduced, fixed = verdict(stats)

@@ -31,6 +31,7 @@ PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 BF16_MANTISSA_BITS = 7  # stored; 8 significant bits with the implicit one
 
 
+# ---- measurements -------------------------------------------------------------------------------
 def bf16_ulp(x: float | torch.Tensor) -> torch.Tensor:
     """Spacing of bf16 numbers at |x| (normal range): 2^(floor(log2|x|) − 7)."""
     x = torch.as_tensor(x, dtype=torch.float32).abs()
@@ -59,7 +60,8 @@ def sft_batch_for(tokenizer, n: int = 64, seed: int = 0):
     return sft_batch(tokenizer, random.Random(seed).sample(problems, n))
 
 
-def _loss(model, ids, attention_mask, loss_mask, precision: str) -> torch.Tensor:
+def sft_loss(model, ids, attention_mask, loss_mask, precision: str) -> torch.Tensor:
+    """The mean next-token NLL over ``loss_mask``'s tokens, the forward under bf16 autocast for ``bf16-mixed``."""
     device = model_device(model)
     ids, attention_mask, loss_mask = ids.to(device), attention_mask.to(device), loss_mask.to(device)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
@@ -84,7 +86,7 @@ def adam_steps(model, batch, *, precision: str, lr: float, steps: int) -> dict:
     ids, attention_mask, loss_mask = batch
     losses, trained, moved = [], {}, {}
     for step in range(steps):
-        loss = _loss(model, ids, attention_mask, loss_mask, precision)
+        loss = sft_loss(model, ids, attention_mask, loss_mask, precision)
         optimizer.zero_grad()
         loss.backward()
         if step == 0:
@@ -111,6 +113,7 @@ def adam_steps(model, batch, *, precision: str, lr: float, steps: int) -> dict:
             "frozen_fraction_by_kind": {k: f / max(t, 1) for k, (f, t) in frozen_by_kind.items()}}
 
 
+# ---- sweeps -------------------------------------------------------------------------------------
 def lr_sweep(make_model, batch, learning_rates: list[float], *, steps: int, precisions=("bf16", "bf16-mixed")) -> dict:
     """``{precision: [frozen_fraction per lr]}`` with a fresh ``make_model()`` per run, plus the
     bf16 prediction |lr| < ulp(w)/2 over the initial weights (Adam's first step moves each by ≈ lr)."""
@@ -126,11 +129,6 @@ def lr_sweep(make_model, batch, learning_rates: list[float], *, steps: int, prec
     return result
 
 
-def verdict(frozen_bf16: float, frozen_mixed: float, *, threshold: float = 0.5, tolerance: float = 0.01) -> tuple[bool, bool]:
-    """``(reproduced, fixed)``: pure bf16 leaves most trained weights unmoved; fp32 masters leave ~none."""
-    return frozen_bf16 > threshold, frozen_mixed < tolerance
-
-
 def precision_curves(model, batch, *, lr: float, steps: int) -> dict:
     """``adam_steps`` on a copy of ``model`` in each of ``PRECISIONS``: ``{precision: run}``."""
     return {p: adam_steps(copy.deepcopy(model), batch, precision=p, lr=lr, steps=steps) for p in PRECISIONS}
@@ -141,7 +139,13 @@ def loss_drop(runs: dict) -> dict:
     return {name: r["losses"][0] - r["losses"][-1] for name, r in runs.items()}
 
 
-# ---- figures (take an ax) ----------------------------------------------------------------------
+# ---- verdict ------------------------------------------------------------------------------------
+def verdict(frozen_bf16: float, frozen_mixed: float, *, threshold: float = 0.5, tolerance: float = 0.01) -> tuple[bool, bool]:
+    """``(reproduced, fixed)``: pure bf16 leaves most trained weights unmoved; fp32 masters leave ~none."""
+    return frozen_bf16 > threshold, frozen_mixed < tolerance
+
+
+# ---- figures ------------------------------------------------------------------------------------
 SWEEP_STYLES = {"bf16": dict(color=plots.BUG_COLOR, marker="o"), "bf16-mixed": dict(color=plots.FIX_COLOR, marker="o"),
                 "predicted (lr < ulp/2)": dict(color=plots.NEUTRAL_COLOR, ls="--"),
                 "bf16 moved and came back": dict(color=plots.SERIES_COLORS[2], ls=":", marker="^")}
@@ -182,34 +186,20 @@ def figure_loss_curves(runs: dict, *, lr: float, seed: int):
     return fig
 
 
-def plot_rounding_threshold(ax, weights: torch.Tensor, lr: float) -> float:
+def plot_rounding_threshold(ax, weights: torch.Tensor, lr: float, lost: float) -> None:
     """Histogram of |w| of ``weights`` with the largest |w| an update of size ``lr`` still moves in bf16
-    (lr ≥ ulp(w)/2, i.e. |w| < 2⁸·lr up to the binade); returns ``predicted_lost_fraction``."""
+    (lr ≥ ulp(w)/2, i.e. |w| < 2⁸·lr up to the binade), labelled with ``lost`` = ``predicted_lost_fraction``."""
     w = weights.detach().float().flatten().abs()
     w = w[w != 0]
-    lost = predicted_lost_fraction(w, lr)
     ax.hist(w.log10().numpy(), bins=60, color=plots.SERIES_COLORS[0])
     ax.axvline(math.log10(2 ** (BF16_MANTISSA_BITS + 1) * lr), color=plots.NEUTRAL_COLOR, ls="--",
                label=f"2⁸ · lr: weights right of it ignore the update ({lost:.1%})")
     ax.set_xlabel("log10 |w|")
     ax.set_ylabel("weights")
     ax.legend(fontsize=8)
-    return lost
 
 
-def rounding_threshold_explorer(model) -> Explorer:
-    """A learning-rate slider: which of ``model``'s weights a step of that size cannot move in pure bf16."""
-    weights = torch.cat([p.detach().float().flatten() for p in model.parameters() if p.requires_grad])
-
-    def draw(lr):
-        fig, ax = plt.subplots(figsize=(7, 3.2))
-        return {"predicted_lost_fraction": plot_rounding_threshold(ax, weights, lr)}
-
-    slider = widgets.FloatLogSlider(value=1e-5, base=10, min=-8, max=-2, step=0.25, description="lr")
-    return Explorer({"lr": slider}, draw, title="P23: the weights an update of size lr cannot move in bf16")
-
-
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers -----------------------------------------------------------------------------------
 def rounding_lines() -> str:
     ulp = float(bf16_ulp(1.0))
     lines = [f"ulp of bf16 at 1.0: {ulp:.6f} = 2^-7; half of it: {ulp / 2:.6f}"]
@@ -234,6 +224,22 @@ def drop_lines(drop: dict, curve_steps: int) -> str:
             + f"\npure bf16 gets {drop['bf16'] / drop['fp32']:.0%} of the fp32 drop, bf16-mixed {drop['bf16-mixed'] / drop['fp32']:.0%}")
 
 
+# ---- explorer -----------------------------------------------------------------------------------
+def rounding_threshold_explorer(model) -> Explorer:
+    """A learning-rate slider: which of ``model``'s weights a step of that size cannot move in pure bf16."""
+    weights = torch.cat([p.detach().float().flatten() for p in model.parameters() if p.requires_grad])
+
+    def draw(lr):
+        lost = predicted_lost_fraction(weights, lr)
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        plot_rounding_threshold(ax, weights, lr, lost)
+        return {"predicted_lost_fraction": lost}
+
+    slider = widgets.FloatLogSlider(value=1e-5, base=10, min=-8, max=-2, step=0.25, description="lr")
+    return Explorer({"lr": slider}, draw, title="P23: the weights an update of size lr cannot move in bf16")
+
+
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(learning_rates: list[float], sweep: dict, runs: dict, drop: dict, *, curve_steps: int, headline_lr: float) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 23."""
     reproduced, fixed = verdict(runs["bf16"]["frozen_fraction"], runs["bf16-mixed"]["frozen_fraction"])

@@ -33,10 +33,9 @@ from workbench.viz.explorer import Explorer
 from workbench.viz.plots import label_zero_bars
 
 RULES = ("first pad − 1", "rightmost non-pad", "rightmost attended")  # the bug, PR #35911, the mask (fix)
-SCENARIOS = (("right", False), ("left", False), ("right", True), ("left", True))  # (padding side, pad = EOS)
 
 
-# ---- pooling rules and the reward model ---------------------------------------------------------
+# ---- measurements -------------------------------------------------------------------------------
 def pool_index(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int, rule: str) -> torch.Tensor:
     """(B,) index of the token whose hidden state the head scores."""
     width = input_ids.shape[-1]
@@ -94,7 +93,6 @@ def pad_batch(rows: list[list[int]], pad_id: int, side: str) -> tuple[torch.Tens
     return torch.tensor(ids), torch.tensor(mask)
 
 
-# ---- measurements -------------------------------------------------------------------------------
 class Scorer:
     """The reward model on a fixed set of texts, each text's hidden states computed once alone and once
     per padded batch (the rules only pick a different row of them)."""
@@ -124,6 +122,10 @@ class Scorer:
                 "max_abs_score_delta": float(delta.max()), "changed_share": float((delta > 1e-4).float().mean())}
 
 
+# ---- sweeps -------------------------------------------------------------------------------------
+SCENARIOS = (("right", False), ("left", False), ("right", True), ("left", True))  # (padding side, pad = EOS)
+
+
 def sweep(model, tokenizer, n_texts: int, seed: int = 0, eos_inside: bool = False) -> list[dict]:
     """Every (padding side, pad = EOS) scenario × every rule on ``n_texts`` texts."""
     scorer = Scorer(model, reward_head(model, seed), texts_ids(tokenizer, n_texts, eos_inside))
@@ -136,14 +138,10 @@ def sweep(model, tokenizer, n_texts: int, seed: int = 0, eos_inside: bool = Fals
     return out
 
 
-def _pick(rows, side, pad_is_eos, rule):
+# ---- verdict ------------------------------------------------------------------------------------
+def scenario_row(rows: list[dict], side: str, pad_is_eos: bool, rule: str) -> dict:
+    """The ``sweep`` row of one (padding side, pad = EOS) scenario under ``rule``."""
     return next(r for r in rows if r["side"] == side and r["pad_is_eos"] == pad_is_eos and r["rule"] == rule)
-
-
-def headline_rows(rows: list[dict], inside: list[dict]) -> tuple[dict, dict, dict]:
-    """The rows the headline reads: left padding with pad = EOS under 'first pad − 1' (bug) and under the rightmost
-    attended token (fix), and 'first pad − 1' with an EOS inside the text (the worst case)."""
-    return _pick(rows, "left", True, RULES[0]), _pick(rows, "left", True, RULES[2]), _pick(inside, "left", True, RULES[0])
 
 
 def verdict(rows: list[dict], inside: list[dict], *, tolerance: float = 1e-4) -> tuple[bool, bool]:
@@ -153,18 +151,18 @@ def verdict(rows: list[dict], inside: list[dict], *, tolerance: float = 1e-4) ->
     ``tolerance``), and with an EOS inside the text it pools another token; fixed: the rightmost attended
     token is the last real token and no score moves (≤ ``tolerance``) in every scenario.
     """
-    bug = _pick(rows, "left", True, RULES[0])
-    reproduced = bug["max_abs_score_delta"] > 10 * tolerance and _pick(inside, "right", True, RULES[0])["wrong_token_share"] > 0
+    bug = scenario_row(rows, "left", True, RULES[0])
+    reproduced = bug["max_abs_score_delta"] > 10 * tolerance and scenario_row(inside, "right", True, RULES[0])["wrong_token_share"] > 0
     fixes = [r for r in rows + inside if r["rule"] == RULES[2]]
     fixed = all(r["wrong_token_share"] == 0 and r["max_abs_score_delta"] <= tolerance for r in fixes)
     return reproduced, fixed
 
 
-# ---- figures -----------------------------------------------------------------------------------
+# ---- figures ------------------------------------------------------------------------------------
 RULE_COLORS = {RULES[0]: plots.BUG_COLOR, RULES[1]: plots.SERIES_COLORS[2], RULES[2]: plots.FIX_COLOR}
 
 
-def _bars(ax, rows: list[dict], inside: list[dict], key: str, ylabel: str, title: str) -> None:
+def plot_by_scenario(ax, rows: list[dict], inside: list[dict], key: str, ylabel: str, title: str) -> None:
     """``key`` per rule (bars) for every scenario, texts without an EOS inside (left of the dashed line) and with an
     EOS closing the prompt (right of it): the same eight scenarios in every panel."""
     both = rows + inside
@@ -190,15 +188,41 @@ def figure_pooling(rows: list[dict], inside: list[dict]):
     from the last real token the head reads, each for the same eight scenarios: texts without an EOS inside
     (``rows``) and texts whose prompt an EOS closes (``inside``)."""
     fig, axes = plt.subplots(1, 3, figsize=(22, 5.2))
-    _bars(axes[0], rows, inside, "max_abs_score_delta", "max |score alone − score in batch|",
+    plot_by_scenario(axes[0], rows, inside, "max_abs_score_delta", "max |score alone − score in batch|",
           "score changed by the batch it is in")
-    _bars(axes[1], rows, inside, "wrong_token_share", "share of texts", "texts pooled off the last real token")
-    _bars(axes[2], rows, inside, "mean_abs_offset", "mean |pooled − last real index| (tokens)",
+    plot_by_scenario(axes[1], rows, inside, "wrong_token_share", "share of texts", "texts pooled off the last real token")
+    plot_by_scenario(axes[2], rows, inside, "mean_abs_offset", "mean |pooled − last real index| (tokens)",
           "how far from the last real token the head reads")
     fig.tight_layout()
     return fig
 
 
+# ---- printers -----------------------------------------------------------------------------------
+def pooling_lines(rows: list[dict], inside: list[dict]) -> str:
+    return "\n".join(f"{'EOS in text, ' if r['eos_inside'] else ''}{r['side']} padding, pad {'=' if r['pad_is_eos'] else '≠'} EOS, "
+                     f"{r['rule']}: {r['wrong_token_share']:.0%} pooled off the last real token (mean |offset| "
+                     f"{r['mean_abs_offset']:.2f}), max |Δ score| {r['max_abs_score_delta']:.2e}" for r in rows + inside)
+
+
+def headline_rows(rows: list[dict], inside: list[dict]) -> tuple[dict, dict, dict]:
+    """The rows the headline reads: left padding with pad = EOS under 'first pad − 1' (bug) and under the rightmost
+    attended token (fix), and 'first pad − 1' with an EOS inside the text (the worst case)."""
+    return (scenario_row(rows, "left", True, RULES[0]), scenario_row(rows, "left", True, RULES[2]),
+            scenario_row(inside, "left", True, RULES[0]))
+
+
+def headline_sentence(rows: list[dict], inside: list[dict]) -> str:
+    bug, fix, worst = headline_rows(rows, inside)
+    reproduced, fixed = verdict(rows, inside)
+    outcome = (("the bug is reproduced" if reproduced else "the bug did not show")
+               + (" and the fix holds in every scenario." if fixed else ", and the fix does not hold everywhere."))
+    return (f"Left padding with pad = EOS, texts without an EOS inside: a text's score moves by up to "
+            f"{bug['max_abs_score_delta']:.3g} with its batch under 'first pad − 1' ({bug['changed_share']:.0%} of texts), "
+            f"{fix['max_abs_score_delta']:.1e} pooling the rightmost attended token; with an EOS closing the prompt it moves by "
+            f"up to {worst['max_abs_score_delta']:.3g} ({worst['changed_share']:.0%} of texts); {outcome}")
+
+
+# ---- explorer -----------------------------------------------------------------------------------
 def pooling_explorer(model, tokenizer, n_texts: int = 8) -> Explorer:
     """Controls for padding side, pad = EOS and an EOS in the text: each rule's score shift and wrong-token share."""
 
@@ -217,24 +241,7 @@ def pooling_explorer(model, tokenizer, n_texts: int = 8) -> Explorer:
     return Explorer(controls, draw, title="P24: reward-model pooling rules")
 
 
-# ---- what the notebook prints and writes -------------------------------------------------------
-def pooling_lines(rows: list[dict], inside: list[dict]) -> str:
-    return "\n".join(f"{'EOS in text, ' if r['eos_inside'] else ''}{r['side']} padding, pad {'=' if r['pad_is_eos'] else '≠'} EOS, "
-                     f"{r['rule']}: {r['wrong_token_share']:.0%} pooled off the last real token (mean |offset| "
-                     f"{r['mean_abs_offset']:.2f}), max |Δ score| {r['max_abs_score_delta']:.2e}" for r in rows + inside)
-
-
-def headline_sentence(rows: list[dict], inside: list[dict]) -> str:
-    bug, fix, worst = headline_rows(rows, inside)
-    reproduced, fixed = verdict(rows, inside)
-    outcome = (("the bug is reproduced" if reproduced else "the bug did not show")
-               + (" and the fix holds in every scenario." if fixed else ", and the fix does not hold everywhere."))
-    return (f"Left padding with pad = EOS, texts without an EOS inside: a text's score moves by up to "
-            f"{bug['max_abs_score_delta']:.3g} with its batch under 'first pad − 1' ({bug['changed_share']:.0%} of texts), "
-            f"{fix['max_abs_score_delta']:.1e} pooling the rightmost attended token; with an EOS closing the prompt it moves by "
-            f"up to {worst['max_abs_score_delta']:.3g} ({worst['changed_share']:.0%} of texts); {outcome}")
-
-
+# ---- metrics ------------------------------------------------------------------------------------
 def metrics(rows: list[dict], inside: list[dict]) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 24."""
     reproduced, fixed = verdict(rows, inside)
