@@ -16,7 +16,7 @@ from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
 from workbench.viz import plots
-from workbench.viz.explorer import Explorer
+from workbench.viz.explorer import Explorer, with_switch_flipped
 
 PPO_VARIANTS = {"rescale_by_temperature=False (bug)": {"rescale_by_temperature": False},
                 "rescale_by_temperature=True (fix)": {"rescale_by_temperature": True}}
@@ -112,11 +112,13 @@ def temperature_explorer(model, tokenizer, prompts: list[str], seed: int = 0) ->
     """P6: first-step max |ρ − 1| for a sampling temperature, with or without dividing by it."""
 
     def draw(temperature, rescale):
-        result = first_step_ratio(model, tokenizer, prompts, temperature=temperature, rescale=rescale, seed=seed)
-        other = first_step_ratio(model, tokenizer, prompts, temperature=temperature, rescale=not rescale, seed=seed)
+        def measure(tau, divide):
+            return first_step_ratio(model, tokenizer, prompts, temperature=tau, rescale=divide, seed=seed)
+
+        results = with_switch_flipped(measure, temperature, rescale)
         fig, ax = plt.subplots(figsize=(6, 3))
-        plot_ratio_vs_temperature(ax, {(temperature, rescale): result, (temperature, not rescale): other})
-        return result
+        plot_ratio_vs_temperature(ax, results)
+        return results[temperature, rescale]
 
     controls = {"temperature": widgets.FloatSlider(value=0.7, min=0.2, max=2.0, step=0.1, description="τ"),
                 "rescale": widgets.Checkbox(value=False, description="divide by τ (fix)")}

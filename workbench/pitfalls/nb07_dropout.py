@@ -20,7 +20,7 @@ from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
 from workbench.viz import plots
-from workbench.viz.explorer import Explorer
+from workbench.viz.explorer import Explorer, with_switch_flipped
 from workbench.viz.plots import note_coinciding
 
 PPO_DROPOUT = 0.1  # dropout of the PPO runs (set by ``set_dropout`` before training)
@@ -177,11 +177,13 @@ def dropout_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Exp
     """P7: step-0 ratio and KL for a dropout probability, with or without disabling dropout."""
 
     def draw(dropout, disable):
-        result = step0_mismatch(model, tokenizer, prompts, dropout=dropout, disable=disable, seed=seed)
-        other = step0_mismatch(model, tokenizer, prompts, dropout=dropout, disable=not disable, seed=seed)
+        def measure(probability, off):
+            return step0_mismatch(model, tokenizer, prompts, dropout=probability, disable=off, seed=seed)
+
+        results = with_switch_flipped(measure, dropout, disable)
         fig, axes = plt.subplots(1, 2, figsize=(10, 3))
-        plot_step0(axes, {(dropout, disable): result, (dropout, not disable): other})
-        return result
+        plot_step0(axes, results)
+        return results[dropout, disable]
 
     controls = {"dropout": widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.01, description="dropout"),
                 "disable": widgets.Checkbox(value=False, description="disable dropout (fix)")}

@@ -20,6 +20,12 @@ import matplotlib.pyplot as plt
 from IPython.display import clear_output
 
 
+def with_switch_flipped(measure: Callable[[Any, bool], Any], value: Any, switch: bool) -> dict[tuple[Any, bool], Any]:
+    """``measure(value, switch)`` and ``measure(value, not switch)``, keyed ``(value, switch)``, the control's setting
+    first: an explorer of a bug switch draws the setting the reader chose beside its other side."""
+    return {(value, switch): measure(value, switch), (value, not switch): measure(value, not switch)}
+
+
 class Explorer:
     """Controls + an output area redrawn by ``draw(**control_values)`` on every change."""
 
