@@ -78,8 +78,8 @@ PRELOAD = (
 # the kernel's fork server for training workers (else ipykernel waits on it until jupyter_client kills the kernel)
 KERNEL_CLASS = "workbench.catalogue.catalogue_kernel.CatalogueKernel"
 # Modules that start an OpenBLAS thread pool when imported: numpy's, and scipy's own copy of OpenBLAS (scipy-openblas),
-# which transformers' imports load where scipy is installed (the GPU image: docs/journal/2026-11-27.md, fifth lease). Their pools are the zygote's
-# only allowed threads.
+# which transformers' imports load where scipy is installed (the GPU image: docs/journal/2026-11-27.md, fifth lease).
+# Their pools are the zygote's only allowed threads.
 BLAS_POOLS = ("numpy", "scipy.linalg")
 MESSAGE_BYTES = 1 << 20  # one request: the kernel's arguments, folder and environment
 CONNECT_SECONDS = 30.0  # a client may start before the zygote has bound its socket

@@ -7,6 +7,8 @@ gap grows as τ moves away from 1). TRL's GRPOTrainer divides by τ; top-p/top-k
 
 from __future__ import annotations
 
+from functools import partial
+
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
@@ -16,7 +18,7 @@ from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
 from workbench.viz import plots
-from workbench.viz.explorer import Explorer, with_switch_flipped
+from workbench.viz.explorer import Explorer, switch_explorer
 
 PPO_VARIANTS = {"rescale_by_temperature=False (bug)": {"rescale_by_temperature": False},
                 "rescale_by_temperature=True (fix)": {"rescale_by_temperature": True}}
@@ -111,18 +113,11 @@ def ratio_lines(results: dict, temperatures) -> str:
 def temperature_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
     """P6: first-step max |ρ − 1| for a sampling temperature, with or without dividing by it."""
 
-    def draw(temperature, rescale):
-        def measure(tau, divide):
-            return first_step_ratio(model, tokenizer, prompts, temperature=tau, rescale=divide, seed=seed)
-
-        results = with_switch_flipped(measure, temperature, rescale)
-        fig, ax = plt.subplots(figsize=(6, 3))
-        plot_ratio_vs_temperature(ax, results)
-        return results[temperature, rescale]
-
-    controls = {"temperature": widgets.FloatSlider(value=0.7, min=0.2, max=2.0, step=0.1, description="τ"),
-                "rescale": widgets.Checkbox(value=False, description="divide by τ (fix)")}
-    return Explorer(controls, draw, "Sampling temperature vs the recomputed log-probs")
+    return switch_explorer(
+        partial(first_step_ratio, model, tokenizer, prompts, seed=seed), plot_ratio_vs_temperature,
+        value=("temperature", widgets.FloatSlider(value=0.7, min=0.2, max=2.0, step=0.1, description="τ")),
+        switch=("rescale", widgets.Checkbox(value=False, description="divide by τ (fix)")),
+        title="Sampling temperature vs the recomputed log-probs")
 
 
 # ---- metrics ------------------------------------------------------------------------------------

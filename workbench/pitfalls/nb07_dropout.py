@@ -9,9 +9,9 @@ the importance ratio is not 1 and the KL to an identical reference is not 0. The
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import torch
 
 from workbench.experiments import statistics
@@ -20,7 +20,7 @@ from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
 from workbench.viz import plots
-from workbench.viz.explorer import Explorer, with_switch_flipped
+from workbench.viz.explorer import Explorer, switch_explorer
 from workbench.viz.plots import note_coinciding
 
 PPO_DROPOUT = 0.1  # dropout of the PPO runs (set by ``set_dropout`` before training)
@@ -176,18 +176,11 @@ def first_minibatch_note(runs: dict, results: dict) -> str:
 def dropout_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
     """P7: step-0 ratio and KL for a dropout probability, with or without disabling dropout."""
 
-    def draw(dropout, disable):
-        def measure(probability, off):
-            return step0_mismatch(model, tokenizer, prompts, dropout=probability, disable=off, seed=seed)
-
-        results = with_switch_flipped(measure, dropout, disable)
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
-        plot_step0(axes, results)
-        return results[dropout, disable]
-
-    controls = {"dropout": widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.01, description="dropout"),
-                "disable": widgets.Checkbox(value=False, description="disable dropout (fix)")}
-    return Explorer(controls, draw, "Dropout during RL: step-0 ratio and KL")
+    return switch_explorer(
+        partial(step0_mismatch, model, tokenizer, prompts, seed=seed), plot_step0, figsize=(10, 3), panels=2,
+        value=("dropout", widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.01, description="dropout")),
+        switch=("disable", widgets.Checkbox(value=False, description="disable dropout (fix)")),
+        title="Dropout during RL: step-0 ratio and KL")
 
 
 # ---- metrics ------------------------------------------------------------------------------------

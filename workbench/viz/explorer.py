@@ -20,12 +20,6 @@ import matplotlib.pyplot as plt
 from IPython.display import clear_output
 
 
-def with_switch_flipped(measure: Callable[[Any, bool], Any], value: Any, switch: bool) -> dict[tuple[Any, bool], Any]:
-    """``measure(value, switch)`` and ``measure(value, not switch)``, keyed ``(value, switch)``, the control's setting
-    first: an explorer of a bug switch draws the setting the reader chose beside its other side."""
-    return {(value, switch): measure(value, switch), (value, not switch): measure(value, not switch)}
-
-
 class Explorer:
     """Controls + an output area redrawn by ``draw(**control_values)`` on every change."""
 
@@ -51,3 +45,26 @@ class Explorer:
             plt.show()
         self.renders += 1
 
+
+def with_switch_flipped(measure: Callable[[Any, bool], Any], value: Any, switch: bool) -> dict[tuple[Any, bool], Any]:
+    """``measure(value, switch)`` and ``measure(value, not switch)``, keyed ``(value, switch)``, the reader's setting
+    first."""
+    return {(value, switch): measure(value, switch), (value, not switch): measure(value, not switch)}
+
+
+def switch_explorer(measure: Callable[..., Any], plot: Callable[[Any, dict], None], *, value: tuple[str, widgets.ValueWidget],
+                    switch: tuple[str, widgets.Checkbox], title: str, figsize=(6, 3), panels: int = 1) -> Explorer:
+    """An explorer of one setting (a slider) and the fix's switch (a checkbox). Each redraw calls
+    ``measure(<value name>=…, <switch name>=…)`` with the switch as the reader set it and flipped, draws both with
+    ``plot(ax, results)`` (``plot(axes, …)`` for ``panels`` > 1; results keyed ``(value, switch)``) and keeps the
+    reader's side as ``explorer.last``."""
+    (value_name, value_control), (switch_name, switch_control) = value, switch
+
+    def draw(**values):
+        results = with_switch_flipped(lambda v, s: measure(**{value_name: v, switch_name: s}),
+                                      values[value_name], values[switch_name])
+        fig, axes = plt.subplots(1, panels, figsize=figsize)
+        plot(axes, results)
+        return results[values[value_name], values[switch_name]]
+
+    return Explorer({value_name: value_control, switch_name: switch_control}, draw, title)
