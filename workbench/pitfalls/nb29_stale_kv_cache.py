@@ -315,9 +315,9 @@ def stale_cache_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
         return {"updates": updates, **{f"outside_clip_{p}": v for p, v in share.items()}}
 
     counts = [r["updates"] for r in rows]
-    return Explorer({"updates": widgets.SelectionSlider(options=counts, value=max(counts), description="updates k"),
-                     "epsilon": widgets.FloatSlider(value=clip, min=0.01, max=0.5, step=0.01, description="ε")},
-                    draw, title="P29: a prefix cache filled before k weight updates")
+    controls = {"updates": widgets.SelectionSlider(options=counts, value=max(counts), description="updates k"),
+                "epsilon": widgets.FloatSlider(value=clip, min=0.01, max=0.5, step=0.01, description="ε")}
+    return Explorer(controls, draw, title="P29: a prefix cache filled before k weight updates")
 
 
 # ---- metrics -------------------------------------------------------------------------------------
