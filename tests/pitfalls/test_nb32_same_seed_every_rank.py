@@ -23,6 +23,12 @@ def measured(setting):
     return bug, fix
 
 
+@pytest.fixture(scope="module")
+def swept(setting):
+    model, tokenizer, problems = setting
+    return ss.world_size_sweep(model, tokenizer, problems[:2], [1, 2, 4], group_size=4)
+
+
 def test_one_seed_on_two_processes_copies_every_completion(measured):
     bug, _ = measured
     assert bug["processes"] == 2 and bug["shares_agree"]  # two real processes, both gathered the same groups
@@ -41,10 +47,9 @@ def test_verdict_is_false_on_bug_free_numbers(measured):
     assert ss.verdict(fix, fix) == (False, False)  # distinct groups: nothing reproduced, and no gain to call a fix
 
 
-def test_metrics_figures_and_lines(measured, setting):
+def test_metrics_figures_and_lines(measured, swept):
     bug, fix = measured
-    model, tokenizer, problems = setting
-    rows = ss.world_size_sweep(model, tokenizer, problems[:2], [1, 2], group_size=4)
+    rows = swept
     one_rank = [r["distinct_per_group"] for r in rows if r["world_size"] == 1]
     assert one_rank[0] == one_rank[1]  # one rank: the two seedings are the same seed
     kwargs = ss.metrics(bug, fix, rows)
@@ -55,9 +60,8 @@ def test_metrics_figures_and_lines(measured, setting):
     assert "copies are the bug" in ss.headline_sentence(bug, fix)
 
 
-def test_world_size_explorer_redraws(setting):
-    model, tokenizer, problems = setting
-    explorer = ss.world_size_explorer(model, tokenizer, problems[:2], group_size=4)
+def test_world_size_explorer_redraws(swept):
+    explorer = ss.world_size_explorer(swept)
     assert explorer.renders == 1 and explorer.last["world_size"] == 2
     explorer.controls["world_size"].value = 4
     assert explorer.renders == 2 and explorer.last["rows"][0]["distinct_per_group"] == 1.0  # 4 ranks, one seed: one completion

@@ -47,6 +47,10 @@ def test_verdict_is_false_on_bug_free_numbers(errors):
         pb.packed_logprobs(tiny_model("qwen2")[0], pb.pack(SEGMENTS), "3-D")
 
 
+def test_the_sweep_takes_the_measured_pack_of_every_segment(model, errors):
+    assert pb.segment_sweep(model, SEGMENTS, [2, 3], errors=errors) == pb.segment_sweep(model, SEGMENTS, [2, 3])
+
+
 def test_metrics_figures_lines_and_explorer(model, errors):
     rows = pb.segment_sweep(model, SEGMENTS, [1, 3])
     assert rows[0][pb.BUG]["mean"] == 0.0 and rows[1][pb.BUG]["mean"] > 1e-4

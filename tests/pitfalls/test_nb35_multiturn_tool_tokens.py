@@ -19,7 +19,7 @@ def test_fixed_scan_equals_the_compact_reference_and_padding_stays_zero():
     assert row["error_fix"] < 1e-6 and row["padding_returns_fix"] == 0.0
     assert row["first_turn_bug"] == 0.0 and row["lost_bug"] == pytest.approx(5 / 9)  # two turns of 3 + 2 tokens lose it
     single = tt.returns_case([4], [], gamma=0.9)
-    assert single["error_bug"] < 1e-6  # one turn, no tool token: the old scan was right
+    assert single["error_bug"] < 1e-6  # one turn, no tool token: the resetting scan is right too
 
 
 def test_span_length_counts_tool_tokens_and_the_penalty_follows():

@@ -3,7 +3,7 @@
 PPO for LMs turns a scalar score into a per-token reward: zeros everywhere, the score on the last
 action, the EOS. TRL's PPO trainer (``PPOv2Trainer``, later ``trl.experimental.ppo``) found the
 EOS as ``sequence_lengths = first_true_indices(response == pad) − 1`` and then wrote the score at
-``sequence_lengths + 1`` when that index exists — the first pad (issue #1893 in 2024, #3750 in
+``sequence_lengths + 1`` when that index exists — the first pad (TRL #1893 in 2024, #3750 in
 2025; PR #5338 proposed ``actual_end = sequence_lengths``). A row that fills the whole response
 length has no pad and keeps its score on its last token.
 
@@ -35,7 +35,7 @@ from workbench.viz.plots import label_zero_bars
 ESTIMATORS = ("every position", "real tokens")  # GAE as TRL ran it, GAE masked to the response
 
 
-# ---- measurements -------------------------------------------------------------------------------
+# ---- measurements --------------------------------------------------------------------------------
 def reward_offsets(mask: torch.Tensor, position: str) -> torch.Tensor:
     """(B,) index of the rewarded token minus the index of the last real token (the EOS): 0 is right."""
     return reward_index(mask, position) - reward_index(mask, "eos")
@@ -73,17 +73,6 @@ def eos_share(scores, mask, position: str, estimator: str, **kw) -> float:
     return float((at_eos[nonzero] / scores[nonzero]).mean())
 
 
-def lambda_sweep(scores, mask, lams: list[float], gamma: float = 1.0) -> list[dict]:
-    """A(EOS)/score per λ: the fix, and the bug under both estimators."""
-    rows = []
-    for lam in lams:
-        row = {"lam": lam, "gamma": gamma, "fix": eos_share(scores, mask, "eos", "real tokens", gamma=gamma, lam=lam)}
-        for estimator in ESTIMATORS:
-            row[f"bug, GAE over {estimator}"] = eos_share(scores, mask, "first_pad", estimator, gamma=gamma, lam=lam)
-        rows.append(row)
-    return rows
-
-
 @torch.no_grad()
 def sampled_batch(model, tokenizer, problems, seed: int = 0, max_new_tokens: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """``(scores, response_mask)`` of one response per problem sampled from ``model``, scores in {−1, +1}
@@ -107,6 +96,19 @@ def placement(scores, mask, gamma: float = 1.0, lam: float = 0.95) -> dict:
     return out
 
 
+# ---- sweeps --------------------------------------------------------------------------------------
+def lambda_sweep(scores, mask, lams: list[float], gamma: float = 1.0) -> list[dict]:
+    """A(EOS)/score per λ: the fix, and the bug under both estimators."""
+    rows = []
+    for lam in lams:
+        row = {"lam": lam, "gamma": gamma, "fix": eos_share(scores, mask, "eos", "real tokens", gamma=gamma, lam=lam)}
+        for estimator in ESTIMATORS:
+            row[f"bug, GAE over {estimator}"] = eos_share(scores, mask, "first_pad", estimator, gamma=gamma, lam=lam)
+        rows.append(row)
+    return rows
+
+
+# ---- verdict -------------------------------------------------------------------------------------
 def verdict(batch: dict, *, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed) from ``placement``.
 
@@ -122,7 +124,16 @@ def verdict(batch: dict, *, tolerance: float = 1e-4) -> tuple[bool, bool]:
     return reproduced, fixed
 
 
-# ---- figures -----------------------------------------------------------------------------------
+def not_shown(batch: dict) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: when every sampled response runs to ``max_new_tokens``
+    (an untrained checkpoint rarely emits EOS), no row has a pad for the score to land on."""
+    if batch["rows"] > batch["full_length_rows"]:
+        return None
+    return (f"none of the {batch['rows']} sampled responses stopped before the token budget, so no row has a first pad "
+            "for the score to land on (an untrained checkpoint rarely emits EOS); use a trained checkpoint or a longer budget")
+
+
+# ---- figures -------------------------------------------------------------------------------------
 def plot_example(ax, score: float = 1.0, length: int = 4, width: int = 7, gamma: float = 1.0, lam: float = 0.95) -> dict:
     """One response of ``length`` tokens padded to ``width``: the advantage per position, fix vs both bugs."""
     mask = (torch.arange(width) < length).float()[None]
@@ -179,20 +190,7 @@ def figure_reward_position(batch: dict, rows: list[dict], gamma: float = 1.0, la
     return fig
 
 
-def example_explorer(length: int = 4, width: int = 7, lam: float = 0.95) -> Explorer:
-    """Sliders for the response length, the padded width and λ: one row's advantages, redrawn."""
-
-    def draw(length, width, lam):
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        return plot_example(ax, length=min(length, width), width=width, lam=lam)
-
-    controls = {"length": widgets.IntSlider(value=length, min=1, max=16, description="length"),
-                "width": widgets.IntSlider(value=width, min=1, max=16, description="width"),
-                "lam": widgets.FloatSlider(value=lam, min=0.0, max=1.0, step=0.05, description="λ")}
-    return Explorer(controls, draw, title="P25: advantages with the score on the EOS vs on the first pad")
-
-
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers ------------------------------------------------------------------------------------
 def placement_lines(batch: dict, rows: list[dict]) -> str:
     lines = [f"{batch['rows']} sampled responses, {batch['full_length_rows']} fill the whole length (no pad)"]
     for position in REWARD_POSITIONS:
@@ -214,15 +212,21 @@ def headline_sentence(batch: dict) -> str:
             + (" The fix rewards the EOS." if fixed else " The fix does not restore it."))
 
 
-def not_shown(batch: dict) -> str | None:
-    """Why this checkpoint cannot show the pitfall, or None: when every sampled response runs to ``max_new_tokens``
-    (an untrained checkpoint rarely emits EOS), no row has a pad for the score to land on."""
-    if batch["rows"] > batch["full_length_rows"]:
-        return None
-    return (f"none of the {batch['rows']} sampled responses stopped before the token budget, so no row has a first pad "
-            "for the score to land on (an untrained checkpoint rarely emits EOS); use a trained checkpoint or a longer budget")
+# ---- explorer ------------------------------------------------------------------------------------
+def example_explorer(length: int = 4, width: int = 7, lam: float = 0.95) -> Explorer:
+    """Sliders for the response length, the padded width and λ: one row's advantages, redrawn."""
+
+    def draw(length, width, lam):
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        return plot_example(ax, length=min(length, width), width=width, lam=lam)
+
+    controls = {"length": widgets.IntSlider(value=length, min=1, max=16, description="length"),
+                "width": widgets.IntSlider(value=width, min=1, max=16, description="width"),
+                "lam": widgets.FloatSlider(value=lam, min=0.0, max=1.0, step=0.05, description="λ")}
+    return Explorer(controls, draw, title="P25: advantages with the score on the EOS vs on the first pad")
 
 
+# ---- metrics -------------------------------------------------------------------------------------
 def metrics(batch: dict, rows: list[dict]) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 25."""
     reproduced, fixed = verdict(batch)

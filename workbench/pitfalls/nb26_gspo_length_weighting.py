@@ -36,7 +36,7 @@ from workbench.viz.plots import note_coinciding
 REDUCTIONS = ("broadcast token-mean", "per-sequence mean")  # the bug, the fix
 
 
-# ---- the loss, both reductions ------------------------------------------------------------------
+# ---- measurements --------------------------------------------------------------------------------
 def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """s_i = exp(Σ_t m·(log π − log π_old) / |y_i|), shape (B,)."""
     mask = mask.float()
@@ -74,18 +74,6 @@ def sample_weights(lengths: list[int], reduction: str, *, seed: int = 0, noise: 
     return (logp.grad.abs() * mask).sum(-1) / advantages.abs()
 
 
-def length_ratio_sweep(long_lengths: list[int], short_length: int, seed: int = 0) -> list[dict]:
-    """A batch of one short and one long sample: the long/short weight ratio per reduction, for each long length."""
-    rows = []
-    for length in long_lengths:
-        row = {"long": length, "short": short_length, "length_ratio": length / short_length}
-        for reduction in REDUCTIONS:
-            w = sample_weights([short_length, length], reduction, seed=seed)
-            row[reduction] = float(w[1] / w[0])
-        rows.append(row)
-    return rows
-
-
 @torch.no_grad()
 def sampled_lengths(model, tokenizer, prompts: list[str], seed: int = 0, max_new_tokens: int = 12) -> list[int]:
     """Response lengths (EOS included) of one completion per prompt sampled from ``model``."""
@@ -109,6 +97,20 @@ def batch_weights(lengths: list[int], seed: int = 0) -> dict:
     return out
 
 
+# ---- sweeps --------------------------------------------------------------------------------------
+def length_ratio_sweep(long_lengths: list[int], short_length: int, seed: int = 0) -> list[dict]:
+    """A batch of one short and one long sample: the long/short weight ratio per reduction, for each long length."""
+    rows = []
+    for length in long_lengths:
+        row = {"long": length, "short": short_length, "length_ratio": length / short_length}
+        for reduction in REDUCTIONS:
+            w = sample_weights([short_length, length], reduction, seed=seed)
+            row[reduction] = float(w[1] / w[0])
+        rows.append(row)
+    return rows
+
+
+# ---- verdict -------------------------------------------------------------------------------------
 def verdict(rows: list[dict], *, tolerance: float = 0.02) -> tuple[bool, bool]:
     """(reproduced, fixed) from ``length_ratio_sweep`` rows.
 
@@ -121,7 +123,7 @@ def verdict(rows: list[dict], *, tolerance: float = 0.02) -> tuple[bool, bool]:
     return reproduced, fixed
 
 
-# ---- figures -----------------------------------------------------------------------------------
+# ---- figures -------------------------------------------------------------------------------------
 def plot_ratio(ax, rows: list[dict]) -> None:
     """Long/short gradient-weight ratio vs the long sample's length: the bug follows |y_long|/|y_short|."""
     x = [r["long"] for r in rows]
@@ -153,25 +155,7 @@ def figure_gspo(rows: list[dict], batch: dict):
     return fig
 
 
-def length_explorer(short_length: int = 4, long_length: int = 32) -> Explorer:
-    """Sliders for the two lengths: the two samples' weights under each reduction, redrawn."""
-
-    def draw(short, long):
-        rows = length_ratio_sweep([long], short)
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        ax.bar(["bug", "fix"], [rows[0]["broadcast token-mean"], rows[0]["per-sequence mean"]],
-               color=[plots.BUG_COLOR, plots.FIX_COLOR])
-        ax.axhline(rows[0]["length_ratio"], ls=":", color=plots.NEUTRAL_COLOR, label="length ratio")
-        ax.set_ylabel("gradient weight, long / short")
-        ax.legend(fontsize=8)
-        return rows[0]
-
-    controls = {"short": widgets.IntSlider(value=short_length, min=1, max=64, description="short"),
-                "long": widgets.IntSlider(value=long_length, min=1, max=256, description="long")}
-    return Explorer(controls, draw, title="P26: GSPO gradient weight of a long vs a short sample")
-
-
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers ------------------------------------------------------------------------------------
 def ratio_lines(rows: list[dict], batch: dict) -> str:
     lines = [f"|y| {r['short']} vs {r['long']}: weight ratio bug {r['broadcast token-mean']:.3f} "
              f"(length ratio {r['length_ratio']:.3f}), fix {r['per-sequence mean']:.4f}" for r in rows]
@@ -190,6 +174,26 @@ def headline_sentence(rows: list[dict]) -> str:
             f"{r['per-sequence mean']:.3f} with the fix — {what}; " + ("the fix weighs them equally." if fixed else "the fix does not."))
 
 
+# ---- explorer ------------------------------------------------------------------------------------
+def length_explorer(short_length: int = 4, long_length: int = 32) -> Explorer:
+    """Sliders for the two lengths: the two samples' weights under each reduction, redrawn."""
+
+    def draw(short, long):
+        rows = length_ratio_sweep([long], short)
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        ax.bar(["bug", "fix"], [rows[0]["broadcast token-mean"], rows[0]["per-sequence mean"]],
+               color=[plots.BUG_COLOR, plots.FIX_COLOR])
+        ax.axhline(rows[0]["length_ratio"], ls=":", color=plots.NEUTRAL_COLOR, label="length ratio")
+        ax.set_ylabel("gradient weight, long / short")
+        ax.legend(fontsize=8)
+        return rows[0]
+
+    controls = {"short": widgets.IntSlider(value=short_length, min=1, max=64, description="short"),
+                "long": widgets.IntSlider(value=long_length, min=1, max=256, description="long")}
+    return Explorer(controls, draw, title="P26: GSPO gradient weight of a long vs a short sample")
+
+
+# ---- metrics -------------------------------------------------------------------------------------
 def metrics(rows: list[dict], batch: dict) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 26."""
     reproduced, fixed = verdict(rows)

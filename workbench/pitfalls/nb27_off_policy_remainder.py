@@ -39,7 +39,7 @@ from workbench.viz.plots import label_zero_bars
 GUARDS = ("trl-0.20", "trl-0.19")  # the fix, the bug: when the trainer keeps a generation-time π_old
 
 
-# ---- the schedule (arithmetic only) -------------------------------------------------------------
+# ---- measurements --------------------------------------------------------------------------------
 def snapshots_old_logprobs(steps_per_generation: int, gradient_accumulation_steps: int, num_iterations: int = 1,
                            guard: str = "trl-0.20") -> bool:
     """Whether the trainer computes π_old at generation time (else the loss uses the current log-probs, detached).
@@ -76,7 +76,6 @@ def off_policy_share(steps_per_generation: int, gradient_accumulation_steps: int
     return sum(r["lag"] > 0 for r in schedule(steps_per_generation, gradient_accumulation_steps, period)) / period
 
 
-# ---- measurements on the tiny model -------------------------------------------------------------
 def outside_window(log_ratio: torch.Tensor, clip: float) -> float:
     """Share of tokens whose ratio lies outside [1 − ε, 1 + ε] (0 for an empty selection)."""
     return float(((log_ratio.exp() - 1).abs() > clip).float().mean()) if log_ratio.numel() else 0.0
@@ -147,6 +146,14 @@ def train_generation_batches(model, tokenizer, problems, *, steps_per_generation
     return rows
 
 
+def with_clip_fractions(row: dict, clip: float) -> dict:
+    """``row`` with the shares outside the ε window over its off-policy tokens: true, seen by the loss, logged."""
+    off = [s for s in row["steps"] if s["lag"] > 0]
+    logged = sum(s["logged_clip_fraction"] for s in off) / len(off) if off else 0.0
+    return {**row, "clip": clip, "true_clip_fraction": outside_window(row["true_log_ratio"], clip),
+            "seen_clip_fraction": outside_window(row["seen_log_ratio"], clip), "logged_clip_fraction": logged}
+
+
 def summarise(steps: list[dict], steps_per_generation: int, gradient_accumulation_steps: int, guard: str, clip: float) -> dict:
     """One run in numbers: the off-policy micro-steps' tokens, the share outside the clip window seen by the
     loss vs true (``with_clip_fractions``), the largest |ρ_seen − ρ_true| anywhere and the largest true |log ρ| (how far
@@ -166,6 +173,7 @@ def summarise(steps: list[dict], steps_per_generation: int, gradient_accumulatio
             "max_weight_error": max(s["max_weight_error"] for s in steps), "steps": steps}, clip)
 
 
+# ---- sweeps --------------------------------------------------------------------------------------
 def steps_per_generation_sweep(model, tokenizer, problems, steps_per_generation: list[int], *, gradient_accumulation_steps: int,
                                micro_steps: int, clip: float = 0.2, **train) -> list[dict]:
     """For each ``steps_per_generation`` and each guard, ``train_generation_batches`` and its ``summarise`` row (one
@@ -183,14 +191,6 @@ def steps_per_generation_sweep(model, tokenizer, problems, steps_per_generation:
     return rows
 
 
-def with_clip_fractions(row: dict, clip: float) -> dict:
-    """``row`` with the shares outside the ε window over its off-policy tokens: true, seen by the loss, logged."""
-    off = [s for s in row["steps"] if s["lag"] > 0]
-    logged = sum(s["logged_clip_fraction"] for s in off) / len(off) if off else 0.0
-    return {**row, "clip": clip, "true_clip_fraction": outside_window(row["true_log_ratio"], clip),
-            "seen_clip_fraction": outside_window(row["seen_log_ratio"], clip), "logged_clip_fraction": logged}
-
-
 def headline_row(rows: list[dict], guard: str = "trl-0.19") -> dict:
     """The ``guard`` run of the setting the bug hits hardest: off-policy micro-steps and no snapshot under the
     bug's guard, the largest off-policy share (first such ``steps_per_generation``); else the first row."""
@@ -201,6 +201,7 @@ def headline_row(rows: list[dict], guard: str = "trl-0.19") -> dict:
     return next(r for r in rows if r["guard"] == guard and r["steps_per_generation"] == spg)
 
 
+# ---- verdict -------------------------------------------------------------------------------------
 def verdict(rows: list[dict], *, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed) from ``steps_per_generation_sweep`` rows.
 
@@ -235,7 +236,7 @@ def not_shown(rows: list[dict], *, tolerance: float = 1e-4) -> str | None:
             "that solves some of the problems")
 
 
-# ---- figures (take axes) ------------------------------------------------------------------------
+# ---- figures -------------------------------------------------------------------------------------
 def plot_timeline(ax, row: dict) -> None:
     """One run, micro-step by micro-step: the true share of tokens outside the clip window (bars, dark where the
     slice is off-policy), what the loss saw (dots), optimiser steps (dashed) and generations (ticks)."""
@@ -306,30 +307,7 @@ def figure_remainder(rows: list[dict], clip: float):
                                lambda ax: plot_log_ratio(ax, bug, fix, clip))
 
 
-def remainder_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
-    """Controls for steps_per_generation, the guard and ε: that run's timeline, redrawn."""
-
-    def draw(steps_per_generation, guard, epsilon):
-        row = next(r for r in rows if r["steps_per_generation"] == steps_per_generation and r["guard"] == guard)
-        row = with_clip_fractions(row, epsilon)
-        row = {**row, "steps": [{**s, "true_clip_fraction": outside_window(s["true_log_ratio"], epsilon),
-                                 "seen_clip_fraction": outside_window(s["seen_log_ratio"], epsilon)} for s in row["steps"]]}
-        fig, ax = plt.subplots(figsize=(7, 3.4))
-        plot_timeline(ax, row)
-        ax.set_title(f"{row['off_policy_share']:.0%} of micro-steps off-policy; outside ε: true {row['true_clip_fraction']:.1%}, "
-                     f"seen {row['seen_clip_fraction']:.1%}", fontsize=9)
-        return {"steps_per_generation": steps_per_generation, "guard": guard,
-                "true_clip_fraction": row["true_clip_fraction"], "seen_clip_fraction": row["seen_clip_fraction"]}
-
-    spgs = sorted({r["steps_per_generation"] for r in rows})
-    start = headline_row(rows)["steps_per_generation"]
-    return Explorer({"steps_per_generation": widgets.SelectionSlider(options=spgs, value=start, description="steps/gen"),
-                     "guard": widgets.ToggleButtons(options=list(GUARDS), value="trl-0.19", description="guard"),
-                     "epsilon": widgets.FloatSlider(value=clip, min=0.01, max=0.5, step=0.01, description="ε")},
-                    draw, title="P27: the remainder of a generation batch after optimizer.step()")
-
-
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers ------------------------------------------------------------------------------------
 def sweep_lines(rows: list[dict]) -> str:
     return "\n".join(
         f"steps_per_generation {r['steps_per_generation']} (GA {r['gradient_accumulation_steps']}, "
@@ -357,6 +335,31 @@ def headline_sentence(rows: list[dict]) -> str:
             )
 
 
+# ---- explorer ------------------------------------------------------------------------------------
+def remainder_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
+    """Controls for steps_per_generation, the guard and ε: that run's timeline, redrawn."""
+
+    def draw(steps_per_generation, guard, epsilon):
+        row = next(r for r in rows if r["steps_per_generation"] == steps_per_generation and r["guard"] == guard)
+        row = with_clip_fractions(row, epsilon)
+        row = {**row, "steps": [{**s, "true_clip_fraction": outside_window(s["true_log_ratio"], epsilon),
+                                 "seen_clip_fraction": outside_window(s["seen_log_ratio"], epsilon)} for s in row["steps"]]}
+        fig, ax = plt.subplots(figsize=(7, 3.4))
+        plot_timeline(ax, row)
+        ax.set_title(f"{row['off_policy_share']:.0%} of micro-steps off-policy; outside ε: true {row['true_clip_fraction']:.1%}, "
+                     f"seen {row['seen_clip_fraction']:.1%}", fontsize=9)
+        return {"steps_per_generation": steps_per_generation, "guard": guard,
+                "true_clip_fraction": row["true_clip_fraction"], "seen_clip_fraction": row["seen_clip_fraction"]}
+
+    spgs = sorted({r["steps_per_generation"] for r in rows})
+    start = headline_row(rows)["steps_per_generation"]
+    return Explorer({"steps_per_generation": widgets.SelectionSlider(options=spgs, value=start, description="steps/gen"),
+                     "guard": widgets.ToggleButtons(options=list(GUARDS), value="trl-0.19", description="guard"),
+                     "epsilon": widgets.FloatSlider(value=clip, min=0.01, max=0.5, step=0.01, description="ε")},
+                    draw, title="P27: the remainder of a generation batch after optimizer.step()")
+
+
+# ---- metrics -------------------------------------------------------------------------------------
 def metrics(rows: list[dict]) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 27."""
     reproduced, fixed = verdict(rows)

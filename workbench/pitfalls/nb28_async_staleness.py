@@ -35,7 +35,7 @@ from workbench.viz.plots import label_zero_bars
 DENOMINATORS = ("sampler", "recomputed")  # the fix, the bug
 
 
-# ---- measurements -------------------------------------------------------------------------------
+# ---- measurements --------------------------------------------------------------------------------
 @torch.no_grad()
 def rollout_batch(model, tokenizer, problems, *, seed: int = 0, max_new_tokens: int = 6) -> dict:
     """Responses sampled from ``model`` with the sampler's own log-probs μ, and their task rewards."""
@@ -84,6 +84,7 @@ def staleness_row(lag: int, sampler_logp: torch.Tensor, actor_logp: torch.Tensor
             **{f"max_weight_error_{d}": float((seen[d] - true).abs().max()) for d in DENOMINATORS}}
 
 
+# ---- sweeps --------------------------------------------------------------------------------------
 def lag_sweep(model, tokenizer, problems, train_problems, lags: list[int], *, lr: float = 1e-4, clip: float = 0.2,
               seed: int = 0, max_new_tokens: int = 6) -> list[dict]:
     """Sample ``problems`` with version 0 of ``model`` (μ kept), then update a copy with one REINFORCE step per
@@ -103,6 +104,7 @@ def lag_sweep(model, tokenizer, problems, train_problems, lags: list[int], *, lr
     return rows
 
 
+# ---- verdict -------------------------------------------------------------------------------------
 def verdict(rows: list[dict], *, gap_threshold: float = 1e-3, tolerance: float = 1e-5) -> tuple[bool, bool]:
     """(reproduced, fixed) from ``lag_sweep`` rows.
 
@@ -119,7 +121,17 @@ def verdict(rows: list[dict], *, gap_threshold: float = 1e-3, tolerance: float =
     return reproduced, fixed
 
 
-# ---- figures (take axes) ------------------------------------------------------------------------
+def not_shown(rows: list[dict], *, gap_threshold: float = 1e-3) -> str | None:
+    """Why this checkpoint cannot show the pitfall, or None: when the lagged updates leave the actor where the sampler
+    was (mean |gap| ≤ ``gap_threshold`` at the largest lag), there is no staleness for the recomputed ratio to hide."""
+    stale = max(rows, key=lambda r: r["lag"])
+    if stale["mean_abs_gap"] > gap_threshold:
+        return None
+    return (f"the {stale['lag']} lagged update(s) did not move this checkpoint's actor away from the sampler (mean |log p gap| "
+            f"{stale['mean_abs_gap']:.1e} ≤ {gap_threshold:g} nats): nothing stale to hide; use a larger lag or learning rate")
+
+
+# ---- figures -------------------------------------------------------------------------------------
 def plot_gap(ax, rows: list[dict]) -> None:
     """Mean and max |μ − π_k| per token against the lag k."""
     lags = [r["lag"] for r in rows]
@@ -166,24 +178,7 @@ def figure_staleness(rows: list[dict], clip: float):
     return fig
 
 
-def staleness_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
-    """Sliders for the lag and ε: the per-token log-ratio against the clip window, redrawn."""
-
-    def draw(lag, epsilon):
-        row = min(rows, key=lambda r: abs(r["lag"] - lag))
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        plot_log_ratio(ax, row, epsilon)
-        share = clip_fraction(row["log_ratio"].exp(), epsilon)
-        ax.set_title(f"lag {row['lag']}: {share:.1%} of tokens outside the window; the recomputed denominator shows 0", fontsize=9)
-        return {"lag": row["lag"], "true_clip_fraction": share}
-
-    lags = [r["lag"] for r in rows]
-    return Explorer({"lag": widgets.SelectionSlider(options=lags, value=max(lags), description="lag k"),
-                     "epsilon": widgets.FloatSlider(value=clip, min=0.01, max=0.5, step=0.01, description="ε")},
-                    draw, title="P28: the behaviour policy vs the actor k updates later")
-
-
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers ------------------------------------------------------------------------------------
 def sweep_lines(rows: list[dict], clip: float) -> str:
     return "\n".join(f"lag {r['lag']}: |μ − π_k| mean {r['mean_abs_gap']:.2e}, max {r['max_abs_gap']:.2e} nats; outside ε = {clip:g}: "
                      f"true {r['true_clip_fraction']:.1%}, seen with the sampler's log-probs {r['clip_fraction_sampler']:.1%}, "
@@ -202,16 +197,25 @@ def headline_sentence(rows: list[dict], clip: float) -> str:
             + ("; the sampler's log-probs show the true ratio." if fixed else "; the sampler's log-probs did not match (check its dtype)."))
 
 
-def not_shown(rows: list[dict], *, gap_threshold: float = 1e-3) -> str | None:
-    """Why this checkpoint cannot show the pitfall, or None: when the lagged updates leave the actor where the sampler
-    was (mean |gap| ≤ ``gap_threshold`` at the largest lag), there is no staleness for the recomputed ratio to hide."""
-    stale = max(rows, key=lambda r: r["lag"])
-    if stale["mean_abs_gap"] > gap_threshold:
-        return None
-    return (f"the {stale['lag']} lagged update(s) did not move this checkpoint's actor away from the sampler (mean |log p gap| "
-            f"{stale['mean_abs_gap']:.1e} ≤ {gap_threshold:g} nats): nothing stale to hide; use a larger lag or learning rate")
+# ---- explorer ------------------------------------------------------------------------------------
+def staleness_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
+    """Sliders for the lag and ε: the per-token log-ratio against the clip window, redrawn."""
+
+    def draw(lag, epsilon):
+        row = min(rows, key=lambda r: abs(r["lag"] - lag))
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        plot_log_ratio(ax, row, epsilon)
+        share = clip_fraction(row["log_ratio"].exp(), epsilon)
+        ax.set_title(f"lag {row['lag']}: {share:.1%} of tokens outside the window; the recomputed denominator shows 0", fontsize=9)
+        return {"lag": row["lag"], "true_clip_fraction": share}
+
+    lags = [r["lag"] for r in rows]
+    return Explorer({"lag": widgets.SelectionSlider(options=lags, value=max(lags), description="lag k"),
+                     "epsilon": widgets.FloatSlider(value=clip, min=0.01, max=0.5, step=0.01, description="ε")},
+                    draw, title="P28: the behaviour policy vs the actor k updates later")
 
 
+# ---- metrics -------------------------------------------------------------------------------------
 def metrics(rows: list[dict], clip: float) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 28."""
     reproduced, fixed = verdict(rows)

@@ -36,10 +36,9 @@ from workbench.viz.explorer import Explorer
 from workbench.viz.plots import label_zero_bars, note_coinciding
 
 CACHE_POLICIES = ("invalidate", "keep")  # the fix, the bug: what the engine does with its prefix cache on a weight update
-FLOOR = 1e-9  # where a log axis draws an exact 0
 
 
-# ---- the engine ---------------------------------------------------------------------------------
+# ---- measurements --------------------------------------------------------------------------------
 class PrefixCache:
     """Prompt token ids → (the keys and values of all prompt tokens but the last, the weight version that computed them)."""
 
@@ -119,7 +118,6 @@ def serve_and_score(model, tokenizer, cache: PrefixCache, problems, *, version: 
             "hit_rate": hits / len(problems), "kv_age": max(ages)}
 
 
-# ---- the sweep: k weight updates after the cache was filled -------------------------------------
 def reinforce_step(model, optimizer, tokenizer, problems, *, seed: int, max_new_tokens: int) -> dict:
     """One policy-gradient update on fresh samples of ``problems``: loss = −mean((R − mean R) · Σ_t log π(y_t)).
     Returns how many responses it sampled and how many earned a reward (all rewards equal: no gradient)."""
@@ -136,12 +134,18 @@ def reinforce_step(model, optimizer, tokenizer, problems, *, seed: int, max_new_
     return {"responses": len(problems), "rewarded": int((rewards > 0).sum())}
 
 
+def outside_clip(log_ratio: torch.Tensor, clip: float) -> float:
+    """Share of tokens whose ratio exp(``log_ratio``) lies outside the clip window [1 − ε, 1 + ε]."""
+    return float(((log_ratio.exp() - 1).abs() > clip).float().mean())
+
+
 @torch.no_grad()
 def weight_change(model, original) -> float:
     """The largest |θ − θ₀| over every parameter of ``model`` against ``original`` (same architecture)."""
     return max((float((p - q).abs().max()) for p, q in zip(model.parameters(), original.parameters(), strict=True)), default=0.0)
 
 
+# ---- sweeps --------------------------------------------------------------------------------------
 def update_sweep(model, tokenizer, repeated, new_pool, train_problems, updates: list[int], *, lr: float = 1e-4,
                  clip: float = 0.2, group_size: int = 4, seed: int = 0, max_new_tokens: int = 6) -> list[dict]:
     """Fill both engines' caches with ``repeated`` at version 0, then take REINFORCE updates on ``train_problems``
@@ -176,11 +180,12 @@ def update_sweep(model, tokenizer, repeated, new_pool, train_problems, updates: 
                                "repeated_hit_rate": again["hit_rate"], "kv_age": again["kv_age"],
                                "new_gap": new["mean_gap"], "new_max_gap": new["max_gap"],
                                "new_hit_rate": new["hit_rate"], "log_ratio": again["log_ratio"],
-                               "outside_clip": float(((again["log_ratio"].exp() - 1).abs() > clip).float().mean())}
+                               "outside_clip": outside_clip(again["log_ratio"], clip)}
             rows.append(row)
     return rows
 
 
+# ---- verdict -------------------------------------------------------------------------------------
 def verdict(rows: list[dict], *, signature: float = 1e-3, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed) from ``update_sweep`` rows.
 
@@ -212,7 +217,10 @@ def not_shown(rows: list[dict]) -> str | None:
             "the problems")
 
 
-# ---- figures (take axes) ------------------------------------------------------------------------
+# ---- figures -------------------------------------------------------------------------------------
+FLOOR = 1e-9  # where a log axis draws an exact 0
+
+
 def plot_gap(ax, rows: list[dict]) -> None:
     """Mean |log μ − log π| per token against the updates since the cache was filled, on a log axis."""
     k = [r["updates"] for r in rows]
@@ -267,24 +275,7 @@ def figure_stale_cache(rows: list[dict], clip: float):
                                lambda ax: plot_log_ratio(ax, last, clip))
 
 
-def stale_cache_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
-    """Sliders for the number of updates and ε: the repeated prompts' log-ratio histogram, redrawn."""
-
-    def draw(updates, epsilon):
-        row = next(r for r in rows if r["updates"] == updates)
-        fig, ax = plt.subplots(figsize=(6.5, 3.2))
-        plot_log_ratio(ax, row, epsilon)
-        share = {p: float(((row[p]["log_ratio"].exp() - 1).abs() > epsilon).float().mean()) for p in CACHE_POLICIES}
-        ax.set_title(f"{updates} updates: outside ε, cache kept {share['keep']:.1%}, invalidated {share['invalidate']:.1%}", fontsize=9)
-        return {"updates": updates, **{f"outside_clip_{p}": v for p, v in share.items()}}
-
-    counts = [r["updates"] for r in rows]
-    return Explorer({"updates": widgets.SelectionSlider(options=counts, value=max(counts), description="updates k"),
-                     "epsilon": widgets.FloatSlider(value=clip, min=0.01, max=0.5, step=0.01, description="ε")},
-                    draw, title="P29: a prefix cache filled before k weight updates")
-
-
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers ------------------------------------------------------------------------------------
 def sweep_lines(rows: list[dict], clip: float) -> str:
     lines = []
     for r in rows:
@@ -311,6 +302,25 @@ def headline_sentence(rows: list[dict], clip: float) -> str:
                else "; invalidating did not bring the gap to rounding level (check the engine's dtype)."))
 
 
+# ---- explorer ------------------------------------------------------------------------------------
+def stale_cache_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
+    """Sliders for the number of updates and ε: the repeated prompts' log-ratio histogram, redrawn."""
+
+    def draw(updates, epsilon):
+        row = next(r for r in rows if r["updates"] == updates)
+        fig, ax = plt.subplots(figsize=(6.5, 3.2))
+        plot_log_ratio(ax, row, epsilon)
+        share = {p: outside_clip(row[p]["log_ratio"], epsilon) for p in CACHE_POLICIES}
+        ax.set_title(f"{updates} updates: outside ε, cache kept {share['keep']:.1%}, invalidated {share['invalidate']:.1%}", fontsize=9)
+        return {"updates": updates, **{f"outside_clip_{p}": v for p, v in share.items()}}
+
+    counts = [r["updates"] for r in rows]
+    controls = {"updates": widgets.SelectionSlider(options=counts, value=max(counts), description="updates k"),
+                "epsilon": widgets.FloatSlider(value=clip, min=0.01, max=0.5, step=0.01, description="ε")}
+    return Explorer(controls, draw, title="P29: a prefix cache filled before k weight updates")
+
+
+# ---- metrics -------------------------------------------------------------------------------------
 def metrics(rows: list[dict], clip: float) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 29."""
     reproduced, fixed = verdict(rows)

@@ -48,16 +48,7 @@ Z = 2.0  # standard errors by which replay must lower the mismatch for the route
 DEEP_MODEL_LAYERS = 48  # Qwen3-30B-A3B's MoE layers, for the "at least one layer" extrapolation
 
 
-def dense_reason(model) -> str | None:
-    """Why this checkpoint cannot show P30 (a dense model has no router), or None."""
-    if any(is_topk_router(m) for m in model.modules()) or declared_experts(model):
-        return None  # an MoE (an unsupported router is routing_replay's error, with its model type)
-    return (f"{type(model).__name__} (model_type {model.config.model_type!r}) is a dense model: it has no mixture-of-experts "
-            "router, so there is no route to disagree on; use an MoE checkpoint (the built-in tiny-mixtral, or a local "
-            "Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE folder)")
-
-
-# ---- the measurement ----------------------------------------------------------------------------
+# ---- measurements --------------------------------------------------------------------------------
 @torch.no_grad()
 def router_mismatch(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 8, seed: int = 0,
                     sampler_dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -116,6 +107,16 @@ def summarise(differ: dict[str, torch.Tensor], log_ratio: dict[str, torch.Tensor
     return out
 
 
+# ---- verdict -------------------------------------------------------------------------------------
+def dense_reason(model) -> str | None:
+    """Why this checkpoint cannot show P30 (a dense model has no router), or None."""
+    if any(is_topk_router(m) for m in model.modules()) or declared_experts(model):
+        return None  # an MoE (an unsupported router is routing_replay's error, with its model type)
+    return (f"{type(model).__name__} (model_type {model.config.model_type!r}) is a dense model: it has no mixture-of-experts "
+            "router, so there is no route to disagree on; use an MoE checkpoint (the built-in tiny-mixtral, or a local "
+            "Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE folder)")
+
+
 def verdict(result: dict, *, min_gap: float = MIN_GAP, z: float = Z) -> tuple[bool, bool]:
     """(reproduced, fixed).
 
@@ -146,7 +147,7 @@ def not_shown(result: dict, *, z: float = Z) -> str | None:
     return None
 
 
-# ---- figures (take axes) ------------------------------------------------------------------------
+# ---- figures -------------------------------------------------------------------------------------
 def plot_layer_disagreement(ax, result: dict) -> None:
     """Share of tokens whose top-k expert set differs from the sampler's, per MoE layer and in at least one layer."""
     labels = [f"layer {i}" for i in range(len(result["layers"]))] + ["≥ 1 layer"]
@@ -168,6 +169,8 @@ def plot_layer_disagreement(ax, result: dict) -> None:
 
 
 def gap_bins(result: dict, n: int = 40):
+    """``n`` log-spaced histogram edges over every response token's |log-ratio| under both routings, and the lowest
+    edge (the smallest positive gap), where ``plot_gap`` puts the exact zeros."""
     gaps = torch.cat([result["log_ratio"][r].abs() for r in ROUTINGS])
     low = max(float(gaps[gaps > 0].min()) if (gaps > 0).any() else 1e-8, 1e-8)
     return torch.logspace(math.log10(low), math.log10(max(float(gaps.max()), 10 * low)), n).numpy(), low
@@ -213,23 +216,7 @@ def figure_router_mismatch(result: dict):
                                lambda ax: plot_margin(ax, result))
 
 
-def router_explorer(result: dict) -> Explorer:
-    """A layer and a routing: the router margins of that layer's routes, flipped ones coloured, redrawn."""
-
-    def draw(layer, routing):
-        fig, ax = plt.subplots(figsize=(6.5, 3.2))
-        index = None if layer == "all" else int(layer)
-        plot_margin(ax, result, index, routing)
-        differ = result["differ"][routing] if index is None else result["differ"][routing][:, index]
-        return {"layer": layer, "routing": routing, "disagreement": float(differ.float().mean())}
-
-    layers = ["all", *map(str, range(len(result["layers"])))]
-    return Explorer({"layer": widgets.Dropdown(options=layers, value="all", description="MoE layer"),
-                     "routing": widgets.ToggleButtons(options=list(ROUTINGS)[::-1], value="recompute", description="trainer")},
-                    draw, title="P30: where the trainer's routes leave the sampler's")
-
-
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers ------------------------------------------------------------------------------------
 def result_lines(result: dict) -> str:
     lines = [f"{result['model_type']}: {len(result['layers'])} MoE layers, {result['experts']} experts, top-{result['top_k']}"
              f" ({'renormalised' if result['renormalised'] else 'not renormalised'}); {result['tokens']} tokens, "
@@ -264,6 +251,24 @@ def headline_sentence(result: dict) -> str:
                    "of routes different: the replay did not force the recorded routes.")
 
 
+# ---- explorer ------------------------------------------------------------------------------------
+def router_explorer(result: dict) -> Explorer:
+    """A layer and a routing: the router margins of that layer's routes, flipped ones coloured, redrawn."""
+
+    def draw(layer, routing):
+        fig, ax = plt.subplots(figsize=(6.5, 3.2))
+        index = None if layer == "all" else int(layer)
+        plot_margin(ax, result, index, routing)
+        differ = result["differ"][routing] if index is None else result["differ"][routing][:, index]
+        return {"layer": layer, "routing": routing, "disagreement": float(differ.float().mean())}
+
+    layers = ["all", *map(str, range(len(result["layers"])))]
+    return Explorer({"layer": widgets.Dropdown(options=layers, value="all", description="MoE layer"),
+                     "routing": widgets.ToggleButtons(options=list(ROUTINGS)[::-1], value="recompute", description="trainer")},
+                    draw, title="P30: where the trainer's routes leave the sampler's")
+
+
+# ---- metrics -------------------------------------------------------------------------------------
 def metrics(result: dict) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 30."""
     reproduced, fixed = verdict(result)

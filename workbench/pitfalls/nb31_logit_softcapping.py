@@ -35,13 +35,9 @@ from workbench.viz.explorer import Explorer
 from workbench.viz.plots import draw_floor
 
 CAP_MODES = ("c·tanh(z/c)", "z·tanh(z/c)", "none")  # the fix; unsloth-zoo before PR #593; the cap left out
-MODE_STYLES = {"c·tanh(z/c)": (plots.FIX_COLOR, "s-", "c·tanh(z/c) (fix)"),
-               "z·tanh(z/c)": (plots.BUG_COLOR, "o-", "z·tanh(z/c) (bug, unsloth-zoo < PR #593)"),
-               "none": (plots.SERIES_COLORS[0], "^--", "no cap (bug)")}
-GEMMA_CAP = 30.0  # Gemma 2/3/4's final_logit_softcapping: what the explorer shows for a checkpoint without a cap
 
 
-# ---- the model's hidden-state → logits path ------------------------------------------------------
+# ---- measurements --------------------------------------------------------------------------------
 def final_logit_cap(model) -> float | None:
     """The checkpoint's final-logit soft-cap c (``final_logit_softcapping`` of its text config); None: no cap."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -66,11 +62,6 @@ def last_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     return model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
-def cap_label(cap: float | None) -> str:
-    return "none" if cap is None else f"{cap:g}"
-
-
-# ---- measurements -------------------------------------------------------------------------------
 def softcap(logits: torch.Tensor, cap: float | None, mode: str = "c·tanh(z/c)") -> torch.Tensor:
     """The final-logit soft-cap of the RL log-prob path: ``mode`` is the switch (the first of ``CAP_MODES`` is the fix)."""
     if mode not in CAP_MODES:
@@ -113,6 +104,7 @@ def step0_kl(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mode:
             "min_logprob_policy": float(pol.gather(-1, token).min()), "min_logprob_reference": float(ref.gather(-1, token).min())}
 
 
+# ---- sweeps --------------------------------------------------------------------------------------
 def spread_sweep(model, tokenizer, prompts: list[str], spreads: list[float], *, seed: int = 0) -> list[dict]:
     """``step0_kl`` for every cap mode at every raw-logit spread: ``[{"spread", mode: result, ...}]``. The prompts are
     encoded on the CPU and moved to the model's device."""
@@ -125,6 +117,7 @@ def spread_sweep(model, tokenizer, prompts: list[str], spreads: list[float], *, 
     return rows
 
 
+# ---- verdict -------------------------------------------------------------------------------------
 def verdict(rows: list[dict], *, kl_threshold: float = 1e-3, tolerance: float = 1e-6) -> tuple[bool, bool]:
     """(reproduced, fixed): at the widest spread the step-0 KL to an identical reference exceeds ``kl_threshold``
     with the cap missing and with z·tanh(z/c); with c·tanh(z/c) it is ≤ ``tolerance`` at every spread."""
@@ -147,7 +140,17 @@ def not_shown(rows: list[dict]) -> str | None:
             "use a Gemma 2/3/4-style checkpoint (e.g. tiny-gemma2)")
 
 
-# ---- figures (take axes) ------------------------------------------------------------------------
+# ---- figures -------------------------------------------------------------------------------------
+MODE_STYLES = {"c·tanh(z/c)": (plots.FIX_COLOR, "s-", "c·tanh(z/c) (fix)"),
+               "z·tanh(z/c)": (plots.BUG_COLOR, "o-", "z·tanh(z/c) (bug, unsloth-zoo < PR #593)"),
+               "none": (plots.SERIES_COLORS[0], "^--", "no cap (bug)")}
+
+
+def cap_label(cap: float | None) -> str:
+    """The cap c as the axes and the headline write it: its value, or "none"."""
+    return "none" if cap is None else f"{cap:g}"
+
+
 def plot_kl(ax, rows: list[dict], key: str = "kl", floor: float = 1e-12) -> None:
     """Step-0 KL to an identical reference against the raw-logit spread, per cap; an exact 0 drawn at ``floor``."""
     spreads = [r["spread"] for r in rows]
@@ -190,21 +193,7 @@ def figure_softcapping(rows: list[dict]):
     return fig
 
 
-def softcap_explorer(cap: float | None = GEMMA_CAP) -> Explorer:
-    """Sliders for the cap c and a range of raw logits: the three caps redrawn (from Gemma's c when ``cap`` is None)."""
-    cap = GEMMA_CAP if cap is None else cap
-
-    def draw(c, limit):
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        plot_cap_curves(ax, c, limit)
-        return {mode: float(softcap(torch.tensor(limit), c, mode)) for mode in CAP_MODES}
-
-    return Explorer({"c": widgets.FloatSlider(value=cap, min=5, max=60, step=1, description="cap c"),
-                     "limit": widgets.FloatSlider(value=4 * cap, min=5, max=250, step=5, description="max |z|")},
-                    draw, title="P31: what each cap makes of a raw logit")
-
-
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers ------------------------------------------------------------------------------------
 def sweep_lines(rows: list[dict]) -> str:
     return "\n".join(f"raw logit std {r['spread']:g} (max |z| {r[CAP_MODES[0]]['max_raw_logit']:.1f}): "
                      + "; ".join(f"{mode} KL {r[mode]['kl']:.2e}, k3 {r[mode]['k3']:.2e}, min log p {r[mode]['min_logprob_policy']:.1f}"
@@ -226,6 +215,25 @@ def headline_sentence(rows: list[dict]) -> str:
             + ("." if fixed else " — the fixed path is not exact here (above 1e-6)."))
 
 
+# ---- explorer ------------------------------------------------------------------------------------
+GEMMA_CAP = 30.0  # Gemma 2/3/4's final_logit_softcapping: what the explorer shows for a checkpoint without a cap
+
+
+def softcap_explorer(cap: float | None = GEMMA_CAP) -> Explorer:
+    """Sliders for the cap c and a range of raw logits: the three caps redrawn (from Gemma's c when ``cap`` is None)."""
+    cap = GEMMA_CAP if cap is None else cap
+
+    def draw(c, limit):
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        plot_cap_curves(ax, c, limit)
+        return {mode: float(softcap(torch.tensor(limit), c, mode)) for mode in CAP_MODES}
+
+    return Explorer({"c": widgets.FloatSlider(value=cap, min=5, max=60, step=1, description="cap c"),
+                     "limit": widgets.FloatSlider(value=4 * cap, min=5, max=250, step=5, description="max |z|")},
+                    draw, title="P31: what each cap makes of a raw logit")
+
+
+# ---- metrics -------------------------------------------------------------------------------------
 def metrics(rows: list[dict]) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 31."""
     reproduced, fixed = verdict(rows)

@@ -29,13 +29,13 @@ from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
+# ---- measurements --------------------------------------------------------------------------------
 def rank_seed(seed: int, rank: int, device_specific: bool = True) -> int:
     """The sampling seed of ``rank``: ``seed + rank`` (the fix, accelerate's ``device_specific=True``) or
     ``seed`` on every rank (the bug)."""
     return seed + rank if device_specific else seed
 
 
-# ---- measurements -------------------------------------------------------------------------------
 @torch.no_grad()
 def sample_share(model, tokenizer, problems, per_rank: int, seed: int, max_new_tokens: int = 6) -> dict:
     """``per_rank`` completions of every problem from a generator seeded with ``seed``:
@@ -97,17 +97,19 @@ def simulate_ranks(model, tokenizer, problems, *, group_size: int, world_size: i
     return {"device_specific": device_specific, **group_statistics(shares)}
 
 
+# ---- sweeps --------------------------------------------------------------------------------------
 def world_size_sweep(model, tokenizer, problems, world_sizes: list[int], *, group_size: int = 8, seed: int = 0) -> list[dict]:
     """``simulate_ranks`` for each world size (a divisor of ``group_size``), both seedings."""
     return [simulate_ranks(model, tokenizer, problems, group_size=group_size, world_size=w, seed=seed, device_specific=d)
             for w in world_sizes for d in (False, True)]
 
 
+# ---- verdict -------------------------------------------------------------------------------------
 def verdict(bug: dict, fix: dict, *, min_gain: float = 0.05) -> tuple[bool, bool]:
     """(reproduced, fixed) from ``measure_processes`` with the same seed (``bug``) and per-rank seeds (``fix``).
 
     Reproduced: every rank-1 completion is rank 0's (cross-rank identical share 1) and at most
-    group_size / world_size distinct completions per group. Fixed: the ranks' slots are no longer copies
+    group_size / world_size distinct completions per group. Fixed: the ranks' slots are not copies
     (identical share < 1) and the distinct share rises by at least ``min_gain``.
     """
     per_rank = bug["group_size"] / bug["world_size"]
@@ -116,7 +118,7 @@ def verdict(bug: dict, fix: dict, *, min_gain: float = 0.05) -> tuple[bool, bool
     return reproduced, fixed
 
 
-# ---- figures ------------------------------------------------------------------------------------
+# ---- figures -------------------------------------------------------------------------------------
 def plot_processes(ax, bug: dict, fix: dict) -> None:
     """The real-process measurement: distinct share, zero-std groups and identical slots, bug vs fix."""
     keys = [("distinct_share", "distinct completions\nper group (share)"), ("zero_std_share", "groups with\nzero reward std"),
@@ -159,25 +161,7 @@ def figure_same_seed(bug: dict, fix: dict, rows: list[dict]):
     return fig
 
 
-def world_size_explorer(model, tokenizer, problems, group_size: int = 8) -> Explorer:
-    """A slider for the number of ranks: distinct completions per group, both seedings, redrawn."""
-
-    def draw(world_size):
-        rows = [simulate_ranks(model, tokenizer, problems, group_size=group_size, world_size=world_size, device_specific=d)
-                for d in (False, True)]
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        ax.bar(["same seed (bug)", "seed + rank (fix)"], [r["distinct_per_group"] for r in rows], color=[plots.BUG_COLOR, plots.FIX_COLOR])
-        ax.axhline(group_size, color=plots.NEUTRAL_COLOR, ls=":", label=f"group size {group_size}")
-        ax.set_ylabel("distinct completions per group")
-        ax.legend(fontsize=8)
-        return {"world_size": world_size, "rows": rows}
-
-    divisors = [w for w in range(1, group_size + 1) if group_size % w == 0]
-    slider = widgets.SelectionSlider(options=divisors, value=divisors[min(1, len(divisors) - 1)], description="ranks")
-    return Explorer({"world_size": slider}, draw, title="P32: one prompt's group split over ranks")
-
-
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers ------------------------------------------------------------------------------------
 def process_lines(bug: dict, fix: dict) -> str:
     return "\n".join(
         f"{'same seed  ' if not r['device_specific'] else 'seed + rank'}: {r['processes']} processes, "
@@ -199,6 +183,31 @@ def headline_sentence(bug: dict, fix: dict) -> str:
             + (", and per-rank seeds remove them." if fixed else "."))
 
 
+# ---- explorer ------------------------------------------------------------------------------------
+def world_size_explorer(rows: list[dict]) -> Explorer:
+    """A slider over the world sizes of ``world_size_sweep``'s rows: distinct completions per group, both seedings,
+    redrawn."""
+    group_size = rows[0]["group_size"]
+    by_size: dict[int, dict[bool, dict]] = {}
+    for row in rows:
+        by_size.setdefault(row["world_size"], {})[row["device_specific"]] = row
+
+    def draw(world_size):
+        seedings = [by_size[world_size][device_specific] for device_specific in (False, True)]
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        ax.bar(["same seed (bug)", "seed + rank (fix)"], [r["distinct_per_group"] for r in seedings],
+               color=[plots.BUG_COLOR, plots.FIX_COLOR])
+        ax.axhline(group_size, color=plots.NEUTRAL_COLOR, ls=":", label=f"group size {group_size}")
+        ax.set_ylabel("distinct completions per group")
+        ax.legend(fontsize=8)
+        return {"world_size": world_size, "rows": seedings}
+
+    sizes = sorted(by_size)
+    slider = widgets.SelectionSlider(options=sizes, value=sizes[min(1, len(sizes) - 1)], description="ranks")
+    return Explorer({"world_size": slider}, draw, title="P32: one prompt's group split over ranks")
+
+
+# ---- metrics -------------------------------------------------------------------------------------
 def metrics(bug: dict, fix: dict, rows: list[dict]) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 32."""
     reproduced, fixed = verdict(bug, fix)

@@ -30,7 +30,7 @@ from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
-# ---- the batch and the two normalisations -------------------------------------------------------
+# ---- measurements --------------------------------------------------------------------------------
 def rank_lengths(sequences_per_rank: int, short: int, imbalance: float, world_size: int = 2) -> list[list[int]]:
     """Response lengths per rank: rank 0's are ``short`` tokens, the last rank's ``short × imbalance``,
     ranks in between interpolated."""
@@ -61,13 +61,12 @@ def clip_coefficient(norm: float, max_norm: float, eps: float = 1e-6) -> float:
     return min(1.0, max_norm / (norm + eps))
 
 
-# ---- one process's work -------------------------------------------------------------------------
-def _rank_job(rank: int, world_size: int, batches: list[dict], max_norm_fraction: float) -> list[dict]:
+def _rank_job(rank: int, world_size: int, batches: list[dict], max_norms: list[float | None]) -> list[dict]:
     """For each batch: this rank's gradient normalised by its own token count (bug) or by the global one
-    (fix), averaged over ranks like DDP; then the rank's shard of the averaged gradient clipped by its local
-    norm (bug) or by the all-reduced global norm (fix)."""
+    (fix), averaged over ranks like DDP; then, where the batch has a ``max_norm``, the rank's shard of the averaged
+    gradient clipped by its local norm (bug) or by the all-reduced global norm (fix)."""
     out = []
-    for batch in batches:
+    for batch, max_norm in zip(batches, max_norms, strict=True):
         mine = batch["owner"] == rank
         n_local = float(mine.sum())
         n_global = torch.tensor(n_local, dtype=torch.float64)
@@ -77,8 +76,9 @@ def _rank_job(rank: int, world_size: int, batches: list[dict], max_norm_fraction
             grad = loss_gradient(batch["features"][mine], batch["advantages"][mine], denominator)
             torch.distributed.all_reduce(grad)
             row[f"grad_{name}"] = grad / world_size  # DDP's gradient: the mean over ranks
-        single_norm = float(loss_gradient(batch["features"], batch["advantages"], batch["features"].shape[0]).norm())
-        max_norm = max_norm_fraction * single_norm
+        if max_norm is None:
+            out.append(row)
+            continue
         shard = row["grad_global"].chunk(world_size)[rank]  # the part of the (correct) gradient this rank owns
         local_norm = float(shard.norm())
         squared = torch.tensor(local_norm**2, dtype=torch.float64)
@@ -89,16 +89,15 @@ def _rank_job(rank: int, world_size: int, batches: list[dict], max_norm_fraction
     return out
 
 
-# ---- measurements -------------------------------------------------------------------------------
 def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def summarise(lengths: list[list[int]], per_rank: list[dict], one_hot: dict, dense: dict) -> dict:
-    """One batch's numbers from the ranks' rows (``per_rank[r]`` = [one-hot row, dense row])."""
+def summarise(lengths: list[list[int]], per_rank: list[dict], one_hot: dict, single: torch.Tensor) -> dict:
+    """One batch's numbers from the ranks' rows (``per_rank[r]`` = [one-hot row, dense row]) and ``single``, the
+    dense batch's gradient in one process."""
     n = one_hot["features"].shape[0]
     weights = {name: per_rank[0][0][f"grad_{name}"] for name in ("local", "global")}  # one-hot: gradient = token weights
-    single = loss_gradient(dense["features"], dense["advantages"], dense["features"].shape[0])
     owner = one_hot["owner"]
     last = len(per_rank) - 1
     ratio = {name: float(w[owner == 0].mean() / w[owner == last].mean()) for name, w in weights.items()}
@@ -118,19 +117,24 @@ def summarise(lengths: list[list[int]], per_rank: list[dict], one_hot: dict, den
             "clipped_error": {name: _relative_error(v, clipped_single) for name, v in clipped.items()}}
 
 
+# ---- sweeps --------------------------------------------------------------------------------------
 def measure(imbalances: list[float], *, sequences_per_rank: int = 4, short: int = 8, dim: int = 16, world_size: int = 2,
             max_norm_fraction: float = 0.5, seed: int = 0) -> list[dict]:
     """For each token-count imbalance (last rank's tokens / rank 0's), ``summarise`` of one batch, measured in
-    ``world_size`` real processes; all batches run in one process group."""
+    ``world_size`` real processes; all batches run in one process group. The one-hot batch gives the token weights,
+    the dense one the gradient error and the clipping, at ``max_norm_fraction`` of its one-process gradient's norm."""
     plan = []
     for imbalance in imbalances:
         lengths = rank_lengths(sequences_per_rank, short, imbalance, world_size)
-        plan.append((imbalance, lengths, token_batch(lengths, dim, seed, one_hot=True), token_batch(lengths, dim, seed)))
-    batches = [b for _, _, one_hot, dense in plan for b in (one_hot, dense)]
-    results = run_cpu_group(_rank_job, world_size, batches, max_norm_fraction)
+        dense = token_batch(lengths, dim, seed)
+        single = loss_gradient(dense["features"], dense["advantages"], dense["features"].shape[0])
+        plan.append((imbalance, lengths, token_batch(lengths, dim, seed, one_hot=True), dense, single))
+    batches = [b for _, _, one_hot, dense, _ in plan for b in (one_hot, dense)]
+    max_norms = [m for *_, single in plan for m in (None, max_norm_fraction * float(single.norm()))]
+    results = run_cpu_group(_rank_job, world_size, batches, max_norms)
     return [{"imbalance": imbalance, "processes": world_size,
-             **summarise(lengths, [results[r][2 * i:2 * i + 2] for r in range(world_size)], one_hot, dense)}
-            for i, (imbalance, lengths, one_hot, dense) in enumerate(plan)]
+             **summarise(lengths, [results[r][2 * i:2 * i + 2] for r in range(world_size)], one_hot, single)}
+            for i, (imbalance, lengths, one_hot, _, single) in enumerate(plan)]
 
 
 def headline_row(rows: list[dict], target: float = 2.0) -> dict:
@@ -138,6 +142,7 @@ def headline_row(rows: list[dict], target: float = 2.0) -> dict:
     return min(rows, key=lambda r: abs(r["imbalance"] - target))
 
 
+# ---- verdict -------------------------------------------------------------------------------------
 def verdict(row: dict, *, tolerance: float = 1e-6) -> tuple[bool, bool]:
     """(reproduced, fixed) from one ``measure`` row.
 
@@ -154,7 +159,7 @@ def verdict(row: dict, *, tolerance: float = 1e-6) -> tuple[bool, bool]:
     return reproduced, fixed
 
 
-# ---- figures ------------------------------------------------------------------------------------
+# ---- figures -------------------------------------------------------------------------------------
 def plot_weights(ax, rows: list[dict]) -> None:
     """Token weight (units of 1/N) on the short and the long rank vs the imbalance, per-rank vs global."""
     x = [r["imbalance"] for r in rows]
@@ -192,26 +197,7 @@ def figure_rank_normalisation(rows: list[dict]):
     return fig
 
 
-def imbalance_explorer(imbalance: float = 2.0) -> Explorer:
-    """A slider for the imbalance: token weights per rank (real processes each redraw), bug vs fix."""
-
-    def draw(imbalance):
-        row = measure([imbalance])[0]
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        labels = ["short rank (bug)", "long rank (bug)", "short rank (fix)", "long rank (fix)"]
-        values = [row["weight_short_rank"]["local"], row["weight_long_rank"]["local"], row["weight_short_rank"]["global"],
-                  row["weight_long_rank"]["global"]]
-        ax.bar(labels, values, color=[plots.BUG_COLOR, plots.BUG_COLOR, plots.FIX_COLOR, plots.FIX_COLOR])
-        ax.axhline(1.0, color=plots.NEUTRAL_COLOR, ls=":")
-        ax.set_ylabel("token weight × N")
-        ax.tick_params(axis="x", labelsize=8)
-        return row
-
-    slider = widgets.FloatSlider(value=imbalance, min=1.0, max=8.0, step=0.5, description="imbalance")
-    return Explorer({"imbalance": slider}, draw, title="P33: token weights with a per-rank vs a global token count")
-
-
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers ------------------------------------------------------------------------------------
 def row_lines(rows: list[dict]) -> str:
     return "\n".join(
         f"imbalance {r['imbalance']:g} (tokens per rank {r['tokens_per_rank']}): token weight × N short/long rank "
@@ -237,6 +223,27 @@ def headline_sentence(rows: list[dict]) -> str:
             + ("; the global count and norm match one process." if fixed else "."))
 
 
+# ---- explorer ------------------------------------------------------------------------------------
+def imbalance_explorer(imbalance: float = 2.0) -> Explorer:
+    """A slider for the imbalance: token weights per rank (real processes each redraw), bug vs fix."""
+
+    def draw(imbalance):
+        row = measure([imbalance])[0]
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        labels = ["short rank (bug)", "long rank (bug)", "short rank (fix)", "long rank (fix)"]
+        values = [row["weight_short_rank"]["local"], row["weight_long_rank"]["local"], row["weight_short_rank"]["global"],
+                  row["weight_long_rank"]["global"]]
+        ax.bar(labels, values, color=[plots.BUG_COLOR, plots.BUG_COLOR, plots.FIX_COLOR, plots.FIX_COLOR])
+        ax.axhline(1.0, color=plots.NEUTRAL_COLOR, ls=":")
+        ax.set_ylabel("token weight × N")
+        ax.tick_params(axis="x", labelsize=8)
+        return row
+
+    slider = widgets.FloatSlider(value=imbalance, min=1.0, max=8.0, step=0.5, description="imbalance")
+    return Explorer({"imbalance": slider}, draw, title="P33: token weights with a per-rank vs a global token count")
+
+
+# ---- metrics -------------------------------------------------------------------------------------
 def metrics(rows: list[dict]) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 33."""
     row = headline_row(rows)

@@ -29,7 +29,7 @@ MASKS = ("2-D all-ones mask", "position ids only", "block-diagonal 4-D mask")
 BUG, FIX = MASKS[0], MASKS[1]
 
 
-# ---- packing and scoring ------------------------------------------------------------------------
+# ---- measurements --------------------------------------------------------------------------------
 def pack(segments: list[list[int]]) -> dict:
     """One packed row: ``input_ids`` (1, L), ``position_ids`` restarting at 0 per segment, ``segment`` ids."""
     ids = torch.tensor([t for s in segments for t in s])[None]
@@ -72,13 +72,14 @@ def alone_logprobs(model, segment: list[int]) -> torch.Tensor:
     return _token_logprobs(model(input_ids=ids, use_cache=False).logits, ids).cpu()
 
 
-# ---- measurements -------------------------------------------------------------------------------
-def boundary_errors(model, segments: list[list[int]], masks: tuple[str, ...] = MASKS) -> dict:
+def boundary_errors(model, segments: list[list[int]], masks: tuple[str, ...] = MASKS, *,
+                    alone: list[torch.Tensor] | None = None) -> dict:
     """For each mask: per segment, the max and mean |log p inside the pack − log p alone| over the segment's
-    tokens after its first (whose prediction in the pack comes from the previous segment)."""
+    tokens after its first (whose prediction in the pack comes from the previous segment). ``alone``: the segments'
+    ``alone_logprobs`` where already scored."""
     packed = pack(segments)
     starts = torch.tensor([0] + [len(s) for s in segments]).cumsum(0)
-    alone = [alone_logprobs(model, s) for s in segments]
+    alone = [alone_logprobs(model, s) for s in segments] if alone is None else alone
     out = {}
     for mask in masks:
         inside = packed_logprobs(model, packed, mask)
@@ -91,16 +92,22 @@ def boundary_errors(model, segments: list[list[int]], masks: tuple[str, ...] = M
     return out
 
 
-def segment_sweep(model, segments: list[list[int]], counts: list[int]) -> list[dict]:
-    """Packs of the first k segments for each k in ``counts``: the last segment's mean and max error per mask."""
+# ---- sweeps --------------------------------------------------------------------------------------
+def segment_sweep(model, segments: list[list[int]], counts: list[int], *, errors: dict | None = None) -> list[dict]:
+    """Packs of the first k segments for each k in ``counts``: the last segment's mean and max error per mask. Each
+    segment is scored alone once for every pack; ``errors``, ``boundary_errors`` of all the segments where already
+    measured, stands for the pack of all of them."""
+    alone = [alone_logprobs(model, s) for s in segments[:max(counts, default=0)]]
     rows = []
     for k in counts:
-        errors = boundary_errors(model, segments[:k])
+        whole = errors is not None and k == len(segments)
+        errors_k = errors if whole else boundary_errors(model, segments[:k], alone=alone[:k])
         rows.append({"segments": k, "tokens": sum(len(s) for s in segments[:k]),
-                     **{m: errors[m][-1] for m in MASKS}})
+                     **{m: errors_k[m][-1] for m in MASKS}})
     return rows
 
 
+# ---- verdict -------------------------------------------------------------------------------------
 def verdict(errors: dict, *, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed) from one ``boundary_errors`` result of a pack of ≥ 2 segments.
 
@@ -114,7 +121,7 @@ def verdict(errors: dict, *, tolerance: float = 1e-4) -> tuple[bool, bool]:
     return reproduced, fixed
 
 
-# ---- figures ------------------------------------------------------------------------------------
+# ---- figures -------------------------------------------------------------------------------------
 STYLES = {BUG: (plots.BUG_COLOR, "o-", " (bug)"), FIX: (plots.FIX_COLOR, "s-", " (fix)"),
           MASKS[2]: (plots.SERIES_COLORS[2], "^--", " (fix, explicit)")}
 
@@ -154,21 +161,7 @@ def figure_packing(errors: dict, rows: list[dict]):
     return fig
 
 
-def pack_explorer(model, segments: list[list[int]]) -> Explorer:
-    """A slider for the number of segments packed and a mask choice: per-segment errors, redrawn."""
-
-    def draw(count, mask):
-        errors = boundary_errors(model, segments[:count], (mask,))
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        plot_segments(ax, errors)
-        return errors
-
-    count = widgets.IntSlider(value=min(3, len(segments)), min=2, max=len(segments), description="segments")
-    mask = widgets.Dropdown(options=list(MASKS), value=BUG, description="mask")
-    return Explorer({"count": count, "mask": mask}, draw, title="P34: a segment's log-probs inside the pack vs alone")
-
-
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers ------------------------------------------------------------------------------------
 def error_lines(errors: dict) -> str:
     return "\n".join(f"{mask:>24}: max |Δ log p| per segment " + ", ".join(f"{s['max']:.2e}" for s in per_segment)
                      for mask, per_segment in errors.items())
@@ -188,6 +181,22 @@ def headline_sentence(errors: dict) -> str:
             + ("; the boundaries hold without it." if fixed else "."))
 
 
+# ---- explorer ------------------------------------------------------------------------------------
+def pack_explorer(model, segments: list[list[int]]) -> Explorer:
+    """A slider for the number of segments packed and a mask choice: per-segment errors, redrawn."""
+
+    def draw(count, mask):
+        errors = boundary_errors(model, segments[:count], (mask,))
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        plot_segments(ax, errors)
+        return errors
+
+    count = widgets.IntSlider(value=min(3, len(segments)), min=2, max=len(segments), description="segments")
+    mask = widgets.Dropdown(options=list(MASKS), value=BUG, description="mask")
+    return Explorer({"count": count, "mask": mask}, draw, title="P34: a segment's log-probs inside the pack vs alone")
+
+
+# ---- metrics -------------------------------------------------------------------------------------
 def metrics(errors: dict, rows: list[dict]) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 34."""
     reproduced, fixed = verdict(errors)

@@ -30,7 +30,7 @@ from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
-# ---- trajectories -------------------------------------------------------------------------------
+# ---- measurements --------------------------------------------------------------------------------
 def trajectory(turn_lengths: list[int], tool_lengths: list[int], padding: int = 0, reward: float = 1.0) -> dict:
     """A multi-turn response: model turns (mask 1) separated by tool observations (mask 0), then ``padding``
     (mask 0); the outcome ``reward`` sits on the last model token. ``len(tool_lengths) == len(turn_lengths) − 1``."""
@@ -57,7 +57,6 @@ def compact(traj: dict) -> dict:
     return {"mask": traj["mask"][keep], "rewards": traj["rewards"][keep], "turn": traj["turn"][keep]}
 
 
-# ---- the two computations, bug and fix ----------------------------------------------------------
 def reward_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, reset_at_masked: bool = False) -> torch.Tensor:
     """Discounted reward-to-go by a right-to-left scan of one response.
 
@@ -94,24 +93,27 @@ def overlong_penalty(length: int, max_length: int, buffer: int, factor: float = 
     return -min(exceed, buffer) / buffer * factor if exceed > 0 else 0.0
 
 
-# ---- measurements -------------------------------------------------------------------------------
 def returns_case(turn_lengths: list[int], tool_lengths: list[int], gamma: float, padding: int = 2) -> dict:
     """Both scans on one trajectory against the compact reference: per-token returns on model tokens, the first
     turn's return, and the share of model tokens whose return lost the outcome reward (0 where the reference is not)."""
     traj = trajectory(turn_lengths, tool_lengths, padding)
-    ref = reward_to_go(compact(traj)["rewards"], compact(traj)["mask"], gamma)
+    model_only = compact(traj)
+    ref = reward_to_go(model_only["rewards"], model_only["mask"], gamma)
     model_tokens = traj["mask"].bool()
     out = {"turns": len(turn_lengths), "gamma": gamma, "reference": ref.tolist()}
+    returns = {}
     for name, reset in (("bug", True), ("fix", False)):
-        ret = reward_to_go(traj["rewards"], traj["mask"], gamma, reset_at_masked=reset)[model_tokens]
+        returns[name] = reward_to_go(traj["rewards"], traj["mask"], gamma, reset_at_masked=reset)
+        ret = returns[name][model_tokens]
         out[name] = ret.tolist()
         out[f"first_turn_{name}"] = float(ret[0])
         out[f"lost_{name}"] = float(((ret == 0) & (ref != 0)).float().mean())
         out[f"error_{name}"] = float((ret - ref).abs().max())
-    out["padding_returns_fix"] = float(reward_to_go(traj["rewards"], traj["mask"], gamma)[-padding:].abs().max()) if padding else 0.0
+    out["padding_returns_fix"] = float(returns["fix"][-padding:].abs().max()) if padding else 0.0
     return out
 
 
+# ---- sweeps --------------------------------------------------------------------------------------
 def turns_sweep(max_turns: int, turn_length: int, tool_length: int, gamma: float) -> list[dict]:
     """``returns_case`` for 1 … ``max_turns`` turns of ``turn_length`` tokens, ``tool_length`` tool tokens between."""
     return [returns_case([turn_length] * n, [tool_length] * (n - 1), gamma) for n in range(1, max_turns + 1)]
@@ -130,6 +132,12 @@ def penalty_sweep(tool_lengths: list[int], turn_lengths: list[int], max_length: 
     return rows
 
 
+def headline_rows(turn_rows: list[dict], penalty_rows: list[dict]) -> tuple[dict, dict]:
+    """The multi-turn row with the most turns and the penalty row with the longest tool output."""
+    return turn_rows[-1], max(penalty_rows, key=lambda r: r["tool_length"])
+
+
+# ---- verdict -------------------------------------------------------------------------------------
 def verdict(returns_row: dict, penalty_row: dict, *, tolerance: float = 1e-6) -> tuple[bool, bool]:
     """(reproduced, fixed) from a ``returns_case`` with ≥ 2 turns and a ``penalty_sweep`` row.
 
@@ -145,12 +153,7 @@ def verdict(returns_row: dict, penalty_row: dict, *, tolerance: float = 1e-6) ->
     return reproduced, fixed
 
 
-def headline_rows(turn_rows: list[dict], penalty_rows: list[dict]) -> tuple[dict, dict]:
-    """The multi-turn row with the most turns and the penalty row with the longest tool output."""
-    return turn_rows[-1], max(penalty_rows, key=lambda r: r["tool_length"])
-
-
-# ---- figures ------------------------------------------------------------------------------------
+# ---- figures -------------------------------------------------------------------------------------
 def plot_returns(ax, row: dict) -> None:
     """Reward-to-go of each model token of one trajectory: reset at tool tokens (bug), carried (fix), compact reference."""
     x = range(len(row["reference"]))
@@ -201,22 +204,7 @@ def figure_tool_tokens(turn_rows: list[dict], penalty_rows: list[dict], max_leng
     return fig
 
 
-def tool_length_explorer(turn_lengths: list[int], max_length: int, buffer: int, gamma: float = 1.0) -> Explorer:
-    """A slider for the tool-output length: returns and penalty of one trajectory, bug vs fix, redrawn."""
-
-    def draw(tool_length):
-        row = returns_case(turn_lengths, [tool_length] * (len(turn_lengths) - 1), gamma)
-        penalty = penalty_sweep([tool_length], turn_lengths, max_length, buffer)[0]
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        plot_returns(ax, row)
-        ax.set_title(f"overlong penalty: span {penalty['penalty']['bug']:.2f}, sum {penalty['penalty']['fix']:.2f}", fontsize=9)
-        return {"returns": row, "penalty": penalty}
-
-    slider = widgets.IntSlider(value=8, min=0, max=4 * buffer, description="tool tokens")
-    return Explorer({"tool_length": slider}, draw, title="P35: tool tokens inside a multi-turn response")
-
-
-# ---- what the notebook prints and writes -------------------------------------------------------
+# ---- printers ------------------------------------------------------------------------------------
 def example_line(gamma: float = 0.5) -> str:
     """verl PR #6376's example, recomputed: rewards [0, 0, 1], mask [1, 0, 1]."""
     rewards, mask = torch.tensor([0.0, 0.0, 1.0]), torch.tensor([1.0, 0.0, 1.0])
@@ -245,6 +233,23 @@ def headline_sentence(turn_rows: list[dict], penalty_rows: list[dict]) -> str:
             + ("; the fixed scan and length match the model-only sequence." if fixed else "."))
 
 
+# ---- explorer ------------------------------------------------------------------------------------
+def tool_length_explorer(turn_lengths: list[int], max_length: int, buffer: int, gamma: float = 1.0) -> Explorer:
+    """A slider for the tool-output length: returns and penalty of one trajectory, bug vs fix, redrawn."""
+
+    def draw(tool_length):
+        row = returns_case(turn_lengths, [tool_length] * (len(turn_lengths) - 1), gamma)
+        penalty = penalty_sweep([tool_length], turn_lengths, max_length, buffer)[0]
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        plot_returns(ax, row)
+        ax.set_title(f"overlong penalty: span {penalty['penalty']['bug']:.2f}, sum {penalty['penalty']['fix']:.2f}", fontsize=9)
+        return {"returns": row, "penalty": penalty}
+
+    slider = widgets.IntSlider(value=8, min=0, max=4 * buffer, description="tool tokens")
+    return Explorer({"tool_length": slider}, draw, title="P35: tool tokens inside a multi-turn response")
+
+
+# ---- metrics -------------------------------------------------------------------------------------
 def metrics(turn_rows: list[dict], penalty_rows: list[dict]) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 35."""
     returns_row, penalty_row = headline_rows(turn_rows, penalty_rows)

@@ -17,6 +17,7 @@ from workbench.audit.suite import count_failing
 from workbench.viz.explorer import Explorer
 
 
+# ---- figures -------------------------------------------------------------------------------------
 def figure_audit(bug_results: list[AuditResult], fix_results: list[AuditResult]):
     """Every check's figure: the buggy trainer's results on the top row, the workbench's below."""
     fig, axes = plt.subplots(2, max(len(bug_results), len(fix_results), 1), figsize=(26, 6.5), squeeze=False)
@@ -27,6 +28,7 @@ def figure_audit(bug_results: list[AuditResult], fix_results: list[AuditResult])
     return fig
 
 
+# ---- printers ------------------------------------------------------------------------------------
 def comparison_lines(bug_results: list[AuditResult], fix_results: list[AuditResult]) -> str:
     return "\n".join(f"{b.name:>17}: buggy → {b.convention} ({b.metric} = {b.value:.4g}); fixed → {f.convention} ({f.value:.4g})"
                      for b, f in zip(bug_results, fix_results, strict=False))
@@ -43,6 +45,7 @@ def trl_lines(trl_results: list[AuditResult], trl_ok: bool, trl_reason: str) -> 
     return "\n".join(lines)
 
 
+# ---- explorer ------------------------------------------------------------------------------------
 def audit_check_explorer(results: dict[str, list[AuditResult]]) -> Explorer:
     """A trainer dropdown (``{label: results}``; a label without results, e.g. TRL not installed, is left out)
     and a check dropdown: that check's figure, redrawn."""
@@ -65,6 +68,7 @@ def audit_check_explorer(results: dict[str, list[AuditResult]]) -> Explorer:
     return Explorer(controls, draw, title="Audit: one check of one trainer")
 
 
+# ---- metrics -------------------------------------------------------------------------------------
 def metrics(bug_results: list[AuditResult], fix_results: list[AuditResult], trl_results: list[AuditResult], trl_reason: str) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 91."""
     reproduced, fixed = audit_verdict(bug_results, fix_results)

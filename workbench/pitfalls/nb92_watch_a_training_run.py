@@ -19,11 +19,8 @@ from workbench.viz.explorer import Explorer
 from workbench.watch import Report, watch
 from workbench.watch.report import SEVERITIES
 
-# Series colours, not the bug and fix ones: a severity is not "the bug" or "the fix" (an error finding in the fixed run
-# would otherwise be painted as the fix).
-SEVERITY_COLOURS = {"error": plots.SERIES_COLORS[0], "warning": plots.SERIES_COLORS[6], "info": plots.SERIES_COLORS[5]}
+# ---- measurements --------------------------------------------------------------------------------
 PROMPTS = ["1+2=", "12+34="]  # different lengths: the trainer pads them on the left
-CLI_LINE = "python -m workbench watch --out runs/watch -- python my_train.py ARGS…"
 
 
 def run_user_trainer(user, *, buggy: bool, steps: int = 1, deep: bool = True, watched: bool = True, seed: int = 0):
@@ -48,7 +45,14 @@ def counts_by_pitfall(report: Report) -> dict[str, dict[str, int]]:
     return counts
 
 
-def _draw_counts(ax, report: Report, title: str, severities=SEVERITIES) -> dict[str, dict[str, int]]:
+# ---- figures -------------------------------------------------------------------------------------
+# Series colours, not the bug and fix ones: a severity is not "the bug" or "the fix" (an error finding in the fixed run
+# would otherwise be painted as the fix).
+SEVERITY_COLOURS = {"error": plots.SERIES_COLORS[0], "warning": plots.SERIES_COLORS[6], "info": plots.SERIES_COLORS[5]}
+
+
+def plot_findings(ax, report: Report, title: str, severities=SEVERITIES) -> dict[str, dict[str, int]]:
+    """One run's findings by pitfall, stacked by ``severities``, on ``ax``; returns ``counts_by_pitfall(report)``."""
     counts = counts_by_pitfall(report)
     pitfalls = list(counts) or ["none"]
     bottom = np.zeros(len(pitfalls))
@@ -68,11 +72,12 @@ def figure_findings(reports: dict[str, Report]):
     """One panel per watched run: findings by pitfall, stacked by severity."""
     fig, axes = plt.subplots(1, len(reports), figsize=(5 * len(reports), 3.6), squeeze=False)
     for ax, (label, report) in zip(axes[0], reports.items(), strict=True):
-        _draw_counts(ax, report, f"{label}: {len(report.errors)} error finding(s)")
+        plot_findings(ax, report, f"{label}: {len(report.errors)} error finding(s)")
     fig.tight_layout()
     return fig
 
 
+# ---- printers ------------------------------------------------------------------------------------
 def findings_table(reports: dict[str, Report]) -> str:
     """Every finding of every run, one line each: run, severity, pitfall, where, evidence."""
     lines = [f"{'run':<14} {'severity':<8} {'pitfall':<7} {'where':<34} evidence"]
@@ -99,13 +104,14 @@ def trl_lines(report: Report | None, reason: str) -> str:
     return f"TRL not shown: {reason}" if report is None else f"{reason}, one GRPOTrainer step with WatchCallback:\n{report}"
 
 
+# ---- explorer ------------------------------------------------------------------------------------
 def watch_explorer(reports: dict[str, Report]) -> Explorer:
     """A run dropdown and a severity filter: that run's findings by pitfall, redrawn, and its findings printed."""
     def draw(run, severity):
         report = reports[run]
         shown = SEVERITIES if severity == "all" else (severity,)
         fig, ax = plt.subplots(figsize=(6, 3.4))
-        counts = _draw_counts(ax, report, f"{run}: {severity}", shown)
+        counts = plot_findings(ax, report, f"{run}: {severity}", shown)
         for f in report.findings:
             if f.severity in shown:
                 print(f)
@@ -117,6 +123,7 @@ def watch_explorer(reports: dict[str, Report]) -> Explorer:
     return Explorer(controls, draw, title="Watch: the findings of one run")
 
 
+# ---- metrics -------------------------------------------------------------------------------------
 def metrics(bug: Report, fix: Report, planted, trl_report: Report | None, trl_reason: str, same_loss_unwatched: bool) -> dict:
     """``notebook_api.write_metrics``'s keyword arguments for notebook 92: reproduced = every planted bug found,
     fixed = the fixed trainer has no finding of error severity."""
