@@ -58,7 +58,7 @@ def test_throughput_note_counts_tokens_and_entries():
     note = note_for([40] + [2] * 30, 2.0)  # padded 1240 tokens / 100 packed; entries 49600 vs 10000 → 0.2×
     assert "12.40× the tokens" in note
     assert "dominates" in note_for([100] + [90] * 31, 1.2)  # dense packed mask has more entries
-    slower = note_for([100] + [90] * 31, 0.27)  # the speed-up the H200 measured (docs/GPU.md, sixth lease)
+    slower = note_for([100] + [90] * 31, 0.27)  # the speed-up the H200 measured (docs/journal/2026-11-27.md, sixth lease)
     assert "packing is slower here" in slower and "dominates" not in slower
     assert "slower" not in note_for([10, 2, 2, 2], 0.8)  # fewer entries packed: no attention story to tell
 

@@ -112,8 +112,8 @@ def test_a_capped_model_is_never_excused_and_a_bad_cap_is_named(rows):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_sweep_runs_on_a_gpu_model_with_prompts_encoded_on_the_cpu(rows):
-    """The GPU smoke catalogue of 2026-11-27 (docs/GPU.md) failed here: CPU ids into a model on CUDA. The same numbers
-    as on the CPU, within float noise."""
+    """Prompt ids built on the CPU reach a model on CUDA (the sweep moves them): the same numbers as on the CPU,
+    within float noise."""
     policy, tokenizer = load("tiny-gemma2", device="cuda")
     on_gpu = sc.spread_sweep(policy, tokenizer, [p.prompt for p in rl_problems(8)], [1.0, 20.0])
     assert sc.verdict(on_gpu) == (True, True)

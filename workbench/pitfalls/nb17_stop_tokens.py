@@ -104,7 +104,7 @@ def verdict(bug_truncated: float, fix_counted_finished: float, stopped_on_turn_e
     the union, every response that stopped on the turn end alone is counted finished (``fix_counted_finished ≥
     stopped_on_turn_end``: the same seed samples the same tokens up to the first stop, and the union contains the turn
     end) and more than ``signature`` are. Responses left truncated under the union emitted no stop id within the
-    budget — a sampling outcome, not a counting error: one of 8 in bf16 on a GPU (docs/GPU.md), none on the CPU."""
+    budget — a sampling outcome, not a counting error: one of 8 in bf16 on a GPU (docs/journal/2026-11-27.md), none on the CPU."""
     return bug_truncated > signature, fix_counted_finished >= stopped_on_turn_end and fix_counted_finished > signature
 
 
