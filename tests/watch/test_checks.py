@@ -47,20 +47,34 @@ def test_a_masked_eos_is_not_flagged_in_a_no_grad_forward_nor_with_a_distinct_pa
     assert "P8" not in watcher.report().pitfalls()
 
 
+def generate_from_right_padded_prompts(model):
+    """A prompt forward on two rows, the second right-padded, and two cached decode steps after it."""
+    ids, mask = torch.tensor([[5, 6, 7], [5, 6, 0]]), torch.tensor([[1, 1, 1], [1, 1, 0]])
+    with torch.no_grad():
+        cache = model(input_ids=ids, attention_mask=mask, use_cache=True).past_key_values  # the prompts' forward
+        token = torch.tensor([[8], [8]])
+        for step in range(2):
+            extended = torch.cat([mask, torch.ones(2, step + 1, dtype=mask.dtype)], 1)
+            model(input_ids=token, attention_mask=extended, past_key_values=cache, use_cache=True)
+
+
 def test_decoding_after_right_padded_prompts_is_flagged_once_at_the_prompt_forward():
     model, tokenizer = tiny_model("gpt2", seed=1)
-    ids, mask = torch.tensor([[5, 6, 7], [5, 6, 0]]), torch.tensor([[1, 1, 1], [1, 1, 0]])
     with watch(model, tokenizer=tokenizer) as watcher:
-        with torch.no_grad():
-            cache = model(input_ids=ids, attention_mask=mask, use_cache=True).past_key_values  # the prompts' forward
-            token = torch.tensor([[8], [8]])
-            for step in range(2):
-                extended = torch.cat([mask, torch.ones(2, step + 1, dtype=mask.dtype)], 1)
-                model(input_ids=token, attention_mask=extended, past_key_values=cache, use_cache=True)
+        generate_from_right_padded_prompts(model)
     (finding,) = [finding for finding in watcher.report().findings if finding.pitfall == "S2"]
     line = next(number for number, text in enumerate(Path(__file__).read_text().splitlines(), 1) if text.endswith("# the prompts' forward"))
     assert finding.where == f"{__file__}:{line}" and finding.evidence == {"rows": 1, "generations": 1}
     assert watcher.report().observed["decode_forwards"] == 2
+
+
+def test_the_generations_from_one_line_are_counted():
+    model, tokenizer = tiny_model("gpt2", seed=1)
+    with watch(model, tokenizer=tokenizer) as watcher:
+        for _ in range(3):
+            generate_from_right_padded_prompts(model)
+    (finding,) = [finding for finding in watcher.report().findings if finding.pitfall == "S2"]
+    assert finding.evidence == {"rows": 3, "generations": 3}
 
 
 def test_a_finding_keeps_its_most_severe_message_and_sums_its_counts():

@@ -1,9 +1,11 @@
 """The watch's own cost (``workbench.watch.cost``): a ``@timed`` method's outermost calls inside an open block add
 their wall time to the stopwatch, nested calls count once, calls outside a block count nothing; every entry point of
-``Watch`` that hooks call is timed, and ``model.generate``'s wrapper is not (its time is the generation's)."""
+``Watch`` that hooks call is timed, and ``model.generate``'s wrapper times the watch's work on the call but not the
+generation."""
 
 import pytest
 
+from workbench.modeling.tiny import tiny_model
 from workbench.watch.cost import Stopwatch, timed
 from workbench.watch.watcher import Watch
 
@@ -74,10 +76,28 @@ def test_watched_seconds_adds_the_closed_blocks_and_the_open_one():
     assert stopwatch.watched_seconds() == 1.0 + (4.0 - 3.0)
 
 
-@pytest.mark.parametrize("name", ["_pre", "_post", "_on_event", "_optimizer_pre", "_optimizer_post", "_hidden_grad"])
+@pytest.mark.parametrize("name", ["_pre", "_post", "_on_generate", "_on_event", "_optimizer_pre", "_optimizer_post",
+                                  "_hidden_grad"])
 def test_the_watch_entry_points_are_timed(name):
     assert getattr(Watch, name).__wrapped__.__name__ == name
 
 
 def test_the_generate_wrapper_is_not_timed():
     assert not hasattr(Watch._generate, "__wrapped__")
+
+
+def test_generate_counts_the_watchs_work_on_the_call_but_not_the_generation():
+    model, tokenizer = tiny_model("gpt2", seed=1)
+    watcher = Watch(model, tokenizer=tokenizer)
+    clock = Clock()
+    watcher.stopwatch = Stopwatch(clock=clock)
+    watcher.stopwatch.start()
+
+    def generation(*args, **kwargs):  # five clock reads that are the generation's, not the watch's
+        for _ in range(5):
+            clock()
+        return "generated"
+
+    assert watcher._generate(generation, max_new_tokens=2) == "generated"
+    assert watcher.observed["generate_calls"] == 1
+    assert watcher.stopwatch.own_seconds == 1.0  # the settings' one timed call; 0 untimed, 6 with the generation

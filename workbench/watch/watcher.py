@@ -19,8 +19,10 @@ Attached for the duration of a ``with`` block, nothing else changes in the run:
   position by position): which positions receive gradient (S4) and which sampling distribution the loss
   differentiates (P6, P14); and the sampler's log-probs re-scored by the training model (P12).
 
-Each pitfall has one ``_check_…`` method; the entry points (``_pre``, ``_post``, ``_generate``, ``_on_event``,
-the optimiser hooks, ``_hidden_grad``) keep the counters and per-call state and call the checks that apply.
+One method per check, named ``_check_…`` (``_check_left_padding`` for S1, …; S2 and S3 have several checks, P23 two):
+each decides one finding from the measurements it is given. The entry points (``_pre``, ``_post``, ``_generate``,
+``_on_event``, the optimiser hooks, ``_hidden_grad``) and the dispatchers they call (``_on_rows``, ``_on_distribution``)
+keep the counters and per-call state, take the measurements, and call the checks that apply.
 Findings are keyed by (pitfall, call site): the first file:line of the call stack outside torch,
 transformers and this package. The module imports torch and the standard library only.
 """
@@ -44,7 +46,7 @@ from workbench.watch.report import P29_UNOBSERVED, SEVERITY_RANK, Finding, Repor
 
 OBSERVED_COUNTERS = ("forwards", "training_forwards", "no_grad_forwards", "decode_forwards", "generate_calls", "sampler_calls",
                      "optimizer_steps", "wasted_decode_forwards")
-COUNTED_EVIDENCE = ("_seen", "forwards", "rows", "calls")  # evidence names summed over a finding's occurrences
+COUNTED_EVIDENCE = ("_seen", "forwards", "rows", "calls", "generations")  # evidence names summed over a finding's occurrences
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 # the best temperature's fit to the gradient (median |cos|) below which the distribution is left undecided (P6, P14)
 DECISIVE_FIT = 0.98
@@ -207,7 +209,7 @@ class Watch:
             self._decode_step(model, ids)
             return None
         if ids is not None and ids.dim() == 2 and (mask is None or isinstance(mask, torch.Tensor) and mask.dim() == 2):
-            self._check_rows(role, model, ids, mask, kwargs, grad)
+            self._on_rows(role, model, ids, mask, kwargs, grad)
         if self.deep and trains_policy and ids is not None and isinstance(mask, torch.Tensor) and mask.dim() in (2, 4):
             self._deep_forward_inputs = (ids, mask)  # a 4-D mask: the workbench's prefix-tree rows (S4 is not decided there)
         if trains_policy and self._sampler_mismatch is not None:
@@ -258,7 +260,7 @@ class Watch:
                    forwards=1, padded_rows=padded, packed_rows=packed, rows=rows)
 
     # ---- a 2-D batch's rows ---------------------------------------------------------------------------------
-    def _check_rows(self, role, model, ids, mask, kwargs, grad):
+    def _on_rows(self, role, model, ids, mask, kwargs, grad):
         """The checks of a batch's row layout (S1, S2, P21, P8), from one read of its padding, and the cached
         generation the forward opens."""
         stats = observe.row_stats(ids, mask, self.bos_id, self.pad_id_if_eos if grad else None)
@@ -388,7 +390,14 @@ class Watch:
 
     # ---- generate -----------------------------------------------------------------------------------------
     def _generate(self, original, *args, **kwargs):
-        """``model.generate`` under the watch (not timed: its time is the generation's)."""
+        """``model.generate`` under the watch: the watch's own work on the call is timed (``_on_generate``), the
+        generation is not (its forwards' hooks are timed on their own)."""
+        self._on_generate(kwargs)
+        return original(*args, **kwargs)
+
+    @timed
+    def _on_generate(self, kwargs):
+        """A ``generate`` call's settings: its stop ids and sampling, checked (S3) and kept for the forwards it runs."""
         self.observed["generate_calls"] += 1
         config = kwargs.get("generation_config")
         default = getattr(self.model, "generation_config", None)
@@ -406,7 +415,6 @@ class Watch:
         self._set_sampling(temperature=float(setting("temperature") or 1.0) if do_sample else 1.0,
                            top_k=int(setting("top_k") or 0) if do_sample else 0,
                            top_p=float(setting("top_p") or 1.0) if do_sample else 1.0, source="generate")
-        return original(*args, **kwargs)
 
     def _check_generate_stops(self, eos, min_new_tokens, max_new_tokens, where):
         """S3: generate() without an EOS id (an error), or with min_new_tokens ≥ max_new_tokens (a warning)."""
@@ -495,10 +503,10 @@ class Watch:
         stepped = [parameter for group in optimizer.param_groups for parameter in group["params"] if parameter.grad is not None]
         low_precision = [parameter for parameter in stepped if parameter.dtype in LOW_PRECISION]
         self._first_step_snapshot = None
-        if low_precision and self._steps_done == 0:
+        if low_precision and self._steps_done == 0:  # checked after the step, with the share it left unchanged
             self._first_step_snapshot = [(parameter, parameter.detach().clone()) for parameter in low_precision]
-        elif low_precision:
-            self._flag_missing_master_weights(len(low_precision))
+        else:
+            self._check_master_weights(len(low_precision))
         return None
 
     @timed
@@ -510,10 +518,12 @@ class Watch:
 
     def _check_first_step_rounding(self, snapshot):
         """P23 on the first step, with the share of the low-precision weights the update left unchanged."""
-        self._flag_missing_master_weights(len(snapshot), first_step_unchanged_fraction=observe.unchanged_fraction(snapshot))
+        self._check_master_weights(len(snapshot), first_step_unchanged_fraction=observe.unchanged_fraction(snapshot))
 
-    def _flag_missing_master_weights(self, low_precision_tensors: int, **evidence):
-        """P23: the optimiser steps bf16/fp16 parameters with no fp32 master copy."""
+    def _check_master_weights(self, low_precision_tensors: int, **evidence):
+        """P23: the optimiser steps bf16/fp16 parameters (``low_precision_tensors`` of them) with no fp32 master copy."""
+        if not low_precision_tensors:
+            return
         self._flag("P23", "error", "the optimiser steps bf16/fp16 parameters without fp32 master weights: an update smaller than "
                    "~2⁻⁹ of a weight rounds away. Keep fp32 weights (bf16 autocast) or fp32 master copies.",
                    bf16_tensors=low_precision_tensors, steps_seen=1, **evidence)
@@ -530,7 +540,7 @@ class Watch:
         else:  # prefix-tree rows: t + 1 continues t's sequence when it may attend to t
             follows = torch.diagonal(mask[:, 0].bool(), offset=-1, dim1=-2, dim2=-1)
         if self._sampling is not None:
-            self._check_differentiated_distribution(model, ids, hidden, grad, moved[:, :-1] & follows, where)
+            self._on_distribution(model, ids, hidden, grad, moved[:, :-1] & follows, where)
         return None
 
     def _check_paired_prompt_mask(self, ids, mask, moved, where):
@@ -546,7 +556,7 @@ class Watch:
                        "Mask the prompt in every row (prompt lengths repeated for both halves).", where=where,
                        pairs=pairs, prompt_positions=prompt_positions, forwards=1)
 
-    def _check_differentiated_distribution(self, model, ids, hidden, grad, moved, where):
+    def _on_distribution(self, model, ids, hidden, grad, moved, where):
         """The distribution the loss differentiates, fitted from the gradient; checked against the sampler's filters
         (P14) when it truncated, against its temperature (P6) otherwise."""
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
