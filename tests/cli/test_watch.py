@@ -1,6 +1,7 @@
 """``python -m workbench watch -- python SCRIPT``: a plain training script with planted bugs is watched from
 outside (no line of it changed) and exits 1 with those findings; the same script fixed exits 0; a failing
-script exits 3 and Ctrl-C exits 130, both with the report of what ran written; bad input exits 2."""
+script exits 3 and Ctrl-C exits 130, both with the report of what ran written; bad input exits 2. A process's
+watches (policy and reference) overlap, so its part states the longest block's watched time."""
 
 import json
 import os
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from workbench.cli import watch_child
 from workbench.cli.main import main
+from workbench.watch.report import Report
 
 ROOT = Path(__file__).resolve().parents[2]
 USER_SCRIPT = ROOT / "examples" / "watch_user_trainer.py"
@@ -81,3 +84,24 @@ def test_bad_input_exits_2(tmp_path, capsys):
     assert "no command" in capsys.readouterr().err
     assert main(["watch", "--out", str(tmp_path), "--", str(tmp_path / "no-such-program")]) == 2
     assert "cannot start" in capsys.readouterr().err
+
+
+class FinishedWatch:
+    """Stands for a closed ``Watch`` whose block lasted ``watched`` seconds."""
+
+    def __init__(self, watched: float, own: float):
+        self.cost = {"mode": "light", "watch_seconds": own, "watched_seconds": watched}
+
+    def close(self):
+        pass
+
+    def report(self) -> Report:
+        return Report(cost=dict(self.cost))
+
+
+def test_a_process_part_states_its_longest_watched_block(tmp_path, monkeypatch):
+    monkeypatch.setenv(watch_child.OUT_VARIABLE, str(tmp_path))
+    monkeypatch.setattr(watch_child, "WATCHES", [FinishedWatch(10.0, 1.0), FinishedWatch(8.0, 0.5)])
+    part = json.loads(Path(watch_child.write_part()).read_text())
+    assert part["cost"] == {"mode": "light", "watch_seconds": 1.5, "watched_seconds": 10.0}
+    assert part["observed"]["models_watched"] == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import operator
 import os
 from dataclasses import dataclass, field
 
@@ -105,20 +106,33 @@ class Report:
                    cost=dict(data.get("cost", {})))
 
     @classmethod
-    def merge(cls, reports) -> Report:
-        """One report from several (e.g. one per rank): findings concatenated, counters summed."""
-        merged = cls()
+    def merge(cls, reports, one_process: bool = False) -> Report:
+        """One report from several: findings concatenated, counters and the watch's own seconds summed, modes joined.
+
+        ``watched_seconds`` is summed over reports from separate processes (ranks, each watching its own block) and,
+        with ``one_process``, is the longest block's: the watches of one process (policy and reference) watch the
+        same run at once. ``not_observable``: the audit checks of every report, and a watch's own note (``check``
+        None) when every report carries it (a pitfall one watch observed was observable in the run)."""
+        reports = list(reports)
+        merged = cls(not_observable=[])
         for report in reports:
             merged.findings += report.findings
             for name, value in report.observed.items():
                 merged.observed[name] = merged.observed.get(name, 0) + value if isinstance(value, (int, float)) else value
-            for name, value in report.cost.items():  # seconds summed over ranks (each rank watched its own block); modes joined
+            for name, value in report.cost.items():
                 if isinstance(value, (int, float)):
-                    merged.cost[name] = merged.cost.get(name, 0.0) + value
+                    combine = max if one_process and name == "watched_seconds" else operator.add
+                    merged.cost[name] = combine(merged.cost[name], value) if name in merged.cost else value
                 elif merged.cost.get(name) not in (None, value):
                     merged.cost[name] = "+".join(sorted(set(str(merged.cost[name]).split("+")) | {str(value)}))
                 else:
                     merged.cost[name] = value
+        carried = [{(entry["pitfall"], entry["check"]) for entry in report.not_observable} for report in reports]
+        for entry in [entry for report in reports for entry in report.not_observable] if reports else NOT_OBSERVABLE:
+            key = (entry["pitfall"], entry["check"])
+            if key not in {(kept["pitfall"], kept["check"]) for kept in merged.not_observable} and (
+                    entry["check"] or all(key in keys for keys in carried)):
+                merged.not_observable.append(dict(entry))
         return merged
 
     def __str__(self) -> str:
