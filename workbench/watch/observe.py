@@ -100,13 +100,13 @@ def cache_anchor(past):
     return past
 
 
+_VERSION = operator.attrgetter("_version")
+
+
 def parameter_versions(parameters) -> tuple[int, ...]:
     """Each parameter's in-place version counter: an optimiser step, ``load_state_dict`` or any in-place write
     raises it, a forward does not. A cheap fingerprint of "the weights changed" (no tensor is read)."""
     return tuple(map(_VERSION, parameters))
-
-
-_VERSION = operator.attrgetter("_version")
 
 
 def row_stats(input_ids: torch.Tensor | None, mask: torch.Tensor | None, bos: int | None, pad_id_if_eos: int | None) -> dict:
@@ -148,7 +148,7 @@ def row_stats(input_ids: torch.Tensor | None, mask: torch.Tensor | None, bos: in
     def padded(pads: list[int]) -> list[int]:  # the pad counts of the rows padded on that side that hold a real token
         return [count for count, tokens in zip(pads, real, strict=True) if 0 < count < width and tokens > 0]
 
-    return {"lead": lead, "trail": trail, "double_bos": double_bos, "hidden_eos": hidden_eos, "real": real, "width": width,
+    return {"lead": lead, "trail": trail, "double_bos": double_bos, "hidden_eos": hidden_eos,
             "left_padded": padded(lead), "right_padded": padded(trail)}
 
 
@@ -224,8 +224,8 @@ def _filtered(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if top_p < 1.0:
         ordered, order = scores.sort(dim=-1, descending=True)
-        cumulative = ordered.softmax(-1).cumsum(-1)
-        drop = (cumulative - ordered.softmax(-1)) >= top_p
+        probabilities = ordered.softmax(-1)
+        drop = (probabilities.cumsum(-1) - probabilities) >= top_p  # the mass before a token already reaches top_p
         scores = scores.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
     return scores
 
@@ -268,6 +268,7 @@ def differentiated_distribution(hidden: torch.Tensor, hidden_grad: torch.Tensor,
     top_k, top_p = int(sampling.get("top_k") or 0), float(sampling.get("top_p") or 1.0)
     if top_k or top_p < 1.0:
         out["fit_filtered"] = float(median_cosine(tau, top_k, top_p))
-        kept = _filtered(logits / tau, top_k, top_p).isfinite()
-        out["kept_mass"] = float(((logits / tau).softmax(-1) * kept).sum(-1).mean())
+        scores = logits / tau
+        kept = _filtered(scores, top_k, top_p).isfinite()
+        out["kept_mass"] = float((scores.softmax(-1) * kept).sum(-1).mean())
     return out
