@@ -1,19 +1,25 @@
 """Pitfalls: one module per notebook, named like it (``nb12_logprob_mismatch`` ↔ ``notebooks/12_logprob_mismatch.ipynb``).
 
 A notebook is parameters, calls and plots of its module (tests/integration/test_notebooks.py checks it); each module holds,
-from the top:
+from the top, each section under a banner line ``# ---- <section> ----`` (tests/pitfalls/test_module_sections.py checks
+the order):
 
 * measurements — pure functions a user can also run against their own model or batch;
-* sweeps — the measurements over the notebook's parameters (pad widths, micro-batch sizes, seeds, variants);
-* ``verdict(...) -> (reproduced, fixed)``, a function of measured numbers (tests/pitfalls/test_nb*.py), and, where a
-  checkpoint may be unable to show the pitfall, ``not_shown(...)`` saying why;
+* sweeps — the measurements over the notebook's parameters (pad widths, micro-batch sizes, seeds, variants), training
+  runs and the effects measured from them (``ppo_effects``, ``training_effects``, …), and the headline the report
+  shows (``headline_row``, ``headline_rows``), chosen once here;
+* verdict — ``verdict(...) -> (reproduced, fixed)``, a function of measured numbers (tests/pitfalls/test_nb*.py);
+  where a checkpoint may be unable to show the pitfall, ``not_shown(...)`` saying why; in a training notebook
+  ``PREDICTION`` (a ``workbench.experiments.statistics.Prediction``);
 * figures — ``plot_*(ax, …)`` functions that draw on a given ``ax`` (or axes), and ``figure_*(…) -> Figure`` that
   lay them out as the notebook shows them (the notebook saves the figure and calls ``plt.show()``);
-* printers — ``*_lines(…) -> str`` (and ``*_sentence``/``*_note``) with the text the notebook prints;
-* an explorer — ``*_explorer(…) -> workbench.viz.explorer.Explorer``, named for what it explores, shown under
+* printers — ``*_line``, ``*_lines``, ``*_sentence`` and ``*_note``: the text the notebook prints;
+* explorer — ``*_explorer(…) -> workbench.viz.explorer.Explorer``, named for what it explores, shown under
   ``if interactive:``;
-* ``metrics(…) -> dict`` — ``notebook_api.write_metrics``'s keyword arguments, so that a notebook's last cell is
-  ``notebook_api.write_metrics(out, **pitfall.metrics(…))``.
+* metrics — ``metrics(…) -> dict``, ``notebook_api.write_metrics``'s keyword arguments, so that a notebook's last cell
+  is ``notebook_api.write_metrics(out, **pitfall.metrics(…))``.
+
+A number is computed once, in a measurement or a sweep, and the figures, printers and ``metrics`` take it as an argument.
 
 Pitfall modules never import each other (an import-linter contract in pyproject.toml); a notebook may import several.
 
