@@ -190,11 +190,7 @@ def plot_clipping(ax, row: dict) -> None:
 
 def figure_rank_normalisation(rows: list[dict], head: dict):
     """The notebook's figure: token weights across imbalances, and the clip coefficients at the ``headline_row`` ``head``."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5.0))
-    plot_weights(axes[0], rows)
-    plot_clipping(axes[1], head)
-    fig.tight_layout()
-    return fig
+    return plots.figure_panels((12, 5.0), lambda ax: plot_weights(ax, rows), lambda ax: plot_clipping(ax, head))
 
 
 # ---- printers ------------------------------------------------------------------------------------
