@@ -64,7 +64,7 @@ def test_catalogue_has_the_seed_notebooks():
 # The smoke catalogue in the default suite: the quickstart and the five core pitfalls, whose metrics contracts are tested
 # below. Every other notebook's smoke run is marked `slow` here (its pitfall module's bug and fix are tested in-process
 # by tests/pitfalls/test_nb*.py); .ci/run runs them all (`pytest -m slow tests/integration/test_notebooks.py`), and
-# `make test-catalogue` does the same by hand. The whole catalogue would take about 190 of make test's 674 s on 2 cores.
+# `make test-catalogue` does the same by hand: the whole catalogue's smoke run would dominate make test's time.
 DEFAULT_SMOKE = ("00_quickstart", "01_position_ids", "02_right_padding_flash_attention", "03_eos_termination",
                  "04_dpo_loss_mask", "05_grpo_loss_normalization")
 SMOKE_PARAMS = [pytest.param(stem, marks=() if stem in DEFAULT_SMOKE else pytest.mark.slow) for stem in STEMS]

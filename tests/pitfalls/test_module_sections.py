@@ -57,7 +57,7 @@ def expected_section(node: ast.stmt) -> str | None:
         return "explorer"
     if name.startswith(("plot_", "figure_")) or (arguments[:1] and arguments[0] in ("ax", "axes")):
         return "figures"
-    if name.endswith(("_lines", "_sentence", "_note")):
+    if name.endswith(("_line", "_lines", "_sentence", "_note")):
         return "printers"
     return None
 
@@ -99,12 +99,16 @@ def test_every_notebook_has_its_module():
 def test_the_section_rules_catch_a_misplaced_definition(tmp_path):
     module = tmp_path / "nb99_example.py"
     module.write_text("X = 1\n\n# ---- verdict ----\ndef verdict(x):\n    return x\n\n"
-                      "# ---- measurements ----\ndef metrics():\n    return {}\n")
+                      "# ---- measurements ----\ndef gap_line(x):\n    return f'{x}'\n\n"
+                      "def metrics():\n    return {}\n")
     banners, where = sections_of(module)
     assert [name for _, name in banners] == ["verdict", "measurements"]
-    node = ast.parse(module.read_text()).body[-1]
-    assert expected_section(node) == "metrics" and where[node.lineno] == "measurements"
+    printer, metrics = ast.parse(module.read_text()).body[-2:]
+    assert expected_section(printer) == "printers" and where[printer.lineno] == "measurements"
+    assert expected_section(metrics) == "metrics" and where[metrics.lineno] == "measurements"
     with pytest.raises(AssertionError, match="not in the order"):
         test_banners_name_the_documented_sections_in_order(module)
+    with pytest.raises(AssertionError, match="gap_line belongs under '# ---- printers'"):
+        test_every_definition_stands_in_its_section(module)
     with pytest.raises(AssertionError, match="metrics belongs under"):
         test_every_definition_stands_in_its_section(module)

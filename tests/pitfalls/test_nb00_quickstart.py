@@ -10,11 +10,12 @@ from workbench.pitfalls import nb00_quickstart as quickstart
 def test_metrics_and_conclusion():
     policy, _ = tiny_model("gpt2")
     drift = {"model": [0.2, 0.4], "mask": [0.0, 0.0]}
-    kwargs = quickstart.metrics("tiny-gpt2", policy, drift)
+    reproduced, fixed = quickstart.verdict(drift)
+    kwargs = quickstart.metrics("tiny-gpt2", policy, drift, reproduced=reproduced, fixed=fixed)
     check_metrics(kwargs, "00_quickstart")
     assert kwargs["metrics"] == {"drift_without_position_ids": 0.4, "drift_with_position_ids": 0.0}
     assert kwargs["reproduced"] and kwargs["fixed"] and kwargs["not_shown"] is None
-    assert "the fix removes it" in quickstart.conclusion_sentence("tiny-gpt2", policy, drift)
+    assert "the fix removes it" in quickstart.conclusion_sentence("tiny-gpt2", policy, drift, reproduced=True)
 
 
 def test_verdict_needs_a_drift_and_its_fix():
@@ -28,7 +29,10 @@ def test_a_rotary_model_without_drift_says_why():
     learned, _ = tiny_model("gpt2")
     quiet = {"model": [1e-6, 2e-6], "mask": [0.0, 0.0]}
     assert "rotary" in quickstart.not_shown(rope, quiet)
-    assert "hides the bug" in quickstart.conclusion_sentence("tiny-qwen2", rope, quiet)
+    reproduced, _ = quickstart.verdict(quiet)
+    sentence = quickstart.conclusion_sentence("tiny-qwen2", rope, quiet, reproduced)
+    assert "hides the bug" in sentence and quickstart.SHOWN_BY in sentence  # the same suggestion as not_shown's
+    assert quickstart.SHOWN_BY in quickstart.not_shown(rope, quiet)
     assert quickstart.not_shown(rope, {"model": [0.5], "mask": [0.0]}) is None  # drift measured: shown
     assert quickstart.not_shown(learned, quiet) is None  # learned positions: a small drift is a result, not a blind spot
 

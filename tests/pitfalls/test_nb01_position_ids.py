@@ -54,9 +54,10 @@ def test_position_ids_verdict_needs_a_drift():
 
 def test_position_ids_bf16_conclusion_is_chosen_by_the_numbers():
     sweep = {(a, "bf16", "left", m): [v] for a in ("llama", "qwen2") for m, v in (("model", 2e-3), ("mask", 2e-3))}
-    assert "changes nothing measurable" in position_ids.bf16_rope_conclusion(sweep)[2]
+    assert position_ids.bf16_rope_drift(sweep) == (2e-3, 2e-3)
+    assert "changes nothing measurable" in position_ids.bf16_rope_sentence(*position_ids.bf16_rope_drift(sweep))
     sweep = {(a, "bf16", "left", m): [v] for a in ("llama", "qwen2") for m, v in (("model", 2e-3), ("mask", 0.0))}
-    assert "visible above" in position_ids.bf16_rope_conclusion(sweep)[2]
+    assert "visible above" in position_ids.bf16_rope_sentence(*position_ids.bf16_rope_drift(sweep))
 
 
 def test_logprob_drift_is_the_largest_drift_per_text():

@@ -16,7 +16,7 @@ def test_metrics_returns_write_metrics_arguments():
     effective = ln.effective_beta_sweep([1, 4], 0.04)
     runs = fake_runs(MODES, KEYS)
     kwargs = ln.metrics(probe=probe, weight_error=0.0, effective=effective, beta=0.04, runs=runs,
-                        effects=ln.training_effects(runs, MODES), settings={})
+                        effects=ln.training_effects(runs, MODES), settings={}, task="sums")
     check_metrics(kwargs, "05_grpo_loss_normalization")
     assert kwargs["headline"]["bug"] == 0.2 and kwargs["headline"]["fix"] == 0.0
     assert set(kwargs["metrics"]["training"]) == set(MODES)

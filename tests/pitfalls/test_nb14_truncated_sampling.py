@@ -46,12 +46,12 @@ def test_figure_and_metrics(rows_and_model, tmp_path):
     plt.close(fig)
     head = ts.headline_row(rows)
     assert (head["top_k"], head["top_p"]) == (0, 0.8)
-    written = written_metrics(ts.metrics(rows), tmp_path)
+    written = written_metrics(ts.metrics(rows, head), tmp_path)
     assert written["reproduced"] == ts.verdict(head)[0]
     assert written["fixed"] == all(ts.verdict(r)[1] for r in rows)
     assert [(s["top_k"], s["top_p"]) for s in written["metrics"]["settings"]] == [(r["top_k"], r["top_p"]) for r in rows]
     assert written["headline"]["bug"] == pytest.approx(head["bug"]["mean_ratio"])
-    assert ts.headline_sentence(rows).startswith("Headline (top_k=0, top_p=0.8)")
+    assert ts.headline_sentence(head).startswith("Headline (top_k=0, top_p=0.8)")
     assert len(ts.sweep_lines(rows).splitlines()) == len(rows)
 
 

@@ -29,12 +29,14 @@ def test_figure_and_metrics(qwen, tmp_path):
     fig = te.figure_entropy_vs_temperature(rows)
     assert len(fig.axes) == 2 and all(len(ax.lines) >= 2 for ax in fig.axes)
     plt.close(fig)
-    written = written_metrics(te.metrics(rows, headline_temperature=0.6), tmp_path)
+    head = te.headline_row(rows, headline_temperature=0.6)
+    assert head is rows[0]  # 0.5 is nearest 0.6
+    written = written_metrics(te.metrics(rows, head), tmp_path)
     assert (written["reproduced"], written["fixed"]) == te.verdict(rows)
     assert set(written["metrics"]["entropy_raw"]) == {"0.5", "1.0"}
-    assert written["metrics"]["entropy_gap_at_headline_temperature"] == pytest.approx(rows[0]["entropy_gap"])  # 0.5 is nearest 0.6
+    assert written["metrics"]["entropy_gap_at_headline_temperature"] == pytest.approx(rows[0]["entropy_gap"])
     assert written["headline"]["what"].endswith("(τ = 0.5)")
-    assert te.headline_sentence(rows, 0.6).startswith("At τ = 0.5:")
+    assert te.headline_sentence(rows, head).startswith("At τ = 0.5:")
 
 
 CATALOGUE_PROMPTS = [p.prompt for p in rl_problems(32)]  # the catalogue's checks ran on 32 prompts

@@ -46,13 +46,14 @@ def test_figures_draw_on_their_axes(measured):
 
 def test_metrics_are_write_metrics_arguments(measured, tmp_path):
     singleton, spreads, errors, partial = measured
-    written = written_metrics(gs.metrics(singleton, errors, partial), tmp_path)
     head, worst = gs.headline_rows(singleton, partial)
+    written = written_metrics(gs.metrics(singleton, errors, partial, head, worst), tmp_path)
     assert head["value"] == 0.95 and worst["misgrouped_fraction"] == max(r["misgrouped_fraction"] for r in partial)
     assert written["reproduced"] == gs.verdict(head, worst)[0]
     assert set(written["metrics"]["singleton_advantage"]) == {"0.5", "0.95"}
     assert written["headline"]["bug"] == pytest.approx(head["one-pass"])
-    assert "rewards of 0.95 in fp32" in gs.cancellation_line(singleton, 8)
+    assert "rewards of 0.95 in fp32" in gs.cancellation_line(head, 8)
+    assert gs.headline_sentence(head, worst).startswith("[0, 0.95 × 7]: A = ")
     assert len(gs.sweep_lines(singleton, spreads, errors, partial).splitlines()) == len(singleton) + len(errors) + len(partial)
 
 

@@ -57,9 +57,11 @@ def test_figure_metrics_and_explorer(measured, qwen, tmp_path):
     fig = pooling.figure_pooling(rows, inside)
     assert len(fig.axes) == 3 and all(ax.has_data() for ax in fig.axes)
     plt.close(fig)
-    written = written_metrics(pooling.metrics(rows, inside), tmp_path)
+    head = pooling.headline_rows(rows, inside)
+    written = written_metrics(pooling.metrics(rows, inside, head), tmp_path)
     assert written["reproduced"] is True and set(written["metrics"]) == {"scenarios", "eos_inside"}
     assert written["headline"]["bug"] > written["headline"]["fix"]
+    assert pooling.headline_sentence(rows, inside, head).startswith("Left padding with pad = EOS")
     assert len(pooling.pooling_lines(rows, inside).splitlines()) == len(rows) + len(inside)
     explorer = pooling.pooling_explorer(*qwen, n_texts=4)
     assert explorer.renders == 1 and explorer.last["rightmost attended"]["max_abs_score_delta"] < 1e-4

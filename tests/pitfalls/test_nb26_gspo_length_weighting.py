@@ -53,11 +53,13 @@ def test_figure_metrics_and_explorer(rows, tmp_path):
     fig = gspo.figure_gspo(rows, batch)
     assert len(fig.axes) == 2 and all(ax.has_data() for ax in fig.axes)
     plt.close(fig)
-    written = written_metrics(gspo.metrics(rows, batch), tmp_path)
+    head = gspo.headline_row(rows)
+    written = written_metrics(gspo.metrics(rows, batch, head), tmp_path)
     assert written["reproduced"] is True and written["fixed"] is True
     assert set(written["metrics"]) == {"length_ratio_sweep", "sampled_batch"}
     assert written["headline"]["bug"] == pytest.approx(10.0, rel=1e-3)
     assert len(gspo.ratio_lines(rows, batch).splitlines()) == len(rows) + 1
+    assert gspo.headline_sentence(rows, head).startswith(f"{head['long']} vs {head['short']} tokens")
     explorer = gspo.length_explorer(4, 32)
     assert explorer.renders == 1 and explorer.last["broadcast token-mean"] == pytest.approx(8.0, rel=1e-3)
     explorer.controls["long"].value = 12

@@ -79,7 +79,7 @@ def synthetic_row(guard: str, spg: int, ga: int, shift: float) -> dict:
 def test_verdict_is_false_without_an_off_policy_remainder():
     aligned = [synthetic_row(g, 2, 4, 0.5) for g in rm.GUARDS]  # GA a multiple of steps_per_generation: nothing is off-policy
     assert rm.verdict(aligned) == (False, True)
-    assert "no setting showed the bug" in rm.headline_sentence(aligned)
+    assert "no setting showed the bug" in rm.headline_sentence(aligned, rm.headline_rows(aligned))
     frozen = [synthetic_row(g, 3, 4, 0.0) for g in rm.GUARDS]  # split batches, but the policy did not move
     assert rm.verdict(frozen) == (False, True)
     split = [synthetic_row(g, 3, 4, 0.5) for g in rm.GUARDS]
@@ -88,16 +88,24 @@ def test_verdict_is_false_without_an_off_policy_remainder():
     assert split[0]["seen_clip_fraction"] == pytest.approx(5 / 8) and split[1]["seen_clip_fraction"] == 0
 
 
+def not_shown(rows: list[dict]) -> str | None:
+    return rm.not_shown(rows, rm.headline_rows(rows)[0])
+
+
+def metrics(rows: list[dict]) -> dict:
+    return rm.metrics(rows, rm.headline_rows(rows))
+
+
 def test_not_shown_says_when_the_policy_never_moved_and_only_then(rows):
     frozen = [synthetic_row(g, 3, 4, 0.0) for g in rm.GUARDS]  # split batches, no advantage anywhere: no gradient
-    reason = rm.not_shown(frozen)
+    reason = not_shown(frozen)
     assert "did not move this checkpoint's policy" in reason and "every GRPO advantage was 0" in reason
-    assert "at most 0.0e+00" in reason and rm.metrics(frozen)["not_shown"] == reason
-    assert rm.not_shown(rows) is None and rm.metrics(rows)["not_shown"] is None  # the tiny trained model shows it
+    assert "at most 0.0e+00" in reason and metrics(frozen)["not_shown"] == reason
+    assert not_shown(rows) is None and metrics(rows)["not_shown"] is None  # the tiny trained model shows it
     moved_inside = [synthetic_row(g, 3, 4, 0.05) for g in rm.GUARDS]  # moved, inside the window: a failed reproduction, not a blind spot
-    assert rm.verdict(moved_inside) == (False, True) and rm.not_shown(moved_inside) is None
+    assert rm.verdict(moved_inside) == (False, True) and not_shown(moved_inside) is None
     aligned = [synthetic_row(g, 2, 4, 0.0) for g in rm.GUARDS]  # nothing off-policy: the parameters' choice, said by the headline
-    assert rm.not_shown(aligned) is None
+    assert not_shown(aligned) is None
 
 
 def test_a_checkpoint_that_earns_no_reward_records_why_it_cannot_show_the_remainder():
@@ -111,7 +119,7 @@ def test_a_checkpoint_that_earns_no_reward_records_why_it_cannot_show_the_remain
     bug = rows[1]
     assert bug["responses"] == 64 and bug["responses_with_advantage"] == 0 and bug["max_abs_log_ratio"] < 1e-4
     assert rm.verdict(rows) == (False, True)
-    assert "every GRPO advantage was 0" in rm.metrics(rows)["not_shown"]
+    assert "every GRPO advantage was 0" in metrics(rows)["not_shown"]
 
 
 def test_verdict_is_not_fixed_when_the_new_guard_misses_the_true_ratio():
@@ -120,13 +128,15 @@ def test_verdict_is_not_fixed_when_the_new_guard_misses_the_true_ratio():
 
 
 def test_metrics_figures_and_explorer(rows):
-    kwargs = rm.metrics(rows)
+    head = rm.headline_rows(rows)
+    assert head[0] is rows[1] and head[1] is rows[0]  # GUARDS order: the fix first
+    kwargs = rm.metrics(rows, head)
     check_metrics(kwargs, "27_off_policy_remainder")
     assert kwargs["headline"]["bug"] == 0 and kwargs["headline"]["fix"] == rows[0]["true_clip_fraction"] > 0
     assert all(not {"steps", "seen_log_ratio", "true_log_ratio"} & set(r) for r in kwargs["metrics"]["runs"])  # no tensors
-    assert drew(rm.figure_remainder(rows, 0.2))
+    assert drew(rm.figure_remainder(rows, head, 0.2))
     assert len(rm.sweep_lines(rows).splitlines()) == len(rows)
-    explorer = rm.remainder_explorer(rows, 0.2)
+    explorer = rm.remainder_explorer(rows, head[0], 0.2)
     assert explorer.renders == 1 and explorer.last["guard"] == "trl-0.19" and explorer.last["seen_clip_fraction"] == 0
     explorer.controls["guard"].value = "trl-0.20"
     assert explorer.renders == 2 and explorer.last["seen_clip_fraction"] == explorer.last["true_clip_fraction"] > 0

@@ -35,10 +35,11 @@ def synthetic_row(lag: int, shift: float) -> dict:
 def test_verdict_is_false_without_staleness():
     synchronous = [synthetic_row(0, 0.0), synthetic_row(4, 0.0)]  # the actor never moved: nothing to hide
     assert st.verdict(synchronous) == (False, True)
-    assert "raise the learning rate" in st.headline_sentence(synchronous, 0.2)
-    assert "did not move this checkpoint's actor" in st.not_shown(synchronous) and st.metrics(synchronous, 0.2)["not_shown"]
+    head = st.headline_row(synchronous)
+    assert head is synchronous[1] and "raise the learning rate" in st.headline_sentence(synchronous, head, 0.2)
+    assert "did not move this checkpoint's actor" in st.not_shown(head) and st.metrics(synchronous, head, 0.2)["not_shown"]
     stale = [synthetic_row(0, 0.0), synthetic_row(4, 0.5)]
-    assert st.verdict(stale) == (True, True) and st.not_shown(stale) is None
+    assert st.verdict(stale) == (True, True) and st.not_shown(st.headline_row(stale)) is None
     assert stale[1]["true_clip_fraction"] == pytest.approx(5 / 8)  # outside (log 0.8, log 1.2) = (−0.223, 0.182): ±0.5, ±0.357, +0.214
 
 
@@ -48,11 +49,12 @@ def test_ppo_ratio_names_its_switch():
 
 
 def test_metrics_figures_and_explorer(rows, tmp_path):
-    kwargs = st.metrics(rows, 0.2)
+    head = st.headline_row(rows)
+    kwargs = st.metrics(rows, head, 0.2)
     check_metrics(kwargs, "28_async_staleness")
     assert kwargs["headline"]["bug"] == 0 and kwargs["headline"]["fix"] == rows[-1]["true_clip_fraction"]
     assert all("log_ratio" not in r for r in kwargs["metrics"]["lags"])  # tensors stay out of metrics.json
-    assert drew(st.figure_staleness(rows, 0.2))
+    assert drew(st.figure_staleness(rows, head, 0.2))
     assert len(st.sweep_lines(rows, 0.2).splitlines()) == len(rows)
     explorer = st.staleness_explorer(rows, 0.2)
     assert explorer.renders == 1 and explorer.last["lag"] == 2

@@ -84,12 +84,20 @@ def test_the_gap_on_repeated_prompts_grows_with_the_updates_only_when_the_cache_
     assert kv.verdict(rows) == (True, True)
 
 
+def not_shown(rows: list[dict]) -> str | None:
+    return kv.not_shown(rows, kv.headline_row(rows))
+
+
+def metrics(rows: list[dict]) -> dict:
+    return kv.metrics(rows, kv.headline_row(rows), 0.2)
+
+
 def test_the_sweep_records_how_far_the_updates_moved_the_weights(rows, tiny):
     fresh, stale = rows
     assert fresh["weight_change"] == 0 and fresh["train_responses"] == 0  # before any update
     assert stale["weight_change"] > 1e-5 and stale["train_responses"] == 16 and stale["train_rewarded"] > 0  # the tiny model learns
-    assert kv.not_shown(rows) is None and kv.metrics(rows, 0.2)["not_shown"] is None
-    assert kv.metrics(rows, 0.2)["metrics"]["updates"][1]["weight_change"] == stale["weight_change"]
+    assert not_shown(rows) is None and metrics(rows)["not_shown"] is None
+    assert metrics(rows)["metrics"]["updates"][1]["weight_change"] == stale["weight_change"]
     model, _ = tiny
     assert kv.weight_change(model, model) == 0 and kv.weight_change(perturbed(model, 0.5), model) > 0.1
 
@@ -104,7 +112,7 @@ def test_a_checkpoint_that_earns_no_reward_records_why_it_cannot_show_a_stale_ca
     rows = kv.update_sweep(untrained, tokenizer, problems[:4], problems[4:12], problems[12:], [0, 2], lr=1e-4, clip=0.2, seed=0)
     assert rows[-1]["train_rewarded"] == 0 and rows[-1]["weight_change"] == 0 and rows[-1]["keep"]["repeated_max_gap"] < 1e-4
     assert kv.verdict(rows) == (False, True)
-    reason = kv.metrics(rows, 0.2)["not_shown"]
+    reason = metrics(rows)["not_shown"]
     assert "left this checkpoint's weights exactly as they were" in reason and "none of them earned a reward" in reason
 
 
@@ -118,12 +126,12 @@ def synthetic(updates: int, keep_gap: float, invalidate_gap: float = 1e-7, new_g
 def test_verdict_is_false_on_bug_free_numbers_and_not_fixed_when_invalidation_fails():
     clean = [synthetic(0, 1e-7), synthetic(8, 1e-7)]  # the weights never moved, or the engine never caches
     assert kv.verdict(clean) == (False, True)
-    assert "raise the learning rate" in kv.headline_sentence(clean, 0.2)
-    assert kv.not_shown(clean) is None  # no record of the weights: a failed reproduction, not a blind spot
+    assert "raise the learning rate" in kv.headline_sentence(clean, kv.headline_row(clean), 0.2)
+    assert not_shown(clean) is None  # no record of the weights: a failed reproduction, not a blind spot
     frozen = [{**r, "weight_change": 0.0, "train_responses": 8 * r["updates"], "train_rewarded": 8 * r["updates"]} for r in clean]
-    assert "8 REINFORCE update(s)" in kv.not_shown(frozen) and "64 of them earned a reward" in kv.not_shown(frozen)
+    assert "8 REINFORCE update(s)" in not_shown(frozen) and "64 of them earned a reward" in not_shown(frozen)
     moved = [{**r, "weight_change": 1e-3, "train_responses": 8, "train_rewarded": 2} for r in clean]
-    assert kv.not_shown(moved) is None  # the weights moved and nothing showed: that must fail, not be excused
+    assert not_shown(moved) is None  # the weights moved and nothing showed: that must fail, not be excused
     noisy_misses = [synthetic(0, 1e-7, new_gap=1e-2), synthetic(8, 5e-2, new_gap=1e-2)]  # a gap everywhere: not the cache
     assert kv.verdict(noisy_misses)[0] is False
     assert kv.verdict([synthetic(0, 1e-7), synthetic(8, 5e-2)]) == (True, True)
@@ -131,11 +139,11 @@ def test_verdict_is_false_on_bug_free_numbers_and_not_fixed_when_invalidation_fa
 
 
 def test_metrics_figures_and_explorer(rows):
-    kwargs = kv.metrics(rows, 0.2)
+    kwargs = metrics(rows)
     check_metrics(kwargs, "29_stale_kv_cache")
     assert kwargs["headline"]["bug"] == rows[-1]["keep"]["repeated_gap"] > 1e-3 > 1e-4 > kwargs["headline"]["fix"]
     assert all("log_ratio" not in r[p] for r in kwargs["metrics"]["updates"] for p in kv.CACHE_POLICIES)  # no tensors
-    assert drew(kv.figure_stale_cache(rows, 0.2))
+    assert drew(kv.figure_stale_cache(rows, kv.headline_row(rows), 0.2))
     assert len(kv.sweep_lines(rows, 0.2).splitlines()) == 2 * len(rows)
     explorer = kv.stale_cache_explorer(rows, 0.2)
     assert explorer.renders == 1 and explorer.last["updates"] == 2 and explorer.last["outside_clip_invalidate"] == 0

@@ -45,16 +45,18 @@ def row(spread: float, kl: dict) -> dict:
 def test_verdict_is_false_on_bug_free_numbers():
     capped = [row(1.0, {FIX: 0.0, UNSLOTH: 0.0, NONE: 0.0}), row(20.0, {FIX: 0.0, UNSLOTH: 1e-7, NONE: 1e-7})]
     assert sc.verdict(capped) == (False, True)
-    assert "every path agrees" in sc.headline_sentence(capped)
+    assert "every path agrees" in sc.headline_sentence(capped, sc.headline_row(capped))
     broken_fix = [row(20.0, {FIX: 0.1, UNSLOTH: 1.0, NONE: 1.0})]
     assert sc.verdict(broken_fix) == (True, False)
 
 
 def test_metrics_figures_and_explorer(rows, tmp_path):
-    kwargs = sc.metrics(rows)
+    head = sc.headline_row(rows)
+    assert head is rows[-1]
+    kwargs = sc.metrics(rows, head)
     check_metrics(kwargs, "31_logit_softcapping")
     assert kwargs["headline"]["bug"] == rows[-1][UNSLOTH]["kl"] and kwargs["headline"]["fix"] == rows[-1][FIX]["kl"]
-    assert drew(sc.figure_softcapping(rows))
+    assert drew(sc.figure_softcapping(rows, head))
     assert len(sc.sweep_lines(rows).splitlines()) == len(rows)
     explorer = sc.softcap_explorer(30.0)
     assert explorer.renders == 1 and abs(explorer.last[FIX]) < 30 < explorer.last[UNSLOTH]
@@ -66,7 +68,7 @@ def test_metrics_figures_and_explorer(rows, tmp_path):
 def test_a_model_without_a_cap_records_not_shown_instead_of_crashing(arch, tmp_path):
     """GPT-2 keeps its decoder in ``.transformer`` (no ``.model``), Qwen2 ties its head to the input embeddings, and a
     Gemma-2 config with ``final_logit_softcapping=None`` has no cap: each runs through, every mode's KL is 0, and the
-    reason is recorded with its number (before: AttributeError for GPT-2, ``int * None`` for the others)."""
+    reason is recorded with its number."""
     from workbench.modeling.tiny import tiny_model
 
     overrides = {"final_logit_softcapping": None} if arch == "gemma2" else {}
@@ -75,13 +77,14 @@ def test_a_model_without_a_cap_records_not_shown_instead_of_crashing(arch, tmp_p
     rows = sc.spread_sweep(model, tokenizer, [p.prompt for p in rl_problems(4)], [1.0, 20.0])
     assert all(r[mode]["cap"] is None and r[mode]["kl"] <= 1e-6 for r in rows for mode in sc.CAP_MODES)
     assert rows[-1][FIX]["max_raw_logit"] > 30  # wide logits: a cap would have mattered, there is none
-    kwargs = sc.metrics(rows)
+    head = sc.headline_row(rows)
+    kwargs = sc.metrics(rows, head)
     check_metrics(kwargs, "31_logit_softcapping")
     assert (kwargs["reproduced"], kwargs["fixed"]) == (False, True)
     assert "no final-logit soft-cap (final_logit_softcapping is None)" in kwargs["not_shown"]
     assert "at most 0.0e+00 nats per token at raw logit std 20" in kwargs["not_shown"] and "cap none" in kwargs["headline"]["what"]
-    assert "no final-logit soft-cap" in sc.headline_sentence(rows) and len(sc.sweep_lines(rows).splitlines()) == 2
-    assert drew(sc.figure_softcapping(rows))
+    assert "no final-logit soft-cap" in sc.headline_sentence(rows, head) and len(sc.sweep_lines(rows).splitlines()) == 2
+    assert drew(sc.figure_softcapping(rows, head))
     assert sc.softcap_explorer(None).controls["c"].value == sc.GEMMA_CAP
 
 
@@ -100,7 +103,8 @@ def test_the_spread_rescales_only_the_logits_of_a_tied_head():
 
 
 def test_a_capped_model_is_never_excused_and_a_bad_cap_is_named(rows):
-    assert sc.not_shown(rows) is None and sc.metrics(rows)["not_shown"] is None
+    head = sc.headline_row(rows)
+    assert sc.not_shown(head) is None and sc.metrics(rows, head)["not_shown"] is None
     from workbench.modeling.tiny import tiny_model
 
     model, _ = tiny_model("gemma2")

@@ -38,12 +38,13 @@ def test_verdict_is_false_on_bug_free_numbers(rows):
 
 
 def test_metrics_figures_lines(rows):
-    kwargs = rn.metrics(rows)
+    head = rn.headline_row(rows)
+    kwargs = rn.metrics(rows, head)
     check_metrics(kwargs, "33_rank_local_normalisation")
     assert set(kwargs["metrics"]["by_imbalance"]) == {"1.0", "2.0"} and kwargs["headline"]["bug"] == pytest.approx(2.0)
-    assert drew(rn.figure_rank_normalisation(rows))
+    assert drew(rn.figure_rank_normalisation(rows, head))
     assert len(rn.row_lines(rows).splitlines()) == 2 and "local coefficients" in rn.clip_lines(rows[1])
-    assert "are the bug" in rn.headline_sentence(rows)
+    assert "are the bug" in rn.headline_sentence(head)
 
 
 def test_imbalance_explorer_redraws():

@@ -44,12 +44,14 @@ def test_verdict_both_ways():
 def test_metrics_figures_lines_and_explorer():
     turns = tt.turns_sweep(3, 4, 5, 1.0)
     penalties = tt.penalty_sweep([0, 16], [20, 20, 20], 96, 32)
-    kwargs = tt.metrics(turns, penalties)
+    head = tt.headline_rows(turns, penalties)
+    kwargs = tt.metrics(turns, penalties, head)
     check_metrics(kwargs, "35_multiturn_tool_tokens")
     assert kwargs["reproduced"] and kwargs["fixed"] and (kwargs["headline"]["bug"], kwargs["headline"]["fix"]) == (0.0, 1.0)
-    assert drew(tt.figure_tool_tokens(turns, penalties, 96, 32))
+    assert drew(tt.figure_tool_tokens(turns, penalties, head, 96, 32))
     assert len(tt.returns_lines(turns).splitlines()) == 3 and len(tt.penalty_lines(penalties).splitlines()) == 2
     assert "[0.0, 0.5, 1.0]" in tt.example_line(0.5)
+    assert tt.headline_sentence(head).startswith("first-turn reward-to-go in a 3-turn response")
     explorer = tt.tool_length_explorer([20, 20, 20], 96, 32)
     assert explorer.renders == 1 and explorer.last["penalty"]["penalty"]["bug"] < 0
     explorer.controls["tool_length"].value = 0

@@ -72,7 +72,7 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
     of a clean copy of a catalogue kernel, spawned elsewhere), each with its share of the CPU threads (``before`` must
     then be picklable: a module-level function or a ``functools.partial`` of one). Results do not depend on
     ``processes``, nor does the caller's global torch generator afterwards (each run seeds it for its dropout masks; in
-    this process under ``fork_rng``). ``device`` and ``pad_token`` go to ``workbench.modeling.models.load`` (the
+    this process under ``fork_rng``). ``device`` and ``pad_token`` go to ``workbench.experiments.checkpoints.load`` (the
     notebooks' parameters of those names).
     ``return_models``: return ``(runs, {label: trained policy of the first seed})`` instead.
     ``task`` (a name of ``tasks.registry.TASKS``): whose train/test prompts and reward the runs use; PPO/GRPO

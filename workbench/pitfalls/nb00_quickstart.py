@@ -18,6 +18,7 @@ from workbench.modeling.models import uses_rope
 from workbench.viz import plots
 
 DriftPerText = dict[str, list[float]]  # {"model": drift per text without position ids (bug), "mask": with them (fix)}
+SHOWN_BY = "a checkpoint with learned absolute positions (realistic-gpt2) shows it"
 
 
 # ---- verdict ------------------------------------------------------------------------------------
@@ -35,8 +36,7 @@ def not_shown(model, drift: DriftPerText, *, threshold: float = 1e-2) -> str | N
         return None
     dtype = next(model.parameters()).dtype
     return (f"{model.config.model_type} has rotary positions: the left-padding shift cancels up to rounding (largest effect "
-            f"without position ids {largest:.1e} ≤ {threshold:g} in {dtype}); a checkpoint with learned absolute positions "
-            "(realistic-gpt2) shows it")
+            f"without position ids {largest:.1e} ≤ {threshold:g} in {dtype}); {SHOWN_BY}")
 
 
 # ---- figures ------------------------------------------------------------------------------------
@@ -61,21 +61,19 @@ def figure_padding_and_positions(ids: torch.Tensor, mask: torch.Tensor):
 
 
 # ---- printers -----------------------------------------------------------------------------------
-def conclusion_sentence(model_name: str, model, drift: DriftPerText) -> str:
-    """The reading of the drift per text, printed from the measured numbers."""
-    reproduced, _ = verdict(drift)
+def conclusion_sentence(model_name: str, model, drift: DriftPerText, reproduced: bool) -> str:
+    """The reading of the drift per text and of ``verdict``'s ``reproduced``, printed from the measured numbers."""
     return (f"max |Δ log p| without position ids: {max(drift['model']):.2e} nats; "
             f"with mask-derived position ids: {max(drift['mask']):.2e}\n"
             f"{model_name} ({'rotary' if uses_rope(model) else 'learned absolute'} positions): "
             + ("the padding changes the log-probs; the fix removes it." if reproduced else
-               "no drift above float noise without the fix: this architecture hides the bug (try tiny-gpt2)."))
+               f"no drift above float noise without the fix: this architecture hides the bug; {SHOWN_BY}."))
 
 
 # ---- metrics ------------------------------------------------------------------------------------
-def metrics(model_name: str, model, drift: DriftPerText) -> dict:
-    """Notebook 00's ``notebook_api.write_metrics`` keyword arguments."""
+def metrics(model_name: str, model, drift: DriftPerText, *, reproduced: bool, fixed: bool) -> dict:
+    """Notebook 00's ``notebook_api.write_metrics`` keyword arguments (``reproduced``, ``fixed``: ``verdict(drift)``)."""
     bug, fix = max(drift["model"]), max(drift["mask"])
-    reproduced, fixed = verdict(drift)
     return {"notebook": "00_quickstart", "reproduced": reproduced, "fixed": fixed, "not_shown": not_shown(model, drift),
             "metrics": {"drift_without_position_ids": bug, "drift_with_position_ids": fix},
             "headline": {"what": f"max |Δ log p| of a text in a left-padded batch vs alone ({model_name})", "unit": "nats",

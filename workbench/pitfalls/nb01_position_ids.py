@@ -103,14 +103,14 @@ def first_step_mismatch(model, tokenizer, prompts: list[str], *, position_ids: s
         pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed),
     )
     train_logp = response_logprobs(model, ids, mask, rollout.response_ids, rollout.response_mask, position_ids=position_ids)
-    response_mask = rollout.response_mask.bool()
-    gap = (train_logp - rollout.rollout_logprobs)[response_mask]
-    kl_k1 = (rollout.rollout_logprobs - train_logp)[response_mask]  # reference = the same weights
+    # k1 per token against a reference with the policy's own weights; its negative is log ρ
+    kl_k1 = rollout.rollout_logprobs - train_logp
+    real = kl_k1[rollout.response_mask.bool()]
     return {
-        "max_ratio_deviation": float((gap.exp() - 1).abs().max()),
-        "mean_abs_kl_k1": float(kl_k1.abs().mean()),
-        "sequence_kl_k1": float(((rollout.rollout_logprobs - train_logp) * rollout.response_mask).sum(-1).mean()),
-        "max_abs_logp_gap": float(gap.abs().max()),
+        "max_ratio_deviation": float(((-real).exp() - 1).abs().max()),
+        "mean_abs_kl_k1": float(real.abs().mean()),
+        "sequence_kl_k1": float((kl_k1 * rollout.response_mask).sum(-1).mean()),
+        "max_abs_logp_gap": float(real.abs().max()),
     }
 
 
@@ -129,7 +129,7 @@ def drift_sweep(texts: list[str], pad_lengths, *, seed: int = 0, architectures=N
 
 def first_step_table(names, prompts: list[str], *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto") -> dict:
     """``first_step_mismatch`` for each model name × position-ids mode: ``{(name, mode): result}``
-    (``device``, ``pad_token``: as for ``workbench.modeling.models.load``)."""
+    (``device``, ``pad_token``: as for ``workbench.experiments.checkpoints.load``)."""
     table = {}
     for name in names:
         model, tokenizer = load(name, device=device, pad_token=pad_token)
@@ -141,6 +141,12 @@ def first_step_table(names, prompts: list[str], *, seed: int = 0, device: str = 
 def worst(sweep: dict, arch: str, dtype: str = "fp32", mode: str = "model", sides=("left", "right")) -> float:
     """The largest drift over pad lengths and ``sides`` of one architecture, dtype and mode."""
     return max(max(sweep[arch, dtype, side, mode]) for side in sides)
+
+
+def bf16_rope_drift(sweep: dict, rope=("llama", "qwen2")) -> tuple[float, float]:
+    """Largest left-padding drift of the rotary models in bf16 without (bug) and with (fix) position ids."""
+    return (max(worst(sweep, a, "bf16", "model", ("left",)) for a in rope),
+            max(worst(sweep, a, "bf16", "mask", ("left",)) for a in rope))
 
 
 def ppo_effects(runs: dict) -> dict:
@@ -295,7 +301,7 @@ def figure_first_step(table: dict):
 
 
 def plot_ppo(axes, runs: dict) -> None:
-    """Reward, KL and sampler-vs-trainer |ρ − 1| bands per variant (bug, fix), and held-out accuracy (4 axes)."""
+    """Reward, KL and max |Δ log p| sampler vs trainer, bands per variant (bug, fix), and held-out accuracy (4 axes)."""
     plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(runs), log_key="first_logp_gap")
 
 
@@ -304,25 +310,19 @@ def figure_ppo(runs: dict):
 
 
 # ---- printers -----------------------------------------------------------------------------------
-def bf16_rope_conclusion(sweep: dict, rope=("llama", "qwen2"), factor: float = 2.0) -> tuple[float, float, str]:
-    """Left-padding drift of rotary models in bf16 without (bug) and with (fix) position ids, and
-    the conclusion chosen by the numbers: does the position shift add anything to bf16 rounding?"""
-    bug = max(worst(sweep, a, "bf16", "model", ("left",)) for a in rope)
-    fix = max(worst(sweep, a, "bf16", "mask", ("left",)) for a in rope)
+def bf16_rope_sentence(bug: float, fix: float, factor: float = 2.0) -> str:
+    """The reading of ``bf16_rope_drift``'s (bug, fix): does the position shift add anything to bf16 rounding?"""
     if bug > factor * max(fix, 1e-12):
-        text = (f"rotary models in bf16: {bug:.1e} without position ids vs {fix:.1e} with: "
+        return (f"rotary models in bf16: {bug:.1e} without position ids vs {fix:.1e} with: "
                 "the shift is visible above bf16 rounding")
-    else:
-        text = (f"rotary models in bf16: {bug:.1e} without position ids vs {fix:.1e} with: both are bf16 rounding, "
-                "the fix changes nothing measurable")
-    return bug, fix, text
+    return (f"rotary models in bf16: {bug:.1e} without position ids vs {fix:.1e} with: both are bf16 rounding, "
+            "the fix changes nothing measurable")
 
 
 def drift_summary(sweep: dict) -> str:
     """Notebook 01's measured reading of the sweep (markdown bullets)."""
-    _, _, bf16_text = bf16_rope_conclusion(sweep)
     return (f"- rotary models, fp32, no position ids: max |Δ log p| = **{max(worst(sweep, a) for a in ('llama', 'qwen2')):.1e}**\n"
-            f"- {bf16_text}\n- GPT-2, fp32, no position ids: **{worst(sweep, 'gpt2'):.2f}** nats\n"
+            f"- {bf16_rope_sentence(*bf16_rope_drift(sweep))}\n- GPT-2, fp32, no position ids: **{worst(sweep, 'gpt2'):.2f}** nats\n"
             "- every architecture with mask-derived position ids (fp32): "
             f"**{max(worst(sweep, a, mode='mask') for a in ARCHITECTURES):.1e}**")
 
@@ -339,7 +339,7 @@ def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
 
     def model_for(arch, dtype):
         if (arch, dtype) not in cache:
-            cache[arch, dtype] = tiny_model(arch, seed=seed, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16)
+            cache[arch, dtype] = tiny_model(arch, seed=seed, dtype=DTYPES[dtype])
         return cache[arch, dtype]
 
     def draw(arch, dtype, pad, position_ids):
@@ -353,7 +353,7 @@ def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
 
     controls = {
         "arch": widgets.Dropdown(options=list(ARCHITECTURES), value="gpt2", description="arch"),
-        "dtype": widgets.ToggleButtons(options=["fp32", "bf16"], value="fp32", description="dtype"),
+        "dtype": widgets.ToggleButtons(options=list(DTYPES), value="fp32", description="dtype"),
         "pad": widgets.IntSlider(value=4, min=0, max=32, description="extra pads"),
         "position_ids": widgets.ToggleButtons(options=["model", "mask"], value="model", description="position_ids"),
     }

@@ -1,8 +1,8 @@
 """Pitfall S5: how a GRPO loss is normalised over tokens and sequences.
 
 The GRPO paper averages token losses within each sequence, then over sequences
-(``seq-mean-token-mean``); TRL first implemented Σ(loss·mask)/Σmask over the whole batch
-(``token-mean``). They weight tokens differently:
+(``seq-mean-token-mean``), as TRL's ``GRPOTrainer`` 0.14.0 and 0.15.2 did; TRL 0.16.1 takes
+Σ(loss·mask)/Σmask over the whole batch (``token-mean``). They weight tokens differently:
 
 =========================== ===================================================
 mode                        gradient weight of one token of a length-L_i sequence
@@ -132,25 +132,16 @@ def effective_beta_sweep(spreads, beta: float, loss_agg: str = "token-mean", sho
             for agg in ("per_sequence", "with_loss")}
 
 
-def training_conclusion(runs: dict, fraction: float = 0.25) -> tuple[dict, str]:
-    """Final reward per mode (mean ± std over seeds) and whether the spread between modes exceeds the seed noise."""
-
+def training_summary(runs: dict, fraction: float = 0.25) -> dict:
+    """Per mode, the mean reward over the first and the last ``fraction`` of steps (mean over seeds) and the
+    seed-to-seed std of the last: ``{mode: {"reward_start", "reward_end", "reward_end_std_over_seeds"}}``."""
     summary = {}
     for mode, histories in runs.items():
         finals = [tail_mean(h, "reward", fraction) for h in histories]
         starts = [float(np.mean([s["reward"] for s in h[: max(1, int(len(h) * fraction))]])) for h in histories]
         summary[mode] = {"reward_start": float(np.mean(starts)), "reward_end": float(np.mean(finals)),
                          "reward_end_std_over_seeds": float(np.std(finals, ddof=1)) if len(finals) > 1 else float("nan")}
-    ends = [s["reward_end"] for s in summary.values()]
-    noise = max(s["reward_end_std_over_seeds"] for s in summary.values())
-    seeds = len(next(iter(runs.values())))
-    if not np.isfinite(noise):
-        text = f"spread of final rewards across modes {max(ends) - min(ends):.3f}; one seed: no noise estimate, no conclusion."
-    else:
-        larger = max(ends) - min(ends) > 2 * noise
-        text = (f"spread of final rewards across modes {max(ends) - min(ends):.3f} vs seed-to-seed std up to {noise:.3f} "
-                f"({seeds} seeds): {'larger than' if larger else 'not larger than'} seed noise.")
-    return summary, text
+    return summary
 
 
 def training_effects(runs: dict, modes: list[str]) -> dict:
@@ -282,15 +273,15 @@ def loss_mode_explorer() -> Explorer:
 
 # ---- metrics ------------------------------------------------------------------------------------
 def metrics(*, probe: dict, weight_error: float, effective: dict, beta: float, runs: dict, effects: dict, settings: dict,
-            task: str = "arith") -> dict:
+            task: str) -> dict:
     """Notebook 05's ``notebook_api.write_metrics`` keyword arguments."""
     reproduced, fixed = verdict(probe, effective, beta)
-    summary, _ = training_conclusion(runs)
     return {
         "notebook": "05_grpo_loss_normalization", "reproduced": reproduced, "fixed": fixed,
         "metrics": {"zero_loss_probe": {mode: r["loss"] for mode, r in probe.items()},
                     "zero_loss_probe_grad_norm": {mode: r["grad_norm"] for mode, r in probe.items()},
-                    "token_weight_max_error": weight_error, "effective_beta": effective, "training": summary,
+                    "token_weight_max_error": weight_error, "effective_beta": effective,
+                    "training": training_summary(runs),
                     "training_effects": {k: vars(e) for k, e in effects.items()}, "prediction": PREDICTION.record(effects, task),
                     "heldout_gain": {m: vars(statistics.gain(runs, m)) for m in runs}, "training_settings": settings},
         "headline": {"what": "zero-loss probe: GRPO loss at β = 0, ρ = 1 (token-mean vs per-sequence mean)", "unit": "loss",

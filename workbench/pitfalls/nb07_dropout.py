@@ -3,7 +3,7 @@
 With dropout active, two forwards of the same weights draw different masks: the log-probs the
 sampler recorded, the trainer's recomputation and the reference's all disagree, so at step 0
 the importance ratio is not 1 and the KL to an identical reference is not 0. The fix
-(``workbench.modeling.models.disable_dropout``, TRL's ``disable_dropout``) sets every probability to 0.
+(``workbench.modeling.dropout.disable_dropout``, TRL's ``disable_dropout``) sets every probability to 0.
 """
 
 from __future__ import annotations

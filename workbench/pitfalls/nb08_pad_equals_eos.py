@@ -25,7 +25,7 @@ from workbench.viz.explorer import Explorer
 def starting_model(name: str, *, seed: int = 0, device: str = "auto", pad_token: str | None = "auto"):
     """``(model, tokenizer)`` to fine-tune: ``tiny-<arch>`` (``tiny-qwen2``, ``tiny-llama``, ``tiny-gpt2``)
     or a bare architecture name is a tiny model built from scratch with ``seed``; any other name or
-    folder goes to ``workbench.modeling.models.load``."""
+    folder goes to ``workbench.experiments.checkpoints.load``."""
     arch = name.removeprefix("tiny-")
     if arch in ARCHITECTURES:
         return tiny_model(arch, seed=seed)

@@ -88,6 +88,11 @@ def sweep(model, tokenizer, prompts: list[str], settings: list[tuple[int, float]
     return [first_step_ratio(model, tokenizer, prompts, top_k=k, top_p=p, **kwargs) for k, p in settings]
 
 
+def headline_row(rows: list[dict]) -> dict:
+    """The headline setting: top-p 0.8 alone when swept, else the last setting."""
+    return next((r for r in rows if r["top_p"] == 0.8 and not r["top_k"]), rows[-1])
+
+
 # ---- verdict ------------------------------------------------------------------------------------
 def verdict(row: dict, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed) for one truncating setting's ``first_step_ratio`` row.
@@ -144,13 +149,8 @@ def sweep_lines(rows: list[dict]) -> str:
                      f"fix max |ρ−1| = {r['fix']['max_ratio_deviation']:.1e}" for r in rows)
 
 
-def headline_row(rows: list[dict]) -> dict:
-    """The headline setting: top-p 0.8 alone when swept, else the last setting."""
-    return next((r for r in rows if r["top_p"] == 0.8 and not r["top_k"]), rows[-1])
-
-
-def headline_sentence(rows: list[dict]) -> str:
-    head = headline_row(rows)
+def headline_sentence(head: dict) -> str:
+    """The ``headline_row``'s ratio with full-softmax and with same-filter scoring."""
     return (f"Headline (top_k={head['top_k']}, top_p={head['top_p']}): mean ρ {head['bug']['mean_ratio']:.4f} with full-softmax scoring "
             f"(kept mass {head['kept_mass']:.4f}) → {head['fix']['mean_ratio']:.4f} with the same filters; "
             + ("ρ = S token by token." if verdict(head)[0] else "no measurable bias at this setting."))
@@ -181,9 +181,9 @@ def filter_ratio_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -
 
 
 # ---- metrics ------------------------------------------------------------------------------------
-def metrics(rows: list[dict]) -> dict:
-    """``notebook_api.write_metrics``'s keyword arguments for notebook 14: the headline setting's verdict, fixed at every setting."""
-    head = headline_row(rows)
+def metrics(rows: list[dict], head: dict) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 14 (``head``: ``headline_row(rows)``): the headline
+    setting's verdict, fixed at every setting."""
     reproduced, fixed = verdict(head)
     return dict(
         notebook="14_truncated_sampling",

@@ -82,6 +82,11 @@ def sweep(model, tokenizer, prompts: list[str], temperatures: list[float], **kwa
     return [step0_measurements(model, tokenizer, prompts, temperature=t, **kwargs) for t in temperatures]
 
 
+def headline_row(rows: list[dict], headline_temperature: float) -> dict:
+    """The ``sweep`` row whose temperature is nearest ``headline_temperature``."""
+    return min(rows, key=lambda r: abs(r["temperature"] - headline_temperature))
+
+
 # ---- verdict ------------------------------------------------------------------------------------
 def verdict(rows: list[dict], tolerance: float = 1e-5) -> tuple[bool, bool]:
     """(reproduced, fixed): at some τ ≠ 1 the raw-logit entropy differs from the sampled one and the
@@ -133,12 +138,8 @@ def sweep_lines(rows: list[dict]) -> str:
                      f"k3 {r['bug']['kl_k3']:.2e}; fix exact {r['fix']['kl_exact']:.1e}" for r in rows)
 
 
-def headline_row(rows: list[dict], headline_temperature: float) -> dict:
-    return min(rows, key=lambda r: abs(r["temperature"] - headline_temperature))
-
-
-def headline_sentence(rows: list[dict], headline_temperature: float) -> str:
-    head = headline_row(rows, headline_temperature)
+def headline_sentence(rows: list[dict], head: dict) -> str:
+    """The ``headline_row``'s entropy gap and step-0 KL, and whether the fix removes both at every temperature."""
     return (f"At τ = {head['temperature']}: the logged entropy is off by {abs(head['entropy_gap']):.4f} nats "
             f"({abs(head['entropy_gap']) / head['fix']['entropy']:.0%} of the true {head['fix']['entropy']:.4f}) and the step-0 KL is "
             f"{head['bug']['kl_exact']:.2e} nats/token instead of 0; "
@@ -176,9 +177,8 @@ def entropy_temperature_explorer(logits: torch.Tensor) -> Explorer:
 
 
 # ---- metrics ------------------------------------------------------------------------------------
-def metrics(rows: list[dict], headline_temperature: float) -> dict:
-    """``notebook_api.write_metrics``'s keyword arguments for notebook 15."""
-    head = headline_row(rows, headline_temperature)
+def metrics(rows: list[dict], head: dict) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 15 (``head``: the ``headline_row``)."""
     reproduced, fixed = verdict(rows)
     return dict(
         notebook="15_temperature_entropy", reproduced=reproduced, fixed=fixed,

@@ -187,6 +187,11 @@ def partial_group_sweep(rewards: torch.Tensor, drop_probs: list[float], group_si
     return rows
 
 
+def headline_rows(singleton: list[dict], partial: list[dict]) -> tuple[dict, dict]:
+    """The singleton row nearest v = 0.95 and the most mis-grouped partial-group row."""
+    return min(singleton, key=lambda r: abs(r["value"] - 0.95)), max(partial, key=lambda r: r["misgrouped_fraction"])
+
+
 # ---- verdict ------------------------------------------------------------------------------------
 def verdict(singleton: dict, partial: dict, *, floor_tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed) from one ``singleton_sweep`` row and one ``misgrouping`` result.
@@ -288,20 +293,9 @@ def plot_singleton_advantages(ax, row: dict) -> None:
 
 
 # ---- printers -----------------------------------------------------------------------------------
-def headline_singleton(singleton: list[dict]) -> dict:
-    """The ``singleton_sweep`` row nearest v = 0.95."""
-    return min(singleton, key=lambda r: abs(r["value"] - 0.95))
-
-
-def headline_rows(singleton: list[dict], partial: list[dict]) -> tuple[dict, dict]:
-    """The singleton row nearest v = 0.95 and the most mis-grouped partial-group row."""
-    return headline_singleton(singleton), max(partial, key=lambda r: r["misgrouped_fraction"])
-
-
-def cancellation_line(singleton: list[dict], group_size: int) -> str:
+def cancellation_line(head: dict, group_size: int) -> str:
     """E[x²] − E[x]² of the headline group's ``group_size − 1`` equal rewards in fp32 (exactly 0 in exact arithmetic),
-    with both stds."""
-    head = headline_singleton(singleton)
+    with both stds (``head``: the singleton row of ``headline_rows``)."""
     return (f"{group_size - 1} rewards of {head['value']} in fp32: E[x²] − E[x]² = {head['E[x²] − E[x]²']:.2g}, "
             f"one-pass std {head['one-pass std']:.2g}, two-pass std {head['two-pass std']:.2g}")
 
@@ -317,8 +311,8 @@ def sweep_lines(singleton: list[dict], spreads: list[float], errors: dict, parti
     return "\n".join(lines)
 
 
-def headline_sentence(singleton: list[dict], partial: list[dict]) -> str:
-    head, worst = headline_rows(singleton, partial)
+def headline_sentence(head: dict, worst: dict) -> str:
+    """The ``headline_rows``' advantage of the reward-0 sample without and with the fix, and the verdict's reading."""
     return (f"[0, {head['value']} × 7]: A = {head['one-pass']:.1f} with the one-pass std, {head['two-pass + floor']:.4f} with the fix; "
             + ("the residue is the bug." if verdict(head, worst)[0] else "no residue at this value."))
 
@@ -339,9 +333,9 @@ def singleton_advantage_explorer(group_size: int = 8, value: float = 0.95) -> Ex
 
 
 # ---- metrics ------------------------------------------------------------------------------------
-def metrics(singleton: list[dict], errors: dict, partial: list[dict]) -> dict:
-    """``notebook_api.write_metrics``'s keyword arguments for notebook 16: fixed needs zero-mean groups at every drop rate."""
-    head, worst = headline_rows(singleton, partial)
+def metrics(singleton: list[dict], errors: dict, partial: list[dict], head: dict, worst: dict) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 16 (``head``, ``worst``: ``headline_rows``): fixed needs
+    zero-mean groups at every drop rate."""
     reproduced, fixed = verdict(head, worst)
     return dict(
         notebook="16_group_statistics",

@@ -138,12 +138,19 @@ def sweep(model, tokenizer, n_texts: int, seed: int = 0, eos_inside: bool = Fals
     return out
 
 
-# ---- verdict ------------------------------------------------------------------------------------
 def scenario_row(rows: list[dict], side: str, pad_is_eos: bool, rule: str) -> dict:
     """The ``sweep`` row of one (padding side, pad = EOS) scenario under ``rule``."""
     return next(r for r in rows if r["side"] == side and r["pad_is_eos"] == pad_is_eos and r["rule"] == rule)
 
 
+def headline_rows(rows: list[dict], inside: list[dict]) -> tuple[dict, dict, dict]:
+    """The rows the headline reads: left padding with pad = EOS under 'first pad − 1' (bug) and under the rightmost
+    attended token (fix), and 'first pad − 1' with an EOS inside the text (the worst case)."""
+    return (scenario_row(rows, "left", True, RULES[0]), scenario_row(rows, "left", True, RULES[2]),
+            scenario_row(inside, "left", True, RULES[0]))
+
+
+# ---- verdict ------------------------------------------------------------------------------------
 def verdict(rows: list[dict], inside: list[dict], *, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed) from ``sweep`` rows without and with an EOS inside the texts.
 
@@ -204,15 +211,9 @@ def pooling_lines(rows: list[dict], inside: list[dict]) -> str:
                      f"{r['mean_abs_offset']:.2f}), max |Δ score| {r['max_abs_score_delta']:.2e}" for r in rows + inside)
 
 
-def headline_rows(rows: list[dict], inside: list[dict]) -> tuple[dict, dict, dict]:
-    """The rows the headline reads: left padding with pad = EOS under 'first pad − 1' (bug) and under the rightmost
-    attended token (fix), and 'first pad − 1' with an EOS inside the text (the worst case)."""
-    return (scenario_row(rows, "left", True, RULES[0]), scenario_row(rows, "left", True, RULES[2]),
-            scenario_row(inside, "left", True, RULES[0]))
-
-
-def headline_sentence(rows: list[dict], inside: list[dict]) -> str:
-    bug, fix, worst = headline_rows(rows, inside)
+def headline_sentence(rows: list[dict], inside: list[dict], head: tuple[dict, dict, dict]) -> str:
+    """The score shifts of the ``headline_rows`` ``head`` (bug, fix, worst case), and the verdict's reading."""
+    bug, fix, worst = head
     reproduced, fixed = verdict(rows, inside)
     outcome = (("the bug is reproduced" if reproduced else "the bug did not show")
                + (" and the fix holds in every scenario." if fixed else ", and the fix does not hold everywhere."))
@@ -242,10 +243,10 @@ def pooling_explorer(model, tokenizer, n_texts: int = 8) -> Explorer:
 
 
 # ---- metrics ------------------------------------------------------------------------------------
-def metrics(rows: list[dict], inside: list[dict]) -> dict:
-    """``notebook_api.write_metrics``'s keyword arguments for notebook 24."""
+def metrics(rows: list[dict], inside: list[dict], head: tuple[dict, dict, dict]) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 24 (``head``: ``headline_rows(rows, inside)``)."""
     reproduced, fixed = verdict(rows, inside)
-    bug, fix, _ = headline_rows(rows, inside)
+    bug, fix, _ = head
     return dict(
         notebook="24_reward_model_pooling", reproduced=reproduced, fixed=fixed,
         metrics={"scenarios": rows, "eos_inside": inside},

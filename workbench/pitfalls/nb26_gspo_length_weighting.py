@@ -110,6 +110,11 @@ def length_ratio_sweep(long_lengths: list[int], short_length: int, seed: int = 0
     return rows
 
 
+def headline_row(rows: list[dict]) -> dict:
+    """The ``length_ratio_sweep`` row with the longest long sample."""
+    return max(rows, key=lambda r: r["long"])
+
+
 # ---- verdict -------------------------------------------------------------------------------------
 def verdict(rows: list[dict], *, tolerance: float = 0.02) -> tuple[bool, bool]:
     """(reproduced, fixed) from ``length_ratio_sweep`` rows.
@@ -166,12 +171,12 @@ def ratio_lines(rows: list[dict], batch: dict) -> str:
     return "\n".join(lines)
 
 
-def headline_sentence(rows: list[dict]) -> str:
-    r = max(rows, key=lambda r: r["long"])
+def headline_sentence(rows: list[dict], head: dict) -> str:
+    """The weight ratio of the ``headline_row`` ``head`` with the bug and with the fix, and the verdict's reading."""
     reproduced, fixed = verdict(rows)
     what = ("the bug weighs samples by their length" if reproduced else "no length weighting measured")
-    return (f"{r['long']} vs {r['short']} tokens: long/short weight {r['broadcast token-mean']:.2f} with the bug, "
-            f"{r['per-sequence mean']:.3f} with the fix — {what}; " + ("the fix weighs them equally." if fixed else "the fix does not."))
+    return (f"{head['long']} vs {head['short']} tokens: long/short weight {head['broadcast token-mean']:.2f} with the bug, "
+            f"{head['per-sequence mean']:.3f} with the fix — {what}; " + ("the fix weighs them equally." if fixed else "the fix does not."))
 
 
 # ---- explorer ------------------------------------------------------------------------------------
@@ -194,14 +199,13 @@ def length_explorer(short_length: int = 4, long_length: int = 32) -> Explorer:
 
 
 # ---- metrics -------------------------------------------------------------------------------------
-def metrics(rows: list[dict], batch: dict) -> dict:
-    """``notebook_api.write_metrics``'s keyword arguments for notebook 26."""
+def metrics(rows: list[dict], batch: dict, head: dict) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 26 (``head``: the ``headline_row``)."""
     reproduced, fixed = verdict(rows)
-    r = max(rows, key=lambda r: r["long"])
     return dict(
         notebook="26_gspo_length_weighting", reproduced=reproduced, fixed=fixed,
         metrics={"length_ratio_sweep": rows,
                  "sampled_batch": {k: v for k, v in batch.items() if k.endswith("share")} | {"lengths": batch["lengths"]}},
-        headline={"what": f"gradient weight of a {r['long']}-token sample / a {r['short']}-token one (paper: 1)", "unit": "ratio",
-                  "bug": r["broadcast token-mean"], "fix": r["per-sequence mean"]},
+        headline={"what": f"gradient weight of a {head['long']}-token sample / a {head['short']}-token one (paper: 1)", "unit": "ratio",
+                  "bug": head["broadcast token-mean"], "fix": head["per-sequence mean"]},
     )

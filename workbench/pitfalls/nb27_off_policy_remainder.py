@@ -191,14 +191,17 @@ def steps_per_generation_sweep(model, tokenizer, problems, steps_per_generation:
     return rows
 
 
-def headline_row(rows: list[dict], guard: str = "trl-0.19") -> dict:
-    """The ``guard`` run of the setting the bug hits hardest: off-policy micro-steps and no snapshot under the
-    bug's guard, the largest off-policy share (first such ``steps_per_generation``); else the first row."""
+def headline_rows(rows: list[dict]) -> tuple[dict, dict]:
+    """The TRL 0.19 (bug) and TRL 0.20 (fix) runs of the setting the bug hits hardest: off-policy micro-steps and no
+    snapshot under the bug's guard, the largest off-policy share (first such ``steps_per_generation``); else each
+    guard's first run."""
     hit = [r for r in rows if r["guard"] == "trl-0.19" and not r["snapshot"] and r["off_policy_share"] > 0]
-    if not hit:
-        return next(r for r in rows if r["guard"] == guard)
-    spg = max(hit, key=lambda r: r["off_policy_share"])["steps_per_generation"]
-    return next(r for r in rows if r["guard"] == guard and r["steps_per_generation"] == spg)
+    spg = max(hit, key=lambda r: r["off_policy_share"])["steps_per_generation"] if hit else None
+
+    def run(guard: str) -> dict:
+        return next(r for r in rows if r["guard"] == guard and (spg is None or r["steps_per_generation"] == spg))
+
+    return run("trl-0.19"), run("trl-0.20")
 
 
 # ---- verdict -------------------------------------------------------------------------------------
@@ -217,14 +220,14 @@ def verdict(rows: list[dict], *, tolerance: float = 1e-4) -> tuple[bool, bool]:
     return reproduced, fixed
 
 
-def not_shown(rows: list[dict], *, tolerance: float = 1e-4) -> str | None:
+def not_shown(rows: list[dict], bug: dict, *, tolerance: float = 1e-4) -> str | None:
     """Why this checkpoint cannot show the pitfall, or None (shown, or no setting that the bug hits: a parameter choice
     that ``headline_sentence`` names). When the optimiser steps leave the policy where it sampled (true |log ρ| ≤
     ``tolerance`` on every off-policy token: a checkpoint that never earns the task's reward gets GRPO advantages of 0
-    and no gradient), a ratio of 1 is the true one and there is nothing off-policy to hide."""
+    and no gradient), a ratio of 1 is the true one and there is nothing off-policy to hide. ``bug``: the first of
+    ``headline_rows``."""
     if verdict(rows, tolerance=tolerance)[0]:
         return None
-    bug = headline_row(rows, "trl-0.19")
     if bug["snapshot"] or bug["off_policy_share"] == 0 or bug["max_abs_log_ratio"] > tolerance:
         return None
     why = (f"every GRPO advantage was 0 (in each group of the {bug['responses']} sampled responses the rewards were equal), so "
@@ -300,9 +303,10 @@ def plot_log_ratio(ax, bug: dict, fix: dict, clip: float) -> None:
     ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)  # above: the bars reach the top
 
 
-def figure_remainder(rows: list[dict], clip: float):
-    """The notebook's figure: the bug's timeline, the sweep over steps_per_generation, the log-ratio histogram."""
-    bug, fix = headline_row(rows, "trl-0.19"), headline_row(rows, "trl-0.20")
+def figure_remainder(rows: list[dict], head: tuple[dict, dict], clip: float):
+    """The notebook's figure: the bug's timeline, the sweep over steps_per_generation, the log-ratio histogram of the
+    ``headline_rows`` ``head``."""
+    bug, fix = head
     return plots.figure_panels((18, 4.2), lambda ax: plot_timeline(ax, bug), lambda ax: plot_sweep(ax, rows),
                                lambda ax: plot_log_ratio(ax, bug, fix, clip))
 
@@ -319,9 +323,10 @@ def sweep_lines(rows: list[dict]) -> str:
         f"{r['max_weight_error']:.1e}" for r in rows)
 
 
-def headline_sentence(rows: list[dict]) -> str:
+def headline_sentence(rows: list[dict], head: tuple[dict, dict]) -> str:
+    """The verdict's reading, with the share of tokens outside the clip window in the ``headline_rows`` ``head``."""
     reproduced, fixed = verdict(rows)
-    bug, fix = headline_row(rows, "trl-0.19"), headline_row(rows, "trl-0.20")
+    bug, fix = head
     if not reproduced:
         return ("no setting showed the bug: either every steps_per_generation divides GA (nothing is off-policy) or the "
                 "policy moved too little in one optimiser step for a token to leave the clip window — raise the learning "
@@ -336,8 +341,9 @@ def headline_sentence(rows: list[dict]) -> str:
 
 
 # ---- explorer ------------------------------------------------------------------------------------
-def remainder_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
-    """Controls for steps_per_generation, the guard and ε: that run's timeline, redrawn."""
+def remainder_explorer(rows: list[dict], bug: dict, clip: float = 0.2) -> Explorer:
+    """Controls for steps_per_generation, the guard and ε: that run's timeline, redrawn; it opens on the setting of
+    ``bug`` (the first of ``headline_rows``)."""
 
     def draw(steps_per_generation, guard, epsilon):
         row = next(r for r in rows if r["steps_per_generation"] == steps_per_generation and r["guard"] == guard)
@@ -352,21 +358,21 @@ def remainder_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
                 "true_clip_fraction": row["true_clip_fraction"], "seen_clip_fraction": row["seen_clip_fraction"]}
 
     spgs = sorted({r["steps_per_generation"] for r in rows})
-    start = headline_row(rows)["steps_per_generation"]
-    return Explorer({"steps_per_generation": widgets.SelectionSlider(options=spgs, value=start, description="steps/gen"),
+    return Explorer({"steps_per_generation": widgets.SelectionSlider(options=spgs, value=bug["steps_per_generation"],
+                                                                     description="steps/gen"),
                      "guard": widgets.ToggleButtons(options=list(GUARDS), value="trl-0.19", description="guard"),
                      "epsilon": widgets.FloatSlider(value=clip, min=0.01, max=0.5, step=0.01, description="ε")},
                     draw, title="P27: the remainder of a generation batch after optimizer.step()")
 
 
 # ---- metrics -------------------------------------------------------------------------------------
-def metrics(rows: list[dict]) -> dict:
-    """``notebook_api.write_metrics``'s keyword arguments for notebook 27."""
+def metrics(rows: list[dict], head: tuple[dict, dict]) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 27 (``head``: ``headline_rows(rows)``)."""
     reproduced, fixed = verdict(rows)
-    bug, fix = headline_row(rows, "trl-0.19"), headline_row(rows, "trl-0.20")
+    bug, fix = head
     tensors = ("seen_log_ratio", "true_log_ratio", "steps")
     return dict(
-        notebook="27_off_policy_remainder", reproduced=reproduced, fixed=fixed, not_shown=not_shown(rows),
+        notebook="27_off_policy_remainder", reproduced=reproduced, fixed=fixed, not_shown=not_shown(rows, bug),
         metrics={"runs": [{k: v for k, v in r.items() if k not in tensors} for r in rows]},
         headline={"what": f"share of off-policy tokens outside the ε = {bug['clip']:g} clip window seen by the loss "
                           f"(GA {bug['gradient_accumulation_steps']}, steps_per_generation {bug['steps_per_generation']}; "

@@ -104,6 +104,11 @@ def lag_sweep(model, tokenizer, problems, train_problems, lags: list[int], *, lr
     return rows
 
 
+def headline_row(rows: list[dict]) -> dict:
+    """The ``lag_sweep`` row at the largest lag."""
+    return max(rows, key=lambda r: r["lag"])
+
+
 # ---- verdict -------------------------------------------------------------------------------------
 def verdict(rows: list[dict], *, gap_threshold: float = 1e-3, tolerance: float = 1e-5) -> tuple[bool, bool]:
     """(reproduced, fixed) from ``lag_sweep`` rows.
@@ -121,10 +126,10 @@ def verdict(rows: list[dict], *, gap_threshold: float = 1e-3, tolerance: float =
     return reproduced, fixed
 
 
-def not_shown(rows: list[dict], *, gap_threshold: float = 1e-3) -> str | None:
+def not_shown(stale: dict, *, gap_threshold: float = 1e-3) -> str | None:
     """Why this checkpoint cannot show the pitfall, or None: when the lagged updates leave the actor where the sampler
-    was (mean |gap| ≤ ``gap_threshold`` at the largest lag), there is no staleness for the recomputed ratio to hide."""
-    stale = max(rows, key=lambda r: r["lag"])
+    was (mean |gap| ≤ ``gap_threshold`` at the largest lag, ``stale``: the ``headline_row``), there is no staleness for
+    the recomputed ratio to hide."""
     if stale["mean_abs_gap"] > gap_threshold:
         return None
     return (f"the {stale['lag']} lagged update(s) did not move this checkpoint's actor away from the sampler (mean |log p gap| "
@@ -168,12 +173,13 @@ def plot_log_ratio(ax, row: dict, clip: float) -> None:
     ax.set_ylabel("tokens")
 
 
-def figure_staleness(rows: list[dict], clip: float):
-    """The notebook's figure: the gap, the clip fractions, and the log-ratio histogram at the largest lag."""
+def figure_staleness(rows: list[dict], stale: dict, clip: float):
+    """The notebook's figure: the gap, the clip fractions, and the log-ratio histogram at the largest lag (``stale``: the
+    ``headline_row``)."""
     fig, axes = plt.subplots(1, 3, figsize=(17, 4))
     plot_gap(axes[0], rows)
     plot_clip(axes[1], rows, clip)
-    plot_log_ratio(axes[2], max(rows, key=lambda r: r["lag"]), clip)
+    plot_log_ratio(axes[2], stale, clip)
     fig.tight_layout()
     return fig
 
@@ -185,8 +191,8 @@ def sweep_lines(rows: list[dict], clip: float) -> str:
                      f"seen with the recomputed ones {r['clip_fraction_recomputed']:.1%}" for r in rows)
 
 
-def headline_sentence(rows: list[dict], clip: float) -> str:
-    stale = max(rows, key=lambda r: r["lag"])
+def headline_sentence(rows: list[dict], stale: dict, clip: float) -> str:
+    """What the loss sees at the largest lag (``stale``: the ``headline_row``), and the verdict's reading."""
     reproduced, fixed = verdict(rows)
     if not reproduced:
         return (f"at lag {stale['lag']} the actor moved only {stale['mean_abs_gap']:.1e} nats per token (threshold 1e-3) or no token "
@@ -216,12 +222,11 @@ def staleness_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
 
 
 # ---- metrics -------------------------------------------------------------------------------------
-def metrics(rows: list[dict], clip: float) -> dict:
-    """``notebook_api.write_metrics``'s keyword arguments for notebook 28."""
+def metrics(rows: list[dict], stale: dict, clip: float) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 28 (``stale``: the ``headline_row``)."""
     reproduced, fixed = verdict(rows)
-    stale = max(rows, key=lambda r: r["lag"])
     return dict(
-        notebook="28_async_staleness", reproduced=reproduced, fixed=fixed, not_shown=not_shown(rows),
+        notebook="28_async_staleness", reproduced=reproduced, fixed=fixed, not_shown=not_shown(stale),
         metrics={"clip": clip, "lags": [{k: v for k, v in r.items() if k != "log_ratio"} for r in rows]},
         headline={"what": f"share of tokens outside the ε = {clip:g} clip window seen by the loss at lag {stale['lag']} "
                           f"(true: {stale['true_clip_fraction']:.3f})", "unit": "fraction of tokens",

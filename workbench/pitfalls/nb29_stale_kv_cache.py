@@ -185,6 +185,11 @@ def update_sweep(model, tokenizer, repeated, new_pool, train_problems, updates: 
     return rows
 
 
+def headline_row(rows: list[dict]) -> dict:
+    """The ``update_sweep`` row after the most updates."""
+    return max(rows, key=lambda r: r["updates"])
+
+
 # ---- verdict -------------------------------------------------------------------------------------
 def verdict(rows: list[dict], *, signature: float = 1e-3, tolerance: float = 1e-4) -> tuple[bool, bool]:
     """(reproduced, fixed) from ``update_sweep`` rows.
@@ -201,11 +206,11 @@ def verdict(rows: list[dict], *, signature: float = 1e-3, tolerance: float = 1e-
     return reproduced, fixed
 
 
-def not_shown(rows: list[dict]) -> str | None:
+def not_shown(rows: list[dict], last: dict) -> str | None:
     """Why this checkpoint cannot show the pitfall, or None (shown, or a failed reproduction the numbers must explain).
     When the updates leave every weight as it was (a checkpoint that never earns the task's reward: R − mean R = 0, no
-    gradient), the cached keys and values are the current weights' own: there is nothing stale to serve."""
-    last = max(rows, key=lambda r: r["updates"])
+    gradient), the cached keys and values are the current weights' own: there is nothing stale to serve. ``last``: the
+    ``headline_row``."""
     if verdict(rows)[0] or last["updates"] == 0 or last.get("weight_change", 1.0) > 0:
         return None
     why = ("none of them earned a reward, so R − mean R = 0 and there was no gradient" if last["train_rewarded"] == 0 else
@@ -268,9 +273,9 @@ def plot_log_ratio(ax, row: dict, clip: float) -> None:
     ax.legend(fontsize=7, loc="upper left")
 
 
-def figure_stale_cache(rows: list[dict], clip: float):
-    """The notebook's figure: the gap vs updates, the clip-window share, the log-ratio histogram at the most updates."""
-    last = max(rows, key=lambda r: r["updates"])
+def figure_stale_cache(rows: list[dict], last: dict, clip: float):
+    """The notebook's figure: the gap vs updates, the clip-window share, the log-ratio histogram at the most updates
+    (``last``: the ``headline_row``)."""
     return plots.figure_panels((18, 5.2), lambda ax: plot_gap(ax, rows), lambda ax: plot_clip(ax, rows, clip),
                                lambda ax: plot_log_ratio(ax, last, clip))
 
@@ -288,9 +293,9 @@ def sweep_lines(rows: list[dict], clip: float) -> str:
     return "\n".join(lines)
 
 
-def headline_sentence(rows: list[dict], clip: float) -> str:
+def headline_sentence(rows: list[dict], last: dict, clip: float) -> str:
+    """The gaps after the most updates (``last``: the ``headline_row``), and the verdict's reading."""
     reproduced, fixed = verdict(rows)
-    last = max(rows, key=lambda r: r["updates"])
     keep, inv = last["keep"], last["invalidate"]
     if not reproduced:
         return (f"after {last['updates']} updates the repeated prompts' gap is {keep['repeated_gap']:.1e} nats per token (threshold "
@@ -321,15 +326,14 @@ def stale_cache_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
 
 
 # ---- metrics -------------------------------------------------------------------------------------
-def metrics(rows: list[dict], clip: float) -> dict:
-    """``notebook_api.write_metrics``'s keyword arguments for notebook 29."""
+def metrics(rows: list[dict], last: dict, clip: float) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 29 (``last``: the ``headline_row``)."""
     reproduced, fixed = verdict(rows)
-    last = max(rows, key=lambda r: r["updates"])
     moved = ("weight_change", "train_responses", "train_rewarded")
     plain = [{"updates": r["updates"], **{k: r[k] for k in moved if k in r},
               **{p: {k: v for k, v in r[p].items() if k != "log_ratio"} for p in CACHE_POLICIES}} for r in rows]
     return dict(
-        notebook="29_stale_kv_cache", reproduced=reproduced, fixed=fixed, not_shown=not_shown(rows),
+        notebook="29_stale_kv_cache", reproduced=reproduced, fixed=fixed, not_shown=not_shown(rows, last),
         metrics={"clip": clip, "updates": plain},
         headline={"what": f"mean |log μ_engine − log π_trainer| per token on repeated prompts after {last['updates']} weight "
                           f"updates (new prompts: {last['keep']['new_gap']:.1e})", "unit": "nats per token",

@@ -117,6 +117,11 @@ def spread_sweep(model, tokenizer, prompts: list[str], spreads: list[float], *, 
     return rows
 
 
+def headline_row(rows: list[dict]) -> dict:
+    """The ``spread_sweep`` row at the widest spread."""
+    return max(rows, key=lambda r: r["spread"])
+
+
 # ---- verdict -------------------------------------------------------------------------------------
 def verdict(rows: list[dict], *, kl_threshold: float = 1e-3, tolerance: float = 1e-6) -> tuple[bool, bool]:
     """(reproduced, fixed): at the widest spread the step-0 KL to an identical reference exceeds ``kl_threshold``
@@ -127,10 +132,10 @@ def verdict(rows: list[dict], *, kl_threshold: float = 1e-3, tolerance: float = 
     return reproduced, fixed
 
 
-def not_shown(rows: list[dict]) -> str | None:
+def not_shown(widest: dict) -> str | None:
     """Why this checkpoint cannot show the pitfall, or None: a checkpoint without a final-logit soft-cap has uncapped
-    logits of its own, so every cap mode's hidden-state path is its ``model(...)`` — nothing to cap, nothing to get wrong."""
-    widest = max(rows, key=lambda r: r["spread"])
+    logits of its own, so every cap mode's hidden-state path is its ``model(...)`` — nothing to cap, nothing to get wrong.
+    ``widest``: the ``headline_row``."""
     if widest[CAP_MODES[0]]["cap"] is not None:
         return None
     worst = max(widest[mode]["kl"] for mode in CAP_MODES)
@@ -181,10 +186,10 @@ def plot_cap_curves(ax, cap: float | None, limit: float) -> None:
     ax.legend(fontsize=8)
 
 
-def figure_softcapping(rows: list[dict]):
-    """The notebook's figure: the caps as functions, the exact step-0 KL and GRPO's k3 against the spread."""
+def figure_softcapping(rows: list[dict], widest: dict):
+    """The notebook's figure: the caps as functions (up to the largest raw logit of ``widest``, the ``headline_row``), the
+    exact step-0 KL and GRPO's k3 against the spread."""
     fig, axes = plt.subplots(1, 3, figsize=(17, 4))
-    widest = max(rows, key=lambda r: r["spread"])
     cap = widest[CAP_MODES[0]]["cap"]
     plot_cap_curves(axes[0], cap, max(widest[CAP_MODES[0]]["max_raw_logit"], 2 * (cap or 0)))
     plot_kl(axes[1], rows, "kl")
@@ -200,8 +205,8 @@ def sweep_lines(rows: list[dict]) -> str:
                                  for mode in CAP_MODES) for r in rows)
 
 
-def headline_sentence(rows: list[dict]) -> str:
-    widest = max(rows, key=lambda r: r["spread"])
+def headline_sentence(rows: list[dict], widest: dict) -> str:
+    """The step-0 KL per cap mode at the widest spread (``widest``: the ``headline_row``), and the verdict's reading."""
     reproduced, fixed = verdict(rows)
     bug, fix = widest[CAP_MODES[1]], widest[CAP_MODES[0]]
     if bug["cap"] is None:
@@ -234,12 +239,11 @@ def softcap_explorer(cap: float | None = GEMMA_CAP) -> Explorer:
 
 
 # ---- metrics -------------------------------------------------------------------------------------
-def metrics(rows: list[dict]) -> dict:
-    """``notebook_api.write_metrics``'s keyword arguments for notebook 31."""
+def metrics(rows: list[dict], widest: dict) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 31 (``widest``: the ``headline_row``)."""
     reproduced, fixed = verdict(rows)
-    widest = max(rows, key=lambda r: r["spread"])
     return dict(
-        notebook="31_logit_softcapping", reproduced=reproduced, fixed=fixed, not_shown=not_shown(rows),
+        notebook="31_logit_softcapping", reproduced=reproduced, fixed=fixed, not_shown=not_shown(widest),
         metrics={"spreads": [{"spread": r["spread"], **{mode: r[mode] for mode in CAP_MODES}} for r in rows]},
         headline={"what": f"step-0 KL to an identical reference, raw logit std {widest['spread']:g}, "
                           f"cap {cap_label(widest[CAP_MODES[0]]['cap'])}",

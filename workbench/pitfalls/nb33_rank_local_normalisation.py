@@ -188,13 +188,9 @@ def plot_clipping(ax, row: dict) -> None:
     ax.legend(fontsize=8, loc="upper left")
 
 
-def figure_rank_normalisation(rows: list[dict]):
-    """The notebook's figure: token weights across imbalances, and the clip coefficients at the headline row."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5.0))
-    plot_weights(axes[0], rows)
-    plot_clipping(axes[1], headline_row(rows))
-    fig.tight_layout()
-    return fig
+def figure_rank_normalisation(rows: list[dict], head: dict):
+    """The notebook's figure: token weights across imbalances, and the clip coefficients at the ``headline_row`` ``head``."""
+    return plots.figure_panels((12, 5.0), lambda ax: plot_weights(ax, rows), lambda ax: plot_clipping(ax, head))
 
 
 # ---- printers ------------------------------------------------------------------------------------
@@ -214,8 +210,8 @@ def clip_lines(row: dict) -> str:
             + f" (fix); clipped-update error {row['clipped_error']['local']:.2e} vs {row['clipped_error']['global']:.1e}")
 
 
-def headline_sentence(rows: list[dict]) -> str:
-    row = headline_row(rows)
+def headline_sentence(row: dict) -> str:
+    """The token weights of the ``headline_row``, and the verdict's reading."""
     reproduced, fixed = verdict(row)
     return (f"a short-rank token weighs {row['weight_ratio']['local']:.3f}× a long-rank token with per-rank normalisation at "
             f"imbalance {row['imbalance']:g}, {row['weight_ratio']['global']:.6f}× with the global count; "
@@ -244,9 +240,8 @@ def imbalance_explorer(imbalance: float = 2.0) -> Explorer:
 
 
 # ---- metrics -------------------------------------------------------------------------------------
-def metrics(rows: list[dict]) -> dict:
-    """``notebook_api.write_metrics``'s keyword arguments for notebook 33."""
-    row = headline_row(rows)
+def metrics(rows: list[dict], row: dict) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 33 (``row``: the ``headline_row``)."""
     reproduced, fixed = verdict(row)
     return dict(
         notebook="33_rank_local_normalisation", reproduced=reproduced,

@@ -194,10 +194,11 @@ def plot_lost(ax, rows: list[dict]) -> None:
     plots.note_coinciding(ax, legend_kw={"fontsize": 8, "loc": "best"})
 
 
-def figure_tool_tokens(turn_rows: list[dict], penalty_rows: list[dict], max_length: int, buffer: int):
-    """The notebook's figure: the headline trajectory's returns, the lost share vs turns, the penalty vs tool length."""
+def figure_tool_tokens(turn_rows: list[dict], penalty_rows: list[dict], head: tuple[dict, dict], max_length: int, buffer: int):
+    """The notebook's figure: the returns of the headline trajectory (the first of ``headline_rows``' ``head``), the lost
+    share vs turns, the penalty vs tool length."""
     fig, axes = plt.subplots(1, 3, figsize=(18, 4.2))
-    plot_returns(axes[0], headline_rows(turn_rows, penalty_rows)[0])
+    plot_returns(axes[0], head[0])
     plot_lost(axes[1], turn_rows)
     plot_penalty(axes[2], penalty_rows, max_length, buffer)
     fig.tight_layout()
@@ -223,8 +224,9 @@ def penalty_lines(rows: list[dict]) -> str:
                      f"penalty {r['penalty']['bug']:.3f} / {r['penalty']['fix']:.3f}" for r in rows)
 
 
-def headline_sentence(turn_rows: list[dict], penalty_rows: list[dict]) -> str:
-    returns_row, penalty_row = headline_rows(turn_rows, penalty_rows)
+def headline_sentence(head: tuple[dict, dict]) -> str:
+    """The first-turn return and the overlong penalty of the ``headline_rows``, and the verdict's reading."""
+    returns_row, penalty_row = head
     reproduced, fixed = verdict(returns_row, penalty_row)
     return (f"first-turn reward-to-go in a {returns_row['turns']}-turn response: {returns_row['first_turn_bug']:.3g} → "
             f"{returns_row['first_turn_fix']:.3g}; overlong penalty with {penalty_row['tool_length']} tool tokens per gap: "
@@ -250,9 +252,9 @@ def tool_length_explorer(turn_lengths: list[int], max_length: int, buffer: int, 
 
 
 # ---- metrics -------------------------------------------------------------------------------------
-def metrics(turn_rows: list[dict], penalty_rows: list[dict]) -> dict:
-    """``notebook_api.write_metrics``'s keyword arguments for notebook 35."""
-    returns_row, penalty_row = headline_rows(turn_rows, penalty_rows)
+def metrics(turn_rows: list[dict], penalty_rows: list[dict], head: tuple[dict, dict]) -> dict:
+    """``notebook_api.write_metrics``'s keyword arguments for notebook 35 (``head``: ``headline_rows``)."""
+    returns_row, penalty_row = head
     reproduced, fixed = verdict(returns_row, penalty_row)
     every = all(r["error_fix"] < 1e-6 for r in turn_rows) and all(r["length"]["fix"] == r["length"]["reference"] for r in penalty_rows)
     return dict(

@@ -5,7 +5,7 @@
 ``TASKS["restate"]`` the arithmetic of ``tasks.restate``, whose responses restate the answer 0–3 times. A
 ``TaskInfo`` names the task's prompt files in ``data/``, the ``max_new_tokens`` its held-out evaluation
 decodes (room for its longest correct response), its default shipped checkpoint (a built-in name of
-``workbench.modeling.models.load``) and its reward. ``reward`` scores a response by ``problem.task``,
+``workbench.experiments.checkpoints.load``) and its reward. ``reward`` scores a response by ``problem.task``,
 so a batch of problems from either task is scored by the right rule.
 """
 
