@@ -1,40 +1,34 @@
-"""nb00_quickstart (notebook 00): the verdict on the drift per text, metrics(), the printed conclusion, the figure."""
+"""nb00_quickstart (notebook 00): metrics() and the printed conclusion on nb01's verdict, the figure."""
 
 from pitfall_fakes import check_metrics, drew
 
 from workbench.core.batching import pad_sequences
 from workbench.modeling.tiny import tiny_model
 from workbench.pitfalls import nb00_quickstart as quickstart
+from workbench.pitfalls import nb01_position_ids as position_ids
 
 
 def test_metrics_and_conclusion():
     policy, _ = tiny_model("gpt2")
     drift = {"model": [0.2, 0.4], "mask": [0.0, 0.0]}
-    reproduced, fixed = quickstart.verdict(drift)
-    kwargs = quickstart.metrics("tiny-gpt2", policy, drift, reproduced=reproduced, fixed=fixed)
+    reproduced, fixed = position_ids.verdict(max(drift["model"]), max(drift["mask"]))
+    why = position_ids.not_shown(policy, max(drift["model"]))
+    kwargs = quickstart.metrics("tiny-gpt2", drift, reproduced=reproduced, fixed=fixed, not_shown=why)
     check_metrics(kwargs, "00_quickstart")
     assert kwargs["metrics"] == {"drift_without_position_ids": 0.4, "drift_with_position_ids": 0.0}
     assert kwargs["reproduced"] and kwargs["fixed"] and kwargs["not_shown"] is None
-    assert "the fix removes it" in quickstart.conclusion_sentence("tiny-gpt2", policy, drift, reproduced=True)
-
-
-def test_verdict_needs_a_drift_and_its_fix():
-    assert quickstart.verdict({"model": [0.0, 0.4], "mask": [0.0, 0.0]}) == (True, True)
-    assert quickstart.verdict({"model": [3e-7, 1e-7], "mask": [3e-7, 0.0]}) == (False, True)  # RoPE in fp32
-    assert quickstart.verdict({"model": [0.4], "mask": [0.3]}) == (True, False)
+    assert "the fix removes it" in quickstart.conclusion_sentence("tiny-gpt2", policy, drift, reproduced, why)
 
 
 def test_a_rotary_model_without_drift_says_why():
     rope, _ = tiny_model("qwen2")
-    learned, _ = tiny_model("gpt2")
     quiet = {"model": [1e-6, 2e-6], "mask": [0.0, 0.0]}
-    assert "rotary" in quickstart.not_shown(rope, quiet)
-    reproduced, _ = quickstart.verdict(quiet)
-    sentence = quickstart.conclusion_sentence("tiny-qwen2", rope, quiet, reproduced)
-    assert "hides the bug" in sentence and quickstart.SHOWN_BY in sentence  # the same suggestion as not_shown's
-    assert quickstart.SHOWN_BY in quickstart.not_shown(rope, quiet)
-    assert quickstart.not_shown(rope, {"model": [0.5], "mask": [0.0]}) is None  # drift measured: shown
-    assert quickstart.not_shown(learned, quiet) is None  # learned positions: a small drift is a result, not a blind spot
+    reproduced, fixed = position_ids.verdict(max(quiet["model"]), max(quiet["mask"]))
+    why = position_ids.not_shown(rope, max(quiet["model"]))
+    assert (reproduced, fixed) == (False, True) and "rotary" in why
+    sentence = quickstart.conclusion_sentence("tiny-qwen2", rope, quiet, reproduced, why)
+    assert "no drift above float noise" in sentence and why in sentence  # the same reason as metrics' not_shown
+    assert quickstart.metrics("tiny-qwen2", quiet, reproduced=reproduced, fixed=fixed, not_shown=why)["not_shown"] == why
 
 
 def test_figure_draws():

@@ -66,3 +66,11 @@ def test_logprob_drift_is_the_largest_drift_per_text():
     per_text = position_ids.per_text_drift(model, rows, pad_token_id=tokenizer.pad_token_id, extra_pad=4, position_ids="model")
     assert per_text[2] == 0.0  # a row of one token has no target to score
     assert position_ids.logprob_drift(model, rows, pad_token_id=tokenizer.pad_token_id, extra_pad=4) == max(per_text) > 1e-2
+
+
+def test_not_shown_names_a_rotary_model_without_drift_only():
+    rope, _ = tiny_model("qwen2")
+    learned, _ = tiny_model("gpt2")
+    assert "rotary" in position_ids.not_shown(rope, 2e-6) and "realistic-gpt2" in position_ids.not_shown(rope, 2e-6)
+    assert position_ids.not_shown(rope, 0.5) is None  # drift measured: shown
+    assert position_ids.not_shown(learned, 2e-6) is None  # learned positions: a small drift is a result, not a blind spot

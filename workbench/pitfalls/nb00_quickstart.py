@@ -4,8 +4,8 @@ A left-padded batch, the positions a Hugging Face model assumes for it (0..T−1
 derived from the mask, and what the difference does: the largest change in a token's log-probability between
 scoring each text alone and inside the padded batch, without and with mask-derived position ids. The drift per
 text is measured by ``nb01_position_ids.per_text_drift`` and drawn by ``nb01_position_ids.figure_drift_per_text``
-(the figure its explorer redraws), so notebook 00 imports both modules; this one holds the quickstart's own
-verdict, figure, reading and metrics.
+(the figure its explorer redraws), and judged by ``nb01_position_ids.verdict`` and ``not_shown``, so notebook 00
+imports both modules; this one holds the quickstart's own figure, reading and metrics.
 """
 
 from __future__ import annotations
@@ -18,25 +18,6 @@ from workbench.modeling.models import uses_rope
 from workbench.viz import plots
 
 DriftPerText = dict[str, list[float]]  # {"model": drift per text without position ids (bug), "mask": with them (fix)}
-SHOWN_BY = "a checkpoint with learned absolute positions (realistic-gpt2) shows it"
-
-
-# ---- verdict ------------------------------------------------------------------------------------
-def verdict(drift: DriftPerText, *, threshold: float = 1e-2, tolerance: float = 1e-4) -> tuple[bool, bool]:
-    """(reproduced, fixed): some text drifts by more than ``threshold`` nats without position ids, and with
-    mask-derived position ids no text drifts by more than float noise (``tolerance``)."""
-    return bool(max(drift["model"]) > threshold), bool(max(drift["mask"]) <= tolerance)
-
-
-def not_shown(model, drift: DriftPerText, *, threshold: float = 1e-2) -> str | None:
-    """Why ``model`` cannot show the drift in this precision, or None: with rotary positions the left-padding shift
-    cancels up to rounding, so no text drifts by more than ``threshold`` without position ids."""
-    largest = max(drift["model"])
-    if largest > threshold or not uses_rope(model):
-        return None
-    dtype = next(model.parameters()).dtype
-    return (f"{model.config.model_type} has rotary positions: the left-padding shift cancels up to rounding (largest effect "
-            f"without position ids {largest:.1e} ≤ {threshold:g} in {dtype}); {SHOWN_BY}")
 
 
 # ---- figures ------------------------------------------------------------------------------------
@@ -61,20 +42,22 @@ def figure_padding_and_positions(ids: torch.Tensor, mask: torch.Tensor):
 
 
 # ---- printers -----------------------------------------------------------------------------------
-def conclusion_sentence(model_name: str, model, drift: DriftPerText, reproduced: bool) -> str:
-    """The reading of the drift per text and of ``verdict``'s ``reproduced``, printed from the measured numbers."""
+def conclusion_sentence(model_name: str, model, drift: DriftPerText, reproduced: bool, not_shown: str | None) -> str:
+    """The reading of the drift per text, of ``nb01_position_ids.verdict``'s ``reproduced`` and of its ``not_shown``
+    (why this checkpoint cannot show the drift, or None), printed from the measured numbers."""
     return (f"max |Δ log p| without position ids: {max(drift['model']):.2e} nats; "
             f"with mask-derived position ids: {max(drift['mask']):.2e}\n"
             f"{model_name} ({'rotary' if uses_rope(model) else 'learned absolute'} positions): "
             + ("the padding changes the log-probs; the fix removes it." if reproduced else
-               f"no drift above float noise without the fix: this architecture hides the bug; {SHOWN_BY}."))
+               f"no drift above float noise without the fix: {not_shown or 'this checkpoint hides the bug'}."))
 
 
 # ---- metrics ------------------------------------------------------------------------------------
-def metrics(model_name: str, model, drift: DriftPerText, *, reproduced: bool, fixed: bool) -> dict:
-    """Notebook 00's ``notebook_api.write_metrics`` keyword arguments (``reproduced``, ``fixed``: ``verdict(drift)``)."""
+def metrics(model_name: str, drift: DriftPerText, *, reproduced: bool, fixed: bool, not_shown: str | None) -> dict:
+    """Notebook 00's ``notebook_api.write_metrics`` keyword arguments (``reproduced``, ``fixed``, ``not_shown``: from
+    ``nb01_position_ids.verdict`` and ``not_shown`` on the largest drift per mode)."""
     bug, fix = max(drift["model"]), max(drift["mask"])
-    return {"notebook": "00_quickstart", "reproduced": reproduced, "fixed": fixed, "not_shown": not_shown(model, drift),
+    return {"notebook": "00_quickstart", "reproduced": reproduced, "fixed": fixed, "not_shown": not_shown,
             "metrics": {"drift_without_position_ids": bug, "drift_with_position_ids": fix},
             "headline": {"what": f"max |Δ log p| of a text in a left-padded batch vs alone ({model_name})", "unit": "nats",
                          "bug": bug, "fix": fix}}

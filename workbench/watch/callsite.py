@@ -6,9 +6,10 @@ calls make one finding.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
-import sysconfig
 
 import torch
 
@@ -17,7 +18,7 @@ from workbench.core import observers
 _OWN_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep, observers.__file__)
 _OWN_NAMES = (os.sep + "transformers" + os.sep, os.sep + "torch" + os.sep, os.sep + "accelerate" + os.sep, "<frozen ")
 # the standard library's modules whose frames sit between a caller and the call it wraps (partial, wraps, contextmanager)
-_STDLIB_WRAPPERS = frozenset(os.path.join(sysconfig.get_paths()["stdlib"], name) for name in ("functools.py", "contextlib.py"))
+_STDLIB_WRAPPERS = frozenset((functools.__file__, contextlib.__file__))
 
 
 def call_site() -> str:

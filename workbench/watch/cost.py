@@ -46,7 +46,7 @@ class Stopwatch:
         open_block = self._clock() - self._entered_at if self._entered_at is not None else 0.0
         return self._closed_blocks_seconds + open_block
 
-    def time(self, call, *args, **kwargs):
+    def run(self, call, *args, **kwargs):
         """``call(*args, **kwargs)``; its wall time is added to ``own_seconds`` when it is an outermost call in a block."""
         if self._nesting.inside or self._entered_at is None:
             return call(*args, **kwargs)
@@ -65,6 +65,6 @@ def timed(entry_point):
 
     @functools.wraps(entry_point)
     def timed_entry_point(self, *args, **kwargs):
-        return self.stopwatch.time(entry_point, self, *args, **kwargs)
+        return self.stopwatch.run(entry_point, self, *args, **kwargs)
 
     return timed_entry_point

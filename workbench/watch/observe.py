@@ -148,7 +148,7 @@ def row_stats(input_ids: torch.Tensor | None, mask: torch.Tensor | None, bos: in
     def padded(pads: list[int]) -> list[int]:  # the pad counts of the rows padded on that side that hold a real token
         return [count for count, tokens in zip(pads, real, strict=True) if 0 < count < width and tokens > 0]
 
-    return {"lead": lead, "trail": trail, "double_bos": double_bos, "hidden_eos": hidden_eos,
+    return {"double_bos": double_bos, "hidden_eos": hidden_eos,
             "left_padded": padded(lead), "right_padded": padded(trail)}
 
 

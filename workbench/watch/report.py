@@ -128,10 +128,11 @@ class Report:
                 else:
                     merged.cost[name] = value
         carried = [{(entry["pitfall"], entry["check"]) for entry in report.not_observable} for report in reports]
+        kept = set()
         for entry in [entry for report in reports for entry in report.not_observable] if reports else NOT_OBSERVABLE:
             key = (entry["pitfall"], entry["check"])
-            if key not in {(kept["pitfall"], kept["check"]) for kept in merged.not_observable} and (
-                    entry["check"] or all(key in keys for keys in carried)):
+            if key not in kept and (entry["check"] or all(key in keys for keys in carried)):
+                kept.add(key)
                 merged.not_observable.append(dict(entry))
         return merged
 

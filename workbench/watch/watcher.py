@@ -265,7 +265,7 @@ class Watch:
         generation the forward opens."""
         stats = observe.row_stats(ids, mask, self.bos_id, self.pad_id_if_eos if grad else None)
         left, right = stats["left_padded"], stats["right_padded"]
-        self._check_left_padding(role, left, len(stats["lead"]), kwargs)
+        self._check_left_padding(role, left, ids.shape[0], kwargs)
         self._open_session(role, model, right, kwargs)
         self._check_right_padding_under_flash(model, right)
         self._check_duplicate_bos(sum(stats["double_bos"]))
