@@ -158,7 +158,7 @@ def verdict(rows: list[dict], inside: list[dict], *, tolerance: float = 1e-4) ->
     ``tolerance``), and with an EOS inside the text it pools another token; fixed: the rightmost attended
     token is the last real token and no score moves (≤ ``tolerance``) in every scenario.
     """
-    bug = scenario_row(rows, "left", True, RULES[0])
+    bug = headline_rows(rows, inside)[0]
     reproduced = bug["max_abs_score_delta"] > 10 * tolerance and scenario_row(inside, "right", True, RULES[0])["wrong_token_share"] > 0
     fixes = [r for r in rows + inside if r["rule"] == RULES[2]]
     fixed = all(r["wrong_token_share"] == 0 and r["max_abs_score_delta"] <= tolerance for r in fixes)

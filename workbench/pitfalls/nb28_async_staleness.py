@@ -119,7 +119,7 @@ def verdict(rows: list[dict], *, gap_threshold: float = 1e-3, tolerance: float =
     loss sees the true ratio at every lag (max weight error ≤ ``tolerance``), and at lag 0 the sampler and the
     actor agree (mean gap ≤ ``tolerance``: no staleness, no mismatch).
     """
-    stale, fresh = max(rows, key=lambda r: r["lag"]), min(rows, key=lambda r: r["lag"])
+    stale, fresh = headline_row(rows), min(rows, key=lambda r: r["lag"])
     reproduced = (stale["mean_abs_gap"] > gap_threshold and stale["true_clip_fraction"] > 0
                   and stale["clip_fraction_recomputed"] == 0)
     fixed = all(r["max_weight_error_sampler"] <= tolerance for r in rows) and fresh["lag"] == 0 and fresh["mean_abs_gap"] <= tolerance

@@ -198,7 +198,7 @@ def verdict(rows: list[dict], *, signature: float = 1e-3, tolerance: float = 1e-
     and the gap there exceeds the gap at the fewest, while the new prompts (cache misses) stay within ``tolerance``: the
     stale prefix is the cause. Fixed: invalidating on every update, every gap (max per token) is within ``tolerance``.
     """
-    first, last = min(rows, key=lambda r: r["updates"]), max(rows, key=lambda r: r["updates"])
+    first, last = min(rows, key=lambda r: r["updates"]), headline_row(rows)
     keep = last["keep"]
     reproduced = (keep["repeated_gap"] > signature and keep["repeated_gap"] > first["keep"]["repeated_gap"]
                   and keep["new_max_gap"] <= tolerance)

@@ -126,7 +126,7 @@ def headline_row(rows: list[dict]) -> dict:
 def verdict(rows: list[dict], *, kl_threshold: float = 1e-3, tolerance: float = 1e-6) -> tuple[bool, bool]:
     """(reproduced, fixed): at the widest spread the step-0 KL to an identical reference exceeds ``kl_threshold``
     with the cap missing and with z·tanh(z/c); with c·tanh(z/c) it is ≤ ``tolerance`` at every spread."""
-    widest = max(rows, key=lambda r: r["spread"])
+    widest = headline_row(rows)
     reproduced = all(widest[mode]["kl"] > kl_threshold for mode in CAP_MODES[1:])
     fixed = all(r[CAP_MODES[0]]["kl"] <= tolerance for r in rows)
     return reproduced, fixed
