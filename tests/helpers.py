@@ -1,5 +1,11 @@
 """Small helpers several test files share."""
 
+from workbench.core.paths import REPO_ROOT
+
+# The pages a reader meets as reference (not the dated journal): read by the doc-name and docs-shape tests.
+REFERENCE_PAGES = [REPO_ROOT / "README.md", REPO_ROOT / "CONTRIBUTING.md", REPO_ROOT / "benchmarks" / "RESULTS.md",
+                   *sorted((REPO_ROOT / "docs").glob("*.md"))]
+
 
 def reward_gain(history: list[dict], window: int) -> tuple[float, float]:
     """Mean reward of the first and of the last ``window`` steps of a training history."""

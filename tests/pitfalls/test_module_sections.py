@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-PITFALLS = REPO / "workbench" / "pitfalls"
+from workbench.core.paths import REPO_ROOT
+
+PITFALLS = REPO_ROOT / "workbench" / "pitfalls"
 SECTIONS = ("measurements", "sweeps", "verdict", "figures", "printers", "explorer", "metrics")
 BANNER = re.compile(r"^# -{2,} ?(?P<name>[^-].*?) ?-*$")
 MODULES = sorted(PITFALLS.glob("nb*.py"))
@@ -23,18 +24,18 @@ MODULES = sorted(PITFALLS.glob("nb*.py"))
 NOTEBOOKS_WITHOUT_A_PITFALL_MODULE = {"90_peer_lab"}
 
 
-def sections_of(path: Path) -> tuple[list[tuple[int, str]], dict[int, str]]:
-    """The banners ``[(line, section name)]`` and, for each top-level statement's first line, the section it is in."""
-    lines = path.read_text().splitlines()
-    banners = [(number, match["name"].strip()) for number, line in enumerate(lines, 1)
+def sections_of(path: Path) -> tuple[list[tuple[int, str]], list[tuple[ast.stmt, str | None]]]:
+    """The banners ``[(line, section name)]`` and each top-level statement with the section it stands in (None above
+    the first banner), from one read and one parse of the file."""
+    source = path.read_text()
+    banners = [(number, match["name"].strip()) for number, line in enumerate(source.splitlines(), 1)
                if (match := BANNER.match(line))]
-    tree = ast.parse(path.read_text())
-    where = {}
-    for node in tree.body:
+    placed = []
+    for node in ast.parse(source).body:
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         above = [name for line, name in banners if line < start]
-        where[start] = above[-1] if above else None
-    return banners, where
+        placed.append((node, above[-1] if above else None))
+    return banners, placed
 
 
 def expected_section(node: ast.stmt) -> str | None:
@@ -74,12 +75,9 @@ def test_banners_name_the_documented_sections_in_order(path):
 
 @pytest.mark.parametrize("path", MODULES, ids=[p.stem for p in MODULES])
 def test_every_definition_stands_in_its_section(path):
-    _, where = sections_of(path)
-    tree = ast.parse(path.read_text())
+    _, placed = sections_of(path)
     misplaced = []
-    for node in tree.body:
-        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        section = where[start]
+    for node, section in placed:
         if isinstance(node, ast.FunctionDef | ast.ClassDef) and section is None:
             misplaced.append(f"line {node.lineno}: {node.name} stands above the first banner")
         wanted = expected_section(node)
@@ -91,7 +89,7 @@ def test_every_definition_stands_in_its_section(path):
 
 def test_every_notebook_has_its_module():
     """``notebooks/NN_stem.ipynb`` is explained by ``workbench/pitfalls/nbNN_stem.py``, notebook 00 included."""
-    stems = sorted(p.stem for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    stems = sorted(p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     missing = [s for s in stems if s not in NOTEBOOKS_WITHOUT_A_PITFALL_MODULE and not (PITFALLS / f"nb{s}.py").exists()]
     assert not missing, f"no module workbench/pitfalls/nb<stem>.py for the notebooks {missing}"
 
@@ -101,11 +99,11 @@ def test_the_section_rules_catch_a_misplaced_definition(tmp_path):
     module.write_text("X = 1\n\n# ---- verdict ----\ndef verdict(x):\n    return x\n\n"
                       "# ---- measurements ----\ndef gap_line(x):\n    return f'{x}'\n\n"
                       "def metrics():\n    return {}\n")
-    banners, where = sections_of(module)
+    banners, placed = sections_of(module)
     assert [name for _, name in banners] == ["verdict", "measurements"]
-    printer, metrics = ast.parse(module.read_text()).body[-2:]
-    assert expected_section(printer) == "printers" and where[printer.lineno] == "measurements"
-    assert expected_section(metrics) == "metrics" and where[metrics.lineno] == "measurements"
+    (printer, printer_section), (metrics, metrics_section) = placed[-2:]
+    assert expected_section(printer) == "printers" and printer_section == "measurements"
+    assert expected_section(metrics) == "metrics" and metrics_section == "measurements"
     with pytest.raises(AssertionError, match="not in the order"):
         test_banners_name_the_documented_sections_in_order(module)
     with pytest.raises(AssertionError, match="gap_line belongs under '# ---- printers'"):

@@ -6,17 +6,17 @@ the checkout has no git history that reaches that commit (a tarball, a shallow c
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from workbench.core.paths import REPO_ROOT
+
 RULE_SINCE = "6bae5e1"  # the last commit before the rule; its descendants follow it
 LIMIT = 72
 
 
 def git(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+    return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
 
 
 def long_subjects(subjects: list[str], limit: int = LIMIT) -> list[str]:

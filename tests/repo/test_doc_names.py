@@ -17,6 +17,8 @@ import re
 import tokenize
 from pathlib import Path
 
+from helpers import REFERENCE_PAGES
+
 from workbench.core.paths import REPO_ROOT
 
 NAME = re.compile(r"(?<![\w./-])workbench(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
@@ -24,8 +26,7 @@ PLACEHOLDER = ("*", "<", "{")  # a character right after a name that makes it a 
 
 
 def _texts():
-    for path in [REPO_ROOT / "README.md", REPO_ROOT / "CONTRIBUTING.md", REPO_ROOT / "benchmarks" / "RESULTS.md",
-                 *sorted((REPO_ROOT / "docs").glob("*.md"))]:
+    for path in REFERENCE_PAGES:
         yield path, path.read_text()
     for path in sorted((REPO_ROOT / "notebooks").rglob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]

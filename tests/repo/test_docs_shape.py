@@ -7,13 +7,13 @@ project's issue tracker (the history lives in git and docs/journal/).
 """
 
 import re
-from pathlib import Path
 
 import pytest
+from helpers import REFERENCE_PAGES
 
-REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
-REFERENCE_PAGES = [README, REPO / "CONTRIBUTING.md", REPO / "benchmarks" / "RESULTS.md", *sorted((REPO / "docs").glob("*.md"))]
+from workbench.core.paths import REPO_ROOT
+
+README = REPO_ROOT / "README.md"
 LINK = re.compile(r"\]\((?P<target>[^)\s#]+)(?:#[^)]*)?\)")
 ISSUE_REFERENCE = re.compile(r"\b[Ii]ssues? [0-9]+")
 
@@ -33,28 +33,28 @@ def test_readme_is_short_and_starts_with_the_two_commands():
 
 def test_readme_catalogue_has_a_row_for_every_notebook():
     text = README.read_text()
-    notebooks = sorted(p.name for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    notebooks = sorted(p.name for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     missing = [name for name in notebooks if f"(notebooks/{name})" not in text]
     assert not missing, f"README.md's catalogue table has no row linking {missing}"
 
 
-@pytest.mark.parametrize("page", REFERENCE_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("page", REFERENCE_PAGES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_reference_page_lines_fit(page):
     long = long_prose_lines(page.read_text())
-    assert not long, f"{page.relative_to(REPO)}: lines {long} are over 160 characters; wrap them"
+    assert not long, f"{page.relative_to(REPO_ROOT)}: lines {long} are over 160 characters; wrap them"
 
 
-@pytest.mark.parametrize("page", REFERENCE_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("page", REFERENCE_PAGES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_reference_page_links_resolve(page):
     broken = [m["target"] for m in LINK.finditer(page.read_text())
               if "://" not in m["target"] and not m["target"].startswith("mailto:")
               and not (page.parent / m["target"]).exists()]
-    assert not broken, f"{page.relative_to(REPO)} links to files that do not exist: {broken}"
+    assert not broken, f"{page.relative_to(REPO_ROOT)} links to files that do not exist: {broken}"
 
 
 def test_code_names_no_issue_of_this_project():
-    hits = [f"{path.relative_to(REPO)}:{number}"
-            for folder in ("workbench", "tests") for path in sorted((REPO / folder).rglob("*.py"))
+    hits = [f"{path.relative_to(REPO_ROOT)}:{number}"
+            for folder in ("workbench", "tests") for path in sorted((REPO_ROOT / folder).rglob("*.py"))
             for number, line in enumerate(path.read_text().splitlines(), 1) if ISSUE_REFERENCE.search(line)]
     assert not hits, f"say what the code does, not which issue asked for it: {hits}"
 
