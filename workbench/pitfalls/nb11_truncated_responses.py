@@ -133,7 +133,7 @@ def variants(missing_eos_penalty: float = 0.5) -> dict[str, dict]:
     """The bug and the three fixes as GRPO config switches, keyed by label."""
     return {
         BUG: {"score_truncated_as_finished": True},
-        "zero reward without EOS": {},
+        REFERENCE: {},
         "masked out of the loss": {"mask_truncated_completions": True},
         f"penalised ({missing_eos_penalty})": {"missing_eos_penalty": missing_eos_penalty},
     }
@@ -289,5 +289,5 @@ def metrics(*, measured: dict[str, dict], runs: dict, effects: dict, settings: d
                     "effects": {k: vars(e) for k, e in effects.items()}, "prediction": PREDICTION.record(effects, task),
                     "heldout_gain": statistics.heldout_gains(runs), "training_settings": settings},
         "headline": {"what": "step-0 pressure towards truncation: in-loss advantage of truncated − finished responses (bug vs zero reward)",
-                     "unit": "advantage", "bug": measured[BUG]["pressure"], "fix": measured["zero reward without EOS"]["pressure"]},
+                     "unit": "advantage", "bug": measured[BUG]["pressure"], "fix": measured[REFERENCE]["pressure"]},
     }
