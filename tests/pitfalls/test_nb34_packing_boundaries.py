@@ -51,6 +51,12 @@ def test_the_sweep_takes_the_measured_pack_of_every_segment(model, errors):
     assert pb.segment_sweep(model, SEGMENTS, [2, 3], errors=errors) == pb.segment_sweep(model, SEGMENTS, [2, 3])
 
 
+def test_segments_scored_alone_once_give_the_same_errors_and_sweep(model, errors):
+    alone = [pb.alone_logprobs(model, s) for s in SEGMENTS]
+    assert pb.boundary_errors(model, SEGMENTS, alone=alone) == errors
+    assert pb.segment_sweep(model, SEGMENTS, [2, 3], alone=alone) == pb.segment_sweep(model, SEGMENTS, [2, 3])
+
+
 def test_metrics_figures_lines_and_explorer(model, errors):
     rows = pb.segment_sweep(model, SEGMENTS, [1, 3])
     assert rows[0][pb.BUG]["mean"] == 0.0 and rows[1][pb.BUG]["mean"] > 1e-4

@@ -93,11 +93,13 @@ def boundary_errors(model, segments: list[list[int]], masks: tuple[str, ...] = M
 
 
 # ---- sweeps --------------------------------------------------------------------------------------
-def segment_sweep(model, segments: list[list[int]], counts: list[int], *, errors: dict | None = None) -> list[dict]:
+def segment_sweep(model, segments: list[list[int]], counts: list[int], *, errors: dict | None = None,
+                  alone: list[torch.Tensor] | None = None) -> list[dict]:
     """Packs of the first k segments for each k in ``counts``: the last segment's mean and max error per mask. Each
-    segment is scored alone once for every pack; ``errors``, ``boundary_errors`` of all the segments where already
-    measured, stands for the pack of all of them."""
-    alone = [alone_logprobs(model, s) for s in segments[:max(counts, default=0)]]
+    segment is scored alone once for every pack (``alone``: the segments' ``alone_logprobs`` where already scored);
+    ``errors``, ``boundary_errors`` of all the segments where already measured, stands for the pack of all of them."""
+    if alone is None:
+        alone = [alone_logprobs(model, s) for s in segments[:max(counts, default=0)]]
     rows = []
     for k in counts:
         whole = errors is not None and k == len(segments)
