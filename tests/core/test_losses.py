@@ -218,3 +218,10 @@ def test_low_var_kl_is_k3_clamped_at_10():
     assert float(k3[1]) == pytest.approx(math.exp(15) - 16, rel=1e-5)
     close(low_var[1], 10.0)
     close(low_var[2], 0.0)
+
+
+def test_outside_clip_window_counts_ratios_beyond_epsilon():
+    log_ratio = torch.log(torch.tensor([1.0, 1.1, 0.85, 1.3, 0.7]))  # |ρ − 1| = 0, 0.1, 0.15, 0.3, 0.3
+    assert losses.outside_clip_window(log_ratio, 0.2) == pytest.approx(2 / 5)  # a float32 mean
+    assert losses.outside_clip_window(log_ratio, 0.12) == pytest.approx(3 / 5)
+    assert losses.outside_clip_window(torch.zeros(0), 0.2) == 0.0

@@ -84,6 +84,12 @@ def tis_weights(trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: flo
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
 
 
+def outside_clip_window(log_ratio: torch.Tensor, clip: float) -> float:
+    """Share of tokens whose ratio exp(``log_ratio``) lies outside the clip window [1 − ε, 1 + ε], where the clipped
+    surrogate stops their gradient (0 for an empty selection)."""
+    return float(((log_ratio.exp() - 1).abs() > clip).float().mean()) if log_ratio.numel() else 0.0
+
+
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k1") -> torch.Tensor:
     """Per-token KL(π‖π_ref) estimate from samples of π, with r = logp − ref_logp:
 

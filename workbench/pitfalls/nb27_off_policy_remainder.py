@@ -28,7 +28,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
-from workbench.core.losses import group_advantages, ppo_policy_loss
+from workbench.core.losses import group_advantages, outside_clip_window, ppo_policy_loss
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import decode_responses, encode_prompts, reward
@@ -76,11 +76,6 @@ def off_policy_share(steps_per_generation: int, gradient_accumulation_steps: int
     return sum(r["lag"] > 0 for r in schedule(steps_per_generation, gradient_accumulation_steps, period)) / period
 
 
-def outside_window(log_ratio: torch.Tensor, clip: float) -> float:
-    """Share of tokens whose ratio lies outside [1 − ε, 1 + ε] (0 for an empty selection)."""
-    return float(((log_ratio.exp() - 1).abs() > clip).float().mean()) if log_ratio.numel() else 0.0
-
-
 @torch.no_grad()
 def generation_batch(actor, tokenizer, problems, *, group_size: int, seed: int, max_new_tokens: int) -> dict:
     """``group_size`` responses per problem sampled from ``actor`` (groups contiguous), the sampler's log-probs μ,
@@ -103,7 +98,7 @@ def step_row(micro_step: int, generated_by: int, trained_by: int, logp: torch.Te
     seen, true = (logp - old_logp)[m].detach(), (logp - sampler_logp)[m].detach()
     return {"micro_step": micro_step, "generated_by": generated_by, "trained_by": trained_by, "lag": trained_by - generated_by,
             "seen_log_ratio": seen, "true_log_ratio": true,
-            "seen_clip_fraction": outside_window(seen, clip), "true_clip_fraction": outside_window(true, clip),
+            "seen_clip_fraction": outside_clip_window(seen, clip), "true_clip_fraction": outside_clip_window(true, clip),
             "logged_clip_fraction": logged_clip_fraction,
             "responses": int(advantages.numel()) if advantages is not None else 0,
             "responses_with_advantage": int((advantages != 0).sum()) if advantages is not None else 0,
@@ -150,8 +145,8 @@ def with_clip_fractions(row: dict, clip: float) -> dict:
     """``row`` with the shares outside the ε window over its off-policy tokens: true, seen by the loss, logged."""
     off = [s for s in row["steps"] if s["lag"] > 0]
     logged = sum(s["logged_clip_fraction"] for s in off) / len(off) if off else 0.0
-    return {**row, "clip": clip, "true_clip_fraction": outside_window(row["true_log_ratio"], clip),
-            "seen_clip_fraction": outside_window(row["seen_log_ratio"], clip), "logged_clip_fraction": logged}
+    return {**row, "clip": clip, "true_clip_fraction": outside_clip_window(row["true_log_ratio"], clip),
+            "seen_clip_fraction": outside_clip_window(row["seen_log_ratio"], clip), "logged_clip_fraction": logged}
 
 
 def summarise(steps: list[dict], steps_per_generation: int, gradient_accumulation_steps: int, guard: str, clip: float) -> dict:
@@ -348,8 +343,8 @@ def remainder_explorer(rows: list[dict], bug: dict, clip: float = 0.2) -> Explor
     def draw(steps_per_generation, guard, epsilon):
         row = next(r for r in rows if r["steps_per_generation"] == steps_per_generation and r["guard"] == guard)
         row = with_clip_fractions(row, epsilon)
-        row = {**row, "steps": [{**s, "true_clip_fraction": outside_window(s["true_log_ratio"], epsilon),
-                                 "seen_clip_fraction": outside_window(s["seen_log_ratio"], epsilon)} for s in row["steps"]]}
+        row = {**row, "steps": [{**s, "true_clip_fraction": outside_clip_window(s["true_log_ratio"], epsilon),
+                                 "seen_clip_fraction": outside_clip_window(s["seen_log_ratio"], epsilon)} for s in row["steps"]]}
         fig, ax = plt.subplots(figsize=(7, 3.4))
         plot_timeline(ax, row)
         ax.set_title(f"{row['off_policy_share']:.0%} of micro-steps off-policy; outside ε: true {row['true_clip_fraction']:.1%}, "

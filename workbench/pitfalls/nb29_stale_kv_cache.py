@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.devices import generator_on, model_device
+from workbench.core.losses import outside_clip_window
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import decode_responses, encode_prompts, reward
@@ -134,11 +135,6 @@ def reinforce_step(model, optimizer, tokenizer, problems, *, seed: int, max_new_
     return {"responses": len(problems), "rewarded": int((rewards > 0).sum())}
 
 
-def outside_clip(log_ratio: torch.Tensor, clip: float) -> float:
-    """Share of tokens whose ratio exp(``log_ratio``) lies outside the clip window [1 − ε, 1 + ε]."""
-    return float(((log_ratio.exp() - 1).abs() > clip).float().mean())
-
-
 @torch.no_grad()
 def weight_change(model, original) -> float:
     """The largest |θ − θ₀| over every parameter of ``model`` against ``original`` (same architecture)."""
@@ -180,7 +176,7 @@ def update_sweep(model, tokenizer, repeated, new_pool, train_problems, updates: 
                                "repeated_hit_rate": again["hit_rate"], "kv_age": again["kv_age"],
                                "new_gap": new["mean_gap"], "new_max_gap": new["max_gap"],
                                "new_hit_rate": new["hit_rate"], "log_ratio": again["log_ratio"],
-                               "outside_clip": outside_clip(again["log_ratio"], clip)}
+                               "outside_clip": outside_clip_window(again["log_ratio"], clip)}
             rows.append(row)
     return rows
 
@@ -315,7 +311,7 @@ def stale_cache_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
         row = next(r for r in rows if r["updates"] == updates)
         fig, ax = plt.subplots(figsize=(6.5, 3.2))
         plot_log_ratio(ax, row, epsilon)
-        share = {p: outside_clip(row[p]["log_ratio"], epsilon) for p in CACHE_POLICIES}
+        share = {p: outside_clip_window(row[p]["log_ratio"], epsilon) for p in CACHE_POLICIES}
         ax.set_title(f"{updates} updates: outside ε, cache kept {share['keep']:.1%}, invalidated {share['invalidate']:.1%}", fontsize=9)
         return {"updates": updates, **{f"outside_clip_{p}": v for p, v in share.items()}}
 
