@@ -1,12 +1,16 @@
 """The catalogue: notebook conventions, and every notebook executed with --smoke via the runner."""
 
 import json
+import re
+import tempfile
+from pathlib import Path
 
 import nbformat
 import pytest
 
 from workbench.catalogue.batch import run_catalogue
 from workbench.catalogue.listing import DECLARED_ABSENCES, NOTEBOOKS_DIR, catalogue, parse_parameters, read_notebook_info
+from workbench.core.paths import REPO_ROOT
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 STEMS = [p.stem for p in NOTEBOOKS]
@@ -102,6 +106,36 @@ def test_every_notebook_reproduces_the_bug_and_shows_the_fix_in_smoke_mode(smoke
     if payload["metrics"].get("skipped"):  # the peer lab without its environments: reported, not judged
         pytest.skip(payload["metrics"]["skipped"])
     assert payload["reproduced"] is True and payload["fixed"] is True
+
+
+@pytest.mark.parametrize("stem", SMOKE_PARAMS)
+def test_every_figure_is_readable_at_notebook_width(smoke_run, stem):
+    """Every figure the notebook saved, as ``viz.legibility`` measured it at save time: no text under 8 pt in a
+    1000-px output area, no overlapping text, no numeric tick label written twice along an axis."""
+    folder, results = smoke_run
+    assert results[stem].ok, results[stem].error
+    checks = json.loads((folder / stem / "figures.json").read_text())
+    problems = {name: check["problems"] for name, check in checks.items() if check["problems"]}
+    assert not problems, f"{stem}: " + json.dumps(problems, indent=1, ensure_ascii=False)
+
+
+RAW_NAN = re.compile(r"(?<![A-Za-z_])nan(?![A-Za-z_(])")  # a float printed as nan, not the word "NaN" in a sentence
+
+
+@pytest.mark.parametrize("stem", SMOKE_PARAMS)
+def test_outputs_name_no_folder_of_the_machine_and_no_raw_nan(smoke_run, stem):
+    """An executed notebook is shared: its outputs print paths relative to where it ran, and an undefined statistic
+    says why instead of printing nan."""
+    folder, results = smoke_run
+    assert results[stem].ok, results[stem].error
+    notebook = nbformat.read(str(folder / stem / f"{stem}.ipynb"), as_version=4)
+    machine = [str(REPO_ROOT), str(folder), str(Path.home()), tempfile.gettempdir() + "/"]
+    for index, cell in enumerate(notebook.cells):
+        for output in cell.get("outputs", []):
+            text = output.get("text", "") + str(output.get("data", {}).get("text/plain", ""))
+            for root in machine:
+                assert root not in text, f"{stem} cell {index} prints a folder of this machine ({root}): {text[:300]}"
+            assert not RAW_NAN.search(text), f"{stem} cell {index} prints a raw nan: {text[:300]}"
 
 
 def test_report_links_every_notebook(smoke_run):

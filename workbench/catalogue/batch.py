@@ -181,6 +181,19 @@ def parameterized_notebook(info: NotebookInfo, parameters: dict):
     return parameterize_notebook(notebook, parameters, kernel_name="python3", language="python")
 
 
+def _forget_machine_paths(path: Path) -> None:
+    """papermill records the notebook's absolute input and output paths in its metadata: keep the file names only, so
+    an executed notebook shared with someone names no folder of the machine it ran on."""
+    import nbformat  # nbformat: only when notebooks are read
+
+    notebook = nbformat.read(str(path), as_version=4)
+    recorded = notebook.metadata.get("papermill", {})
+    for key in ("input_path", "output_path"):
+        if recorded.get(key):
+            recorded[key] = Path(recorded[key]).name
+    nbformat.write(notebook, str(path))
+
+
 def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html: bool = True) -> NotebookResult:
     """Run one notebook with papermill into ``out_dir`` and collect what it wrote."""
     import nbformat  # nbformat: only when notebooks are read
@@ -190,7 +203,7 @@ def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html:
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in (RESULT_FILE, "metrics.json"):  # an earlier run's files must not pass for this run's
         (out_dir / stale).unlink(missing_ok=True)
-    parameters = {**parameters, "out_dir": str(out_dir)}
+    parameters = {**parameters, "out_dir": "."}  # the kernel's cwd: the executed notebook names no folder of this machine
     output = out_dir / f"{info.stem}.ipynb"
     start = time.perf_counter()
     error = None
@@ -203,6 +216,8 @@ def execute(info: NotebookInfo, parameters: dict, out_dir: Path, *, render_html:
     except Exception as exc:  # a failing notebook must not stop the others
         error = _short_error(exc)
     seconds = time.perf_counter() - start
+    if output.is_file():
+        _forget_machine_paths(output)
     if render_html and output.is_file():
         try:
             render_notebook_html(output)

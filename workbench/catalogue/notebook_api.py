@@ -1,8 +1,10 @@
 """What a catalogue notebook calls to set itself up and to record its results.
 
-* ``prepare(stem, out_dir)``: resolves the output folder (``runs/interactive/<stem>`` when the
-  notebook is opened by hand, the runner's folder in batch), applies the plot style;
-* ``save_figure(fig, out_dir, name)``: PNG next to the executed notebook;
+* ``prepare(stem, out_dir, interactive=…)``: resolves the output folder (``runs/interactive/<stem>`` of the working
+  folder when the notebook is opened by hand, the runner's folder in batch), applies the plot style, shows progress bars
+  only when ``interactive``;
+* ``save_figure(fig, out_dir, name)``: PNG next to the executed notebook, and what ``viz.legibility`` measured of it
+  at notebook width in ``figures.json`` (the catalogue test reads it);
 * ``write_metrics(...)``: the ``metrics.json`` contract, written atomically;
 * ``cannot_show(reason, metrics)``: a pitfall this checkpoint cannot show, said and recorded.
 
@@ -14,26 +16,47 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+from workbench.core import progress
 from workbench.core.errors import NotebookStopped
 from workbench.core.jsonsafe import jsonable
-from workbench.core.paths import REPO_ROOT
 from workbench.trainers.checkpointing import atomic_write_json
-from workbench.viz import plots
+from workbench.viz import legibility, plots
 
 
-def prepare(stem: str, out_dir: str = "") -> Path:
-    """The folder this notebook writes into (created), with the workbench plot style applied."""
+def prepare(stem: str, out_dir: str = "", interactive: bool = True) -> Path:
+    """The folder this notebook writes into (created), with the workbench plot style applied and progress bars shown
+    when ``interactive`` (a batch run passes False: its outputs are a record, the runner's bar speaks for it)."""
     plots.apply_style()
-    folder = Path(out_dir) if out_dir else REPO_ROOT / "runs" / "interactive" / stem
+    progress.show_bars(interactive)
+    folder = Path(out_dir).absolute() if out_dir else working_folder() / "runs" / "interactive" / stem
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
+def working_folder(cwd: Path | None = None) -> Path:
+    """Where a notebook opened by hand keeps its outputs: the folder it runs in, or that folder's parent when it runs
+    in a ``notebooks/`` folder (the repository or a copy of it), never the installed package's."""
+    cwd = Path.cwd() if cwd is None else cwd
+    return cwd.parent if cwd.name == "notebooks" else cwd
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` as a notebook prints it: relative to the folder the notebook runs in (an executed notebook names no
+    folder of the machine it ran on)."""
+    return os.path.relpath(Path(path).absolute(), Path.cwd())
+
+
 def save_figure(fig, out_dir: str | Path, name: str) -> Path:
+    """Save ``fig`` as ``<name>.png`` and record ``viz.legibility.check_figure``'s findings in ``figures.json``."""
     path = Path(out_dir) / f"{name}.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")
+    record = Path(out_dir) / "figures.json"
+    checks = json.loads(record.read_text()) if record.is_file() else {}
+    checks[name] = legibility.check_figure(fig, name).as_dict()
+    atomic_write_json(record, checks)
     return path
 
 
@@ -74,7 +97,7 @@ def write_metrics(
     )
     path = Path(out_dir) / "metrics.json"
     atomic_write_json(path, payload)
-    print(f"{notebook}: bug reproduced = {payload['reproduced']}, fix shown = {payload['fixed']} → {path}")
+    print(f"{notebook}: bug reproduced = {payload['reproduced']}, fix shown = {payload['fixed']} → {shown_path(path)}")
 
 
 def cannot_show(reason: str, metrics: dict | None = None) -> str:

@@ -16,12 +16,13 @@ held-out accuracy rose by more than the seed noise.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 
 import torch
 
-from workbench.core import worker_processes
+from workbench.core import progress, worker_processes
 from workbench.core.errors import ParameterError
 from workbench.experiments.checkpoints import load
 from workbench.experiments.evaluation import held_out_accuracy, held_out_pair_logps
@@ -87,21 +88,32 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
     loading = {"device": device, "pad_token": pad_token}
     jobs = [(label, seed) for label in variants for seed in seeds]
     keep = [return_models and seed == seeds[0] for _, seed in jobs]
+    bar_title = f"{kind}: {len(variants)} variant(s) × {len(seeds)} seed(s)"
     if processes > 1 and len(jobs) > 1:
         threads = max(1, (os.cpu_count() or 1) // processes)
         with worker_processes.pool(min(processes, len(jobs))) as pool:
             # the untrained checkpoint's held-out scores: one job (every run would compute the same numbers), first
             before_scores = pool.submit(_held_out_start, kind, model, before, threads, loading, held_out, task) if held_out > 0 else None
+            step_files = progress.StepFiles(len(jobs)) if progress.bars_shown() else None
             futures = [pool.submit(_train_one, kind, model, {**common, **variants[label]}, steps, seed, problems, before, threads,
-                                   loading, held_out, k, task)
-                       for (label, seed), k in zip(jobs, keep, strict=True)]
+                                   loading, held_out, k, task, step_files.paths[index] if step_files else None)
+                       for index, ((label, seed), k) in enumerate(zip(jobs, keep, strict=True))]
+            with progress.bar(len(jobs) * steps, bar_title, unit="step") as bar:
+                pending = set(futures)
+                while pending:
+                    _, pending = concurrent.futures.wait(pending, timeout=0.5)
+                    if step_files is not None:
+                        bar.update(step_files.done() - bar.n)
+            if step_files is not None:
+                step_files.close()
             results = [f.result() for f in futures]
             start = before_scores.result() if before_scores is not None else None
     else:  # the caller's global generators left as a worker process leaves them: untouched (each run seeds its own)
-        with torch.random.fork_rng():
+        with torch.random.fork_rng(), progress.bar(len(jobs) * steps, bar_title, unit="step") as bar:
             start = _held_out_start(kind, model, before, None, loading, held_out, task) if held_out > 0 else None
             results = [_train_one(kind, model, {**common, **variants[label]}, steps, seed, problems, before, None, loading,
-                                  held_out, k, task) for (label, seed), k in zip(jobs, keep, strict=True)]
+                                  held_out, k, task, on_step=lambda record: bar.update(1))
+                       for (label, seed), k in zip(jobs, keep, strict=True)]
     runs: dict[str, list[list[dict]]] = {label: [] for label in variants}
     models = {}
     for (label, _), (history, state, end) in zip(jobs, results, strict=True):
@@ -116,12 +128,14 @@ def train_variants(kind: str, model: str, variants: dict[str, dict], *, steps: i
 
 def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, problems: int | None, before=None,
                threads: int | None = None, loading: dict | None = None, held_out: int = 0,
-               keep_model: bool = False, task: str = "arith") -> tuple[list[dict], dict | None, dict | None]:
+               keep_model: bool = False, task: str = "arith", step_file: str | None = None,
+               on_step=None) -> tuple[list[dict], dict | None, dict | None]:
     """One run: its history, its trained weights when ``keep_model``, and its held-out scores after training when
     ``held_out`` (``_record_held_out`` puts them in the last record). ``threads`` None (a run in
     this process): a tiny model on the CPU runs on one thread, the caller's setting restored after —
     its matrices are too small to gain from two, and two threads on a shared machine wait on each
-    other (measured: a 3-step PPO pair 1.5 s on one thread, 17–34 s on two beside another job)."""
+    other (measured: a 3-step PPO pair 1.5 s on one thread, 17–34 s on two beside another job). Progress: ``on_step``
+    (this process) or ``step_file`` (a worker: ``progress.StepFiles``) after each step."""
     with _callers_threads():
         Config, Trainer = TRAINERS[kind]
         policy, tokenizer = _loaded(model, before, threads, loading)
@@ -134,7 +148,10 @@ def _train_one(kind: str, model: str, switches: dict, steps: int, seed: int, pro
             train = load_preferences(TRAIN_PREFERENCES)[:problems]
         else:
             train = load_problems(info.train_prompts) if problems is None else rl_problems(problems, task)
-        history = Trainer(policy, tokenizer, train, config).train()
+        if step_file is not None:
+            def on_step(record):
+                progress.StepFiles.report(step_file, record["step"] + 1)
+        history = Trainer(policy, tokenizer, train, config).train(on_step=on_step)
         end = _held_out_scores(kind, policy, tokenizer, held_out, task) if held_out > 0 and history else None
         return history, ({k: v.detach().cpu() for k, v in policy.state_dict().items()} if keep_model else None), end
 

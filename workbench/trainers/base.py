@@ -21,6 +21,7 @@ import numbers
 import random
 import time
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -393,8 +394,9 @@ class Trainer:
         module = next(iter(self.modules().values()))
         return next(module.parameters()).device
 
-    def train(self, steps: int | None = None) -> list[dict]:
-        """Run until ``steps`` (default ``config.steps``) steps are done; returns the history."""
+    def train(self, steps: int | None = None, on_step: Callable[[dict], None] | None = None) -> list[dict]:
+        """Run until ``steps`` (default ``config.steps``) steps are done; returns the history. ``on_step(record)`` is
+        called after each step with its history record (a progress bar in another process, a live plot)."""
         total = self.config.steps if steps is None else steps
         # the output folder is this run's while it trains: another training into it is refused (RunFolderInUse)
         with self.hold_output_dir():
@@ -408,6 +410,8 @@ class Trainer:
                 self.history.append(metrics)
                 self.step += 1
                 bar.update(1)
+                if on_step is not None:
+                    on_step(metrics)
                 bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in self.progress_keys and _is_number(v)})
                 every = self.config.checkpoint_every
                 if every and self.step % every == 0 and self.step < total:

@@ -98,7 +98,7 @@ def plot_mask(ax, mask, title: str = "", xlabel: str = "token position", ylabel:
                 handles.append(Patch(facecolor=EOS_COLOR, label="EOS (in the mask)"))
             if (eos & (array == 0)).any():
                 handles.append(Patch(facecolor=EOS_COLOR, hatch="///", edgecolor="black", label="EOS dropped by the mask"))
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return image
 
 
@@ -123,7 +123,7 @@ def plot_positions(ax, positions, mask, title: str = "") -> None:
               aspect="auto", interpolation="nearest")
     for (row, col), value in np.ndenumerate(positions):
         if mask[row, col]:
-            ax.text(col, row, str(int(value)), ha="center", va="center", fontsize=7)
+            ax.text(col, row, str(int(value)), ha="center", va="center", fontsize=8)
     integer_ticks(ax, positions.shape)
     ax.set_title(title)
     ax.set_xlabel("token position")
@@ -138,7 +138,7 @@ def annotate_grid(ax, values, fmt: str = "{}", color: str = "black", image=None)
     shown = None if image is None else np.ma.getdata(image.get_array())
     for (row, col), value in _enumerate_2d(values):
         cell_color = color if shown is None else label_color(image.cmap(image.norm(shown[row, col])))
-        ax.text(col, row, fmt.format(value), ha="center", va="center", fontsize=7, color=cell_color)
+        ax.text(col, row, fmt.format(value), ha="center", va="center", fontsize=8, color=cell_color)
 
 
 def label_color(background) -> str:
@@ -317,7 +317,7 @@ def floor_notes(ax, floor: float, notes: list[tuple[str, str]]) -> None:
     ax.autoscale_view(scalex=False)
     for k, (text, color) in enumerate(notes):
         ax.annotate(text, (0.02, floor), xycoords=("axes fraction", "data"), xytext=(0, -7 - 10 * k),
-                    textcoords="offset points", va="top", fontsize=7, color=color)
+                    textcoords="offset points", va="top", fontsize=8, color=color)
 
 
 def label_zero_bars(ax, bars, text: str = "0", tol: float = 0.0) -> int:
@@ -440,17 +440,37 @@ def plot_band_panels(axes, runs: dict[str, list[list[dict]]], panels, colors: di
     plot_heldout(axes[len(panels)], runs, colors)
 
 
-def figure_row(draw, ncols: int, figsize: tuple[float, float]):
-    """A figure of one row of ``ncols`` axes drawn by ``draw(axes)``, laid out tight: what a ``figure_*`` of a
-    pitfall module builds from its ``plot_*(axes, …)`` function."""
+NOTEBOOK_WIDTH = 9.6  # inches: at 100 dpi, with savefig's 0.1-in pads, a figure fills a 1000-px output area unshrunk
+
+
+def panel_grid(panels: int, *, columns: int | None = None, panel_height: float = 3.2, width: float = NOTEBOOK_WIDTH,
+               **subplot_kw):
+    """A figure of ``panels`` axes in rows that fit a notebook's output area (``viz.legibility``): ``width`` inches
+    wide (at most ``NOTEBOOK_WIDTH``, so its text is shown at the size it was set), ``columns`` per row (default: all
+    of 1–3 panels in one row, 4 as 2 × 2, more in rows of 3), each row ``panel_height`` inches high. Returns
+    ``(fig, axes)``, ``axes`` a flat array of exactly ``panels`` axes (the grid's spare cells removed)."""
     import matplotlib.pyplot as plt  # matplotlib: only when a figure is drawn
 
-    fig, axes = plt.subplots(1, ncols, figsize=figsize)
+    columns = columns or (panels if panels <= 3 else 2 if panels == 4 else 3)
+    rows = -(-panels // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(min(width, NOTEBOOK_WIDTH), panel_height * rows), squeeze=False,
+                             **subplot_kw)
+    flat = axes.ravel()
+    for spare in flat[panels:]:
+        spare.remove()
+    return fig, flat[:panels]
+
+
+def figure_row(draw, ncols: int, figsize: tuple[float, float], columns: int | None = None):
+    """A figure of ``ncols`` axes drawn by ``draw(axes)`` (a flat array), laid out by ``panel_grid`` (rows that fit a
+    notebook: ``figsize`` is the width asked for, at most ``NOTEBOOK_WIDTH``, and each row's height) and tight: what a
+    ``figure_*`` of a pitfall module builds from its ``plot_*(axes, …)`` function."""
+    fig, axes = panel_grid(ncols, columns=columns, panel_height=figsize[1], width=figsize[0])
     draw(axes)
     fig.tight_layout()
     return fig
 
 
 def figure_panels(figsize: tuple[float, float], *draws):
-    """``figure_row`` of one axis per ``draw(ax)`` callable, left to right (one callable: a one-axis figure)."""
+    """``figure_row`` of one axis per ``draw(ax)`` callable, in reading order (one callable: a one-axis figure)."""
     return figure_row(lambda axes: [draw(ax) for draw, ax in zip(draws, np.atleast_1d(axes), strict=True)], len(draws), figsize)
