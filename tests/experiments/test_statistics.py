@@ -120,3 +120,43 @@ def test_a_prediction_object_reads_its_measure_from_the_effects():
         predicted.record({"reward": effect}, "arith")
     with pytest.raises(ParameterError, match="use '\\+'"):
         Prediction("kl", "x", "up")
+
+
+# ---- what a training cell prints ----
+def _effect(difference, noise, seeds=3, larger=None, threshold=4.303, names=("bug", "fix")):
+    larger = abs(difference) > threshold * noise if larger is None else larger
+    return statistics.Effect(key="m", bug=1.0 + difference, fix=1.0, difference=difference, noise=noise, seeds=seeds,
+                             larger_than_noise=larger, threshold=threshold, names=names)
+
+
+def test_plain_verdict_says_the_distance_in_standard_errors_and_the_power():
+    larger = statistics.plain_verdict(_effect(2.2, 0.4), "tokens")
+    assert larger.startswith("larger than seed noise: the effect, +2.2 tokens, is 5.5 standard errors from 0 over 3 seeds")
+    assert "needs more than 4.30" in larger
+    null = statistics.plain_verdict(_effect(-0.02, 0.02))
+    assert null.startswith("not larger than seed noise") and "1.0 standard errors" in null
+    assert "could see an effect of 0.086 or more" in null  # 4.303 × 0.02
+    assert statistics.plain_verdict(_effect(0.5, 0.0)).startswith("not testable")
+    assert "nan" not in statistics.plain_verdict(_effect(0.5, float("nan"), seeds=1)).lower()
+
+
+def test_effects_table_prints_a_dash_and_a_reason_for_undefined_numbers():
+    table = statistics.effects_table({"reward": _effect(-0.02, 0.02), "one seed": _effect(0.1, float("nan"), seeds=1)})
+    header, reward, one_seed = table.splitlines()
+    assert header.split()[:3] == ["measure", "bug", "fix"]
+    assert reward.split()[-2:] == ["not", "larger"] and "0.086" in reward
+    assert "—" in one_seed and one_seed.endswith("not tested (one seed)") and "nan" not in table
+
+
+def test_training_summary_states_the_prediction_then_its_outcome_then_the_table():
+    effects = {"m": _effect(2.2, 0.4, names=("seq-mean", "token-mean"))}
+    runs = {"seq-mean": [[{"step": 0, "heldout_accuracy_start": 0.5, "heldout_accuracy": 0.6}]] * 3,
+            "token-mean": [[{"step": 0, "heldout_accuracy_start": 0.5, "heldout_accuracy": 0.55}]] * 3}
+    prediction = statistics.Prediction("m", "longer wrong answers", "+", "tokens")
+    lines = statistics.training_summary(effects, runs, prediction, "sums").splitlines()
+    assert lines[0] == "Prediction, fixed before the run (sums): longer wrong answers, the bug's value above the fix's."
+    assert lines[1].startswith("Outcome: larger than seed noise") and lines[1].endswith("as predicted.")
+    assert any(line.startswith("held-out gain, seq-mean") for line in lines)
+    assert lines[-1].startswith("(bug: seq-mean, fix: token-mean;")
+    opposite = statistics.training_summary({"m": _effect(-2.2, 0.4)}, runs, prediction, "sums").splitlines()[1]
+    assert opposite.endswith("opposite to the prediction.")

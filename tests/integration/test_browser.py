@@ -97,7 +97,7 @@ def test_quickstart_runs_in_jupyterlab_and_a_widget_redraws(jupyterlab, tmp_path
         assert page.locator(".jp-OutputArea-output img").count() >= 2, "no figure rendered"
         text = page.inner_text(".jp-Notebook")
         assert "Traceback" not in text and "Error" not in text.replace("ErrorBar", "")
-        assert "bug reproduced = True, fix shown = True" in text
+        assert "mechanism reproduced: yes, fixed: yes" in text
 
         widget_image = page.locator(".widget-output img, .jupyter-widgets-output-area img").first
         widget_image.wait_for(timeout=30_000)

@@ -22,6 +22,7 @@ from pathlib import Path
 from workbench.core import progress
 from workbench.core.errors import NotebookStopped
 from workbench.core.jsonsafe import jsonable
+from workbench.experiments import statistics
 from workbench.trainers.checkpointing import atomic_write_json
 from workbench.viz import legibility, plots
 
@@ -97,7 +98,22 @@ def write_metrics(
     )
     path = Path(out_dir) / "metrics.json"
     atomic_write_json(path, payload)
-    print(f"{notebook}: bug reproduced = {payload['reproduced']}, fix shown = {payload['fixed']} → {shown_path(path)}")
+    print(closing_line(payload, shown_path(path)))
+
+
+def closing_line(payload: dict, where: str) -> str:
+    """The notebook's last line: the mechanism (reproduced with the bug, gone with the fix) apart from its consequence
+    in training (the prediction's verdict, chosen by its numbers; "not measured here" when the notebook trains nothing)."""
+    yes = {True: "yes", False: "no"}
+    mechanism = f"mechanism reproduced: {yes[payload['reproduced']]}, fixed: {yes[payload['fixed']]}"
+    record = payload["metrics"].get("prediction")
+    if isinstance(record, dict) and "direction" in record:
+        kind, text = statistics.prediction_verdict(record)
+        consequence = {"as predicted": "shown, as predicted", "opposite": "shown, opposite to the prediction"}.get(
+            kind, f"not shown ({text})")
+    else:
+        consequence = "not measured here"
+    return f"{payload['notebook']}: {mechanism}; consequence in training: {consequence} → {where}"
 
 
 def cannot_show(reason: str, metrics: dict | None = None) -> str:

@@ -302,3 +302,68 @@ class Prediction:
 
     def sentence(self, effects: dict, task: str) -> str:
         return prediction_sentence(self.record(effects, task), self.unit)
+
+
+# ---- what a training cell prints ----------------------------------------------------------------------------------
+def plain_verdict(effect: Effect, unit: str = "") -> str:
+    """The verdict of one ``Effect`` in a plain sentence, its threshold and its power said in words: "larger than seed
+    noise: the effect, +2.2 tokens, is 5.5 standard errors from 0 over 3 seeds (95 % confidence needs more than 4.30)"."""
+    unit = f" {unit}" if unit else ""
+    if effect.no_spread:
+        return (f"not testable: every seed gave the same difference ({effect.difference:+.3g}{unit}), so there is no "
+                "noise to test it against")
+    if not math.isfinite(effect.noise):
+        return f"not tested: one seed gives no noise estimate (effect {effect.difference:+.3g}{unit})"
+    spread = "seeds" if effect.seeds > 1 else "steps of one seed"
+    distance = abs(effect.difference) / effect.noise
+    head = "larger than seed noise" if effect.larger_than_noise else "not larger than seed noise"
+    text = (f"{head}: the effect, {effect.difference:+.3g}{unit}, is {distance:.1f} standard errors from 0 over "
+            f"{effect.seeds} {spread} (95 % confidence needs more than {effect.threshold:.2f})")
+    if not effect.larger_than_noise:
+        text += f"; these seeds could see an effect of {effect.mde:.2g}{unit} or more"
+    return text
+
+
+def _cell(value: float, digits: str = ".3g") -> str:
+    return format(value, digits) if math.isfinite(value) else "—"
+
+
+def effects_table(effects: dict[str, Effect], gains: dict[str, Effect] | None = None) -> str:
+    """A small table of a training comparison: one row per measured ``Effect`` (both sides, bug − fix, its standard
+    error, the smallest effect the seeds could see, the verdict), then one row per variant's held-out gain. Undefined
+    numbers print as "—" with the reason in the verdict column."""
+    rows = [("measure", "bug", "fix", "bug − fix", "± s.e.", "could see ≥", "verdict")]
+
+    def verdict(effect: Effect) -> str:
+        if effect.no_spread:
+            return "not testable (s.e. 0)"
+        if not math.isfinite(effect.noise):
+            return "not tested (one seed)"
+        return "larger" if effect.larger_than_noise else "not larger"
+
+    for name, effect in effects.items():
+        rows.append((str(name), _cell(effect.bug), _cell(effect.fix), _cell(effect.difference, "+.3g"),
+                     _cell(effect.noise, ".2g"), _cell(effect.mde, ".2g"), verdict(effect)))
+    for label, effect in (gains or {}).items():
+        rows.append((f"held-out gain, {label}", _cell(effect.bug), "start", _cell(effect.difference, "+.3g"),
+                     _cell(effect.noise, ".2g"), _cell(effect.mde, ".2g"), verdict(effect)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width) if i < 6 else cell
+                               for i, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip() for row in rows)
+
+
+def training_summary(effects: dict[str, Effect], runs: dict[str, list[list[dict]]], prediction: Prediction, task: str) -> str:
+    """What a training cell prints: the prediction fixed before the run and its outcome in one plain sentence, then
+    ``effects_table`` (the effects and each variant's held-out gain); the full records go to ``metrics.json``."""
+    effect = effects[prediction.measure]
+    sign = "above" if prediction.direction == "+" else "below"
+    lines = [f"Prediction, fixed before the run ({task}): {prediction.consequence}, the bug's value {sign} the fix's.",
+             f"Outcome: {plain_verdict(effect, prediction.unit)}; "
+             + {"as predicted": "as predicted.", "opposite": "opposite to the prediction.",
+                "null": "the prediction is not borne out by these seeds."}[prediction_verdict(prediction.record(effects, task))[0]]]
+    table = effects_table(effects, {label: gain(runs, label) for label in runs}
+                          if all("heldout_accuracy" in h[-1] for histories in runs.values() for h in histories if h) else None)
+    pairs = {effect.names for effect in effects.values()}
+    (bug, fix), = pairs if len(pairs) == 1 else {("bug", "fix")}
+    compared = f"bug: {bug}, fix: {fix}; " if (bug, fix) != ("bug", "fix") else ""
+    return "\n".join(lines + ["", table, f"({compared}every record, with each seed's values: metrics.json)"])
