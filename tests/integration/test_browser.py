@@ -111,3 +111,157 @@ def test_quickstart_runs_in_jupyterlab_and_a_widget_redraws(jupyterlab, tmp_path
         page.screenshot(path=str(tmp_path / "quickstart_after_widget.png"))
         browser.close()
     assert (tmp_path / "quickstart.png").stat().st_size > 10_000
+
+
+# ---- every notebook, opened as a reader opens it ------------------------------------------------------------------
+# Each notebook of the catalogue is copied with its smoke parameters injected (the runner's parameters cell, interactive
+# left True), opened in JupyterLab, run top to bottom, and one control of its explorer moved; a screenshot of the
+# explorer after the move (and one of the notebook's end) goes to $WORKBENCH_SCREENSHOTS (default: the test's tmp folder)
+# for a reviewer to look at. What is asserted: every cell ran, no traceback, the explorer drew and redrew.
+EVERY_STEM = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+EXPLORER_CONTROLS = (  # the first one found is moved: a toggle not selected, a checkbox, a dropdown, a slider
+    ".jp-OutputArea-output .widget-toggle-button:not(.mod-active)",
+    ".jp-OutputArea-output .widget-checkbox input",
+    ".jp-OutputArea-output .widget-dropdown select",
+    ".jp-OutputArea-output .noUi-handle",
+)
+OUTPUT_IMAGE = ".widget-output img, .jupyter-widgets-output-area img"
+PROGRESS_BAR = ".jp-OutputArea-output .widget-hprogress"  # tqdm's notebook bar: an ipywidgets FloatProgress
+
+
+@pytest.fixture(scope="module")
+def smoke_copies(tmp_path_factory):
+    """The notebooks with their smoke parameters injected (``interactive`` kept True), in a fresh folder."""
+    import nbformat
+
+    from workbench.catalogue.batch import parameterized_notebook
+    from workbench.catalogue.listing import find_notebook, resolve_parameters
+
+    folder = tmp_path_factory.mktemp("browser") / "notebooks"
+    folder.mkdir()
+    for stem in EVERY_STEM:
+        info = find_notebook(stem)
+        parameters = {k: v for k, v in resolve_parameters(info, {}, smoke=True).items() if k != "interactive"}
+        nbformat.write(parameterized_notebook(info, parameters), str(folder / f"{stem}.ipynb"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def lab_of_copies(smoke_copies):
+    port, token = free_port(), "workbench-test"
+    root = smoke_copies.parent
+    settings = root / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')  # no news question on the page
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(root / "config"), JUPYTER_RUNTIME_DIR=str(root / "runtime"),
+               JUPYTERLAB_SETTINGS_DIR=str(root / "settings"))
+    log = open(root / "jupyterlab.log", "w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={smoke_copies}", "--allow-root",
+         "--LabApp.news_url=", "--LabServerApp.extension_manager=readonly"],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    from playwright.sync_api import sync_playwright
+
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+                "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync"])
+            yield browser, f"http://127.0.0.1:{port}", token
+            browser.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+def _move_one_control(page) -> str | None:
+    """Move the first explorer control found (``EXPLORER_CONTROLS``); returns its selector, None when there is none."""
+    for selector in EXPLORER_CONTROLS:
+        control = page.locator(selector)
+        if control.count() == 0:
+            continue
+        control = control.first
+        control.scroll_into_view_if_needed()
+        if selector.endswith("select"):
+            options = control.locator("option")
+            current = control.input_value()
+            values = [options.nth(i).get_attribute("value") for i in range(options.count())]
+            control.select_option(next((v for v in values if v != current), current))
+        elif selector.endswith("noUi-handle"):
+            control.focus()
+            page.keyboard.press("ArrowRight")
+        else:
+            control.click()
+        return selector
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", EVERY_STEM)
+def test_every_notebook_runs_in_jupyterlab_and_its_explorer_redraws(lab_of_copies, stem, tmp_path):
+    browser, base, token = lab_of_copies
+    shots = Path(os.environ.get("WORKBENCH_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        # a workspace of its own, reset: JupyterLab would reopen the notebooks of the tests before
+        page.goto(f"{base}/lab/workspaces/{stem}/tree/{stem}.ipynb?reset&token={token}")
+        page.wait_for_selector(".jp-Notebook", timeout=60_000)
+        accept_kernel_dialog(page)
+        idle = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
+        page.wait_for_selector(idle, timeout=60_000)
+        page.click("text=Run", timeout=10_000)
+        page.click("text=Run All Cells", timeout=10_000)
+        page.wait_for_function(
+            "() => { const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];"
+            " return p.length > 0 && p.every(e => /\\[\\d+\\]/.test(e.textContent)); }",
+            timeout=600_000,
+        )
+        page.wait_for_selector(idle, timeout=120_000)
+        text = page.inner_text(".jp-Notebook")
+        if "train_variants(" in (NOTEBOOKS / f"{stem}.ipynb").read_text():
+            assert page.locator(PROGRESS_BAR).count() >= 1, f"{stem}: its training cell shows no progress bar"
+        assert "Traceback" not in text, f"{stem}: a cell failed"
+        assert "mechanism reproduced:" in text, f"{stem}: the closing line is missing"
+        image = page.locator(OUTPUT_IMAGE).first
+        image.wait_for(timeout=60_000)
+        before = image.get_attribute("src")
+        moved = _move_one_control(page)
+        assert moved is not None, f"{stem}: its explorer has no control the test knows how to move"
+        page.wait_for_function(
+            "([selector, before]) => { const img = document.querySelector(selector);"
+            " return img && img.getAttribute('src') !== before; }",
+            arg=[OUTPUT_IMAGE, before], timeout=120_000,
+        )
+        page.locator(OUTPUT_IMAGE).first.scroll_into_view_if_needed()
+        page.screenshot(path=str(shots / f"{stem}_explorer.png"))
+        assert "Traceback" not in page.inner_text(".jp-Notebook"), f"{stem}: the explorer failed after {moved}"
+        page.keyboard.press("Control+End")
+        page.locator(".jp-Cell").last.scroll_into_view_if_needed()
+        page.screenshot(path=str(shots / f"{stem}_end.png"))
+    finally:
+        page.close()
+        _shut_down_kernels(base, token)
+
+
+def _shut_down_kernels(base: str, token: str) -> None:
+    """Every kernel of the server shut down (a closed page leaves its kernel running, with its models in memory)."""
+    import json
+    import urllib.request
+
+    headers = {"Authorization": f"token {token}"}
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/api/kernels", headers=headers), timeout=30) as reply:
+        kernels = json.load(reply)
+    for kernel in kernels:
+        request = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}", method="DELETE", headers=headers)
+        urllib.request.urlopen(request, timeout=30).close()
