@@ -79,6 +79,10 @@ class TrlMode:
 
 
 def _check_tensors(names_and_tensors, response_mask: torch.Tensor) -> None:
+    if not isinstance(response_mask, torch.Tensor) or response_mask.dim() != 2:
+        shape = tuple(response_mask.shape) if isinstance(response_mask, torch.Tensor) else type(response_mask).__name__
+        raise RolloutCorrectionError(f"response_mask must be a 2-D tensor (batch, response length), got {shape}",
+                                     "response_mask")
     for name, tensor in names_and_tensors:
         if not isinstance(tensor, torch.Tensor):
             raise RolloutCorrectionError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}", name)
@@ -88,9 +92,6 @@ def _check_tensors(names_and_tensors, response_mask: torch.Tensor) -> None:
                 "per-token log-probs of the response tokens, (batch, response length), aligned with the mask", name)
         if not tensor.is_floating_point():
             raise RolloutCorrectionError(f"{name} must hold floating-point log-probs, got {tensor.dtype}", name)
-    if response_mask.dim() != 2:
-        raise RolloutCorrectionError(
-            f"response_mask must be 2-D (batch, response length), got shape {tuple(response_mask.shape)}", "response_mask")
     values = response_mask.float()
     if not bool(((values == 0) | (values == 1)).all()):
         raise RolloutCorrectionError("response_mask must hold only 0 and 1 (or be boolean)", "response_mask")
