@@ -249,6 +249,9 @@ def test_presets_resolve_and_apply():
         assert result.mask.shape == MASK.shape
     assert rc.resolve({"rollout_is": "token"}) == {"rollout_is": "token"}
     assert rc.resolve("trl_sequence_mask") == rc.trl_mode()
+    trl_config = {"vllm_importance_sampling_mode": "token_mask", "vllm_importance_sampling_clip_min": 0.5,
+                  "off_policy_mask_threshold": 0.1}
+    assert rc.resolve(trl_config) == rc.trl_mode("token_mask", clip_min=0.5, clip_max=3.0, off_policy_mask_threshold=0.1)
 
 
 @pytest.mark.parametrize(("kwargs", "parameter", "words"), [

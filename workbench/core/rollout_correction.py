@@ -32,7 +32,8 @@ current log-probs, so it is ``off_policy_mask``, applied in the loss.
 
 ``PRESETS`` names settings (verl's ``RolloutCorrectionConfig`` factories without bypass mode, and TRL's
 four modes at their defaults) for trainers' ``rollout_correction=``; ``resolve`` and ``apply`` take a
-preset name, a dict of ``correct``'s keywords or a ``TrlMode``.
+preset name, a dict of ``correct``'s keywords, a dict of TRL ``GRPOConfig``'s keywords
+(``vllm_importance_sampling_mode``, …: ``TRL_KEYWORDS``) or a ``TrlMode``.
 """
 
 from __future__ import annotations
@@ -560,6 +561,9 @@ PRESETS: dict[str, dict | TrlMode] = {
     **{f"trl_{mode}": TrlMode(mode) for mode in TRL_MODES},
 }
 CORRECT_KEYWORDS = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold")
+TRL_KEYWORDS = {"vllm_importance_sampling_mode": "mode", "vllm_importance_sampling_clip_min": "clip_min",
+                "vllm_importance_sampling_clip_max": "clip_max", "off_policy_mask_threshold": "off_policy_mask_threshold"}
+"""TRL ``GRPOConfig``'s names → ``trl_mode``'s: a dict with these keys is a TRL setting (missing ones take TRL's defaults)."""
 
 
 def resolve(spec, parameter: str = "rollout_correction") -> dict | TrlMode | None:
@@ -571,6 +575,8 @@ def resolve(spec, parameter: str = "rollout_correction") -> dict | TrlMode | Non
         if spec not in PRESETS:
             raise RolloutCorrectionError(f"{parameter}: unknown preset {spec!r}; presets: {', '.join(PRESETS)}", parameter)
         return PRESETS[spec]
+    if isinstance(spec, dict) and spec and set(spec) <= set(TRL_KEYWORDS):
+        return trl_mode(**{TRL_KEYWORDS[k]: v for k, v in spec.items()})
     if isinstance(spec, dict):
         unknown = sorted(set(spec) - set(CORRECT_KEYWORDS))
         if unknown:
