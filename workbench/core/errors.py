@@ -72,3 +72,12 @@ class NotebookStopped(Exception):
     """Raised by ``notebook_api.stop_here`` after a notebook recorded why this checkpoint cannot show its
     pitfall at all (e.g. a chat-template pitfall on a checkpoint without a template). The runner counts
     such a run as completed, with the reason in ``metrics.json``, not as a failure."""
+
+
+class RolloutCorrectionError(ValueError):
+    """A rollout-correction option, threshold or tensor that ``core.rollout_correction`` refuses; the message
+    names the parameter and the fix. ``parameter``: that parameter's name."""
+
+    def __init__(self, message: str, parameter: str | None = None):
+        super().__init__(message)
+        self.parameter = parameter

@@ -151,6 +151,59 @@ def _entropy_text(m, a):
             f"to H(softmax(z)) {m['gap_to_entropy_at_1']:.2g})")
 
 
+PARITY_TOLERANCE = 1e-5  # relative, fp32: the rollout-correction probes' bar
+
+
+def _equal_to_verl(m) -> bool:
+    """Every setting run by both, and weights (response tokens), masks and metrics within the tolerance."""
+    return (m["compared"] == m["settings"] and m["weight_rel"] <= PARITY_TOLERANCE and m["metric_rel"] <= PARITY_TOLERANCE
+            and m["masks_differ"] == 0 and m["key_mismatches"] == 0 and m["mismatch_metrics_rel"] <= PARITY_TOLERANCE)
+
+
+def _verl_parity_text(m) -> str:
+    text = (f"{m['compared']}/{m['settings']} settings · max rel Δ weights {m['weight_rel']:.1e}, metrics "
+            f"{m['metric_rel']:.1e} · masks differing {m['masks_differ']}")
+    if m["padding_weight_differs"]:
+        text += f" · padding weights differ in {m['padding_weight_differs']} (verl NaN, workbench 0)"
+    if m["refused_by_workbench_only"]:
+        text += (f" · workbench refuses {m['refused_by_workbench_only']}; verl NaN weights in {m['verl_nan_weights']}, "
+                 f"NaN metrics in {m['verl_nan_metrics']}")
+    if m["dtype"] == "bfloat16":
+        text += (f" · vs verl on the fp32 upcast: weights {m['weight_rel_vs_upcast']:.1e}, metrics "
+                 f"{m['metric_rel_vs_upcast']:.1e}")
+    return text
+
+
+def _verl_rollout_correction(case: str) -> Expectation:
+    """verl 0.9.1's rollout correction against the workbench's, case by case (the differences are findings)."""
+    if case == "nan":
+        return Expectation("P12", "convention", "NaN in the response: verl gives NaN metrics (and NaN TIS weights); the "
+                           "workbench refuses", lambda m, a: m["refused_by_workbench_only"] == m["settings"]
+                           and m["verl_nan_metrics"] == m["settings"], lambda m, a: _verl_parity_text(m))
+    if case == "nan_padding":
+        return Expectation("P12", "convention", "equal within 1e-5; verl's token TIS weights are NaN in the padding",
+                           lambda m, a: _equal_to_verl(m) and m["padding_weight_differs"] > 0, lambda m, a: _verl_parity_text(m))
+    if case == "bf16":
+        return Expectation("P12", "convention", "equal to verl on the fp32 upcast within 1e-5 (verl computes in bf16)",
+                           lambda m, a: m["compared"] == m["settings"] and m["weight_rel_vs_upcast"] <= PARITY_TOLERANCE
+                           and m["metric_rel_vs_upcast"] <= PARITY_TOLERANCE, lambda m, a: _verl_parity_text(m))
+    return Expectation("P12", "convention", "every weight, mask entry and metric equal within 1e-5",
+                       lambda m, a: _equal_to_verl(m) and m["padding_weight_differs"] == 0, lambda m, a: _verl_parity_text(m))
+
+
+def _trl_rollout_correction() -> Expectation:
+    def test(m, a):
+        return (m["ratio_rel"] <= PARITY_TOLERANCE and m["metric_rel"] <= PARITY_TOLERANCE and m["key_mismatches"] == 0
+                and m["mask_mismatches"] == 0 and m["off_policy_differs"] == 0)
+
+    def describe(m, a):
+        return (f"{m['settings']} IS settings · max rel Δ ratios {m['ratio_rel']:.1e}, metrics {m['metric_rel']:.1e} · "
+                f"off-policy masks differing {m['off_policy_differs']}/{m['off_policy_settings']} · padding ratios differ "
+                f"in {m['padding_ratio_differs']} (TRL 1 or its clip, workbench 0)")
+    return Expectation("P12", "convention", "ratios (response tokens), metrics and off-policy masks equal within 1e-5",
+                       test, describe)
+
+
 def _conventions() -> dict[str, tuple]:
     """probe → (seed, kind, expected, check, describe) for the rows that are one convention per probe."""
     return {
@@ -218,6 +271,10 @@ def expectation(peer: str, version: str, probe: str, measured: dict) -> Expectat
                            lambda m, a: bool(a) and not a["passed"] and a["convention"] == "model default", _audit_text)
     if probe == "position_ids":
         return Expectation("S1", "fix", "position ids from the mask (left padding = alone)", _audit_passed, _audit_text)
+    if probe == "rollout_correction" and peer == "verl":
+        return _verl_rollout_correction(measured.get("case", ""))
+    if probe == "trl_rollout_correction":
+        return _trl_rollout_correction()
     if probe in CONVENTION_PROBES:  # probes judged the same way whatever the peer
         return Expectation(*CONVENTION_PROBES[probe])
     return None
@@ -226,7 +283,7 @@ def expectation(peer: str, version: str, probe: str, measured: dict) -> Expectat
 def judge(peer: str, version: str, row: dict) -> dict:
     """One adapter row → one table row."""
     measured, audit = row.get("measured", {}), row.get("audit")
-    label = measured.get("loss_type") or measured.get("loss_agg_mode")
+    label = measured.get("loss_type") or measured.get("loss_agg_mode") or measured.get("case")
     if measured.get("function"):
         label = f"{measured['function']}, token_level_loss={measured['token_level_loss']}"
     probe = row["probe"] + (f" [{label}]" if label else "")

@@ -34,7 +34,11 @@ class Run:
 
 
 # What an adapter imports from the workbench beyond the protocol and the audit (part of its cache key).
-ADAPTER_SOURCES = {"trl_watch": ("peers/adapters/trl_eos.py", "watch")}
+ROLLOUT_CORRECTION_SOURCES = ("core/rollout_correction.py", "core/errors.py", "peers/adapters/rollout_correction_cases.py")
+ADAPTER_SOURCES = {"trl_watch": ("peers/adapters/trl_eos.py", "watch"),
+                   "verl_rollout_correction": ROLLOUT_CORRECTION_SOURCES,
+                   "trl_rollout_correction": ROLLOUT_CORRECTION_SOURCES}
+ROLLOUT_CORRECTION_CASES = ("heavy_tailed", "empty_rows", "one_token_rows", "inf", "nan_padding", "nan", "bf16")
 TRL_POSITIONS = ("position_ids", "S1", "convention", "no position_ids in the GRPO log-prob forward")
 
 
@@ -82,6 +86,12 @@ def plan() -> list[Run]:
             (("aggregation", "S5", "convention", "agg_loss modes"),
              ("grpo_advantage", "S5", "convention", "Bessel std, ε = 1e-6"),
              ("kl_penalty", "P9", "convention", "low_var_kl clamped"), ("dual_clip", "PPO", "convention", "c = 3"))),
+        Run("verl-0.9.1-rollout-correction", "verl-0.9.1", "verl_rollout_correction", "verl", "0.9.1",
+            tuple((f"rollout_correction [{case}]", "P12", "convention", "workbench = verl within 1e-5")
+                  for case in ROLLOUT_CORRECTION_CASES)),
+        Run("trl-1.16-rollout-correction", "host", "trl_rollout_correction", "trl", trl_host,
+            tuple((f"trl_rollout_correction [{case}]", "P12", "convention", "workbench = TRL within 1e-5")
+                  for case in ROLLOUT_CORRECTION_CASES if case not in ("nan_padding", "bf16"))),
     ]
 
 

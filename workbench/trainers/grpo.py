@@ -20,6 +20,13 @@ batch feeds exactly one step, π_old is π itself (``logp.detach()``): ρ ≡ 1 
 −mean(A) — zero or not depending on the aggregation (pitfall S5) — while gradients are not zero.
 The reference is scored in the same layout, so its KL to an identical policy is exactly 0.
 
+Rollout correction (``rollout_correction``, ``sampler_precision``, ``rollout_staleness``): when the sampler
+differs from the policy or a correction is asked for, π_old is scored for every row before the first update,
+``core.rollout_correction`` compares it with the sampler's log-probs, its weights multiply the policy term
+per token (as verl's and TRL's do), its mask replaces the loss mask, and a TRL setting's
+``off_policy_mask_threshold`` drops, per optimiser step, the rows ``off_policy_mask`` rejects. The step's
+history carries the ``rollout_corr/`` metrics (and a TRL setting's ``sampling/`` ones).
+
 Pitfall switches (``GRPOConfig``; every default is the fix):
 
 =============================  ===================  ==========================================
@@ -50,6 +57,7 @@ from typing import ClassVar
 import torch
 
 from workbench.core import losses
+from workbench.core import rollout_correction as correction
 from workbench.tasks import Problem, score_responses
 from workbench.trainers import base
 from workbench.trainers.base import require, require_choice
@@ -124,12 +132,16 @@ def grpo_loss(
     kl_estimator: str = "k3",
     max_len: int | None = None,
     normalizer=None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """The GRPO objective for one batch of completions; ``advantages`` is per completion (B,).
 
     ``normalizer(mask, mode) -> float`` overrides each aggregation's denominator (data-parallel
-    processes pass the global one, see ``workbench.trainers.distributed``)."""
+    processes pass the global one, see ``workbench.trainers.distributed``). ``weights`` (detached, per
+    token or per row) multiply the policy term, not the KL: rollout-correction weights."""
     per_token, was_clipped = losses.clipped_surrogate(logp, old_logp, advantages[:, None].expand_as(logp), clip_low, clip_high)
+    if weights is not None:
+        per_token = per_token * weights
     kl = losses.kl_penalty(logp, ref_logp, kl_estimator) if (beta > 0 and ref_logp is not None) else torch.zeros_like(logp)
 
     def aggregate(values, mode):
@@ -187,7 +199,7 @@ class GRPOTrainer(RolloutTrainer):
     def train_step(self, step: int) -> dict:
         c = self.config
         # 1. Group sampling: each prompt repeated num_generations times, groups contiguous.
-        problems, rollout = self.sample_rollout(step, repeats=c.num_generations)
+        problems, rollout = self.sample_rollout(step, repeats=c.num_generations, sampler=self.rollout_sampler())
         scored_as_finished = torch.ones_like(rollout.finished) if c.score_truncated_as_finished else rollout.finished
         rewards = score_responses(self.tokenizer, problems, rollout.response_ids, rollout.response_mask, scored_as_finished).to(self.device)
         rewards = rewards - c.missing_eos_penalty * (~rollout.finished).float()
@@ -201,7 +213,13 @@ class GRPOTrainer(RolloutTrainer):
         layout = self.training_layout()
         ref_logp = self.score_in_layout(self.reference, rollout, layout) if self.reference is not None else None
         old_logp, first_is_own_old = None, False
-        if c.optimizer_steps_per_batch > 1:
+        corrected, spec = None, correction.resolve(c.rollout_correction)
+        if c.watches_gap:  # π_old of every row before any update, against the sampler's log-probs
+            old_logp = self.score_in_layout(self.policy, rollout, layout)
+            corrected = self.correct_rollout(old_logp, rollout, loss_mask)
+            if corrected is not None:
+                loss_mask = corrected.mask.float()
+        elif c.optimizer_steps_per_batch > 1:
             # π_old before any update. The first mini-batch's is its own first training forward, detached:
             # the same forward on the same rows before any update, so no separate no-grad forward is run for
             # it (one forward saved per batch; tests/trainers/test_invariances.py checks that a separate one
@@ -214,12 +232,17 @@ class GRPOTrainer(RolloutTrainer):
                 logp, entropy = self.logprobs(self.train_policy, rollout, rows, with_entropy=True)
                 if first_is_own_old and iteration == 0 and index == 0:
                     old_logp[rows] = logp.detach()
+                weights = None if corrected is None or corrected.weights is None else corrected.weights[rows]
+                if isinstance(spec, correction.TrlMode) and spec.off_policy_mask_threshold is not None:
+                    kept = correction.off_policy_mask(advantages[rows], logp, rollout.rollout_logprobs[rows], loss_mask[rows],
+                                                      spec.off_policy_mask_threshold)
+                    weights = kept if weights is None else weights * kept
                 loss, stats = grpo_loss(
                     logp, logp.detach() if old_logp is None else old_logp[rows], advantages[rows], loss_mask[rows],
                     ref_logp=None if ref_logp is None else ref_logp[rows], beta=c.beta, clip_low=c.clip_low,
                     clip_high=c.clip_high, loss_agg=c.loss_agg, kl_aggregation=c.kl_aggregation,
                     kl_estimator=c.kl_estimator, max_len=c.max_new_tokens,
-                    normalizer=self._global_normalizer if self.dist.enabled else None,
+                    normalizer=self._global_normalizer if self.dist.enabled else None, weights=weights,
                 )
                 records["grad_norm"].append(base.optimizer_step(loss, [self.optimizer], [self.policy_parameters], c.max_grad_norm))
                 # per-process values → global ones (the loss: the sum of the processes' shares)
@@ -249,4 +272,5 @@ class GRPOTrainer(RolloutTrainer):
             "truncated_rewarded": truncated_rewarded,
             "tokens_generated": rollout.tokens_generated,
             "rollout_seconds": rollout.seconds,
+            **({} if corrected is None else corrected.metrics),
         }

@@ -48,6 +48,7 @@ from typing import ClassVar
 import torch
 
 from workbench.core import losses
+from workbench.core import rollout_correction as correction
 from workbench.modeling.models import count_parameters
 from workbench.modeling.rollout import Rollout
 from workbench.tasks import Problem, score_responses
@@ -122,6 +123,14 @@ class PPOConfig(RolloutConfig):
         require(self, "tis_cap", self.tis_cap == 0 or (self.tis_cap >= 1 and self.old_logprobs == "recompute"),
                 "must be 0 (off) or ≥ 1 with old_logprobs='recompute' (TIS reweights rollout samples to π_old)")
         require_choice(self, "whiten_over", ("real", "padded"))
+        require(self, "sampler_precision", self.sampler_precision == "fp32" or self.rollout_dtype == "float32",
+                "and rollout_dtype both lower the sampler's precision: set one of them")
+        require(self, "rollout_correction", self.rollout_correction is None or self.tis_cap == 0,
+                "and tis_cap both reweight the tokens: set one of them (tis_cap c is {'rollout_is': 'token', "
+                "'rollout_is_threshold': c})")
+        spec = correction.resolve(self.rollout_correction)
+        require(self, "rollout_correction", not (isinstance(spec, correction.TrlMode) and spec.off_policy_mask_threshold is not None),
+                "sets off_policy_mask_threshold, which needs one advantage per sequence: GRPO only")
         require_choice(self, "reward_position", REWARD_POSITIONS)
 
 
@@ -186,6 +195,8 @@ class PPOTrainer(RolloutTrainer):
         if self.rollout_model is not None:  # P12: the lower-precision copy samples
             self.rollout_model.load_state_dict(self.policy.state_dict())
             sampler = self.rollout_model
+        else:
+            sampler = self.rollout_sampler()
         problems, rollout = self.sample_rollout(step, sampler=sampler)
         scores = score_responses(self.tokenizer, problems, rollout.response_ids, rollout.response_mask, rollout.finished).to(self.device)
         return problems, rollout, scores
@@ -229,6 +240,12 @@ class PPOTrainer(RolloutTrainer):
             if c.whiten_advantages:
                 advantages = whiten(advantages, mask)
             weights = losses.tis_weights(old_logp, rollout.rollout_logprobs, c.tis_cap) if c.tis_cap else None
+            # Rollout correction: π_old (the training forward before any update) against the sampler; its
+            # weights and its mask act on the policy loss only (the critic and GAE keep every token).
+            corrected = self.correct_rollout(policy_logp, rollout, mask) if c.watches_gap else None
+            policy_mask = mask if corrected is None else corrected.mask.float()
+            if corrected is not None and corrected.weights is not None:
+                weights = corrected.weights
 
         # 5. PPO epochs over mini-batches.
         ratio_deviations: list[float] = []
@@ -242,7 +259,7 @@ class PPOTrainer(RolloutTrainer):
                 with torch.no_grad():
                     ratio_deviations.append(float(losses.zero_masked((logp.detach() - old_logp[rows]).exp() - 1, mb_mask).abs().max()))
                 policy_loss, policy_stats = losses.ppo_policy_loss(
-                    logp, old_logp[rows], advantages[rows], mb_mask, clip_low=c.clip_low, clip_high=c.clip_high,
+                    logp, old_logp[rows], advantages[rows], policy_mask[rows], clip_low=c.clip_low, clip_high=c.clip_high,
                     loss_agg=c.loss_agg, weights=None if weights is None else weights[rows],
                 )
                 values = self._values(rollout, rows)
@@ -281,4 +298,5 @@ class PPOTrainer(RolloutTrainer):
             "tokens_needed": rollout.tokens_needed,
             "decode_steps": rollout.decode_steps,
             "rollout_seconds": rollout.seconds,
+            **({} if corrected is None else corrected.metrics),
         }

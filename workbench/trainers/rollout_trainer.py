@@ -2,8 +2,8 @@
 pitfall switches of both.
 
 ``RolloutConfig`` holds the fields the two configs share (the rollout, the clipped
-objective, and the switches of pitfalls S1, S3, P6, P7); ``RolloutTrainer`` holds the three steps
-both trainers take the same way:
+objective, the rollout–training gap and its correction, and the switches of pitfalls S1, S3, P6, P7);
+``RolloutTrainer`` holds the steps both trainers take the same way:
 
 * ``sample_rollout`` — pick prompts with the step's seeded generator, left-pad them, sample at the
   configured temperature, stop at EOS (or not: S3); a group's repeated prompt is tokenised and
@@ -14,22 +14,31 @@ both trainers take the same way:
   in one row under a prefix-tree attention mask);
 * ``score_in_layout`` — the same, computed mini-batch by mini-batch in the layout the optimiser
   steps will see, so that π_old and the reference are scored by exactly the forward that trains
-  (ρ = 1 and KL = 0 before any update, also in bf16: see ``tests/trainers/test_invariances.py``).
+  (ρ = 1 and KL = 0 before any update, also in bf16: see ``tests/trainers/test_invariances.py``);
+* ``rollout_sampler`` — the model that samples when the gap is asked for: a copy of the policy at
+  ``sampler_precision``, holding the weights of ``rollout_staleness`` steps ago;
+* ``correct_rollout`` — ``core.rollout_correction`` on π_old and the sampler's log-probs (``rollout_correction``).
 """
 
 from __future__ import annotations
 
+import copy
+from collections import deque
 from dataclasses import dataclass
 
 import torch
 
 from workbench.core import losses
+from workbench.core import rollout_correction as correction
 from workbench.core.batching import pad_sequences
+from workbench.core.errors import ConfigError, RolloutCorrectionError
 from workbench.modeling.rollout import Rollout, sample
 from workbench.modeling.scoring import POSITION_IDS_MODES, response_logprobs, tree_capable
 from workbench.modeling.stop_ids import stop_token_ids
 from workbench.tasks import CHAT_TEMPLATE_MODES, Problem, prompt_ids, uses_chat_template
 from workbench.trainers.base import Trainer, TrainerConfig, require, require_choice, sampling_generator, step_generator
+
+SAMPLER_PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -80,6 +89,20 @@ class RolloutConfig(TrainerConfig):
     """Sampling: ``multinomial`` (``torch.multinomial``) or ``inverse_cdf`` (one uniform per row
     against the cumulative probabilities: the same distribution, other tokens per seed; ~10× cheaper
     per step at a 32k vocabulary on a CPU)."""
+    # ---- Rollout–training gap and its correction --------------------------------------------
+    rollout_correction: str | dict | None = None
+    """Importance weights and rejection for the gap between the sampler and the training forward
+    (``core.rollout_correction``): None (the workbench's fp32 sampler has no gap), a preset name
+    (``decoupled_token_is``, ``decoupled_seq_is_rs``, ``trl_sequence_mask``, …: ``PRESETS``), a dict of
+    verl's keywords (``{"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k1",
+    "rollout_rs_threshold": "0.999_1.001"}``) or of TRL's (``{"vllm_importance_sampling_mode": "token_mask",
+    "vllm_importance_sampling_clip_min": 0.5}``). Each step logs its ``rollout_corr/`` metrics."""
+    sampler_precision: str = "fp32"
+    """The sampler's weights: ``fp32`` (the policy itself), ``bf16`` or ``fp16`` (a copy cast down, as an
+    inference engine in low precision): opens the gap ``rollout_correction`` corrects."""
+    rollout_staleness: int = 0
+    """Sample with the policy's weights of this many steps ago (each step is ``optimizer_steps_per_batch``
+    updates; fewer steps into the run, the initial weights): an asynchronous trainer's stale rollouts."""
     # ---- Pitfall switches (the default is the fix) -----------------------------------------
     position_ids: str = "mask"
     """S1: ``mask`` derives the training forward's position ids from the attention mask (fix);
@@ -107,6 +130,18 @@ class RolloutConfig(TrainerConfig):
         require(self, "loss_agg", self.loss_agg in valid, f"is not a loss aggregation mode; valid: {valid}")
         require_choice(self, "position_ids", POSITION_IDS_MODES)
         require_choice(self, "chat_template", CHAT_TEMPLATE_MODES)
+        require_choice(self, "sampler_precision", tuple(SAMPLER_PRECISIONS))
+        require(self, "rollout_staleness", self.rollout_staleness >= 0, "must be ≥ 0 (steps)")
+        try:
+            correction.resolve(self.rollout_correction)
+        except RolloutCorrectionError as exc:
+            raise ConfigError(f"{type(self).__name__}.rollout_correction={self.rollout_correction!r}: {exc}",
+                              field="rollout_correction") from None
+
+    @property
+    def watches_gap(self) -> bool:
+        """A correction is asked for, or the sampler differs from the policy: the ``rollout_corr/`` metrics are logged."""
+        return self.rollout_correction is not None or self.sampler_precision != "fp32" or self.rollout_staleness > 0
 
     @property
     def scoring_temperature(self) -> float:
@@ -178,3 +213,34 @@ class RolloutTrainer(Trainer):
         for rows in layout:
             out[rows] = self.logprobs(model, rollout, rows)
         return out
+
+    def rollout_sampler(self):
+        """None (the policy samples) or the copy that does: at ``sampler_precision``, holding the weights of
+        ``rollout_staleness`` steps ago. Called once per step, before sampling; the weights it keeps live on
+        the policy's device and are not saved in checkpoints (a resumed run starts its staleness afresh)."""
+        c = self.config
+        if c.sampler_precision == "fp32" and c.rollout_staleness == 0:
+            return None
+        history = self.__dict__.setdefault("_sampler_weights", deque(maxlen=c.rollout_staleness + 1))
+        history.append({name: value.detach().clone() for name, value in self.policy.state_dict().items()})
+        sampler = self.__dict__.get("_sampler")
+        if sampler is None:
+            sampler = copy.deepcopy(self.policy).to(SAMPLER_PRECISIONS[c.sampler_precision]).requires_grad_(False)
+            self._sampler = sampler
+        sampler.load_state_dict(history[0])  # cast into the sampler's dtype
+        sampler.train(self.policy.training)
+        return sampler
+
+    def correct_rollout(self, old_logp: torch.Tensor, rollout: Rollout, mask: torch.Tensor):
+        """``core.rollout_correction`` on π_old and the sampler's log-probs over ``mask``: a ``Correction`` whose
+        metrics hold the ``rollout_corr/`` mismatch metrics too (``rollout_correction`` None: weights None, the
+        mask unchanged). None when no response token is left to correct."""
+        if not bool(mask.bool().any()):
+            return None
+        spec = correction.resolve(self.config.rollout_correction)
+        if spec is None:
+            return correction.Correction(None, mask, correction.mismatch_metrics(old_logp, rollout.rollout_logprobs, mask))
+        result = correction.apply(spec, old_logp, rollout.rollout_logprobs, mask)
+        if isinstance(spec, correction.TrlMode):
+            result.metrics.update(correction.mismatch_metrics(old_logp, rollout.rollout_logprobs, mask))
+        return result

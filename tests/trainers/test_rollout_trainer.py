@@ -1,0 +1,74 @@
+"""The rollout–training gap options PPO and GRPO share: ``sampler_precision``, ``rollout_staleness`` and
+``rollout_correction`` (``core.rollout_correction``), their ``rollout_corr/`` metrics and their checks."""
+
+import math
+
+import pytest
+
+from workbench.core.errors import ConfigError
+from workbench.experiments.checkpoints import load
+from workbench.tasks import rl_problems
+from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
+from workbench.trainers.ppo import PPOConfig, PPOTrainer
+
+SMALL_GRPO = {"progress": False, "prompts_per_step": 2, "num_generations": 4, "max_new_tokens": 4}
+
+
+def grpo_history(steps=1, **options):
+    model, tokenizer = load("tiny-arith-qwen2")
+    return GRPOTrainer(model, tokenizer, rl_problems(16), GRPOConfig(steps=steps, **SMALL_GRPO, **options)).train()
+
+
+def test_no_gap_no_metrics_and_a_neutral_correction_changes_nothing():
+    plain = grpo_history()[0]
+    assert not any(k.startswith("rollout_corr/") for k in plain)
+    neutral = grpo_history(rollout_correction={"rollout_is": "token", "rollout_is_threshold": 1e9})[0]
+    assert abs(neutral["rollout_corr/kl"]) < 1e-6  # the fp32 sampler is the policy: float noise only
+    assert abs(neutral["rollout_corr/rollout_is_mean"] - 1) < 1e-5
+    assert abs(neutral["loss"] - plain["loss"]) < 1e-5
+
+
+def test_a_bf16_sampler_opens_a_gap_that_the_metrics_show():
+    step = grpo_history(sampler_precision="bf16", rollout_correction="decoupled_seq_is_rs")[0]
+    assert step["rollout_corr/k3_kl"] > 1e-6
+    assert 0 <= step["rollout_corr/rollout_rs_masked_fraction"] <= 1
+    assert math.isfinite(step["loss"])
+
+
+def test_stale_rollouts_come_from_older_weights():
+    history = grpo_history(steps=2, rollout_staleness=1, learning_rate=1e-2)
+    assert abs(history[0]["rollout_corr/kl"]) < 1e-6  # step 0: the initial weights are the current ones
+    assert abs(history[1]["rollout_corr/kl"]) > 1e-4  # step 1: sampled by the weights before the first update
+
+
+def test_trl_settings_and_the_off_policy_mask_run_in_grpo():
+    step = grpo_history(sampler_precision="bf16", rollout_correction={
+        "vllm_importance_sampling_mode": "token_truncate", "off_policy_mask_threshold": 0.0})[0]
+    assert {"sampling/importance_sampling_ratio/mean", "rollout_corr/kl"} <= set(step)
+    assert math.isfinite(step["loss"])
+
+
+def test_ppo_logs_and_applies_the_correction():
+    model, tokenizer = load("tiny-arith-qwen2")
+    config = PPOConfig(steps=1, progress=False, prompts_per_step=4, mini_batches=2, ppo_epochs=1, max_new_tokens=4,
+                       sampler_precision="bf16", rollout_correction={"rollout_is": "token", "rollout_rs": "token_k1",
+                                                                     "rollout_rs_threshold": 2.0})
+    step = PPOTrainer(model, tokenizer, rl_problems(16), config).train()[0]
+    assert step["rollout_corr/k3_kl"] > 1e-6 and "rollout_corr/rollout_is_eff_sample_size" in step
+    assert math.isfinite(step["policy_loss"])
+
+
+@pytest.mark.parametrize(("config_class", "options", "field", "words"), [
+    (GRPOConfig, {"rollout_correction": "tis"}, "rollout_correction", "unknown preset"),
+    (GRPOConfig, {"rollout_correction": {"rollout_rs": "seq_mean_k1"}}, "rollout_correction", "required"),
+    (GRPOConfig, {"sampler_precision": "int8"}, "sampler_precision", "is not one of"),
+    (GRPOConfig, {"rollout_staleness": -1}, "rollout_staleness", "≥ 0"),
+    (PPOConfig, {"sampler_precision": "bf16", "rollout_dtype": "bfloat16"}, "sampler_precision", "set one"),
+    (PPOConfig, {"rollout_correction": "decoupled_token_is", "tis_cap": 2.0, "old_logprobs": "recompute"},
+     "rollout_correction", "set one"),
+    (PPOConfig, {"rollout_correction": {"off_policy_mask_threshold": 0.1}}, "rollout_correction", "GRPO only"),
+])
+def test_bad_gap_options_name_the_field(config_class, options, field, words):
+    with pytest.raises(ConfigError, match=words) as error:
+        config_class(**options)
+    assert error.value.field == field
