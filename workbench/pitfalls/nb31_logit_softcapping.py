@@ -28,6 +28,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.core.devices import model_device
 from workbench.tasks import encode_prompts
 from workbench.viz import plots
@@ -111,7 +112,7 @@ def spread_sweep(model, tokenizer, prompts: list[str], spreads: list[float], *, 
     device = model_device(model)
     ids, mask = (t.to(device) for t in encode_prompts(tokenizer, prompts))
     rows = []
-    for spread in spreads:
+    for spread in progress.track(spreads, "raw-logit spreads", unit="spread"):
         scaled = with_logit_spread(model, ids, mask, spread)
         rows.append({"spread": spread, **{mode: step0_kl(scaled, ids, mask, mode, seed=seed) for mode in CAP_MODES}})
     return rows

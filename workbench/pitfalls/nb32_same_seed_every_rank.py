@@ -22,6 +22,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.modeling.rollout import sample
 from workbench.tasks import encode_prompts, score_responses
 from workbench.trainers.distributed import run_cpu_group
@@ -100,8 +101,9 @@ def simulate_ranks(model, tokenizer, problems, *, group_size: int, world_size: i
 # ---- sweeps --------------------------------------------------------------------------------------
 def world_size_sweep(model, tokenizer, problems, world_sizes: list[int], *, group_size: int = 8, seed: int = 0) -> list[dict]:
     """``simulate_ranks`` for each world size (a divisor of ``group_size``), both seedings."""
+    runs = [(w, d) for w in world_sizes for d in (False, True)]
     return [simulate_ranks(model, tokenizer, problems, group_size=group_size, world_size=w, seed=seed, device_specific=d)
-            for w in world_sizes for d in (False, True)]
+            for w, d in progress.track(runs, "world sizes × seedings")]
 
 
 # ---- verdict -------------------------------------------------------------------------------------
@@ -171,7 +173,8 @@ def process_lines(bug: dict, fix: dict) -> str:
 
 
 def sweep_lines(rows: list[dict]) -> str:
-    return "\n".join(f"{r['world_size']} ranks, {'seed + rank' if r['device_specific'] else 'same seed  '}: "
+    return "\n".join(f"{r['world_size']} rank{'s' if r['world_size'] > 1 else ' '}, "
+                     f"{'seed + rank' if r['device_specific'] else 'same seed  '}: "
                      f"{r['distinct_per_group']:.2f} distinct per group, {r['zero_std_share']:.0%} zero-std groups" for r in rows)
 
 

@@ -22,6 +22,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
@@ -101,7 +102,7 @@ def segment_sweep(model, segments: list[list[int]], counts: list[int], *, errors
     if alone is None:
         alone = [alone_logprobs(model, s) for s in segments[:max(counts, default=0)]]
     rows = []
-    for k in counts:
+    for k in progress.track(counts, "pack sizes", unit="pack"):
         whole = errors is not None and k == len(segments)
         errors_k = errors if whole else boundary_errors(model, segments[:k], alone=alone[:k])
         rows.append({"segments": k, "tokens": sum(len(s) for s in segments[:k]),
@@ -125,7 +126,7 @@ def verdict(errors: dict, *, tolerance: float = 1e-4) -> tuple[bool, bool]:
 
 # ---- figures -------------------------------------------------------------------------------------
 STYLES = {BUG: (plots.BUG_COLOR, "o-", "2-D ones (bug)"), FIX: (plots.FIX_COLOR, "s-", "position ids (fix)"),
-          MASKS[2]: (plots.NEUTRAL_COLOR, "^--", "4-D mask (fix too)")}  # colour, style, legend entry
+          MASKS[2]: (plots.NEUTRAL_COLOR, "^--", "4-D mask (fix)")}  # colour, style, legend entry
 
 
 def _plot_per_mask(ax, points: dict, floor: float, xlabel: str, ylabel: str) -> None:
