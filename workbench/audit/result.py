@@ -134,7 +134,8 @@ class AuditResult:
         title = "\n".join(textwrap.wrap(title, 48, max_lines=2, placeholder=" …"))  # wrapped, not cut
         ax.set_title(f"{self.name} · {'pass' if self.passed else 'FAIL'}\n{title}", fontsize=9)
         if series:  # under the axes: a legend inside would sit on the bars, or on a curve that spans the axes
-            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False)
+            tick_lines = max([str(v).count("\n") + 1 for v in x] + [1]) if spec.get("kind") == "bar" else 1
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3 - 0.12 * (tick_lines - 1)), frameon=False)
         return ax
 
 

@@ -99,6 +99,14 @@ def simulate_ranks(model, tokenizer, problems, *, group_size: int, world_size: i
 
 
 # ---- sweeps --------------------------------------------------------------------------------------
+def measure_seedings(model, tokenizer, problems, *, group_size: int = 8, world_size: int = 2, seed: int = 0) -> tuple[dict, dict]:
+    """``measure_processes`` with the same seed on every rank (the bug) and with seed + rank (the fix): ``(bug, fix)``."""
+    bug, fix = (measure_processes(model, tokenizer, problems, group_size=group_size, world_size=world_size, seed=seed,
+                                  device_specific=device_specific)
+                for device_specific in progress.track((False, True), f"{world_size} processes, same seed then seed + rank"))
+    return bug, fix
+
+
 def world_size_sweep(model, tokenizer, problems, world_sizes: list[int], *, group_size: int = 8, seed: int = 0) -> list[dict]:
     """``simulate_ranks`` for each world size (a divisor of ``group_size``), both seedings."""
     runs = [(w, d) for w in world_sizes for d in (False, True)]
