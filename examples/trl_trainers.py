@@ -104,10 +104,11 @@ def dpo_batch_logps(token_logps: torch.Tensor, attention_mask: torch.Tensor, pro
 def audit(model, tokenizer, *, temperature: float, loss_types=("grpo", "bnpo", "dr_grpo", "dapo")) -> list:
     """Every check these adapters cover, on one GRPOTrainer sampling at ``temperature``; labelled ``trl …``."""
     from workbench.audit import check_aggregation, check_dpo_mask, run_checks
+    from workbench.core import progress
 
     trainer = grpo_trainer(model, tokenizer, temperature=temperature)
     results = []
-    for loss_type in loss_types:
+    for loss_type in progress.track(loss_types, "TRL loss types", unit="loss type"):
         result = check_aggregation(grpo_loss(trainer, loss_type))
         result.details["label"] = f"trl loss_type={loss_type}"
         results.append(result)

@@ -12,10 +12,20 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from workbench.audit import AuditResult, report
+from workbench.audit import run_checks as audit_run_checks
 from workbench.audit import verdict as audit_verdict
 from workbench.audit.suite import count_failing
+from workbench.core import progress
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
+
+
+# ---- sweeps --------------------------------------------------------------------------------------
+def run_checks(callables: dict, model, tokenizer, *, label: str, **options) -> list[AuditResult]:
+    """``workbench.audit.run_checks`` with a bar over the checks (the audit itself imports no progress bar)."""
+    with progress.bar(len(callables), f"audit checks ({label})", unit="check") as bar:
+        return audit_run_checks(callables, model, tokenizer, label=label, on_check=lambda _: bar.update(1), **options)
+
 
 # ---- figures -------------------------------------------------------------------------------------
 PANEL_HEIGHT = 3.4  # inches per check: the title (two lines), the axes, the tick labels and the legend below

@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from workbench.core import progress
 from workbench.core.paths import REPO_ROOT
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
@@ -34,10 +35,11 @@ def run_user_trainer(user, *, buggy: bool, steps: int = 1, deep: bool = True, wa
     model, tokenizer = user.tiny_gpt2_with_dropout()
     trainer = user.LittleGRPO(model, tokenizer, buggy=buggy)
     batch = {"prompts": PROMPTS, "n": 4}
+    desc = f"{'buggy' if buggy else 'fixed'} trainer{', watched' if watched else ''}"
     if not watched:
-        return None, [trainer.step(batch) for _ in range(steps)][-1]
+        return None, [trainer.step(batch) for _ in progress.track(range(steps), desc, unit="step")][-1]
     with watch(model, tokenizer=tokenizer, deep=deep) as w:
-        logs = [trainer.step(batch) for _ in range(steps)]
+        logs = [trainer.step(batch) for _ in progress.track(range(steps), desc, unit="step")]
     return w.report(), logs[-1]
 
 
