@@ -15,6 +15,8 @@ on the check's crafted inputs (nothing here re-implements what is being audited)
 from __future__ import annotations
 
 import os
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -31,6 +33,15 @@ def trl_version() -> tuple[bool, str]:
     return True, f"trl {trl.__version__}"
 
 
+@contextmanager
+def _without_checkpointing_renames():
+    """TRL 1.16 still calls transformers' ``gradient_checkpointing*`` names, each call a FutureWarning about the rename to
+    ``activation_checkpointing*`` that its user cannot act on (and that prints the site-packages path): hidden here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*(gradient|activation)_checkpointing", category=FutureWarning)
+        yield
+
+
 def grpo_trainer(model, tokenizer, **config):
     """A GRPOTrainer on CPU (no hub, fp32) around a saved copy of ``model``."""
     from datasets import Dataset
@@ -41,10 +52,11 @@ def grpo_trainer(model, tokenizer, **config):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     folder = str(save(model, tokenizer, Path(scratch_folder("audit-trl-model-"))))
     config = {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 16, "beta": 0.0, **config}
-    args = GRPOConfig(output_dir=scratch_folder("audit-trl-"), use_cpu=True, bf16=False, report_to="none",
-                      logging_steps=1, max_steps=1, **config)
-    trainer = GRPOTrainer(model=folder, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
-                          train_dataset=Dataset.from_list([{"prompt": "1+2="}] * 8), processing_class=tokenizer)
+    with _without_checkpointing_renames():
+        args = GRPOConfig(output_dir=scratch_folder("audit-trl-"), use_cpu=True, bf16=False, report_to="none",
+                          logging_steps=1, max_steps=1, **config)
+        trainer = GRPOTrainer(model=folder, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                              train_dataset=Dataset.from_list([{"prompt": "1+2="}] * 8), processing_class=tokenizer)
     trainer.current_gradient_accumulation_steps = 1
     trainer.model.eval()
     return trainer
@@ -92,10 +104,11 @@ def dpo_batch_logps(token_logps: torch.Tensor, attention_mask: torch.Tensor, pro
 def audit(model, tokenizer, *, temperature: float, loss_types=("grpo", "bnpo", "dr_grpo", "dapo")) -> list:
     """Every check these adapters cover, on one GRPOTrainer sampling at ``temperature``; labelled ``trl …``."""
     from workbench.audit import check_aggregation, check_dpo_mask, run_checks
+    from workbench.core import progress
 
     trainer = grpo_trainer(model, tokenizer, temperature=temperature)
     results = []
-    for loss_type in loss_types:
+    for loss_type in progress.track(loss_types, "TRL loss types", unit="loss type"):
         result = check_aggregation(grpo_loss(trainer, loss_type))
         result.details["label"] = f"trl loss_type={loss_type}"
         results.append(result)
@@ -117,11 +130,12 @@ def watched_grpo_step(model, tokenizer, *, deep: bool = False, prompts=("1+2=", 
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     callback = WatchCallback(deep=deep, write_report=False)
-    args = GRPOConfig(output_dir=scratch_folder("watch-trl-"), use_cpu=True, bf16=False, report_to="none",
-                      logging_steps=1, max_steps=1, per_device_train_batch_size=len(prompts) * 2, num_generations=2,
-                      max_completion_length=6, beta=0.0)
-    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions], args=args,
-                          train_dataset=Dataset.from_list([{"prompt": p} for p in prompts] * 4), processing_class=tokenizer,
-                          callbacks=[callback])
-    trainer.train()
+    with _without_checkpointing_renames():
+        args = GRPOConfig(output_dir=scratch_folder("watch-trl-"), use_cpu=True, bf16=False, report_to="none",
+                          logging_steps=1, max_steps=1, per_device_train_batch_size=len(prompts) * 2, num_generations=2,
+                          max_completion_length=6, beta=0.0)
+        trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions],
+                              args=args, train_dataset=Dataset.from_list([{"prompt": p} for p in prompts] * 4),
+                              processing_class=tokenizer, callbacks=[callback])
+        trainer.train()
     return callback.report()

@@ -94,7 +94,7 @@ def check_grad_accumulation(loss_fn, *, lengths=LENGTHS, micro_batches: int = 4,
         "num_items_in_batch": total,
         "plot": {
             "kind": "bar",
-            "x": [f"L={n}" for n in lengths],
+            "x": [f"#{i}\nL={n}" for i, n in enumerate(lengths, 1)],  # lengths repeat: the index tells sequences apart
             "series": {"accumulated weight per token × N": [w * total for w in token_weights],
                        "full-batch token mean": [1.0] * len(lengths)},
             "xlabel": f"sequence ({micro_batches} micro-batches of {len(lengths) // micro_batches})",

@@ -116,6 +116,8 @@ class AuditResult:
             for k, (label, values) in enumerate(series.items()):
                 ys = [max(float(v), floor) if floor else float(v) for v in values]
                 ax.plot(x[: len(values)], ys, "o-", color=color if k == 0 else NEUTRAL_COLOR, label=label, markersize=3)
+            if x and len(x) <= 12 and all(isinstance(v, int) for v in x):  # positions, steps: whole-number ticks
+                ax.set_xticks(x)
         if spec.get("threshold") is not None:
             ax.axhline(float(spec["threshold"]), color=NEUTRAL_COLOR, linestyle="--", linewidth=1, label="tolerance")
         if spec.get("kind") != "bar":  # after the threshold: the room under the floor is sized to the whole y range
@@ -132,7 +134,8 @@ class AuditResult:
         title = "\n".join(textwrap.wrap(title, 48, max_lines=2, placeholder=" …"))  # wrapped, not cut
         ax.set_title(f"{self.name} · {'pass' if self.passed else 'FAIL'}\n{title}", fontsize=9)
         if series:  # under the axes: a legend inside would sit on the bars, or on a curve that spans the axes
-            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False)
+            tick_lines = max([str(v).count("\n") + 1 for v in x] + [1]) if spec.get("kind") == "bar" else 1
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3 - 0.12 * (tick_lines - 1)), frameon=False)
         return ax
 
 
@@ -155,7 +158,7 @@ def _draw_floor(ax, floor: float, what: str) -> None:
     ax.update_datalim([(ax.get_xlim()[0], floor / 10 ** max(0.3, 0.14 * decades))], updatex=False)
     ax.autoscale_view(scalex=False)
     ax.annotate(f"{what}, drawn at {floor:g}", (0.02, floor), xycoords=("axes fraction", "data"), xytext=(0, -7),
-                textcoords="offset points", fontsize=7, color=NEUTRAL_COLOR, va="top")
+                textcoords="offset points", fontsize=8, color=NEUTRAL_COLOR, va="top")
 
 
 COLUMNS = ("check", "verdict", "convention", "metric", "value")

@@ -22,8 +22,9 @@ NEEDS_MODEL = ("position_ids", "temperature", "eos", "step0")
 
 
 def run_checks(callables: dict, model=None, tokenizer=None, *, temperature: float | None = None, expect: str | None = None,
-               label: str = "") -> list[AuditResult]:
-    """The results of the checks named by ``callables``' keys, in ``CHECK_NAMES`` order."""
+               label: str = "", on_check=None) -> list[AuditResult]:
+    """The results of the checks named by ``callables``' keys, in ``CHECK_NAMES`` order; ``on_check(result)``, when
+    given, is called after each check (a progress bar's update: the model checks take seconds each)."""
     unknown = set(callables) - set(CHECK_NAMES)
     if unknown:
         raise ValueError(f"unknown check name(s) {sorted(unknown)}; use {CHECK_NAMES}")
@@ -47,6 +48,8 @@ def run_checks(callables: dict, model=None, tokenizer=None, *, temperature: floa
             if label:
                 result.details["label"] = label
             results.append(result)
+            if on_check is not None:
+                on_check(result)
     return results
 
 

@@ -13,6 +13,7 @@ bug, fixed when every fix row was measured and is clean.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 import ipywidgets as widgets
@@ -347,7 +348,7 @@ def _bars(ax, labels, values, bug_mask, ylabel, title, annotate="{:.3g}"):
     for i, v in enumerate(values):
         ax.annotate(annotate.format(v), (i, v), ha="center", va="bottom", fontsize=8)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title)
     return ax
 
 
@@ -365,7 +366,7 @@ def plot_s3(ax, payloads: dict):
     if not values:
         ax.text(0.5, 0.5, "S3: no measured release (skipped)", ha="center", transform=ax.transAxes)
         return ax
-    return _bars(ax, labels, values, bug, "tokens per row", "S3 · decoding steps vs tokens needed", "{:.0f}")
+    return _bars(ax, labels, values, bug, "tokens per row", "S3 · decoding steps vs needed", "{:.0f}")
 
 
 CONVENTION_COLORS = {"seq-mean-token-mean": 2, "token-mean": 1, "seq-mean-token-sum-norm": 5}  # SERIES_COLORS index
@@ -409,16 +410,14 @@ def plot_s5(ax, payloads: dict):
         seen.add(b["mode"])
         ax.bar(i, b["value"], color=color, label=label)
         text = f"{b['value']:.3g}" + (f"\nC = B × {b['norm_constant'] / rows:g}" if b["norm_constant"] else "")
-        ax.annotate(text, (i, b["value"]), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+        ax.annotate(text, (i, b["value"]), ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
     ax.axhline(0, color=plots.NEUTRAL_COLOR, linewidth=0.8)
     ax.set_xticks(range(len(bars)))
-    ax.set_xticklabels([b["label"] for b in bars], fontsize=7)
-    ax.set_ylabel("loss of a zero-mean group (β = 0, ρ = 1)")
-    old, new = ({b["label"]: b for b in bars}.get(k) for k in ("TRL 0.15.2", "TRL 0.16.1"))
-    change = f"\n0.15.2 → 0.16.1 (the S5 change): {old['mode']} → {new['mode']}" if old and new else ""
-    ax.set_title(f"S5 · aggregation probe, lengths {PROBE_LENGTHS['main']}{change}", fontsize=9)
-    ax.set_ylim(top=1.8 * max([b["value"] for b in bars] + [1e-3]))  # headroom: the legend sits above the bars
-    ax.legend(fontsize=7, title="measured convention", title_fontsize=7, loc="upper center", ncol=min(2, len(seen)))
+    ax.set_xticklabels([b["label"] for b in bars], fontsize=8)
+    ax.set_ylabel("loss (β = 0, ρ = 1)")
+    ax.set_title("S5 · loss of a zero-mean group")
+    ax.set_ylim(top=1.3 * max([b["value"] for b in bars] + [1e-3]))  # headroom for the values written on the bars
+    plots.legend_outside(ax, "right", title="measured convention", title_fontsize=8)
     return ax
 
 
@@ -435,7 +434,7 @@ def plot_s2(ax, payloads: dict):
         ax.text(0.5, 0.5, "S2: no measured release (skipped)", ha="center", transform=ax.transAxes)
         return ax
     ax.set_ylim(0, 1.25)
-    return _bars(ax, labels, values, bug, "raised ValueError (1 = yes)", "S2 · Qwen2 flash_attention_2 with use_cache", "{:.0f}")
+    return _bars(ax, labels, values, bug, "raised ValueError (1 = yes)", "S2 · flash-attn 2 + use_cache", "{:.0f}")
 
 
 SEED_FIGURES = {"S3 · EOS stopping": plot_s3, "S5 · loss aggregation": plot_s5, "S2 · flash attention": plot_s2}
@@ -443,12 +442,27 @@ OPENRLHF_AUDITS = ("position_ids", "dpo_mask")  # S1 and S4, checked with workbe
 
 
 def figure_peer_lab(payloads: dict):
-    """The notebook's seed figure: S3, S5 and S2 side by side."""
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    """The notebook's seed figure, ``plots.NOTEBOOK_WIDTH`` wide: S3 and S2 side by side, S5 (more bars, a legend at its
+    right) below them across the width; ``peer_lab_note`` is its caption."""
+    fig = plt.figure(figsize=(plots.NOTEBOOK_WIDTH, 7.2))
+    grid = fig.add_gridspec(2, 2)
+    axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, :]), fig.add_subplot(grid[0, 1])]
     for ax, plot in zip(axes, (plot_s3, plot_s5, plot_s2), strict=True):
         plot(ax, payloads)
     fig.tight_layout()
     return fig
+
+
+def peer_lab_note(payloads: dict) -> str:
+    """The caption printed under the seed figure: what each panel measures, and S5's change between releases."""
+    bars = {b["label"]: b for b in s5_bars(payloads)}
+    old, new = bars.get("TRL 0.15.2"), bars.get("TRL 0.16.1")
+    change = f" (0.15.2 → 0.16.1, the S5 change: {old['mode']} → {new['mode']})" if old and new else ""
+    return ("S3: decoding steps each rollout row ran vs the tokens its longest response needed (vermilion: the release "
+            "that ignores EOS). S5: each TRL release's own loss on one zero-mean advantage group (β = 0, ratio 1, lengths "
+            f"{PROBE_LENGTHS['main']}), coloured by the convention it measured{change}; C = B × T is "
+            "seq-mean-token-sum-norm's constant. S2: whether the release's Qwen2 forward raised on each padding side "
+            "(vermilion: it raised).")
 
 
 def openrlhf_audits(payloads: dict) -> dict[str, AuditResult]:
@@ -461,7 +475,8 @@ def plot_openrlhf_audit(ax, audits: dict[str, AuditResult], name: str):
     """One OpenRLHF audit's figure, titled with its convention, or "skipped" when it did not run."""
     if name in audits:
         audits[name].plot(ax)
-        ax.set_title(f"OpenRLHF 0.11.2 · {name}: {audits[name].convention}"[:80], fontsize=9)
+        title = textwrap.fill(f"OpenRLHF 0.11.2 · {name}: {audits[name].convention}", 44, max_lines=2, placeholder=" …")
+        ax.set_title(title, fontsize=9)
     else:
         ax.text(0.5, 0.5, f"OpenRLHF {name}: skipped", ha="center", transform=ax.transAxes)
         ax.set_axis_off()
@@ -470,7 +485,7 @@ def plot_openrlhf_audit(ax, audits: dict[str, AuditResult], name: str):
 
 def figure_openrlhf_s1_s4(payloads: dict):
     audits = openrlhf_audits(payloads)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, axes = plots.panel_grid(2, panel_height=3.8)
     for ax, name in zip(axes, OPENRLHF_AUDITS, strict=True):
         plot_openrlhf_audit(ax, audits, name)
     fig.tight_layout()
@@ -481,7 +496,7 @@ def seed_figure_explorer(rows: list[dict], payloads: dict) -> Explorer:
     """A dropdown over the seeds measured in released code: that seed's figure, larger, and its table rows."""
 
     def draw(seed):
-        fig, ax = plt.subplots(figsize=(8, 4))
+        fig, ax = plt.subplots(figsize=(7, 4))
         SEED_FIGURES[seed](ax, payloads)
         prefix = seed.split(" ")[0].lower()
         return {"seed": seed, "rows": [r for r in rows if r["probe"].startswith(prefix)], "bars": len(ax.patches)}

@@ -12,10 +12,11 @@ import hashlib
 import importlib.metadata
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench.core import progress
 from workbench.core.paths import REPO_ROOT
 from workbench.peers import envs
 from workbench.peers import expectations as peer_lab
@@ -175,8 +176,13 @@ def run_lab(workers: int = 2, only: list[str] | None = None, root=None, timeout:
         store(run, payload, root)
         return payload
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        payloads = dict(zip([r.key for r in runs], pool.map(one, runs), strict=True))
+    # a bar over the runs: a stored result counts at once, a run in its environment takes about a minute
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, progress.bar(len(runs), "peer runs", unit="run") as bar:
+        futures = {run.key: pool.submit(one, run) for run in runs}
+        for future in as_completed(futures.values()):
+            future.result()
+            bar.update(1)
+    payloads = {key: future.result() for key, future in futures.items()}
     rows = [row for run in runs for row in rows_of(run, payloads[run.key])]
     return rows, payloads
 

@@ -28,6 +28,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.core.devices import model_device
 from workbench.tasks import encode_prompts
 from workbench.viz import plots
@@ -111,7 +112,7 @@ def spread_sweep(model, tokenizer, prompts: list[str], spreads: list[float], *, 
     device = model_device(model)
     ids, mask = (t.to(device) for t in encode_prompts(tokenizer, prompts))
     rows = []
-    for spread in spreads:
+    for spread in progress.track(spreads, "raw-logit spreads", unit="spread"):
         scaled = with_logit_spread(model, ids, mask, spread)
         rows.append({"spread": spread, **{mode: step0_kl(scaled, ids, mask, mode, seed=seed) for mode in CAP_MODES}})
     return rows
@@ -147,8 +148,8 @@ def not_shown(widest: dict) -> str | None:
 
 # ---- figures -------------------------------------------------------------------------------------
 MODE_STYLES = {"c·tanh(z/c)": (plots.FIX_COLOR, "s-", "c·tanh(z/c) (fix)"),
-               "z·tanh(z/c)": (plots.BUG_COLOR, "o-", "z·tanh(z/c) (bug, unsloth-zoo < PR #593)"),
-               "none": (plots.SERIES_COLORS[0], "^--", "no cap (bug)")}
+               "z·tanh(z/c)": (plots.BUG_COLOR, "o-", "z·tanh(z/c) (bug)"),
+               "none": (plots.NEUTRAL_COLOR, "^--", "no cap (bug)")}
 
 
 def cap_label(cap: float | None) -> str:
@@ -156,7 +157,7 @@ def cap_label(cap: float | None) -> str:
     return "none" if cap is None else f"{cap:g}"
 
 
-def plot_kl(ax, rows: list[dict], key: str = "kl", floor: float = 1e-12) -> None:
+def plot_kl(ax, rows: list[dict], key: str = "kl", floor: float = 1e-12, *, legend: bool = True) -> None:
     """Step-0 KL to an identical reference against the raw-logit spread, per cap; an exact 0 drawn at ``floor``."""
     spreads = [r["spread"] for r in rows]
     for mode in CAP_MODES:
@@ -166,35 +167,40 @@ def plot_kl(ax, rows: list[dict], key: str = "kl", floor: float = 1e-12) -> None
         draw_floor(ax, floor)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(f"std of the raw logits z (cap c = {cap_label(rows[0][CAP_MODES[0]]['cap'])})")
-    ax.set_ylabel("step-0 KL(ref ‖ policy), nats / token" if key == "kl" else "GRPO's k3 at step 0")
-    plots.note_coinciding(ax)
-    ax.legend(fontsize=8)
+    ax.set_xlabel("std of the raw logits z")
+    ax.set_ylabel("step-0 KL (nats/token)" if key == "kl" else "step-0 k3 (GRPO)")
+    plots.note_coinciding(ax, legend_kw=plots.LEGEND_BELOW if legend else None)
+    if not legend and ax.get_legend():
+        ax.get_legend().remove()
 
 
-def plot_cap_curves(ax, cap: float | None, limit: float) -> None:
+def plot_cap_curves(ax, cap: float | None, limit: float, *, legend: bool = True) -> None:
     """The three caps as functions of the raw logit z (without a cap, c = None: all three are z)."""
     z = torch.linspace(-limit, limit, 401)
     for mode in CAP_MODES:
         color, style, label = MODE_STYLES[mode]
         ax.plot(z, softcap(z, cap, mode), "--" if "--" in style else "-", color=color, label=label)
     if cap is not None:
-        ax.axhline(cap, color=plots.NEUTRAL_COLOR, ls=":")
-        ax.axhline(-cap, color=plots.NEUTRAL_COLOR, ls=":")
-    ax.set_xlabel("raw logit z" + ("" if cap is not None else " (this checkpoint has no cap: every mode returns z)"))
-    ax.set_ylabel("logit the log-softmax sees")
-    ax.legend(fontsize=8)
+        ax.axhline(cap, color=plots.NEUTRAL_COLOR, ls=":", lw=1)
+        ax.axhline(-cap, color=plots.NEUTRAL_COLOR, ls=":", lw=1)
+    ax.set_xlabel("raw logit z")
+    ax.set_ylabel("logit after the cap")
+    if legend:
+        plots.legend_outside(ax)
 
 
 def figure_softcapping(rows: list[dict], widest: dict):
     """The notebook's figure: the caps as functions (up to the largest raw logit of ``widest``, the ``headline_row``), the
-    exact step-0 KL and GRPO's k3 against the spread."""
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4))
+    exact step-0 KL and GRPO's k3 against the spread; one legend below the three panels (``softcapping_note`` says the
+    rest)."""
+    fig, axes = plots.panel_grid(3, panel_height=3.0)
     cap = widest[CAP_MODES[0]]["cap"]
-    plot_cap_curves(axes[0], cap, max(widest[CAP_MODES[0]]["max_raw_logit"], 2 * (cap or 0)))
-    plot_kl(axes[1], rows, "kl")
-    plot_kl(axes[2], rows, "k3")
-    fig.tight_layout()
+    plot_cap_curves(axes[0], cap, max(widest[CAP_MODES[0]]["max_raw_logit"], 2 * (cap or 0)), legend=False)
+    plot_kl(axes[1], rows, "kl", legend=False)
+    plot_kl(axes[2], rows, "k3", legend=False)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 
 
@@ -218,6 +224,17 @@ def headline_sentence(rows: list[dict], widest: dict) -> str:
     return (f"raw logits up to {bug['max_raw_logit']:.1f} (cap {bug['cap']:g}): step-0 KL to an identical reference {bug['kl']:.3g} with "
             f"z·tanh(z/c), {widest['none']['kl']:.3g} with no cap, {fix['kl']:.1e} with c·tanh(z/c)"
             + ("." if fixed else " — the fixed path is not exact here (above 1e-6)."))
+
+
+def softcapping_note(rows: list[dict]) -> str:
+    """The caption printed under the figure: what each panel shows, the cap, and where an exact zero is drawn."""
+    cap = rows[0][CAP_MODES[0]]["cap"]
+    zero = any(r[CAP_MODES[0]][key] == 0 for r in rows for key in ("kl", "k3"))
+    return ("Left: what each cap makes of a raw logit z" + (f" (dotted: ±c = ±{cap:g})" if cap is not None else " (no cap on "
+            "this checkpoint: every mode returns z)") + ". Middle, right: the exact step-0 KL(ref ‖ policy) and GRPO's k3 "
+            "estimator between model(...)'s own logits and the hidden-state path with each cap, identical weights, against "
+            "the spread of the raw logits" + ("; an exact 0 is drawn on the dotted line at 1e-12." if zero else ".")
+            + " z·tanh(z/c) is unsloth-zoo's before PR #593.")
 
 
 # ---- explorer ------------------------------------------------------------------------------------

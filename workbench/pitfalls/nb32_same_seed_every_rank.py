@@ -22,6 +22,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.modeling.rollout import sample
 from workbench.tasks import encode_prompts, score_responses
 from workbench.trainers.distributed import run_cpu_group
@@ -98,10 +99,19 @@ def simulate_ranks(model, tokenizer, problems, *, group_size: int, world_size: i
 
 
 # ---- sweeps --------------------------------------------------------------------------------------
+def measure_seedings(model, tokenizer, problems, *, group_size: int = 8, world_size: int = 2, seed: int = 0) -> tuple[dict, dict]:
+    """``measure_processes`` with the same seed on every rank (the bug) and with seed + rank (the fix): ``(bug, fix)``."""
+    bug, fix = (measure_processes(model, tokenizer, problems, group_size=group_size, world_size=world_size, seed=seed,
+                                  device_specific=device_specific)
+                for device_specific in progress.track((False, True), f"{world_size} processes, same seed then seed + rank"))
+    return bug, fix
+
+
 def world_size_sweep(model, tokenizer, problems, world_sizes: list[int], *, group_size: int = 8, seed: int = 0) -> list[dict]:
     """``simulate_ranks`` for each world size (a divisor of ``group_size``), both seedings."""
+    runs = [(w, d) for w in world_sizes for d in (False, True)]
     return [simulate_ranks(model, tokenizer, problems, group_size=group_size, world_size=w, seed=seed, device_specific=d)
-            for w in world_sizes for d in (False, True)]
+            for w, d in progress.track(runs, "world sizes × seedings")]
 
 
 # ---- verdict -------------------------------------------------------------------------------------
@@ -121,18 +131,18 @@ def verdict(bug: dict, fix: dict, *, min_gain: float = 0.05) -> tuple[bool, bool
 # ---- figures -------------------------------------------------------------------------------------
 def plot_processes(ax, bug: dict, fix: dict) -> None:
     """The real-process measurement: distinct share, zero-std groups and identical slots, bug vs fix."""
-    keys = [("distinct_share", "distinct completions\nper group (share)"), ("zero_std_share", "groups with\nzero reward std"),
-            ("cross_rank_identical", "rank-1 slot = rank-0 slot")]
+    keys = [("distinct_share", "distinct\ncompletions"), ("zero_std_share", "zero-std\ngroups"),
+            ("cross_rank_identical", "rank 1 =\nrank 0")]
     x = range(len(keys))
-    bars_bug = ax.bar([i - 0.2 for i in x], [bug[k] for k, _ in keys], 0.4, color=plots.BUG_COLOR, label="same seed on every rank (bug)")
+    bars_bug = ax.bar([i - 0.2 for i in x], [bug[k] for k, _ in keys], 0.4, color=plots.BUG_COLOR, label="same seed (bug)")
     bars_fix = ax.bar([i + 0.2 for i in x], [fix[k] for k, _ in keys], 0.4, color=plots.FIX_COLOR, label="seed + rank (fix)")
     plots.label_zero_bars(ax, bars_bug)
     plots.label_zero_bars(ax, bars_fix)
-    ax.set_xticks(list(x), [label for _, label in keys], fontsize=8)
-    ax.set_ylim(0, 1.15)
+    ax.set_xticks(list(x), [label for _, label in keys], fontsize=9)
+    ax.set_ylim(0, 1.05)
     ax.set_ylabel("share")
-    ax.set_title(f"{bug['processes']} real processes (gloo), group of {bug['group_size']}", fontsize=9)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(f"{bug['processes']} processes, group of {bug['group_size']}")
+    plots.legend_outside(ax, bbox_to_anchor=(0.5, -0.25))
 
 
 def plot_world_sizes(ax, rows: list[dict]) -> None:
@@ -143,18 +153,18 @@ def plot_world_sizes(ax, rows: list[dict]) -> None:
         ax.plot([r["world_size"] for r in sel], [r["distinct_per_group"] for r in sel], style, color=color, label=label)
     sizes = sorted({r["world_size"] for r in rows})
     group_size = rows[0]["group_size"]
-    ax.plot(sizes, [group_size / w for w in sizes], ":", color=plots.NEUTRAL_COLOR, label="group_size / ranks")
+    ax.plot(sizes, [group_size / w for w in sizes], ":", color=plots.NEUTRAL_COLOR, label="group size / ranks")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
-    ax.set_xlabel("ranks sharing one prompt's group")
-    ax.set_ylabel("distinct completions per group")
-    plots.note_coinciding(ax)
-    ax.legend(fontsize=8)
+    ax.set_xlabel("ranks sharing a group")
+    ax.set_ylabel("distinct per group")
+    ax.set_title("simulated ranks")
+    plots.note_coinciding(ax, legend_kw=plots.legend_outside(ax, bbox_to_anchor=(0.5, -0.25)))
 
 
 def figure_same_seed(bug: dict, fix: dict, rows: list[dict]):
     """The notebook's figure: the real-process measurement and the world-size sweep."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plots.panel_grid(2, panel_height=4.0)
     plot_processes(axes[0], bug, fix)
     plot_world_sizes(axes[1], rows)
     fig.tight_layout()
@@ -171,7 +181,8 @@ def process_lines(bug: dict, fix: dict) -> str:
 
 
 def sweep_lines(rows: list[dict]) -> str:
-    return "\n".join(f"{r['world_size']} ranks, {'seed + rank' if r['device_specific'] else 'same seed  '}: "
+    return "\n".join(f"{r['world_size']} rank{'s' if r['world_size'] > 1 else ' '}, "
+                     f"{'seed + rank' if r['device_specific'] else 'same seed  '}: "
                      f"{r['distinct_per_group']:.2f} distinct per group, {r['zero_std_share']:.0%} zero-std groups" for r in rows)
 
 
@@ -181,6 +192,15 @@ def headline_sentence(bug: dict, fix: dict) -> str:
             f"{bug['processes']} ranks → {fix['distinct_per_group']:.2f} with seed + rank; "
             + ("the copies are the bug" if reproduced else "no copies across ranks at these settings")
             + (", and per-rank seeds remove them." if fixed else "."))
+
+
+def same_seed_note(bug: dict, rows: list[dict]) -> str:
+    """The caption printed under the figure: what each panel measures."""
+    return (f"Left: {bug['processes']} real processes (gloo), one prompt's group of {bug['group_size']} split over them: the "
+            "share of distinct completions per group, the share of groups whose rewards have zero std (no GRPO signal), "
+            "and how often rank 1's completion equals rank 0's in the same slot. Right: distinct completions per group "
+            f"when the group is split over 1–{max(r['world_size'] for r in rows)} simulated ranks; the dotted line is the most "
+            "that identical seeds allow (group size / ranks).")
 
 
 # ---- explorer ------------------------------------------------------------------------------------
@@ -199,7 +219,7 @@ def world_size_explorer(rows: list[dict]) -> Explorer:
                color=[plots.BUG_COLOR, plots.FIX_COLOR])
         ax.axhline(group_size, color=plots.NEUTRAL_COLOR, ls=":", label=f"group size {group_size}")
         ax.set_ylabel("distinct completions per group")
-        ax.legend(fontsize=8)
+        plots.legend_outside(ax, "right")
         return {"world_size": world_size, "rows": seedings}
 
     sizes = sorted(by_size)

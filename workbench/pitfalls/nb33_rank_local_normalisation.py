@@ -163,34 +163,33 @@ def verdict(row: dict, *, tolerance: float = 1e-6) -> tuple[bool, bool]:
 def plot_weights(ax, rows: list[dict]) -> None:
     """Token weight (units of 1/N) on the short and the long rank vs the imbalance, per-rank vs global."""
     x = [r["imbalance"] for r in rows]
-    ax.plot(x, [r["weight_short_rank"]["local"] for r in rows], "o-", color=plots.BUG_COLOR, label="short rank, per-rank mean (bug)")
-    ax.plot(x, [r["weight_long_rank"]["local"] for r in rows], "v--", color=plots.BUG_COLOR, label="long rank, per-rank mean (bug)")
-    ax.plot(x, [r["weight_short_rank"]["global"] for r in rows], "s-", color=plots.FIX_COLOR, label="either rank, global count (fix)")
-    ax.axhline(1.0, color=plots.NEUTRAL_COLOR, ls=":", label="single process: 1/N")
-    ax.set_xlabel("tokens on the long rank / tokens on the short rank")
+    ax.plot(x, [r["weight_short_rank"]["local"] for r in rows], "o-", color=plots.BUG_COLOR, label="short rank (bug)")
+    ax.plot(x, [r["weight_long_rank"]["local"] for r in rows], "v--", color=plots.BUG_COLOR, label="long rank (bug)")
+    ax.plot(x, [r["weight_short_rank"]["global"] for r in rows], "s-", color=plots.FIX_COLOR, label="either rank (fix)")
+    ax.axhline(1.0, color=plots.NEUTRAL_COLOR, ls=":", label="one process")
+    ax.set_xlabel("token imbalance (long / short rank)")
     ax.set_ylabel("token weight × N")
-    plots.note_coinciding(ax)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below: the lines fill the axes
+    plots.note_coinciding(ax, legend_kw=plots.legend_outside(ax, ncol=2))  # below: the lines fill the axes
 
 
 def plot_clipping(ax, row: dict) -> None:
     """Each rank's clip coefficient, local shard norm (bug) vs all-reduced norm (fix), against one process's."""
     ranks = range(len(row["clip_coef_local"]))
-    bug = ax.bar([r - 0.2 for r in ranks], row["clip_coef_local"], 0.4, color=plots.BUG_COLOR, label="clip by the shard's norm (bug)")
-    fix = ax.bar([r + 0.2 for r in ranks], row["clip_coef_global"], 0.4, color=plots.FIX_COLOR, label="clip by the global norm (fix)")
+    bug = ax.bar([r - 0.2 for r in ranks], row["clip_coef_local"], 0.4, color=plots.BUG_COLOR, label="shard's norm (bug)")
+    fix = ax.bar([r + 0.2 for r in ranks], row["clip_coef_global"], 0.4, color=plots.FIX_COLOR, label="global norm (fix)")
     plots.label_zero_bars(ax, bug)
     plots.label_zero_bars(ax, fix)
-    ax.axhline(row["clip_coef_single"], color=plots.NEUTRAL_COLOR, ls=":", label=f"one process: {row['clip_coef_single']:.3f}")
+    ax.axhline(row["clip_coef_single"], color=plots.NEUTRAL_COLOR, ls=":", label="one process")
     ax.set_xticks(list(ranks), [f"rank {r}" for r in ranks])
     ax.set_ylabel("clip coefficient")
-    ax.set_ylim(0, 1.15)
-    ax.set_title(f"{row['processes']} real processes (gloo), imbalance {row['imbalance']:g}", fontsize=9)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"{row['processes']} processes, imbalance {row['imbalance']:g}")
+    plots.legend_outside(ax, ncol=2)
 
 
 def figure_rank_normalisation(rows: list[dict], head: dict):
     """The notebook's figure: token weights across imbalances, and the clip coefficients at the ``headline_row`` ``head``."""
-    return plots.figure_panels((12, 5.0), lambda ax: plot_weights(ax, rows), lambda ax: plot_clipping(ax, head))
+    return plots.figure_panels((plots.NOTEBOOK_WIDTH, 4.2), lambda ax: plot_weights(ax, rows), lambda ax: plot_clipping(ax, head))
 
 
 # ---- printers ------------------------------------------------------------------------------------
@@ -217,6 +216,15 @@ def headline_sentence(row: dict) -> str:
             f"imbalance {row['imbalance']:g}, {row['weight_ratio']['global']:.6f}× with the global count; "
             + ("per-rank normalisation and local clipping are the bug" if reproduced else "no per-rank bias at this imbalance")
             + ("; the global count and norm match one process." if fixed else "."))
+
+
+def rank_normalisation_note(head: dict) -> str:
+    """The caption printed under the figure: what each panel measures (``head``: the ``headline_row``)."""
+    return ("Left: the loss weight of one token × N (N: tokens of the whole batch) on the rank with fewer and the rank with "
+            "more tokens, against the imbalance, when each rank divides by its own token count (bug) or by the all-reduced "
+            f"count (fix); one process gives every token 1. Right: at imbalance {head['imbalance']:g}, in "
+            f"{head['processes']} real processes (gloo), each rank's gradient-clipping coefficient when it clips by its shard's "
+            f"norm (bug) or the all-reduced norm (fix); dotted: one process's coefficient, {head['clip_coef_single']:.3f}.")
 
 
 # ---- explorer ------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
@@ -101,7 +102,7 @@ def segment_sweep(model, segments: list[list[int]], counts: list[int], *, errors
     if alone is None:
         alone = [alone_logprobs(model, s) for s in segments[:max(counts, default=0)]]
     rows = []
-    for k in counts:
+    for k in progress.track(counts, "pack sizes", unit="pack"):
         whole = errors is not None and k == len(segments)
         errors_k = errors if whole else boundary_errors(model, segments[:k], alone=alone[:k])
         rows.append({"segments": k, "tokens": sum(len(s) for s in segments[:k]),
@@ -124,15 +125,15 @@ def verdict(errors: dict, *, tolerance: float = 1e-4) -> tuple[bool, bool]:
 
 
 # ---- figures -------------------------------------------------------------------------------------
-STYLES = {BUG: (plots.BUG_COLOR, "o-", " (bug)"), FIX: (plots.FIX_COLOR, "s-", " (fix)"),
-          MASKS[2]: (plots.SERIES_COLORS[2], "^--", " (fix, explicit)")}
+STYLES = {BUG: (plots.BUG_COLOR, "o-", "2-D ones (bug)"), FIX: (plots.FIX_COLOR, "s-", "position ids (fix)"),
+          MASKS[2]: (plots.NEUTRAL_COLOR, "^--", "4-D mask (fix)")}  # colour, style, legend entry
 
 
 def _plot_per_mask(ax, points: dict, floor: float, xlabel: str, ylabel: str) -> None:
     """One line per mask from ``points[mask] = (x, y)`` in its ``STYLES``, on a log axis (an exact zero drawn at ``floor``)."""
     for mask, (x, y) in points.items():
-        color, style, tag = STYLES[mask]
-        ax.plot(x, [max(v, floor) for v in y], style, color=color, label=mask + tag)
+        color, style, label = STYLES[mask]
+        ax.plot(x, [max(v, floor) for v in y], style, color=color, label=label)
     ax.set_yscale("log")
     if any(v <= floor for _, y in points.values() for v in y):
         plots.draw_floor(ax, floor)
@@ -145,18 +146,18 @@ def _plot_per_mask(ax, points: dict, floor: float, xlabel: str, ylabel: str) -> 
 def plot_segments(ax, errors: dict, floor: float = 1e-8) -> None:
     """Max |Δ log p| of each segment of one pack, per mask (an exact zero drawn at ``floor``)."""
     points = {mask: (range(len(per_segment)), [s["max"] for s in per_segment]) for mask, per_segment in errors.items()}
-    _plot_per_mask(ax, points, floor, "segment index in the pack", "max |log p in pack − log p alone|")
+    _plot_per_mask(ax, points, floor, "segment in the pack", "max |Δ log p|")
 
 
 def plot_sweep(ax, rows: list[dict], floor: float = 1e-8) -> None:
     """The last segment's mean |Δ log p| vs the number of segments packed."""
     points = {mask: ([r["segments"] for r in rows], [r[mask]["mean"] for r in rows]) for mask in MASKS}
-    _plot_per_mask(ax, points, floor, "segments in the pack", "last segment: mean |Δ log p|")
+    _plot_per_mask(ax, points, floor, "segments in the pack", "mean |Δ log p|, last segment")
 
 
 def figure_packing(errors: dict, rows: list[dict]):
     """The notebook's figure: per-segment errors of one pack, and the sweep over pack sizes."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
+    fig, axes = plots.panel_grid(2, panel_height=4.0)
     plot_segments(axes[0], errors)
     plot_sweep(axes[1], rows)
     fig.tight_layout()
@@ -181,6 +182,15 @@ def headline_sentence(errors: dict) -> str:
     return (f"max |Δ log p| of a packed segment: {worst:.3g} with a 2-D all-ones mask → {best:.2g} with position ids only; "
             + ("the neighbours leak in with the 2-D mask" if reproduced else "no leak seen with the 2-D mask here")
             + ("; the boundaries hold without it." if fixed else "."))
+
+
+def packing_note(errors: dict) -> str:
+    """The caption printed under the figure: what Δ log p is, the three masks, and where an exact zero is drawn."""
+    zero = any(s["max"] == 0 for per_segment in errors.values() for s in per_segment)
+    return ("Δ log p: a token's log-prob inside the pack minus the same segment scored alone. Left: the largest |Δ log p| "
+            "of each segment of one pack; right: the mean |Δ log p| of the last segment as more segments are packed before "
+            f"it. Masks: {BUG} (bug), {FIX} (fix), {MASKS[2]} (the other fix)"
+            + ("; an exact 0 is drawn on the dotted line at 1e-08." if zero else "."))
 
 
 # ---- explorer ------------------------------------------------------------------------------------

@@ -158,46 +158,42 @@ def plot_returns(ax, row: dict) -> None:
     """Reward-to-go of each model token of one trajectory: reset at tool tokens (bug), carried (fix), compact reference."""
     x = range(len(row["reference"]))
     every = max(1, len(x) // 12)  # a marker on every token would pave the lines over
-    ax.plot(x, row["reference"], ":", color=plots.NEUTRAL_COLOR, lw=3, label="model tokens only (reference)")
-    ax.plot(x, row["bug"], "o-", color=plots.BUG_COLOR, ms=4, markevery=every, label="reset at tool tokens (bug)")
-    ax.plot(x, row["fix"], "s--", color=plots.FIX_COLOR, ms=3, markevery=every, label="carried across tool tokens (fix)")
-    ax.set_xlabel(f"model token index ({row['turns']} turns, tool tokens removed from the axis)")
+    ax.plot(x, row["reference"], ":", color=plots.NEUTRAL_COLOR, lw=3, label="no tool tokens (reference)")
+    ax.plot(x, row["bug"], "o-", color=plots.BUG_COLOR, ms=4, markevery=every, label="reset (bug)")
+    ax.plot(x, row["fix"], "s--", color=plots.FIX_COLOR, ms=3, markevery=every, label="carried (fix)")
+    ax.set_xlabel("model token index")
     ax.set_ylabel(f"reward-to-go (γ = {row['gamma']:g})")
     plots.integer_axis(ax.xaxis)
-    ax.legend(fontsize=8, loc="best")
-    plots.note_coinciding(ax, legend_kw={"fontsize": 8, "loc": "best"})
+    plots.note_coinciding(ax, legend_kw=plots.legend_outside(ax))
 
 
 def plot_penalty(ax, rows: list[dict], max_length: int, buffer: int) -> None:
     """Overlong penalty vs the tool-output length: span (bug) vs sum (fix) of the action mask."""
     x = [r["tool_length"] for r in rows]
-    ax.plot(x, [r["penalty"]["bug"] for r in rows], "o-", color=plots.BUG_COLOR, label="length = span of the action mask (bug)")
-    ax.plot(x, [r["penalty"]["fix"] for r in rows], "s-", color=plots.FIX_COLOR, label="length = action_mask.sum() (fix)")
-    ax.set_xlabel("tool tokens between turns")
+    ax.plot(x, [r["penalty"]["bug"] for r in rows], "o-", color=plots.BUG_COLOR, label="span (bug)")
+    ax.plot(x, [r["penalty"]["fix"] for r in rows], "s-", color=plots.FIX_COLOR, label="mask sum (fix)")
+    ax.set_xlabel("tool tokens per gap")
     ax.set_ylabel("overlong penalty")
-    ax.set_title(f"generated tokens {rows[0]['length']['reference']}, limit {max_length}, buffer {buffer}", fontsize=9)
     plots.integer_axis(ax.xaxis)
-    ax.legend(fontsize=8, loc="best")
-    plots.note_coinciding(ax, legend_kw={"fontsize": 8, "loc": "best"})
+    plots.note_coinciding(ax, legend_kw=plots.legend_outside(ax))
 
 
 def plot_lost(ax, rows: list[dict]) -> None:
     """Share of model tokens whose return lost the outcome reward, vs the number of turns."""
     x = [r["turns"] for r in rows]
-    ax.plot(x, [r["lost_bug"] for r in rows], "o-", color=plots.BUG_COLOR, label="reset at tool tokens (bug)")
+    ax.plot(x, [r["lost_bug"] for r in rows], "o-", color=plots.BUG_COLOR, label="reset (bug)")
     ax.plot(x, [r["lost_fix"] for r in rows], "s-", color=plots.FIX_COLOR, label="carried (fix)")
     ax.set_xlabel("turns")
-    ax.set_ylabel("model tokens with return 0 (reference ≠ 0)")
+    ax.set_ylabel("share of tokens with return 0")
     ax.set_ylim(-0.05, 1.05)
     plots.integer_axis(ax.xaxis)
-    ax.legend(fontsize=8, loc="best")
-    plots.note_coinciding(ax, legend_kw={"fontsize": 8, "loc": "best"})
+    plots.note_coinciding(ax, legend_kw=plots.legend_outside(ax))
 
 
 def figure_tool_tokens(turn_rows: list[dict], penalty_rows: list[dict], head: tuple[dict, dict], max_length: int, buffer: int):
     """The notebook's figure: the returns of the headline trajectory (the first of ``headline_rows``' ``head``), the lost
     share vs turns, the penalty vs tool length."""
-    fig, axes = plt.subplots(1, 3, figsize=(18, 4.2))
+    fig, axes = plots.panel_grid(3, panel_height=3.4)
     plot_returns(axes[0], head[0])
     plot_lost(axes[1], turn_rows)
     plot_penalty(axes[2], penalty_rows, max_length, buffer)
@@ -235,6 +231,16 @@ def headline_sentence(head: tuple[dict, dict]) -> str:
             + ("; the fixed scan and length match the model-only sequence." if fixed else "."))
 
 
+def tool_tokens_note(penalty_rows: list[dict], head: tuple[dict, dict], max_length: int, buffer: int) -> str:
+    """The caption printed under the figure: what each panel shows and the settings behind it."""
+    returns_row = head[0]
+    return (f"Left: reward-to-go of each model token of a {returns_row['turns']}-turn response (tool tokens left off the "
+            "axis), reset at every tool token (bug) or carried across them (fix), against the same response without tool "
+            "tokens. Middle: the share of model tokens whose return is 0 although the reference's is not, per number of "
+            f"turns. Right: DAPO's overlong penalty for {penalty_rows[0]['length']['reference']} generated tokens (limit "
+            f"{max_length}, buffer {buffer}) when the length is the action mask's span (bug) or its sum (fix).")
+
+
 # ---- explorer ------------------------------------------------------------------------------------
 def tool_length_explorer(turn_lengths: list[int], max_length: int, buffer: int, gamma: float = 1.0) -> Explorer:
     """A slider for the tool-output length: returns and penalty of one trajectory, bug vs fix, redrawn."""
@@ -242,7 +248,7 @@ def tool_length_explorer(turn_lengths: list[int], max_length: int, buffer: int, 
     def draw(tool_length):
         row = returns_case(turn_lengths, [tool_length] * (len(turn_lengths) - 1), gamma)
         penalty = penalty_sweep([tool_length], turn_lengths, max_length, buffer)[0]
-        fig, ax = plt.subplots(figsize=(6, 3.2))
+        fig, ax = plt.subplots(figsize=(6, 3.6))
         plot_returns(ax, row)
         ax.set_title(f"overlong penalty: span {penalty['penalty']['bug']:.2f}, sum {penalty['penalty']['fix']:.2f}", fontsize=9)
         return {"returns": row, "penalty": penalty}

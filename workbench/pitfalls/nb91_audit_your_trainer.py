@@ -12,18 +12,36 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from workbench.audit import AuditResult, report
+from workbench.audit import run_checks as audit_run_checks
 from workbench.audit import verdict as audit_verdict
 from workbench.audit.suite import count_failing
+from workbench.core import progress
+from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
 
+# ---- sweeps --------------------------------------------------------------------------------------
+def run_checks(callables: dict, model, tokenizer, *, label: str, **options) -> list[AuditResult]:
+    """``workbench.audit.run_checks`` with a bar over the checks (the audit itself imports no progress bar)."""
+    with progress.bar(len(callables), f"audit checks ({label})", unit="check") as bar:
+        return audit_run_checks(callables, model, tokenizer, label=label, on_check=lambda _: bar.update(1), **options)
+
+
 # ---- figures -------------------------------------------------------------------------------------
+PANEL_HEIGHT = 3.4  # inches per check: the title (two lines), the axes, the tick labels and the legend below
+
+
 def figure_audit(bug_results: list[AuditResult], fix_results: list[AuditResult]):
-    """Every check's figure: the buggy trainer's results on the top row, the workbench's below."""
-    fig, axes = plt.subplots(2, max(len(bug_results), len(fix_results), 1), figsize=(26, 6.5), squeeze=False)
-    for row, results in zip(axes, (bug_results, fix_results), strict=True):
-        for ax, result in zip(row, results, strict=False):
+    """Every check's figure, one check per row: the buggy trainer's result on the left, the workbench's on the right
+    (``plots.NOTEBOOK_WIDTH`` wide, so each text is shown at the size it was set)."""
+    checks = max(len(bug_results), len(fix_results), 1)
+    fig, axes = plots.panel_grid(2 * checks, columns=2, panel_height=PANEL_HEIGHT)
+    for column, results in enumerate((bug_results, fix_results)):
+        for ax, result in zip(axes[column::2], results, strict=False):
             result.plot(ax)
+    for ax, trainer in zip(axes[:2], ("buggy trainer", "workbench"), strict=True):
+        ax.annotate(trainer, (0.5, 1.0), xycoords="axes fraction", xytext=(0, 34), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=11, fontweight="bold")
     fig.tight_layout()
     return fig
 

@@ -9,11 +9,16 @@ examples), so the notebook can point the same functions at another one.
 
 from __future__ import annotations
 
+import os
+import re
+
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from workbench.core import progress
+from workbench.core.paths import REPO_ROOT
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 from workbench.watch import Report, watch
@@ -30,10 +35,11 @@ def run_user_trainer(user, *, buggy: bool, steps: int = 1, deep: bool = True, wa
     model, tokenizer = user.tiny_gpt2_with_dropout()
     trainer = user.LittleGRPO(model, tokenizer, buggy=buggy)
     batch = {"prompts": PROMPTS, "n": 4}
+    desc = f"{'buggy' if buggy else 'fixed'} trainer{', watched' if watched else ''}"
     if not watched:
-        return None, [trainer.step(batch) for _ in range(steps)][-1]
+        return None, [trainer.step(batch) for _ in progress.track(range(steps), desc, unit="step")][-1]
     with watch(model, tokenizer=tokenizer, deep=deep) as w:
-        logs = [trainer.step(batch) for _ in range(steps)]
+        logs = [trainer.step(batch) for _ in progress.track(range(steps), desc, unit="step")]
     return w.report(), logs[-1]
 
 
@@ -78,6 +84,18 @@ def figure_findings(reports: dict[str, Report]):
 
 
 # ---- printers ------------------------------------------------------------------------------------
+def without_folders(text: str) -> str:
+    """``text`` naming no folder of this machine: an installed library's file from its package folder on
+    (``trl/trainer/grpo_trainer.py:1498``), a file of the repository relative to it (``examples/…``)."""
+    text = re.sub(r"[^\s:]*[\\/](?:site|dist)-packages[\\/]", "", text)
+    return text.replace(str(REPO_ROOT) + os.sep, "")
+
+
+def report_text(report: Report) -> str:
+    """A watch report as it prints, with its call sites ``without_folders``."""
+    return without_folders(str(report))
+
+
 def findings_table(reports: dict[str, Report]) -> str:
     """Every finding of every run, one line each: run, severity, pitfall, where, evidence."""
     lines = [f"{'run':<14} {'severity':<8} {'pitfall':<7} {'where':<34} evidence"]
@@ -86,7 +104,7 @@ def findings_table(reports: dict[str, Report]) -> str:
             lines.append(f"{label:<14} {'—':<8} {'—':<7} {'—':<34} no pitfall observed")
         for f in report.findings:
             evidence = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in f.evidence.items())
-            lines.append(f"{label:<14} {f.severity:<8} {f.pitfall:<7} {f.where[-34:]:<34} {evidence[:90]}")
+            lines.append(f"{label:<14} {f.severity:<8} {f.pitfall:<7} {without_folders(f.where)[-34:]:<34} {evidence[:90]}")
     return "\n".join(lines)
 
 
@@ -101,7 +119,7 @@ def planted_lines(report: Report, planted) -> str:
 
 def trl_lines(report: Report | None, reason: str) -> str:
     """The TRL run's report, or why it was not shown."""
-    return f"TRL not shown: {reason}" if report is None else f"{reason}, one GRPOTrainer step with WatchCallback:\n{report}"
+    return f"TRL not shown: {reason}" if report is None else f"{reason}, one GRPOTrainer step with WatchCallback:\n{report_text(report)}"
 
 
 # ---- explorer ------------------------------------------------------------------------------------
@@ -114,7 +132,7 @@ def watch_explorer(reports: dict[str, Report]) -> Explorer:
         counts = plot_findings(ax, report, f"{run}: {severity}", shown)
         for f in report.findings:
             if f.severity in shown:
-                print(f)
+                print(without_folders(str(f)))
         return {"run": run, "severity": severity,
                 "flagged": sum(n for c in counts.values() for s, n in c.items() if s in shown)}
 
