@@ -59,3 +59,21 @@ def test_dpo_accuracy_conclusion():
     text = dpo_mask.accuracy_conclusion(0.40, {"both": 0.23, "chosen_only": 0.22, "none": 0.23}, 300)
     assert "every mode, the fix included, lowers it" in text and "not larger" in text
     assert "no mode changes it" in dpo_mask.accuracy_conclusion(0.40, {"both": 0.41, "chosen_only": 0.39}, 300)
+
+
+def test_figures_are_readable_at_notebook_width(batch):
+    from workbench.viz import legibility
+
+    runs = fake_runs(dpo_mask.MODES, KEYS, seeds=3, steps=60)
+    for fig in (dpo_mask.figure_loss_masks(batch, dpo_mask.mask_audits(batch)), dpo_mask.figure_training_bands(runs)):
+        assert fig.get_size_inches()[0] <= 9.6
+        assert legibility.check_figure(fig).problems() == []
+    assert "seeds" in dpo_mask.training_note(runs) and "rows 2–3" in dpo_mask.loss_masks_note(batch)
+
+
+def test_heldout_explanation_of_one_seed_prints_no_nan():
+    from workbench.experiments import statistics
+
+    runs = fake_runs(dpo_mask.MODES, KEYS, seeds=1, heldout=HELDOUT)
+    text = dpo_mask.heldout_explanation(*(statistics.gain(runs, "both", k) for k in HELDOUT))
+    assert "nan" not in text and "one seed" in text

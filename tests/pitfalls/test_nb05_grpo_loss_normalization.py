@@ -53,3 +53,42 @@ def test_loss_normalisation_verdict_measures_the_trainers_kl_mix():
     assert loss_normalization.verdict(probe, uniform, 0.04) == (False, True)
     mixed = {"per_sequence": [[0.1, 0.02]], "with_loss": [[0.1, 0.02]]}
     assert loss_normalization.verdict(probe, mixed, 0.04)[1] is False
+
+
+def test_figures_are_readable_at_notebook_width():
+    from workbench.viz import legibility
+
+    spreads = [1, 2, 4, 8, 16]
+    figures = [ln.figure_token_weights(ln.token_weights(spreads)),
+               ln.figure_effective_beta(spreads, ln.effective_beta_sweep(spreads, 0.04), 0.04),
+               ln.figure_training_bands(fake_runs(MODES, KEYS, seeds=3, steps=30), train_steps=30),
+               ln.figure_training_bands(fake_runs(list(losses.LOSS_AGG_MODES), KEYS, seeds=3, steps=30), train_steps=30)]
+    for fig in figures:
+        assert fig.get_size_inches()[0] <= 9.6
+        assert legibility.check_figure(fig).problems() == []
+
+
+def test_training_figure_draws_bug_and_fix_in_their_colours():
+    from workbench.viz import plots
+
+    fig = ln.figure_training_bands(fake_runs(MODES, KEYS), train_steps=4)
+    colours = {line.get_label(): line.get_color() for line in fig.axes[0].get_lines()}
+    assert colours["seq-mean-token-mean (bug) (n=2)"] == plots.BUG_COLOR and colours["token-mean (fix) (n=2)"] == plots.FIX_COLOR
+    assert "bug (vermilion): seq-mean-token-mean, fix (blue): token-mean" in ln.training_note(fake_runs(MODES, KEYS), 4)
+
+
+def test_explorer_states_a_constant_weight_on_a_linear_axis():
+    import matplotlib.pyplot as plt
+
+    ln.loss_mode_explorer()  # token-mean: every token the same weight, every response a different one
+    token_axis, response_axis = plt.gcf().axes
+    assert token_axis.get_yscale() == "linear" and "at every length" in token_axis.get_title()
+    assert response_axis.get_yscale() == "log" and not response_axis.get_title()
+
+
+def test_probe_note_says_zero_up_to_rounding_only_within_the_verdicts_tolerance():
+    probe = {"token-mean": {"loss": 0.11, "grad_norm": 10.3}, "seq-mean-token-mean": {"loss": -2.98e-8, "grad_norm": 14.2}}
+    note = ln.probe_note(probe)
+    assert "0 up to float rounding" in note and "no mode's update is 0" in note
+    probe["seq-mean-token-mean"]["loss"] = 3e-6
+    assert "not 0" in ln.probe_note(probe)

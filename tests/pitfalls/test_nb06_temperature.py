@@ -60,3 +60,14 @@ def test_temperature_and_dropout_verdicts():
     assert dropout.verdict({(0.1, False): ok, (0.1, True): ok}) == (False, True)
     assert dropout.verdict({(0.1, False): {"max_ratio_deviation": 0.4}, (0.1, True): {"max_ratio_deviation": 0.4,
                                                                                      "sequence_kl_k1": 0.0}}) == (True, False)
+
+
+def test_figures_are_readable_at_notebook_width():
+    from workbench.viz import legibility
+
+    runs = fake_runs(temperature.PPO_VARIANTS, KEYS, seeds=3, steps=40)
+    for fig in (temperature.figure_ratio_vs_temperature(RESULTS), temperature.figure_ppo(runs, 40)):
+        assert fig.get_size_inches()[0] <= 9.6
+        assert legibility.check_figure(fig).problems() == []
+    assert "at most 0.0e+00 (float rounding)" in temperature.ratio_note(RESULTS)
+    assert "mean over 3 seeds" in temperature.ppo_note(runs, 40)

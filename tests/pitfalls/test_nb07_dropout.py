@@ -80,3 +80,14 @@ def test_dropout_step0_note_reads_median_and_max():
     steady = {(0.0, False): r(1e-6, 1e-7), (0.1, False): r(7.9, 0.9)}
     assert "heavy-tail" not in dropout.step0_note(steady)
     assert "does not rise" in dropout.step0_note({(0.0, False): r(1.0, 0.5), (0.1, False): r(2.0, 0.1)})
+
+
+def test_figures_are_readable_at_notebook_width():
+    from workbench.viz import legibility
+
+    runs = fake_runs(dropout.PPO_VARIANTS, KEYS, seeds=3, steps=40)
+    for fig in (dropout.figure_step0(RESULTS), dropout.figure_ppo(runs)):
+        assert fig.get_size_inches()[0] <= 9.6
+        assert legibility.check_figure(fig).problems() == []
+    assert "at most 0.0e+00 (float rounding)" in dropout.step0_figure_note(RESULTS)
+    assert "mean over 3 seeds" in dropout.ppo_note(runs)

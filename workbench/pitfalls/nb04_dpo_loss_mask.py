@@ -14,8 +14,10 @@ every row whose prompt tokens are counted; ``margin_decomposition`` splits the m
 
 from __future__ import annotations
 
+import math
+import re
+
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.errors import PromptMaskError
@@ -132,47 +134,64 @@ PREDICTION = statistics.Prediction("logps/prompt", "log-probability of the promp
 # ---- figures ------------------------------------------------------------------------------------
 MODE_LABELS = {"both": "both (fix)", "chosen_only": "chosen_only (bug)", "none": "none"}
 TRAINING_PANELS = [("loss", "DPO loss"), ("rewards/margins", "reward margin (nats × β)"),
-                   ("rewards/accuracies", "reward accuracy (share of pairs)"), ("logps/prompt", "policy log p(prompt) (nats)")]
+                   ("rewards/accuracies", "reward accuracy"), ("logps/prompt", "log p(prompt) (nats)")]
 
 
-def plot_loss_mask(ax, batch: PreferenceBatch, mode: str, audit: list[dict]) -> None:
-    """The loss mask of one ``prompt_mask`` mode (chosen rows on top), titled with how many rows count prompt tokens
-    (``audit``: that mode's entry of ``mask_audits``)."""
+def plot_loss_mask(ax, batch: PreferenceBatch, mode: str, audit: list[dict], *, key: bool = False) -> None:
+    """The loss mask of one ``prompt_mask`` mode (chosen rows on top, a line under them), titled with how many rows
+    count prompt tokens (``audit``: that mode's entry of ``mask_audits``); ``key``: the colour key beside it."""
     mask = build_loss_mask(batch.attention_mask, batch.prompt_lengths, mode)
-    b = batch.num_pairs
-    plots.plot_mask(ax, mask, f"prompt_mask={MODE_LABELS[mode]}: {len(audit)} rows count prompt tokens",
-                    xlabel="target token position", ylabel=f"row (chosen 0–{b - 1}, rejected {b}–{2 * b - 1})",
-                    key=mode == "none", labels=("not summed", "summed by the loss"))
-    ax.axhline(b - 0.5, color=plots.BUG_COLOR if mode == "chosen_only" else plots.NEUTRAL_COLOR, lw=1)
+    plots.plot_mask(ax, mask, f"{MODE_LABELS[mode]}: {len(audit)} rows", xlabel="target position", ylabel="row",
+                    key=key, labels=("not summed", "summed by the loss"))
+    ax.axhline(batch.num_pairs - 0.5, color=plots.BUG_COLOR if mode == "chosen_only" else plots.NEUTRAL_COLOR, lw=1)
 
 
 def figure_loss_masks(batch: PreferenceBatch, audits: dict[str, list[dict]]):
-    fig, axes = plt.subplots(1, len(MODES), figsize=(17, 3.6))
+    """The three masks in one row, their colour key (``plot_mask``'s, drawn once) under the row."""
+    fig, axes = plots.panel_grid(len(MODES), panel_height=3.0)
     for ax, mode in zip(axes, MODES, strict=True):
-        plot_loss_mask(ax, batch, mode, audits[mode])
-    fig.tight_layout()
+        plot_loss_mask(ax, batch, mode, audits[mode], key=ax is axes[-1])
+    key = axes[-1].get_legend()
+    key.remove()
+    fig.legend(key.legend_handles, [text.get_text() for text in key.get_texts()], loc="lower center", ncol=2, fontsize=9,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
 
 def plot_training_bands(axes, runs: dict) -> None:
     """Loss, margin, accuracy and log p(prompt) over seeds (``comparison.train_variants`` runs keyed by mode): mean ± std bands,
     'none' (coinciding with 'both') drawn on top, dotted, 'both' thick underneath; a fifth axis gets
-    held-out greedy accuracy before/after (``plots.plot_heldout``) in the same colours."""
+    held-out greedy accuracy before/after (``plots.plot_heldout``) in the same colours. Short axis labels:
+    ``training_note`` says the rest."""
     colors = {MODE_LABELS["both"]: plots.FIX_COLOR, MODE_LABELS["chosen_only"]: plots.BUG_COLOR,
               MODE_LABELS["none"]: plots.NEUTRAL_COLOR}
     styles = {MODE_LABELS["both"]: {"ls": "-", "lw": 3, "alpha": 0.6}, MODE_LABELS["chosen_only"]: {"ls": "-"},
               MODE_LABELS["none"]: {"ls": ":", "marker": "o"}}
     ordered = {MODE_LABELS[m]: runs[m] for m in ("none", "chosen_only", "both") if m in runs}
     for ax, (key, label) in zip(axes[:4], TRAINING_PANELS, strict=True):
-        plots.plot_bands(ax, ordered, key, label, colors, styles=styles, legend_kw=plots.LEGEND_BELOW)  # below: lines fill the axes
+        plots.plot_bands(ax, ordered, key, label, colors, styles=styles)
+        ax.set_ylabel(label)
     if len(axes) > 4:
         plots.plot_heldout(axes[4], {MODE_LABELS[m]: r for m, r in runs.items()}, colors)
+        axes[4].set_xticks(range(len(runs)), [MODE_LABELS[m].replace(" ", "\n") for m in runs], fontsize=8)
+        axes[4].set_ylabel("held-out accuracy")
+        axes[4].set_xlabel("□ start → ● end")
 
 
 def figure_training_bands(runs: dict):
-    fig, axes = plt.subplots(1, 5, figsize=(24, 4.6))
-    plot_training_bands(axes, runs)
+    """The four training panels and held-out accuracy in two rows of three, one legend for all in the sixth cell."""
+    fig, axes = plots.panel_grid(6, panel_height=3.0)
+    plot_training_bands(axes[:5], runs)
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes[:5]:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
     fig.tight_layout()
+    cell = axes[5].get_position()
+    axes[5].remove()
+    fig.legend(handles, [re.sub(r" \((n=|under ).*$", "", label) for label in labels], loc="center", fontsize=9,
+               bbox_to_anchor=(cell.x0 + cell.width / 2, cell.y0 + cell.height / 2), title="prompt_mask", title_fontsize=9)
     return fig
 
 
@@ -184,6 +203,22 @@ def buggy_call_message(batch: PreferenceBatch) -> str:
     except PromptMaskError as error:
         return f"check_prompt_lengths on the buggy call: {error}"
     return "check_prompt_lengths on the buggy call: no error (one prompt length per row)"
+
+
+def loss_masks_note(batch: PreferenceBatch) -> str:
+    """The caption of the loss-mask figure."""
+    b = batch.num_pairs
+    return (f"Rows 0–{b - 1}: prompt + chosen, rows {b}–{2 * b - 1}: prompt + rejected (below the line), right-padded. "
+            "Title: the rows whose prompt tokens the loss sums.")
+
+
+def training_note(runs: dict) -> str:
+    """The caption of the training figure: what the lines, bands and markers are."""
+    seeds = max(len(h) for h in runs.values())
+    lines = f"mean over {seeds} seeds, band ± 1 std" if seeds > 1 else "one seed"
+    return (f"Curves: {lines}; 'none' (dotted) lies on 'both' (thick): their margins are the same, rings mark where one "
+            "hides the other. Reward accuracy: share of pairs whose implicit reward prefers the chosen answer. Held-out: "
+            "greedy accuracy before (□) and after (●) training" + (", dots: seeds." if seeds > 1 else "."))
 
 
 def trained_margin_lines(after: dict, hand_gap: float) -> str:
@@ -214,10 +249,17 @@ def heldout_explanation(heldout: Effect, chosen: Effect, rejected: Effect) -> st
     """Why the *fixed* DPO run's held-out greedy accuracy moves, from its numbers: ``statistics.gain(runs,
     "both")`` and ``gain(runs, "both", key)`` for ``heldout_logp_chosen`` / ``heldout_logp_rejected``
     (summed response log-probs of held-out preference pairs, before → after)."""
-    numbers = (f"fixed mask: held-out greedy accuracy {heldout.fix:.3f} → {heldout.bug:.3f} ({heldout.difference:+.3f} ± "
-               f"{heldout.noise:.3f}); on held-out pairs log p(chosen) {chosen.fix:.2f} → {chosen.bug:.2f} nats "
-               f"({chosen.difference:+.2f} ± {chosen.noise:.2f}), log p(rejected) {rejected.fix:.2f} → {rejected.bug:.2f} "
-               f"({rejected.difference:+.2f} ± {rejected.noise:.2f}), {chosen.seeds} seed(s)")
+    def change(effect: Effect, digits: int) -> str:
+        noise = f" ± {effect.noise:.{digits}f}" if math.isfinite(effect.noise) else ""
+        return f"{effect.difference:+.{digits}f}{noise}"
+
+    spread = (f"mean of {chosen.seeds} seeds, ± one standard error" if math.isfinite(heldout.noise)
+              else "one seed: no spread to give a standard error")
+    numbers = (f"fixed mask ({spread}): held-out greedy accuracy {heldout.fix:.3f} → {heldout.bug:.3f} "
+               f"({change(heldout, 3)}); on held-out pairs log p(chosen) {chosen.fix:.2f} → {chosen.bug:.2f} nats "
+               f"({change(chosen, 2)}), log p(rejected) {rejected.fix:.2f} → {rejected.bug:.2f} ({change(rejected, 2)})")
+    if not math.isfinite(heldout.noise):
+        return numbers + ": with one seed there is no noise to test the change against."
     if heldout.no_spread:
         return numbers + ": held-out accuracy moved by the same amount in every seed, so there is no spread to test it against."
     if not heldout.larger_than_noise:
@@ -240,8 +282,10 @@ def heldout_reading(runs: dict) -> str:
 def dpo_mask_explorer(batch: PreferenceBatch, audits: dict[str, list[dict]]) -> Explorer:
     """The loss mask of a concatenated chosen+rejected batch for each prompt_mask mode (``audits``: ``mask_audits(batch)``)."""
     def draw(prompt_mask):
-        fig, ax = plt.subplots(figsize=(7, 3))
-        plot_loss_mask(ax, batch, prompt_mask, audits[prompt_mask])
+        fig, axes = plots.panel_grid(1, width=7.0, panel_height=3.0)
+        plot_loss_mask(axes[0], batch, prompt_mask, audits[prompt_mask], key=True)
+        axes[0].set_ylabel(f"row (rejected from {batch.num_pairs})")
+        fig.tight_layout()
         return {"rows_counting_prompt": len(audits[prompt_mask])}
 
     controls = {"prompt_mask": widgets.ToggleButtons(options=list(PROMPT_MASK_MODES), value="chosen_only", description="mask")}

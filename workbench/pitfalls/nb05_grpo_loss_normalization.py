@@ -15,14 +15,15 @@ seq-mean-token-sum-norm     1 / (B · max_len)
 
 The zero-loss probe makes the difference visible in the loss *value*: with β = 0 and one
 iteration the per-token loss is −A_i (ρ ≡ 1) and group advantages have zero mean, so
-``seq-mean-token-mean`` gives exactly 0 while ``token-mean`` gives −Σ A_i L_i / Σ L_i ≠ 0 when
+``seq-mean-token-mean`` gives 0 up to float rounding while ``token-mean`` gives −Σ A_i L_i / Σ L_i ≠ 0 when
 lengths differ. Gradients are non-zero in every mode.
 """
 
 from __future__ import annotations
 
+import re
+
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
@@ -36,6 +37,7 @@ from workbench.trainers.grpo import grpo_loss
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
+ZERO_LOSS_TOLERANCE = 1e-7  # |probe loss| counted as 0: float32 rounding of a mean of order-1 advantages stays below it
 
 # ---- measurements -------------------------------------------------------------------------------
 def analytic_token_weights(lengths: list[int], mode: str, max_len: int | None = None) -> list[float]:
@@ -157,7 +159,7 @@ def verdict(probe: dict, effective: dict, beta: float, *, tolerance: float = 1e-
     spread = [b for pair in effective["per_sequence"] for b in pair]
     same = [b for pair in effective["with_loss"] for b in pair]
     reproduced = abs(probe["token-mean"]["loss"]) > 1e-4 and max(spread) / min(spread) > 1.5
-    fixed = abs(probe["seq-mean-token-mean"]["loss"]) <= 1e-7 and all(abs(b / beta - 1) <= tolerance for b in same)
+    fixed = abs(probe["seq-mean-token-mean"]["loss"]) <= ZERO_LOSS_TOLERANCE and all(abs(b / beta - 1) <= tolerance for b in same)
     return bool(reproduced), bool(fixed)
 
 
@@ -169,71 +171,120 @@ PREDICTION = statistics.Prediction("length_incorrect", "length of incorrect resp
 
 
 # ---- figures ------------------------------------------------------------------------------------
-TRAINING_PANELS = (("reward", "reward"), ("length_correct", "length of correct responses (tokens)"),
-                   ("length_incorrect", "length of incorrect responses (tokens)"))
+TRAINING_PANELS = (("reward", "reward"), ("length_correct", "length, correct (tokens)"),
+                   ("length_incorrect", "length, incorrect (tokens)"))
+# One colour per mode in every figure: the training comparison's bug side (``PREDICTION``: the per-sequence mean) in
+# BUG_COLOR, its fix side (the token mean) in FIX_COLOR, the other two modes neutral.
+MODE_COLORS = {"token-mean": plots.FIX_COLOR, "seq-mean-token-mean": plots.BUG_COLOR,
+               "seq-mean-token-sum": plots.NEUTRAL_COLOR, "seq-mean-token-sum-norm": plots.SERIES_COLORS[2]}
+LOG_SPAN = 8.0  # a panel whose values span less than this factor gets a linear axis from 0: a log axis would zoom on noise
+
+
+def mode_color(mode: str) -> str:
+    return MODE_COLORS.get(losses.canonical_loss_agg(mode), plots.NEUTRAL_COLOR)
+
+
+def training_colors(modes) -> dict:
+    """``modes[1]`` (the prediction's bug side) in BUG_COLOR, ``modes[0]`` in FIX_COLOR, any other mode neutral."""
+    others = [plots.NEUTRAL_COLOR, plots.SERIES_COLORS[2]]
+    return {mode: (plots.FIX_COLOR, plots.BUG_COLOR, *others)[i] for i, mode in enumerate(modes)}
+
+
+def value_scale(ax, values) -> bool:
+    """A log y-axis when the positive ``values`` span at least ``LOG_SPAN``, else a linear one from 0; True when
+    they are one constant (the panel then states it instead of drawing ticks around float noise)."""
+    positive = [v for v in values if v > 0]
+    low, high = min(positive), max(positive)
+    if high / low >= LOG_SPAN:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(0, high * 1.25)
+    return high / low < 1 + 1e-6
+
+
+def figure_legend(fig, ax, ncol: int, height: float) -> None:
+    """One legend for the whole figure, under its panels, from ``ax``'s lines (the panels' own legends removed; the
+    seed count and "(under …, ringed)" notes of a panel's labels left to the caption); ``height``: the figure's
+    height in inches, to leave the legend its room."""
+    handles, labels = ax.get_legend_handles_labels()
+    for axis in fig.axes:
+        if axis.get_legend() is not None:
+            axis.get_legend().remove()
+    labels = [re.sub(r" \((n=|under ).*$", "", label) for label in labels]
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
+    rows = -(-len(labels) // ncol)
+    fig.tight_layout(rect=(0, (0.15 + 0.22 * rows) / height, 1, 1))
 
 
 def plot_token_weights(ax_token, ax_total, weights: dict) -> None:
     """Per-token (analytic lines, autograd markers) and whole-response weight by length, per mode of ``weights``
-    (``token_weights``)."""
+    (``token_weights``); an axis is logarithmic only where its values span ``LOG_SPAN`` or more, and a constant
+    is stated in the axis title."""
     lengths = weights["lengths"]
+    token_values, total_values = [], []
     for i, (mode, analytic) in enumerate(weights["analytic"].items()):
-        color, style = plots.SERIES_COLORS[i], plots.LINE_STYLES[i % len(plots.LINE_STYLES)]
+        color, style = mode_color(mode), plots.LINE_STYLES[i % len(plots.LINE_STYLES)]
         measured = weights["measured"][mode]
+        total = [w * n for w, n in zip(analytic, lengths, strict=True)]
         ax_token.plot(lengths, analytic, style, color=color, label=mode, zorder=5 - i)
         ax_token.plot(lengths, measured, plots.MARKERS[i], color=color, markerfacecolor="none", markersize=8)
-        ax_total.plot(lengths, [w * n for w, n in zip(analytic, lengths, strict=True)], style, marker=plots.MARKERS[i],
-                      color=color, label=mode, zorder=5 - i)
-    ax_token.set_ylabel("gradient weight per token")
-    ax_total.set_ylabel("total weight of the response (L × per-token)")
-    for ax in (ax_token, ax_total):
+        ax_total.plot(lengths, total, style, marker=plots.MARKERS[i], color=color, label=mode, zorder=5 - i)
+        token_values += analytic + measured
+        total_values += total
+    for ax, values, what in ((ax_token, token_values, "weight per token"), (ax_total, total_values, "weight per response")):
+        ax.set_ylabel(what)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
         ax.set_xlabel("response length L (tokens)")
-    ax_token.legend(fontsize=8)
+        if value_scale(ax, values):
+            ax.set_title(f"{max(values):.4g} at every length", fontsize=10)
 
 
 def figure_token_weights(weights: dict):
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    fig, axes = plots.panel_grid(2, panel_height=3.3)
     plot_token_weights(axes[0], axes[1], weights)
-    fig.tight_layout()
+    figure_legend(fig, axes[0], ncol=min(4, len(weights["analytic"])), height=3.3)
     return fig
 
 
 def plot_effective_beta(ax, spreads, effective: dict, beta: float) -> None:
     """The β each sequence's tokens feel in the trainer's loss, per KL aggregation, vs the length ratio."""
     bug, fix = effective["per_sequence"], effective["with_loss"]
-    ax.plot(spreads, [b[0] for b in bug], "o-", color=plots.BUG_COLOR, label="short response, KL per sequence (bug)")
-    ax.plot(spreads, [b[1] for b in bug], "s--", color=plots.BUG_COLOR, label="long response, KL per sequence (bug)")
+    ax.plot(spreads, [b[0] for b in bug], "o-", color=plots.BUG_COLOR, label="short, KL per sequence (bug)")
+    ax.plot(spreads, [b[1] for b in bug], "s--", color=plots.BUG_COLOR, label="long, KL per sequence (bug)")
     ax.plot(spreads, [b[0] for b in fix], "D-", color=plots.FIX_COLOR, markersize=9, markerfacecolor="none",
-            label="short response, KL added per token (fix)")
-    ax.plot(spreads, [b[1] for b in fix], "x:", color=plots.FIX_COLOR, markersize=9,
-            label="long response, KL added per token (fix)")
+            label="short, KL per token (fix)")
+    ax.plot(spreads, [b[1] for b in fix], "x:", color=plots.FIX_COLOR, markersize=9, label="long, KL per token (fix)")
     ax.axhline(beta, color=plots.NEUTRAL_COLOR, lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("length ratio long / short in the batch")
-    ax.set_ylabel("effective β per token (measured)")
-    ax.legend(fontsize=8)
+    ax.set_xlabel("length ratio long / short")
+    ax.set_ylabel("effective β per token")
+    plots.legend_outside(ax, "right")
 
 
 def figure_effective_beta(spreads, effective: dict, beta: float):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    plot_effective_beta(ax, spreads, effective, beta)
+    fig, axes = plots.panel_grid(1, width=8.0, panel_height=3.6)
+    plot_effective_beta(axes[0], spreads, effective, beta)
+    fig.tight_layout()
     return fig
 
 
 def plot_training_bands(axes, runs: dict, window: int) -> None:
-    """Reward and the lengths of correct/incorrect responses, mean ± std over seeds per mode, and held-out accuracy (4 axes)."""
+    """Reward and the lengths of correct/incorrect responses, mean ± std over seeds per mode, and held-out accuracy
+    (4 axes); modes coloured by ``training_colors``, short axis labels (``training_note`` says the rest)."""
+    colors = training_colors(list(runs))
     for ax, (key, label) in zip(axes, TRAINING_PANELS, strict=False):
-        plots.plot_bands(ax, runs, key, label, window=window)
-    plots.plot_heldout(axes[len(TRAINING_PANELS)], runs)
+        plots.plot_bands(ax, runs, key, label, colors, window=window)
+        ax.set_ylabel(label)
+    heldout = axes[len(TRAINING_PANELS)]
+    plots.plot_heldout(heldout, runs, colors)
+    heldout.set_ylabel("held-out accuracy")
 
 
 def figure_training_bands(runs: dict, train_steps: int):
-    fig, axes = plt.subplots(1, 4, figsize=(22, 4))
+    fig, axes = plots.panel_grid(4, panel_height=3.0)
     plot_training_bands(axes, runs, window=max(1, train_steps // 10))
-    fig.tight_layout()
+    figure_legend(fig, axes[0], ncol=min(4, len(runs)), height=6.0)
     return fig
 
 
@@ -244,6 +295,47 @@ def probe_lines(probe: dict, completions: list[str], rewards: list[float]) -> st
     return "\n".join([f"group {completions} (lengths with EOS {[len(c) + 1 for c in completions]}), rewards {rewards}"] + [
         f"{mode:>26} (TRL {trl.get(mode, '—'):>7}): probe loss {result['loss']:+.3e}, gradient norm {result['grad_norm']:.3f}"
         for mode, result in probe.items()])
+
+
+def probe_note(probe: dict, tolerance: float = ZERO_LOSS_TOLERANCE) -> str:
+    """What the probe shows, from its numbers: whether the per-sequence mean's loss is 0 up to float rounding (|loss| ≤
+    ``tolerance``, as ``verdict`` asks), the token mean's loss, and whether any mode's gradient is 0."""
+    per_sequence, token = probe["seq-mean-token-mean"], probe["token-mean"]
+    zero = abs(per_sequence["loss"]) <= tolerance
+    head = (f"seq-mean-token-mean: loss {per_sequence['loss']:+.1e}, "
+            + (f"0 up to float rounding (|loss| ≤ {tolerance:g})" if zero else f"not 0 (|loss| > {tolerance:g})"))
+    tail = f"token-mean: {token['loss']:+.3f}" + (" (not 0)" if abs(token["loss"]) > tolerance else "")
+    norms = [r["grad_norm"] for r in probe.values()]
+    grads = (f"gradient norms {min(norms):.3g}–{max(norms):.3g}: " + ("no mode's update is 0" if min(norms) > 0
+                                                                       else "some mode's update is 0"))
+    return f"{head}; {tail}; {grads}"
+
+
+def token_weights_note(weights: dict, error: float) -> str:
+    """The caption of the token-weight figure."""
+    return (f"Lines: the analytic weight (the table above); hollow markers: autograd through aggregate_loss, at most "
+            f"{error:.1e} apart. Right: L × the per-token weight, a whole response's pull. One response of each length "
+            f"{weights['lengths']}; token-mean in blue and seq-mean-token-mean in vermilion, as in part 4.")
+
+
+def effective_beta_note(effective: dict, beta: float) -> str:
+    """The caption of the effective-β figure, with how far the fix's β strays from ``beta``."""
+    stray = max(abs(b / beta - 1) for pair in effective["with_loss"] for b in pair)
+    return (f"Grey line: β = {beta:g}. Policy term under token-mean; 'KL per sequence' is the TRL 0.16.1 mix, 'KL per "
+            f"token' adds the KL to each token's loss before aggregating (kl_aggregation='with_loss'): every token's β is "
+            f"{beta:g} up to a relative {stray:.1e}, the short and the long response's lines one over the other.")
+
+
+def training_note(runs: dict, train_steps: int) -> str:
+    """The caption of the training figure: what the lines, bands and colours are."""
+    modes, seeds = list(runs), max(len(h) for h in runs.values())
+    window = max(1, train_steps // 10)
+    lines = (f"mean over {seeds} seeds, band ± 1 std" if seeds > 1 else "one seed") + (
+        f", {window}-step moving average" if window > 1 else "")
+    colours = f"bug (vermilion): {modes[1]}, fix (blue): {modes[0]}" if len(modes) > 1 else f"mode: {modes[0]}"
+    return (f"Curves: {lines}; {colours}; rings mark where one mode's line hides another's. Held-out: greedy accuracy "
+            "before (□) and after (●) training"
+            + (", dots: seeds." if seeds > 1 else "."))
 
 
 def effective_beta_line(spreads, effective: dict) -> str:
@@ -259,9 +351,10 @@ def loss_mode_explorer() -> Explorer:
     def draw(mode, longest):
         lengths = sorted({1, max(1, longest // 4), max(1, longest // 2), longest})
         weights = token_weights(lengths, [mode])
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        fig, axes = plots.panel_grid(2, panel_height=3.0)
         plot_token_weights(axes[0], axes[1], weights)
-        axes[0].set_title(mode)
+        fig.suptitle(f"{mode}: lines analytic, hollow markers autograd", fontsize=10)
+        fig.tight_layout()
         return {"lengths": lengths, "weights": weights["analytic"][mode]}
 
     controls = {

@@ -7,10 +7,10 @@ gap grows as τ moves away from 1). TRL's GRPOTrainer divides by τ; top-p/top-k
 
 from __future__ import annotations
 
+import re
 from functools import partial
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import torch
 
 from workbench.experiments import statistics
@@ -67,46 +67,90 @@ PREDICTION = statistics.Prediction("clip_fraction", "share of clipped tokens (sa
 
 
 # ---- figures ------------------------------------------------------------------------------------
-PPO_PANELS = (("first_ratio_deviation", "max |ρ − 1| sampler vs trainer"), ("clip_fraction", "clipped share of tokens"),
+PPO_PANELS = (("first_ratio_deviation", "max |ρ − 1|, sampler vs trainer"), ("clip_fraction", "clipped share of tokens"),
               ("reward", "mean task reward"))
 
 
 def plot_ratio_vs_temperature(ax, results: dict) -> None:
-    """max |ρ − 1| before any update vs τ, bug and fix; exact zeros are listed in the title, not drawn."""
+    """max |ρ − 1| before any update vs τ, bug and fix; exact zeros are listed in the title, not drawn, and a point of
+    one hidden under the other is ringed (at τ = 1 both are float rounding)."""
     temperatures = sorted({t for t, _ in results})
     zeros = []
     for rescale in (False, True):
         values = [results[t, rescale]["max_ratio_deviation"] for t in temperatures]
         zeros += [f"τ={t}{' (fix)' if rescale else ' (bug)'}" for t, v in zip(temperatures, values, strict=True) if v == 0]
         ax.plot(temperatures, [v if v > 0 else float("nan") for v in values], "s--" if rescale else "o-",
-                color=plots.bug_fix_color(not rescale),
-                label="logits / τ in the recomputation (fix)" if rescale else "raw logits (bug)")
+                color=plots.bug_fix_color(not rescale), label="logits / τ (fix)" if rescale else "raw logits (bug)")
     ax.set_yscale("log")
     ax.set_xlabel("sampling temperature τ")
     ax.set_ylabel("max |ρ − 1| before any update")
-    ax.set_title("exactly 0 (not drawn): " + ", ".join(zeros) if zeros else "", fontsize=8)
-    ax.legend()
+    ax.set_title("exactly 0 (not drawn): " + ", ".join(zeros) if zeros else "", fontsize=9)
+    plots.note_coinciding(ax, legend_kw=plots.legend_outside(ax, "below"))
 
 
 def figure_ratio_vs_temperature(results: dict):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    plot_ratio_vs_temperature(ax, results)
+    fig, axes = plots.panel_grid(1, width=8.0, panel_height=3.6)
+    plot_ratio_vs_temperature(axes[0], results)
+    fig.tight_layout()
     return fig
 
 
 def plot_ppo(axes, runs: dict, window: int) -> None:
-    """First-step |ρ − 1|, clipped share and reward bands, bug and fix, and held-out accuracy (4 axes)."""
+    """First-step |ρ − 1|, clipped share and reward bands, bug and fix, and held-out accuracy (4 axes); short axis
+    labels and tick labels (``ppo_note`` says the rest)."""
     plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(PPO_VARIANTS), window=window, log_key="first_ratio_deviation")
+    for ax, (_, label) in zip(axes, PPO_PANELS, strict=False):
+        ax.set_ylabel(label)
+    heldout = axes[len(PPO_PANELS)]
+    heldout.set_xticks(range(len(runs)), [re.sub(r"^.*=", "", label).replace(" ", "\n") for label in runs], fontsize=9)
+    heldout.set_xlabel("rescale_by_temperature (□ start → ● end)")
+    heldout.set_ylabel("held-out accuracy")
+
+
+def figure_legend(fig, ax, ncol: int, height: float) -> None:
+    """One legend for the whole figure, under its panels, from ``ax``'s lines (the panels' own legends removed; the
+    seed count and "(under …, ringed)" notes of a panel's labels left to the caption); ``height``: the figure's
+    height in inches, to leave the legend its room."""
+    handles, labels = ax.get_legend_handles_labels()
+    for axis in fig.axes:
+        if axis.get_legend() is not None:
+            axis.get_legend().remove()
+    labels = [re.sub(r" \((n=|under ).*$", "", label) for label in labels]
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
+    rows = -(-len(labels) // ncol)
+    fig.tight_layout(rect=(0, (0.15 + 0.22 * rows) / height, 1, 1))
 
 
 def figure_ppo(runs: dict, ppo_steps: int):
-    return plots.figure_row(lambda axes: plot_ppo(axes, runs, window=max(1, ppo_steps // 10)), 4, (20, 3.8))
+    fig, axes = plots.panel_grid(4, panel_height=3.0)
+    plot_ppo(axes, runs, window=max(1, ppo_steps // 10))
+    figure_legend(fig, axes[1], ncol=2, height=6.0)
+    return fig
 
 
 # ---- printers -----------------------------------------------------------------------------------
 def ratio_lines(results: dict, temperatures) -> str:
     return "\n".join(f"τ={t:4}: bug max|ρ−1| = {results[t, False]['max_ratio_deviation']:.3e}, "
                      f"fix = {results[t, True]['max_ratio_deviation']:.1e}" for t in temperatures)
+
+
+def ratio_note(results: dict, tolerance: float = 1e-4) -> str:
+    """The caption of the ratio-vs-temperature figure, with the largest deviation the fix leaves (float rounding when
+    ≤ ``tolerance``, ``verdict``'s)."""
+    fix = max(r["max_ratio_deviation"] for (_, rescale), r in results.items() if rescale)
+    return (f"max |ρ − 1| over the sampled tokens, ρ = π_trainer / π_sampler, before any update (log axis). The fix leaves "
+            f"at most {fix:.1e}" + (" (float rounding)" if fix <= tolerance else "") + ".")
+
+
+def ppo_note(runs: dict, ppo_steps: int) -> str:
+    """The caption of the PPO figure: what the curves, bands and markers are."""
+    seeds = max(len(h) for h in runs.values())
+    window = max(1, ppo_steps // 10)
+    curves = (f"mean over {seeds} seeds, band ± 1 std" if seeds > 1 else "one seed") + (
+        f", {window}-step moving average" if window > 1 else "")
+    band = " (band: min–max over seeds)" if seeds > 1 else ""
+    return (f"Curves: {curves}; max |ρ − 1| on a log axis{band}. Held-out: greedy accuracy before (□) and after (●) "
+            "training" + (", dots: seeds." if seeds > 1 else "."))
 
 
 # ---- explorer -----------------------------------------------------------------------------------

@@ -9,11 +9,13 @@ the importance ratio is not 1 and the KL to an identical reference is not 0. The
 from __future__ import annotations
 
 import copy
+import re
 from functools import partial
 
 import ipywidgets as widgets
 import torch
 
+from workbench.core import progress
 from workbench.experiments import statistics
 from workbench.modeling.dropout import disable_dropout
 from workbench.modeling.rollout import sample
@@ -67,8 +69,9 @@ def step0_mismatch(model, tokenizer, prompts: list[str], *, dropout: float, disa
 # ---- sweeps -------------------------------------------------------------------------------------
 def sweep(model, tokenizer, prompts: list[str], dropouts, *, seed: int = 0) -> dict:
     """``step0_mismatch`` for every dropout probability, bug and fix: ``{(p, disable): result}``."""
+    settings = [(d, disable) for d in dropouts for disable in (False, True)]
     return {(d, disable): step0_mismatch(model, tokenizer, prompts, dropout=d, disable=disable, seed=seed)
-            for d in dropouts for disable in (False, True)}
+            for d, disable in progress.track(settings, "dropout sweep", unit="setting")}
 
 
 def ppo_effects(runs: dict) -> dict:
@@ -95,7 +98,7 @@ PREDICTION = statistics.Prediction("reward_step0", "task reward of the first sam
 
 
 # ---- figures ------------------------------------------------------------------------------------
-PPO_PANELS = (("train_ratio_deviation", "max |ρ − 1|, first mini-batch"), ("kl", "KL to reference (nats / response)"),
+PPO_PANELS = (("train_ratio_deviation", "max |ρ − 1|, 1st mini-batch"), ("kl", "KL to reference (nats)"),
               ("reward", "mean task reward"))
 
 
@@ -104,34 +107,59 @@ def plot_step0(axes, results: dict) -> None:
     zeros are counted in the titles, not drawn."""
     dropouts = sorted({d for d, _ in results})
     for ax, key, label in ((axes[0], "max_ratio_deviation", "max |ρ − 1| at step 0"),
-                           (axes[1], "sequence_kl_k1", "|KL(k1)| to an identical reference (nats / response)")):
+                           (axes[1], "sequence_kl_k1", "|KL(k1)| per response (nats)")):
         zeros = 0
         for disable in (False, True):
             values = [abs(results[d, disable][key]) for d in dropouts]
             zeros += sum(v == 0 for v in values)
             ax.plot(dropouts, [v if v > 0 else float("nan") for v in values], "s--" if disable else "o-",
-                    color=plots.bug_fix_color(not disable),
-                    label="dropout disabled (fix)" if disable else "dropout on, train mode (bug)")
+                    color=plots.bug_fix_color(not disable), label="dropout disabled (fix)" if disable else "dropout on (bug)")
         ax.set_yscale("log")
         ax.set_xlabel("dropout probability")
         ax.set_ylabel(label)
-        ax.set_title(f"{zeros} point(s) exactly 0, not drawn" if zeros else "", fontsize=8)
-    axes[0].legend()
+        ax.set_title(f"{zeros} point(s) exactly 0, not drawn" if zeros else "", fontsize=9)
     for ax in axes:
         note_coinciding(ax)
 
 
+def figure_legend(fig, ax, ncol: int, height: float) -> None:
+    """One legend for the whole figure, under its panels, from ``ax``'s lines (the panels' own legends removed; the
+    seed count and "(under …, ringed)" notes of a panel's labels left to the caption); ``height``: the figure's
+    height in inches, to leave the legend its room."""
+    handles, labels = ax.get_legend_handles_labels()
+    for axis in fig.axes:
+        if axis.get_legend() is not None:
+            axis.get_legend().remove()
+    labels = [re.sub(r" \((n=|under ).*$", "", label) for label in labels]
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
+    rows = -(-len(labels) // ncol)
+    fig.tight_layout(rect=(0, (0.15 + 0.22 * rows) / height, 1, 1))
+
+
 def figure_step0(results: dict):
-    return plots.figure_row(lambda axes: plot_step0(axes, results), 2, (12, 3.8))
+    fig, axes = plots.panel_grid(2, panel_height=3.3)
+    plot_step0(axes, results)
+    figure_legend(fig, axes[0], ncol=2, height=3.3)
+    return fig
 
 
 def plot_ppo(axes, runs: dict) -> None:
-    """First-mini-batch |ρ − 1|, KL and reward bands, bug and fix, and held-out accuracy (4 axes)."""
+    """First-mini-batch |ρ − 1|, KL and reward bands, bug and fix, and held-out accuracy (4 axes); short axis labels
+    and tick labels (``ppo_note`` says the rest)."""
     plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(PPO_VARIANTS), log_key="train_ratio_deviation")
+    for ax, (_, label) in zip(axes, PPO_PANELS, strict=False):
+        ax.set_ylabel(label)
+    heldout = axes[len(PPO_PANELS)]
+    heldout.set_xticks(range(len(runs)), [re.sub(r"^.*=", "", label).replace(" ", "\n") for label in runs], fontsize=9)
+    heldout.set_xlabel("disable_dropout (□ start → ● end)")
+    heldout.set_ylabel("held-out accuracy")
 
 
 def figure_ppo(runs: dict):
-    return plots.figure_row(lambda axes: plot_ppo(axes, runs), 4, (20, 3.8))
+    fig, axes = plots.panel_grid(4, panel_height=3.0)
+    plot_ppo(axes, runs)
+    figure_legend(fig, axes[2], ncol=2, height=6.0)
+    return fig
 
 
 # ---- printers -----------------------------------------------------------------------------------
@@ -160,6 +188,25 @@ def step0_note(results: dict) -> str:
                  f"~{results[dropouts[-1], False]['tokens']} tokens, a heavy-tail extreme that jumps between runs and grows with "
                  "the number of tokens it is taken over — read the median for the trend")
     return line
+
+
+def step0_figure_note(results: dict, tolerance: float = 1e-4) -> str:
+    """The caption of the step-0 figure, with the largest value the fix leaves (float rounding when ≤ ``tolerance``,
+    ``verdict``'s)."""
+    fix = max(max(abs(r["max_ratio_deviation"]), abs(r["sequence_kl_k1"])) for (_, disable), r in results.items() if disable)
+    return ("Left: the largest |ρ − 1| over the sampled tokens; right: |KL(k1)| to an identical reference, summed over "
+            f"each response's tokens, mean over responses. Log axes; dropout disabled leaves at most {fix:.1e}"
+            + (" (float rounding)" if fix <= tolerance else "") + "; rings: a point where one series hides the other.")
+
+
+def ppo_note(runs: dict) -> str:
+    """The caption of the PPO figure: what the curves, bands and markers are."""
+    seeds = max(len(h) for h in runs.values())
+    curves = f"mean over {seeds} seeds, band ± 1 std" if seeds > 1 else "one seed"
+    band = "band: min–max over seeds; " if seeds > 1 else ""
+    return (f"Curves: {curves}; max |ρ − 1| on a log axis ({band}an exact 0 is drawn on the dotted floor line). KL: per "
+            "response. Held-out: greedy accuracy in eval mode before (□) and after (●) training"
+            + (", dots: seeds." if seeds > 1 else "."))
 
 
 def first_minibatch_note(runs: dict, results: dict) -> str:
