@@ -138,6 +138,8 @@ def test_plain_verdict_says_the_distance_in_standard_errors_and_the_power():
     assert "could see an effect of 0.086 or more" in null  # 4.303 × 0.02
     assert statistics.plain_verdict(_effect(0.5, 0.0)).startswith("not testable")
     assert "nan" not in statistics.plain_verdict(_effect(0.5, float("nan"), seeds=1)).lower()
+    one_seed = statistics.plain_verdict(_effect(0.1, 0.1, seeds=1, threshold=2.0))
+    assert one_seed.startswith("not larger than the noise") and "1 steps" not in one_seed and "this run could see" in one_seed
 
 
 def test_effects_table_prints_a_dash_and_a_reason_for_undefined_numbers():
@@ -157,6 +159,6 @@ def test_training_summary_states_the_prediction_then_its_outcome_then_the_table(
     assert lines[0] == "Prediction, fixed before the run (sums): longer wrong answers, the bug's value above the fix's."
     assert lines[1].startswith("Outcome: larger than seed noise") and lines[1].endswith("as predicted.")
     assert any(line.startswith("held-out gain, seq-mean") for line in lines)
-    assert lines[-1].startswith("(bug: seq-mean, fix: token-mean;")
+    assert lines[-1].startswith("(bug − fix: seq-mean − token-mean;")
     opposite = statistics.training_summary({"m": _effect(-2.2, 0.4)}, runs, prediction, "sums").splitlines()[1]
     assert opposite.endswith("opposite to the prediction.")

@@ -314,13 +314,19 @@ def plain_verdict(effect: Effect, unit: str = "") -> str:
                 "noise to test it against")
     if not math.isfinite(effect.noise):
         return f"not tested: one seed gives no noise estimate (effect {effect.difference:+.3g}{unit})"
-    spread = "seeds" if effect.seeds > 1 else "steps of one seed"
     distance = abs(effect.difference) / effect.noise
-    head = "larger than seed noise" if effect.larger_than_noise else "not larger than seed noise"
-    text = (f"{head}: the effect, {effect.difference:+.3g}{unit}, is {distance:.1f} standard errors from 0 over "
-            f"{effect.seeds} {spread} (95 % confidence needs more than {effect.threshold:.2f})")
+    if effect.seeds > 1:
+        head = "larger than seed noise" if effect.larger_than_noise else "not larger than seed noise"
+        noise = f"standard errors from 0 over {effect.seeds} seeds (95 % confidence needs more than {effect.threshold:.2f})"
+        power = "these seeds could see"
+    else:
+        head = "larger than the noise" if effect.larger_than_noise else "not larger than the noise"
+        noise = (f"step-to-step standard deviations from 0 (one seed: the noise is how much the difference varied over "
+                 f"the final steps; it needs more than {effect.threshold:.0f})")
+        power = "this run could see"
+    text = f"{head}: the effect, {effect.difference:+.3g}{unit}, is {distance:.1f} {noise}"
     if not effect.larger_than_noise:
-        text += f"; these seeds could see an effect of {effect.mde:.2g}{unit} or more"
+        text += f"; {power} an effect of {effect.mde:.2g}{unit} or more"
     return text
 
 
@@ -360,10 +366,12 @@ def training_summary(effects: dict[str, Effect], runs: dict[str, list[list[dict]
     lines = [f"Prediction, fixed before the run ({task}): {prediction.consequence}, the bug's value {sign} the fix's.",
              f"Outcome: {plain_verdict(effect, prediction.unit)}; "
              + {"as predicted": "as predicted.", "opposite": "opposite to the prediction.",
-                "null": "the prediction is not borne out by these seeds."}[prediction_verdict(prediction.record(effects, task))[0]]]
+                "null": "the prediction is not borne out by these seeds." if effect.seeds > 1 and math.isfinite(effect.noise)
+                else "one seed is not a test of the prediction (run several seeds)."}[
+                 prediction_verdict(prediction.record(effects, task))[0]]]
     table = effects_table(effects, {label: gain(runs, label) for label in runs}
                           if all("heldout_accuracy" in h[-1] for histories in runs.values() for h in histories if h) else None)
     pairs = {effect.names for effect in effects.values()}
     (bug, fix), = pairs if len(pairs) == 1 else {("bug", "fix")}
-    compared = f"bug: {bug}, fix: {fix}; " if (bug, fix) != ("bug", "fix") else ""
+    compared = f"bug − fix: {bug} − {fix}; " if (bug, fix) != ("bug", "fix") else ""
     return "\n".join(lines + ["", table, f"({compared}every record, with each seed's values: metrics.json)"])

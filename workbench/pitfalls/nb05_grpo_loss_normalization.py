@@ -21,8 +21,6 @@ lengths differ. Gradients are non-zero in every mode.
 
 from __future__ import annotations
 
-import re
-
 import ipywidgets as widgets
 import numpy as np
 import torch
@@ -202,20 +200,6 @@ def value_scale(ax, values) -> bool:
     return high / low < 1 + 1e-6
 
 
-def figure_legend(fig, ax, ncol: int, height: float) -> None:
-    """One legend for the whole figure, under its panels, from ``ax``'s lines (the panels' own legends removed; the
-    seed count and "(under …, ringed)" notes of a panel's labels left to the caption); ``height``: the figure's
-    height in inches, to leave the legend its room."""
-    handles, labels = ax.get_legend_handles_labels()
-    for axis in fig.axes:
-        if axis.get_legend() is not None:
-            axis.get_legend().remove()
-    labels = [re.sub(r" \((n=|under ).*$", "", label) for label in labels]
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
-    rows = -(-len(labels) // ncol)
-    fig.tight_layout(rect=(0, (0.15 + 0.22 * rows) / height, 1, 1))
-
-
 def plot_token_weights(ax_token, ax_total, weights: dict) -> None:
     """Per-token (analytic lines, autograd markers) and whole-response weight by length, per mode of ``weights``
     (``token_weights``); an axis is logarithmic only where its values span ``LOG_SPAN`` or more, and a constant
@@ -242,7 +226,7 @@ def plot_token_weights(ax_token, ax_total, weights: dict) -> None:
 def figure_token_weights(weights: dict):
     fig, axes = plots.panel_grid(2, panel_height=3.3)
     plot_token_weights(axes[0], axes[1], weights)
-    figure_legend(fig, axes[0], ncol=min(4, len(weights["analytic"])), height=3.3)
+    plots.figure_legend(fig, axes[0], ncol=min(4, len(weights["analytic"])))
     return fig
 
 
@@ -284,7 +268,7 @@ def plot_training_bands(axes, runs: dict, window: int) -> None:
 def figure_training_bands(runs: dict, train_steps: int):
     fig, axes = plots.panel_grid(4, panel_height=3.0)
     plot_training_bands(axes, runs, window=max(1, train_steps // 10))
-    figure_legend(fig, axes[0], ncol=min(4, len(runs)), height=6.0)
+    plots.figure_legend(fig, axes[0], ncol=min(4, len(runs)))
     return fig
 
 

@@ -107,24 +107,10 @@ def plot_ppo(axes, runs: dict, window: int) -> None:
     heldout.set_ylabel("held-out accuracy")
 
 
-def figure_legend(fig, ax, ncol: int, height: float) -> None:
-    """One legend for the whole figure, under its panels, from ``ax``'s lines (the panels' own legends removed; the
-    seed count and "(under …, ringed)" notes of a panel's labels left to the caption); ``height``: the figure's
-    height in inches, to leave the legend its room."""
-    handles, labels = ax.get_legend_handles_labels()
-    for axis in fig.axes:
-        if axis.get_legend() is not None:
-            axis.get_legend().remove()
-    labels = [re.sub(r" \((n=|under ).*$", "", label) for label in labels]
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
-    rows = -(-len(labels) // ncol)
-    fig.tight_layout(rect=(0, (0.15 + 0.22 * rows) / height, 1, 1))
-
-
 def figure_ppo(runs: dict, ppo_steps: int):
     fig, axes = plots.panel_grid(4, panel_height=3.0)
     plot_ppo(axes, runs, window=max(1, ppo_steps // 10))
-    figure_legend(fig, axes[1], ncol=2, height=6.0)
+    plots.figure_legend(fig, axes[1], ncol=2)
     return fig
 
 

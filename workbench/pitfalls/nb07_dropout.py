@@ -122,24 +122,10 @@ def plot_step0(axes, results: dict) -> None:
         note_coinciding(ax)
 
 
-def figure_legend(fig, ax, ncol: int, height: float) -> None:
-    """One legend for the whole figure, under its panels, from ``ax``'s lines (the panels' own legends removed; the
-    seed count and "(under …, ringed)" notes of a panel's labels left to the caption); ``height``: the figure's
-    height in inches, to leave the legend its room."""
-    handles, labels = ax.get_legend_handles_labels()
-    for axis in fig.axes:
-        if axis.get_legend() is not None:
-            axis.get_legend().remove()
-    labels = [re.sub(r" \((n=|under ).*$", "", label) for label in labels]
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
-    rows = -(-len(labels) // ncol)
-    fig.tight_layout(rect=(0, (0.15 + 0.22 * rows) / height, 1, 1))
-
-
 def figure_step0(results: dict):
     fig, axes = plots.panel_grid(2, panel_height=3.3)
     plot_step0(axes, results)
-    figure_legend(fig, axes[0], ncol=2, height=3.3)
+    plots.figure_legend(fig, axes[0], ncol=2)
     return fig
 
 
@@ -158,7 +144,7 @@ def plot_ppo(axes, runs: dict) -> None:
 def figure_ppo(runs: dict):
     fig, axes = plots.panel_grid(4, panel_height=3.0)
     plot_ppo(axes, runs)
-    figure_legend(fig, axes[2], ncol=2, height=6.0)
+    plots.figure_legend(fig, axes[2], ncol=2)
     return fig
 
 

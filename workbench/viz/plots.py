@@ -461,6 +461,19 @@ def panel_grid(panels: int, *, columns: int | None = None, panel_height: float =
     return fig, flat[:panels]
 
 
+def figure_legend(fig, ax, ncol: int) -> None:
+    """One legend for the whole figure, under its panels, from ``ax``'s lines: the panels' own legends removed, and the
+    seed count and "(under …, ringed)" notes of a panel's labels left to the caption printed under the figure."""
+    handles, labels = ax.get_legend_handles_labels()
+    for axis in fig.axes:
+        if axis.get_legend() is not None:
+            axis.get_legend().remove()
+    labels = [re.sub(r" \((n=|under ).*$", "", label) for label in labels]
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
+    rows = -(-len(labels) // ncol)
+    fig.tight_layout(rect=(0, (0.15 + 0.22 * rows) / fig.get_size_inches()[1], 1, 1))
+
+
 def figure_row(draw, ncols: int, figsize: tuple[float, float], columns: int | None = None):
     """A figure of ``ncols`` axes drawn by ``draw(axes)`` (a flat array), laid out by ``panel_grid`` (rows that fit a
     notebook: ``figsize`` is the width asked for, at most ``NOTEBOOK_WIDTH``, and each row's height) and tight: what a
