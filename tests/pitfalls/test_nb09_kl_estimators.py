@@ -28,7 +28,9 @@ def test_figures_draw():
     assert drew(kl.figure_values(VALUES))
     assert drew(kl.figure_gradients(VALUES, GRADIENTS))
     assert "k2 bias +2.0e-03" in kl.values_line(VALUES, 0.2)
-    assert "k1 in loss: cosine +0.0000" in kl.gradient_lines(GRADIENTS, 0.2)
+    nearest, farthest = kl.values_lines(VALUES).splitlines()
+    assert nearest.startswith("nearest: exact KL 0.0100") and farthest.startswith("farthest: exact KL 0.0200")
+    assert "k1 in loss: cosine undefined (no gradient), norm ratio 1.00e-05" in kl.gradient_lines(GRADIENTS, 0.2)
 
 
 def test_kl_estimator_gradient_explorer_follows_the_distance():

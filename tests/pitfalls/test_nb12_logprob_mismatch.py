@@ -34,13 +34,16 @@ def test_metrics_returns_write_metrics_arguments():
                                                      "heldout_accuracy: fp32 rollout vs bf16 rollout + TIS"}
 
 
-def test_figures_and_effect_lines():
+def test_figures_and_training_lines():
     assert drew(rm.figure_mismatch(RESULTS, 1.02))
     fig, ax = axes(3)
     runs = fake_runs(rm.ppo_variants(1.02), KEYS)
     rm.plot_ppo(ax, runs, window=1)
     assert drew(fig)
-    assert len(rm.effect_lines(rm.ppo_effects(runs)).splitlines()) == 8  # 6 pair sentences, 2 readings of TIS
+    lines = rm.training_lines(rm.ppo_effects(runs), runs, "arith").splitlines()
+    assert lines[0].startswith("Prediction, fixed before the run (arith)") and lines[1].startswith("Outcome: ")
+    assert [line.split()[0] for line in lines[-2:]] == ["reward:", "heldout_accuracy:"]  # one reading of TIS per measure
+    assert not any("±" in line for line in lines[-2:])  # the noise is said in words; its numbers are in the table
 
 
 def test_log_ratio_explorer_switches_the_sampler():

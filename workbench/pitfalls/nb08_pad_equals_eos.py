@@ -12,6 +12,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.experiments.checkpoints import load
 from workbench.modeling.rollout import sample
 from workbench.modeling.tiny import ARCHITECTURES, tiny_model
@@ -32,13 +33,15 @@ def starting_model(name: str, *, seed: int = 0, device: str = "auto", pad_token:
     return load(name, device=device, pad_token=pad_token)
 
 
-def sft_run(problems: list[Problem], *, pad_equals_eos: bool, steps: int, seed: int = 0, arch: str = "qwen2", **loading):
+def sft_run(problems: list[Problem], *, pad_equals_eos: bool, steps: int, seed: int = 0, arch: str = "qwen2", on_step=None,
+            **loading):
     """A model (``starting_model(arch)``: a tiny one from scratch by default) trained by SFT; returns
-    ``(model, tokenizer, history)``. ``loading``: ``device``, ``pad_token`` for a checkpoint."""
+    ``(model, tokenizer, history)``. ``on_step(record)`` is called after each step (a progress bar); ``loading``:
+    ``device``, ``pad_token`` for a checkpoint."""
     model, tokenizer = starting_model(arch, seed=seed, **loading)
     config = SFTConfig(steps=steps, seed=seed, learning_rate=3e-3, warmup_steps=min(50, steps // 5 + 1),
                        pad_equals_eos=pad_equals_eos, progress=False)
-    history = SFTTrainer(model, tokenizer, problems, config).train()
+    history = SFTTrainer(model, tokenizer, problems, config).train(on_step=on_step)
     return model, tokenizer, history
 
 
@@ -64,11 +67,14 @@ def eos_targets_kept(tokenizer, problems: list[Problem], *, pad_equals_eos: bool
 def compare(train: list[Problem], test: list[Problem], *, steps: int, seed: int = 0, arch: str = "qwen2",
             max_new_tokens: int = 16, **loading) -> dict[bool, dict]:
     """Train ``arch`` (a tiny architecture, or any name or folder: ``starting_model``) with pad ≠ EOS
-    (False) and pad = EOS (True); greedy stopping stats of each."""
+    (False) and pad = EOS (True); greedy stopping stats of each. A bar counts the steps of both runs (hidden in batch
+    runs: ``core.progress``)."""
     stats = {}
-    for bug in (False, True):
-        model, tokenizer, _ = sft_run(train, pad_equals_eos=bug, steps=steps, seed=seed, arch=arch, **loading)
-        stats[bug] = stopping_stats(model, tokenizer, test, max_new_tokens=max_new_tokens)
+    with progress.bar(2 * steps, "SFT, distinct pad then pad = EOS", unit="step") as bar:
+        for bug in (False, True):
+            model, tokenizer, _ = sft_run(train, pad_equals_eos=bug, steps=steps, seed=seed, arch=arch,
+                                          on_step=lambda _record: bar.update(1), **loading)
+            stats[bug] = stopping_stats(model, tokenizer, test, max_new_tokens=max_new_tokens)
     return stats
 
 
@@ -111,12 +117,10 @@ def plot_sft_mask(ax, masks: dict[bool, tuple], eos_token_id: int, *, pad_equals
 
 
 def figure_sft_masks(masks: dict[bool, tuple], eos_token_id: int):
-    """The SFT loss mask with a distinct pad (fix) beside pad = EOS (bug)."""
-    fig, axes = plt.subplots(1, 2, figsize=(13, 2.8))
-    for ax, bug in zip(axes, (False, True), strict=True):
-        plot_sft_mask(ax, masks, eos_token_id, pad_equals_eos=bug)
-    fig.tight_layout()
-    return fig
+    """The SFT loss mask with a distinct pad (fix) above pad = EOS (bug), each with its key on the right."""
+    return plots.figure_row(lambda axes: [plot_sft_mask(ax, masks, eos_token_id, pad_equals_eos=bug)
+                                          for ax, bug in zip(axes, (False, True), strict=True)],
+                            2, (plots.NOTEBOOK_WIDTH, 2.4), columns=1)
 
 
 def plot_stopping(axes, stats: dict[bool, dict], max_new_tokens: int = 16) -> None:
@@ -132,10 +136,8 @@ def plot_stopping(axes, stats: dict[bool, dict], max_new_tokens: int = 16) -> No
 
 
 def figure_stopping(stats: dict[bool, dict]):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-    plot_stopping(axes, stats)
-    fig.tight_layout()
-    return fig
+    """``plot_stopping`` on two panels side by side."""
+    return plots.figure_row(lambda axes: plot_stopping(axes, stats), 2, (plots.NOTEBOOK_WIDTH, 3.4))
 
 
 # ---- printers -----------------------------------------------------------------------------------
@@ -149,7 +151,7 @@ def pad_eos_explorer(masks: dict[bool, tuple], eos_token_id: int) -> Explorer:
     """P8: the SFT loss mask with pad ≠ EOS or pad = EOS (``masks``: ``sft_masks``); counts the EOS targets it keeps."""
 
     def draw(pad_equals_eos):
-        fig, ax = plt.subplots(figsize=(7, 2.5))
+        fig, ax = plt.subplots(figsize=(9.0, 2.5))  # 9 in: the key on the right stays inside the output area
         plot_sft_mask(ax, masks, eos_token_id, pad_equals_eos=pad_equals_eos)
         return {"eos_kept": masks[pad_equals_eos][2]}
 

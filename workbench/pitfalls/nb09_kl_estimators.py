@@ -16,7 +16,6 @@ k2 has k' = r → exactly ∇KL; k3 has k' = 1 − π_ref/π → −Σ π_ref �
 from __future__ import annotations
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
@@ -146,20 +145,18 @@ def plot_values(axes, values: dict) -> None:
     for i, kind in enumerate(ESTIMATORS):
         _line(axes[0], exact, [values[s][kind]["mean"] for s in scales], kind, plots.SERIES_COLORS[i], 5 + i)
         _line(axes[1], exact, [values[s][kind]["std"] for s in scales], kind, plots.SERIES_COLORS[i], 5 + i)
-    axes[0].set_ylabel("estimator mean over v ~ π (nats / token)")
-    axes[1].set_ylabel("estimator std over v ~ π (nats / token)")
+    axes[0].set_ylabel("mean over v ~ π (nats)")
+    axes[1].set_ylabel("std over v ~ π (nats)")
     for ax in axes:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("exact KL(π‖π_ref) per token (nats)")
-        ax.legend(fontsize=8)
+    plots.legend_outside(axes[0], "right")
 
 
 def figure_values(values: dict):
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    plot_values(axes, values)
-    fig.tight_layout()
-    return fig
+    """``plot_values`` on two panels side by side (caption: ``values_note``)."""
+    return plots.figure_row(lambda axes: plot_values(axes, values), 2, (plots.NOTEBOOK_WIDTH, 3.4))
 
 
 def plot_gradients(axes, values: dict, gradients: dict, *, undefined_below: float = 1e-4) -> None:
@@ -173,19 +170,19 @@ def plot_gradients(axes, values: dict, gradients: dict, *, undefined_below: floa
         _line(axes[0], exact, cosines, name, plots.SERIES_COLORS[i], 5 + i)
         _line(axes[1], exact, [gradients[s][name]["norm_ratio"] for s in scales], name, plots.SERIES_COLORS[i], 5 + i)
     if all(gradients[s]["k1 in loss"]["norm_ratio"] < undefined_below for s in scales):
-        axes[0].text(0.02, 0.05, "k1 in loss: no gradient (‖∇‖/‖∇KL‖ < 1e-4), cosine undefined",
-                     transform=axes[0].transAxes, fontsize=8)
+        axes[0].text(0.02, 0.05, "k1 in loss: no gradient,\ncosine undefined", transform=axes[0].transAxes, fontsize=8)
     axes[0].set_ylabel("cosine with exact ∇KL")
     axes[1].set_ylabel("‖∇‖ / ‖∇KL‖")
     axes[1].set_yscale("log")
     for ax in axes:
         ax.set_xscale("log")
         ax.set_xlabel("exact KL per token (nats)")
-    axes[0].legend(fontsize=8)
+    plots.legend_outside(axes[0], "right")
 
 
 def figure_gradients(values: dict, gradients: dict):
-    return plots.figure_row(lambda axes: plot_gradients(axes, values, gradients), 2, (12, 3.8))
+    """``plot_gradients`` on two panels side by side (caption: ``gradients_note``)."""
+    return plots.figure_row(lambda axes: plot_gradients(axes, values, gradients), 2, (plots.NOTEBOOK_WIDTH, 3.4))
 
 
 # ---- printers -----------------------------------------------------------------------------------
@@ -195,10 +192,39 @@ def values_line(values: dict, largest: float) -> str:
         f"{k} bias {values[largest][k]['bias']:+.1e} std {values[largest][k]['std']:.3f}" for k in ESTIMATORS)
 
 
-def gradient_lines(gradients: dict, largest: float) -> str:
-    """Cosine and norm ratio of each gradient variant at the noise scale ``largest``."""
+def values_lines(values: dict) -> str:
+    """``values_line`` at the policy nearest the reference and at the farthest (by exact KL): where the estimators'
+    spreads compare one way and where they may compare the other."""
+    nearest, farthest = min(values, key=lambda s: values[s]["exact_kl"]), max(values, key=lambda s: values[s]["exact_kl"])
+    return "\n".join(f"{where}: {values_line(values, scale)}" for where, scale in (("nearest", nearest), ("farthest", farthest)))
+
+
+def values_note(values: dict) -> str:
+    """The caption printed under part 1's figure."""
+    return (f"Each estimator's exact mean (left) and standard deviation (right) over tokens v ~ π, averaged over the sampled "
+            f"contexts, for {len(values)} policies at growing distance from the reference (x: their exact KL). k1 and k3 lie "
+            "on the exact KL (grey), hence their large hollow markers; both axes logarithmic.")
+
+
+def gradients_note(gradients: dict, undefined_below: float = 1e-4) -> str:
+    """The caption printed under part 2's figure."""
+    missing = all(gradients[s]["k1 in loss"]["norm_ratio"] < undefined_below for s in gradients)
+    return ("Each variant's expected gradient against the exact ∇KL(π‖π_ref): cosine (left) and norm ratio (right, log axis)."
+            + (f" k1 in the loss has no gradient (norm ratio < {undefined_below:g} at every distance), so its cosine is "
+               "undefined and not drawn." if missing else ""))
+
+
+def gradient_lines(gradients: dict, largest: float, *, undefined_below: float = 1e-4) -> str:
+    """Cosine and norm ratio of each gradient variant at the noise scale ``largest``; a variant with no gradient (norm
+    ratio below ``undefined_below``, as in ``plot_gradients``) has no direction, so its cosine is said to be undefined."""
     at = gradients[largest]
-    return "\n".join(f"{name:>13}: cosine {at[name]['cosine']:+.4f}, norm ratio {at[name]['norm_ratio']:.2e}" for name in GRADIENT_VARIANTS)
+
+    def cosine(name):
+        if at[name]["norm_ratio"] < undefined_below:
+            return "cosine undefined (no gradient)"
+        return f"cosine {at[name]['cosine']:+.4f}"
+
+    return "\n".join(f"{name:>13}: {cosine(name)}, norm ratio {at[name]['norm_ratio']:.2e}" for name in GRADIENT_VARIANTS)
 
 
 # ---- explorer -----------------------------------------------------------------------------------
@@ -207,9 +233,10 @@ def kl_estimator_gradient_explorer(noise_scales: list[float], values: dict, grad
 
     def draw(scale_index):
         scale = noise_scales[scale_index]
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        fig, axes = plots.panel_grid(2, panel_height=3.0)
         plot_gradients(axes, {scale: values[scale]}, {scale: gradients[scale]})
         axes[0].set_title(f"noise {scale}: exact KL {values[scale]['exact_kl']:.3f} nats/token")
+        fig.tight_layout()
         return gradients[scale]
 
     return Explorer({"scale_index": widgets.IntSlider(value=len(noise_scales) - 1, min=0, max=len(noise_scales) - 1,

@@ -95,7 +95,7 @@ def plot_gradient_error(ax, micro_batch_counts, errors: dict[str, list[float]]) 
                 label="mean of micro-batch token means (bug)" if bug else "micro-batch sums / global token count (fix)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlim(min(micro_batch_counts) / 1.3, max(micro_batch_counts) * 1.3)  # a count whose errors are all 0 stays on the axis
+    ax.set_xlim(min(micro_batch_counts) / 1.8, max(micro_batch_counts) * 1.3)  # room for the "0 (…)" note of the first count
     ax.set_xticks(list(micro_batch_counts), [str(k) for k in micro_batch_counts])
     for i, k in enumerate(micro_batch_counts):  # exact zeros: one "0" per count, coloured by who has it
         zero = [bug for normalization, bug in (("per_micro_batch", True), ("global", False)) if errors[normalization][i] == 0]
@@ -104,17 +104,23 @@ def plot_gradient_error(ax, micro_batch_counts, errors: dict[str, list[float]]) 
             ax.annotate(text, (k, 0), xycoords=("data", "axes fraction"), xytext=(0, 3), textcoords="offset points", ha="center",
                         va="bottom", color=plots.NEUTRAL_COLOR if len(zero) == 2 else plots.bug_fix_color(zero[0]), fontsize=8)
     ax.set_xlabel("micro-batches accumulated")
-    ax.set_ylabel("‖g_accumulated − g_full‖ / ‖g_full‖ (0 written, not drawn)")
-    ax.legend()
+    ax.set_ylabel("relative gradient error")
+    plots.legend_outside(ax, "below")
 
 
 def figure_gradient_error(micro_batch_counts, errors: dict[str, list[float]]):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    plot_gradient_error(ax, micro_batch_counts, errors)
-    return fig
+    """``plot_gradient_error`` on one panel, its legend below (caption: ``gradient_error_note``)."""
+    return plots.figure_panels((7.5, 4.4), lambda ax: plot_gradient_error(ax, micro_batch_counts, errors))
 
 
 # ---- printers -----------------------------------------------------------------------------------
+def gradient_error_note(errors: dict[str, list[float]]) -> str:
+    """The caption printed under the figure."""
+    zeros = any(v == 0 for values in errors.values() for v in values)
+    return ("Relative error ‖g_accumulated − g_full‖ / ‖g_full‖ of the accumulated gradient against one backward pass over "
+            "the whole batch, log axis" + ("; an exact 0 has no place on it and is written as 0 at the bottom." if zeros else "."))
+
+
 def error_lines(micro_batch_counts, errors: dict[str, list[float]]) -> str:
     return "\n".join(f"{k:2d} micro-batches: relative error {bug:.2e} (mean of means) vs {fix:.1e} (global token count)"
                      for k, bug, fix in zip(micro_batch_counts, errors["per_micro_batch"], errors["global"], strict=True))
@@ -145,7 +151,7 @@ def grad_accumulation_explorer(mask: torch.Tensor, micro_batch_counts: list[int]
         weights_ax.axhline(1 / sum(tokens), color=plots.FIX_COLOR, label="per-token weight, fix")
         weights_ax.set_xlabel("micro-batch")
         weights_ax.set_ylabel("weight")
-        weights_ax.legend(fontsize=8)
+        plots.legend_outside(weights_ax, "right")
         fig.tight_layout()
         return result
 

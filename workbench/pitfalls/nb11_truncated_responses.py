@@ -24,7 +24,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
-from workbench.core import losses
+from workbench.core import losses, progress
 from workbench.experiments import comparison, statistics
 from workbench.modeling.rollout import sample
 from workbench.tasks import encode_prompts, encode_response, reward, score_responses
@@ -82,12 +82,12 @@ def pressure(model, tokenizer, problems, switches: dict[str, dict], *, max_new_t
 
     Group advantages sum to 0, so a group whose responses are all truncated (or all finished) exerts no
     pressure either way; only mixed groups can, and their count is reported. More batches, more mixed
-    groups: the verdict's standard error is taken over them."""
+    groups: the verdict's standard error is taken over them. A bar counts the batches (hidden in batch runs)."""
     prompts = [p for p in problems for _ in range(num_generations)]
     ids, mask = encode_prompts(tokenizer, [p.prompt for p in prompts])
     out = {label: {"truncated": 0, "truncated_rewarded": 0, "truncated_rewarded_mixed": 0, "mixed_groups": 0, "group_gaps": []}
            for label in switches}
-    for b in range(batches):
+    for b in progress.track(range(batches), "step-0 batches, sampled and scored", unit="batch"):
         r = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                    pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed + b))
         truncated = ~r.finished
@@ -185,7 +185,7 @@ def colors(labels) -> dict[str, str]:
     return dict(zip(labels, palette, strict=False))
 
 
-TRAINING_PANELS = (("finished_fraction", "share of responses ending with EOS"), ("reward", "mean reward as the trainer saw it"))
+TRAINING_PANELS = (("finished_fraction", "share ending with EOS"), ("reward", "reward the trainer saw"))
 
 
 def plot_pressure(ax, measured: dict[str, dict]) -> None:
@@ -215,16 +215,26 @@ def figure_pressure(measured: dict[str, dict]):
     return fig
 
 
+def smoothing_window(train_steps: int) -> int:
+    """The moving-average window of the training figure's bands: an eighth of the run, at least 1 step."""
+    return max(1, train_steps // 8)
+
+
 def plot_training_bands(axes, runs: dict, window: int) -> None:
-    """EOS rate and reward bands per variant (a run hidden under another is ringed and named), and held-out accuracy (3 axes)."""
+    """EOS rate and reward bands per variant (a run hidden under another is ringed and named; legends below, where 4
+    lines leave no room inside), and held-out accuracy (3 axes). Short y labels: ``training_note`` says the rest."""
     palette = colors(runs)
     for ax, (key, label) in zip(axes, TRAINING_PANELS, strict=False):
-        plots.plot_bands(ax, runs, key, label, palette, window=window, legend_kw=plots.LEGEND_BELOW)  # below: 4 lines fill the axes
+        plots.plot_bands(ax, runs, key, label, palette, window=window, legend_kw=plots.LEGEND_BELOW)
+        ax.set_ylabel(label)
     plots.plot_heldout(axes[len(TRAINING_PANELS)], runs, palette)
+    axes[len(TRAINING_PANELS)].set_ylabel("held-out greedy accuracy")
 
 
 def figure_training_bands(runs: dict, train_steps: int):
-    return plots.figure_row(lambda axes: plot_training_bands(axes, runs, window=max(1, train_steps // 8)), 3, (18, 4.8))
+    """``plot_training_bands`` in two rows that fit a notebook (caption: ``training_note``)."""
+    return plots.figure_row(lambda axes: plot_training_bands(axes, runs, window=smoothing_window(train_steps)), 3,
+                            (plots.NOTEBOOK_WIDTH, 3.6), columns=2)
 
 
 # ---- printers -----------------------------------------------------------------------------------
@@ -240,6 +250,17 @@ def budget_sentence(profile: dict, task: str, max_new_tokens: int) -> str:
                      "stopped there (what makes paying them a reward for not stopping)")
     return head + (f". {profile['unfinishable']:.1%} of the problems have no right response that fits with its EOS (zero reward "
                    "without EOS gives them nothing to learn from; the bug pays their cut answers).")
+
+
+def training_note(runs: dict, train_steps: int) -> str:
+    """The caption printed under the training figure: what each panel shows and how its bands were made."""
+    seeds = max(len(histories) for histories in runs.values())
+    spread = f"mean over {seeds} seeds, band ± std" if seeds > 1 else "one seed"
+    steps = smoothing_window(train_steps)
+    average = f", {steps}-step moving average" if steps > 1 else ""
+    return (f"Top: the share of sampled responses that end with EOS, and the mean reward as the trainer scored it "
+            f"(the bug pays truncated responses; the penalised variant subtracts its penalty) — {spread}{average}. "
+            "Bottom: held-out greedy accuracy before (□) and after (●) training, dots: seeds.")
 
 
 def pressure_lines(measured: dict[str, dict]) -> str:

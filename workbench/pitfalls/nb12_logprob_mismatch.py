@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.losses import tis_weights
@@ -109,44 +108,65 @@ def prediction_effects(effects: dict) -> dict:
 
 # ---- figures ------------------------------------------------------------------------------------
 def plot_mismatch(axes, results: dict, cap: float, caps=None) -> None:
-    """Left: histogram of the per-token log-ratio per rollout dtype. Right: share of tokens TIS clips vs the cap."""
+    """Left: histogram of the per-token log-ratio per rollout dtype. Right: share of tokens TIS clips vs the cap.
+    Legends below the panels; the axis details are in ``mismatch_note``."""
     colors = {"bf16 rollout": plots.BUG_COLOR, "fp16 rollout": plots.SERIES_COLORS[4], "fp32 rollout": plots.FIX_COLOR}
     for i, (name, r) in enumerate(results.items()):
-        axes[0].hist(r["log_ratio"].numpy(), bins=60, histtype="step", color=colors.get(name), label=name, log=True,
+        axes[0].hist(r["log_ratio"].numpy(), bins=60, histtype="step", color=colors.get(name), label=tagged(name), log=True,
                      ls=plots.LINE_STYLES[i], lw=1.5)
     spread = max(float(r["log_ratio"].abs().max()) for r in results.values())
-    hidden = [f"{name}: all {r['log_ratio'].numel()} tokens within ±{float(r['log_ratio'].abs().max()):.0e}, "
-              "inside the central bin" for name, r in results.items() if float(r["log_ratio"].abs().max()) < spread / 60]
+    hidden = [f"{name}: all {r['log_ratio'].numel()} tokens\nwithin ±{float(r['log_ratio'].abs().max()):.0e} (central bin)"
+              for name, r in results.items() if float(r["log_ratio"].abs().max()) < spread / 60]
     if hidden:  # a distribution narrower than one bin is one spike at 0, drawn under the others'
-        axes[0].text(0.02, 0.98, "\n".join(hidden), transform=axes[0].transAxes, ha="left", va="top", fontsize=8)
-    axes[0].set_xlabel("log π_trainer(fp32) − log π_rollout per token (nats)")
+        axes[0].text(0.02, 0.98, "\n".join(hidden), transform=axes[0].transAxes, ha="left", va="top", fontsize=8,
+                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 1, "alpha": 0.8})
+    axes[0].set_xlabel("log-ratio, trainer − rollout (nats)")
     axes[0].set_ylabel("tokens")
-    axes[0].legend()
+    plots.legend_outside(axes[0], "below")
     caps = caps or sorted({1.001, 1.002, 1.005, 1.01, 1.02, 1.05, 1.1, 1.2, 1.5, 2.0, cap})
     for name, r in results.items():
         if name != "fp32 rollout":
             shares = [100 * f for f in clipped_fraction_by_cap(r["log_ratio"], caps)]
-            axes[1].plot(caps, shares, "o-", color=colors.get(name), label=name)
+            axes[1].plot(caps, shares, "o-", color=colors.get(name), label=tagged(name))
     axes[1].axvline(cap, color=plots.NEUTRAL_COLOR, ls="--", label=f"chosen cap C = {cap}")
     axes[1].set_xlabel("TIS cap C (importance ratio)")
-    axes[1].set_ylabel("tokens with ratio > C: reweighted by TIS (%)")
-    axes[1].legend()
+    axes[1].set_ylabel("tokens reweighted by TIS (%)")
+    plots.legend_outside(axes[1], "below")
+
+
+def tagged(name: str) -> str:
+    """A sampler's legend entry: the bf16 rollout is the bug, the fp32 one (the trainer's precision) the fix."""
+    return {"bf16 rollout": "bf16 rollout (bug)", "fp32 rollout": "fp32 rollout (fix)"}.get(name, name)
 
 
 def figure_mismatch(results: dict, cap: float):
-    return plots.figure_row(lambda axes: plot_mismatch(axes, results, cap), 2, (13, 3.8))
+    """``plot_mismatch`` on two panels side by side (caption: ``mismatch_note``)."""
+    return plots.figure_row(lambda axes: plot_mismatch(axes, results, cap), 2, (plots.NOTEBOOK_WIDTH, 3.4))
+
+
+def smoothing_window(ppo_steps: int) -> int:
+    """The moving-average window of the training figure's bands: a tenth of the run, at least 1 step."""
+    return max(1, ppo_steps // 10)
+
+
+PPO_PANELS = (("reward", "mean task reward"), ("kl", "KL to reference"))
 
 
 def plot_ppo(axes, runs: dict, window: int) -> None:
-    """Reward and KL bands of the three samplers, and held-out accuracy (3 axes)."""
+    """Reward and KL bands of the three samplers (legends below), and held-out accuracy (3 axes). Short y labels:
+    ``ppo_note`` says the rest."""
     colors = dict(zip(runs, (plots.BUG_COLOR, plots.FIX_COLOR, plots.SERIES_COLORS[2]), strict=False))
-    plots.plot_bands(axes[0], runs, "reward", "mean task reward", colors, window=window)
-    plots.plot_bands(axes[1], runs, "kl", "KL to reference (nats / response)", colors, window=window)
-    plots.plot_heldout(axes[2], runs, colors)
+    for ax, (key, label) in zip(axes, PPO_PANELS, strict=False):
+        plots.plot_bands(ax, runs, key, label, colors, window=window, legend_kw=plots.LEGEND_BELOW)
+        ax.set_ylabel(label)
+    plots.plot_heldout(axes[len(PPO_PANELS)], runs, colors)
+    axes[len(PPO_PANELS)].set_ylabel("held-out greedy accuracy")
 
 
 def figure_ppo(runs: dict, ppo_steps: int):
-    return plots.figure_row(lambda axes: plot_ppo(axes, runs, window=max(1, ppo_steps // 10)), 3, (18, 3.8))
+    """``plot_ppo`` in two rows that fit a notebook (caption: ``ppo_note``)."""
+    return plots.figure_row(lambda axes: plot_ppo(axes, runs, window=smoothing_window(ppo_steps)), 3,
+                            (plots.NOTEBOOK_WIDTH, 3.4), columns=2)
 
 
 # ---- printers -----------------------------------------------------------------------------------
@@ -156,26 +176,47 @@ def mismatch_lines(results: dict, cap: float) -> str:
                      for name, r in results.items())
 
 
-def effect_lines(effects: dict) -> str:
-    """Each pair's effect sentence, then the reading of TIS per key (``tis_reading``)."""
-    return "\n".join([f"{a} vs {b}: " + e.sentence() for (key, a, b), e in effects.items()] +
+def mismatch_note(results: dict, cap: float) -> str:
+    """The caption printed under part 1's figure."""
+    return (f"Left: log π_trainer(fp32) − log π_rollout for each sampled token of {len(results)} samplers (log count axis). "
+            f"Right: the share of tokens whose importance ratio π_trainer / π_rollout exceeds a cap C — the tokens TIS "
+            f"reweights — with the chosen C = {cap} dashed.")
+
+
+def ppo_note(runs: dict, ppo_steps: int) -> str:
+    """The caption printed under part 2's figure: what each panel shows and how its bands were made."""
+    seeds = max(len(histories) for histories in runs.values())
+    spread = f"mean over {seeds} seeds, band ± std" if seeds > 1 else "one seed"
+    steps = smoothing_window(ppo_steps)
+    average = f", {steps}-step moving average" if steps > 1 else ""
+    return (f"Top: mean task reward and KL to the reference (nats per response) — {spread}{average}. Bottom: held-out "
+            "greedy accuracy before (□) and after (●) training, dots: seeds.")
+
+
+def training_lines(effects: dict, runs: dict, task: str) -> str:
+    """What the training cell prints: ``statistics.training_summary`` of the harm — the bf16 sampler's log-probs as π_old
+    (bug) against the fp32 sampler (fix), on the reward and held-out accuracy, with each variant's held-out gain — then
+    what the runs say about TIS (``tis_reading``, one line per measure); every pair's effect is in metrics.json."""
+    harm = {key: effects[(key, BUG, FP32)] for key in EFFECT_KEYS}
+    return "\n".join([statistics.training_summary(harm, runs, PREDICTION, task), ""] +
                      [tis_reading(*(effects[(key, a, b)] for a, b in PAIRS)) for key in EFFECT_KEYS])
 
 
 def tis_reading(harm, tis_change, tis_vs_fp32) -> str:
-    """What the PPO runs say about TIS, chosen by three ``statistics.Effect``s of one metric: bf16 vs fp32
+    """What the PPO runs say about TIS, in words chosen by three ``statistics.Effect``s of one metric: bf16 vs fp32
     rollout (is there a harm?), bf16 vs bf16 + TIS (does TIS change the update?), fp32 vs bf16 + TIS (does TIS
-    land where the fp32 rollout does?). TIS is called a repair only when a harm was measured and TIS removes it."""
+    land where the fp32 rollout does?). TIS is called a repair only when a harm was measured and TIS removes it;
+    "measurably" means larger than the seed noise (the numbers behind it: metrics.json)."""
     key = harm.key
     if not tis_change.larger_than_noise:
-        return (f"{key}: TIS does not change the result measurably here "
-                f"(effect {tis_change.difference:+.3g} ± {tis_change.noise:.2g})")
+        return (f"{key}: TIS does not change the bf16 run measurably here (bf16 {tis_change.bug:.3g}, with TIS "
+                f"{tis_change.fix:.3g})")
     if not harm.larger_than_noise:
-        return (f"{key}: TIS changes the update (bf16 {tis_change.bug:.3g} → with TIS {tis_change.fix:.3g}), "
-                f"but the bf16 rollout itself did no measurable harm against fp32 ({harm.difference:+.3g} ± {harm.noise:.2g}): "
-                "a change, not a repair")
+        return (f"{key}: TIS changes the update (bf16 {tis_change.bug:.3g} → with TIS {tis_change.fix:.3g}), but the bf16 "
+                f"rollout itself did no measurable harm against fp32 (bf16 {harm.bug:.3g}, fp32 {harm.fix:.3g}): a change, "
+                "not a repair")
     same = not tis_vs_fp32.larger_than_noise
-    return (f"{key}: the bf16 rollout differs from fp32 ({harm.difference:+.3g} ± {harm.noise:.2g}) and TIS "
+    return (f"{key}: the bf16 rollout differs measurably from fp32 (bf16 {harm.bug:.3g}, fp32 {harm.fix:.3g}) and TIS "
             + ("brings it to the fp32 result" if same else
                f"changes it but not to the fp32 result (fp32 {tis_vs_fp32.bug:.3g} vs TIS {tis_vs_fp32.fix:.3g})"))
 
@@ -186,8 +227,9 @@ def log_ratio_explorer(results: dict, cap: float = 1.02) -> Explorer:
 
     def draw(rollout):
         result = results[rollout]
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        fig, axes = plots.panel_grid(2, panel_height=3.4)  # the figure's height: room for the legends below
         plot_mismatch(axes, {rollout: result}, cap)
+        fig.tight_layout()
         return {"max_ratio_deviation": result["max_ratio_deviation"]}
 
     return Explorer({"rollout": widgets.ToggleButtons(options=list(results), description="sampler")}, draw,

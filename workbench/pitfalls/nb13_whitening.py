@@ -8,8 +8,9 @@ centred nor unit-scaled, and shorter batches are whitened differently from longe
 
 from __future__ import annotations
 
+import dataclasses
+
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import torch
 
 from workbench.core import losses
@@ -57,6 +58,11 @@ def whitening_vs_padding(values: torch.Tensor, mask: torch.Tensor, extra_pads: l
     return rows
 
 
+def smoothing_window(ppo_steps: int) -> int:
+    """The moving-average window of the training figure's bands: a tenth of the run, at least 1 step."""
+    return max(1, ppo_steps // 10)
+
+
 EFFECT_KEYS = ("advantage_mean_real_tokens", "reward", "heldout_accuracy")
 
 
@@ -99,36 +105,43 @@ def not_shown(rows: list[dict]) -> str | None:
 
 # ---- figures ------------------------------------------------------------------------------------
 def plot_whitening(axes, rows: list[dict]) -> None:
-    """Mean and std of whitened advantages on real tokens vs the padding share, naive (bug) and masked (fix)."""
+    """Mean and std of whitened advantages on real tokens vs the padding share, naive (bug) and masked (fix), each
+    against its target (grey: mean 0, std 1); one legend, below the first panel."""
     fractions = [r["padding_fraction"] * 100 for r in rows]
-    for ax, key, ylabel, target in ((axes[0], "mean", "mean of whitened advantages on real tokens", 0.0),
-                                    (axes[1], "std", "std of whitened advantages on real tokens", 1.0)):
+    for ax, key, ylabel, target in ((axes[0], "mean", "mean on real tokens", 0.0), (axes[1], "std", "std on real tokens", 1.0)):
         ax.plot(fractions, [r[f"naive_{key}"] for r in rows], "o-", color=plots.BUG_COLOR, label="over every position (bug)")
         ax.plot(fractions, [r[f"masked_{key}"] for r in rows], "s--", color=plots.FIX_COLOR, label="over real tokens (fix)")
         ax.axhline(target, color=plots.NEUTRAL_COLOR, lw=0.8)
         ax.set_xlabel("padding in the batch (%)")
         ax.set_ylabel(ylabel)
-    axes[0].legend()
+    plots.legend_outside(axes[0], "below")
 
 
 def figure_whitening_vs_padding(rows: list[dict]):
-    """Part 1's figure: ``plot_whitening`` on two panels."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-    plot_whitening(axes, rows)
-    fig.tight_layout()
-    return fig
+    """Part 1's figure: ``plot_whitening`` on two panels side by side (caption: ``whitening_note``)."""
+    return plots.figure_row(lambda axes: plot_whitening(axes, rows), 2, (plots.NOTEBOOK_WIDTH, 3.2))
+
+
+TRAINING_PANELS = (("advantage_abs_mean_real_tokens", "|mean advantage|, real tokens"), ("reward", "mean task reward"))
+
+
+def plot_ppo_whitening(axes, runs: dict, window: int) -> None:
+    """|Mean advantage| on real tokens (the predicted measure: its sign differs from rollout to rollout) and reward per
+    step (seed bands, legends below), and held-out accuracy (3 axes). The y labels are short: how the bands were made is
+    said by ``ppo_whitening_note``."""
+    colors = plots.bug_fix_colors(PPO_VARIANTS)
+    shown = with_absolute_advantage_mean(runs)
+    for ax, (key, label) in zip(axes, TRAINING_PANELS, strict=False):
+        plots.plot_bands(ax, shown, key, label, colors, window=window, legend_kw=plots.LEGEND_BELOW)
+        ax.set_ylabel(label)
+    plots.plot_heldout(axes[len(TRAINING_PANELS)], runs, colors)
+    axes[len(TRAINING_PANELS)].set_ylabel("held-out greedy accuracy")
 
 
 def figure_ppo_whitening(runs: dict, ppo_steps: int):
-    """Part 2's figure: mean advantage on real tokens and reward per step (seed bands), and held-out accuracy."""
-    colors = plots.bug_fix_colors(PPO_VARIANTS)
-    fig, axes = plt.subplots(1, 3, figsize=(17, 3.8))
-    panels = (("advantage_mean_real_tokens", "mean advantage on real tokens"), ("reward", "mean task reward"))
-    for ax, (key, label) in zip(axes[:2], panels, strict=True):
-        plots.plot_bands(ax, runs, key, label, colors, window=max(1, ppo_steps // 10))
-    plots.plot_heldout(axes[2], runs, colors)
-    fig.tight_layout()
-    return fig
+    """Part 2's figure: ``plot_ppo_whitening`` in two rows that fit a notebook (caption: ``ppo_whitening_note``)."""
+    return plots.figure_row(lambda axes: plot_ppo_whitening(axes, runs, smoothing_window(ppo_steps)), 3, (plots.NOTEBOOK_WIDTH, 3.4),
+                            columns=2)
 
 
 # ---- printers -----------------------------------------------------------------------------------
@@ -138,13 +151,43 @@ def padding_lines(rows: list[dict]) -> str:
                      f"std {r['naive_std']:.3f} | masked mean {r['masked_mean']:+.1e} std {r['masked_std']:.4f}" for r in rows)
 
 
+def whitening_note(rows: list[dict]) -> str:
+    """The caption printed under part 1's figure."""
+    return (f"Whitened GAE advantages of one rollout, with 0–{max(r['extra_pads'] for r in rows)} pad columns added; "
+            "left: their mean over real tokens, right: their std; grey lines: what whitening should give (mean 0, std 1).")
+
+
+def ppo_whitening_note(runs: dict, ppo_steps: int) -> str:
+    """The caption printed under part 2's figure: how the bands and the held-out panel were made."""
+    seeds = max(len(histories) for histories in runs.values())
+    spread = f"mean over {seeds} seeds, band ± std" if seeds > 1 else "one seed"
+    steps = smoothing_window(ppo_steps)
+    average = f", {steps}-step moving average" if steps > 1 else ""
+    return (f"Top: {spread}{average}; left, the size of each step's mean whitened advantage over real tokens (the "
+            "prediction's measure: 0 when whitening is right), right, the task reward. Bottom: held-out greedy accuracy "
+            "before (□) and after (●) training, dots: seeds.")
+
+
+SHOWN_EFFECTS = {"advantage_abs_mean_real_tokens": "|mean advantage|, real tokens", "reward": "task reward",
+                 "heldout_accuracy": "held-out accuracy"}
+
+
+def training_lines(effects: dict, runs: dict, task: str) -> str:
+    """What the training cell prints (``statistics.training_summary``): the prediction and its outcome in one sentence,
+    then the table of the effects a reader needs — the predicted |mean advantage| (the signed mean, whose sign differs
+    from rollout to rollout, stays in metrics.json), the reward and held-out accuracy — and each variant's held-out gain."""
+    shown = {name: effects[key] for key, name in SHOWN_EFFECTS.items()}
+    prediction = dataclasses.replace(PREDICTION, measure=SHOWN_EFFECTS[PREDICTION.measure])
+    return statistics.training_summary(shown, runs, prediction, task)
+
+
 # ---- explorer -----------------------------------------------------------------------------------
 def whitening_explorer(values: torch.Tensor, mask: torch.Tensor) -> Explorer:
     """P13: real-token mean/std after naive and masked whitening, as padding columns are added."""
 
     def draw(extra):
         rows = whitening_vs_padding(values, mask, sorted({0, extra}))
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+        fig, axes = plots.panel_grid(2, panel_height=3.0)
         plot_whitening(axes, rows)
         axes[0].set_title(f"0 and +{extra} pad columns")
         return rows[-1]
