@@ -46,8 +46,9 @@ def describe(model, tokenizer, *, disk_dtype: str | None = None, pad: str | None
     config = model.config
     dropout = {f: getattr(config, f) for f in DROPOUT_CONFIG_FIELDS if isinstance(getattr(config, f, None), float)}
     lines = [
-        f"{config.model_type}, {count_parameters(model) / 1e6:.3g}M parameters, weights {disk_dtype or 'built in memory'} "
-        f"on disk → {next(model.parameters()).dtype} on {next(model.parameters()).device}; "
+        f"{config.model_type}, {count_parameters(model) / 1e6:.3g}M parameters, weights "
+        f"{f'{disk_dtype} on disk' if disk_dtype else 'built in memory'} → {next(model.parameters()).dtype} on "
+        f"{next(model.parameters()).device}; "
         f"positions: {'rotary' if uses_rope(model) else 'learned absolute'}, context {context_length(model)}; "
         f"tied embeddings: {bool(getattr(config, 'tie_word_embeddings', False))}",
         f"BOS {tokenizer.bos_token!r} (added by the tokenizer: {adds_bos(tokenizer)}), EOS {tokenizer.eos_token!r}, "
