@@ -17,7 +17,12 @@ def test_metrics_and_conclusion():
     check_metrics(kwargs, "00_quickstart")
     assert kwargs["metrics"] == {"drift_without_position_ids": 0.4, "drift_with_position_ids": 0.0}
     assert kwargs["reproduced"] and kwargs["fixed"] and kwargs["not_shown"] is None
-    assert "the fix removes it" in quickstart.conclusion_sentence("tiny-gpt2", policy, drift, reproduced, why)
+    sentence = quickstart.conclusion_sentence("tiny-gpt2", policy, drift, reproduced, why, fixed=fixed)
+    assert "with the fix the drift is 0 up to float rounding" in sentence
+    rounding = {"model": [0.2, 0.4], "mask": [4.8e-7, 0.0]}  # fp32 rounding: what the fix leaves, not 0
+    assert "0 up to float rounding" in quickstart.conclusion_sentence("tiny-gpt2", policy, rounding, True, None, fixed=True)
+    assert "leaves a drift above float rounding" in quickstart.conclusion_sentence("tiny-gpt2", policy, drift, True, None,
+                                                                                   fixed=False)
 
 
 def test_a_rotary_model_without_drift_says_why():
@@ -26,7 +31,7 @@ def test_a_rotary_model_without_drift_says_why():
     reproduced, fixed = position_ids.verdict(max(quiet["model"]), max(quiet["mask"]))
     why = position_ids.not_shown(rope, max(quiet["model"]))
     assert (reproduced, fixed) == (False, True) and "rotary" in why
-    sentence = quickstart.conclusion_sentence("tiny-qwen2", rope, quiet, reproduced, why)
+    sentence = quickstart.conclusion_sentence("tiny-qwen2", rope, quiet, reproduced, why, fixed=fixed)
     assert "no drift above float noise" in sentence and why in sentence  # the same reason as metrics' not_shown
     assert quickstart.metrics("tiny-qwen2", quiet, reproduced=reproduced, fixed=fixed, not_shown=why)["not_shown"] == why
 
@@ -34,3 +39,4 @@ def test_a_rotary_model_without_drift_says_why():
 def test_figure_draws():
     ids, mask = pad_sequences([[5, 6], [7, 8, 9]], 0, side="left")
     assert drew(quickstart.figure_padding_and_positions(ids, mask))
+    assert "cumsum(mask) − 1" in quickstart.padding_note()

@@ -41,9 +41,17 @@ def test_drift_explorer_redraws_when_the_fix_is_toggled():
     assert explorer.renders == 1 and explorer.last["max_drift"] > 1e-2  # gpt2, position_ids=model
     explorer.controls["position_ids"].value = "mask"
     assert explorer.renders == 2 and explorer.last["max_drift"] < 1e-4
+    assert "float rounding" in position_ids.drift_reading(explorer.last["max_drift"])  # what the title says of it
     explorer.controls["arch"].value = "llama"
     explorer.controls["position_ids"].value = "model"
     assert explorer.last["max_drift"] < 1e-4  # RoPE: float noise only
+
+
+def test_drift_reading_and_note_name_the_float_rounding_line():
+    assert position_ids.drift_reading(0.0) == "largest drift exactly 0"
+    assert position_ids.drift_reading(4.8e-7) == "largest drift 4.8e-07 nats (float rounding: line at 1e-04)"
+    assert "above float rounding" in position_ids.drift_reading(0.25)
+    assert "+4 pads" in position_ids.drift_per_text_note(4) and "1e-04 nats" in position_ids.drift_per_text_note(4)
 
 
 def test_position_ids_verdict_needs_a_drift():

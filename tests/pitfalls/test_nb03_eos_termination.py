@@ -35,13 +35,18 @@ def test_ppo_reading_names_the_first_split():
     runs = fake_runs(eos.PPO_VARIANTS, ("reward",), seeds=1)
     runs[next(iter(eos.PPO_VARIANTS))] = [[dict(h) for h in runs["stop_at_eos=True (fix)"][0]]]
     assert eos.ppo_split(runs) == (None, 0.0)
-    assert eos.ppo_sentence(eos.ppo_split(runs), eos.ppo_effects(runs), 4) == "identical rewards at every one of the 4 steps"
+    assert eos.ppo_sentence(eos.ppo_split(runs), 4) == "identical rewards at every one of the 4 steps"
+    assert eos.ppo_sentence((3, 0.25), 4) == ("identical rewards up to step 2, then rounding differences grow into different "
+                                              "samples (largest gap 2.50e-01)")
+    assert eos.ppo_sentence((0, 0.25), 4) == "the rewards differ from the first step on (largest gap 2.50e-01)"
 
 
 def test_figures_draw():
     assert drew(eos.figure_generation_cost(COSTS))
     assert drew(eos.figure_pad_eos_masks(MASKS, eos_token_id=2))
-    assert drew(eos.figure_ppo(fake_runs(eos.PPO_VARIANTS, ("reward", "tokens_generated", "rollout_seconds"), seeds=1), seed=0))
+    assert drew(eos.figure_ppo(fake_runs(eos.PPO_VARIANTS, ("reward", "tokens_generated", "rollout_seconds"), seeds=1)))
+    assert "seed 3" in eos.ppo_note(3) and "max_new_tokens = 48" in eos.generation_cost_note(48)
+    assert "first 16 responses" in eos.pad_eos_note()
     fig, ax = axes(3)
     eos.plot_ppo(ax, fake_runs(eos.PPO_VARIANTS, ("reward", "tokens_generated", "rollout_seconds"), seeds=1))
     assert drew(fig)
@@ -56,6 +61,26 @@ def test_eos_explorer_reports_cost_for_the_chosen_budget():
     explorer.controls["batch_size"].value = 4
     explorer.controls["max_new_tokens"].value = 10
     assert explorer.last["bug"]["decode_steps"] == 10 > explorer.last["fix"]["decode_steps"]
+
+
+def test_one_step_line_reads_the_gap_against_the_precision_tolerance():
+    fix, bug = {"tokens_generated": 400, "tokens_needed": 256}, {"tokens_generated": 768}
+    line = eos.one_step_line(fix, bug, 7.9e-9)
+    assert "7.90e-09 (the same step up to float rounding: tolerance 1e-06 in fp32)" in line
+    assert "768 (bug) vs 400 (fix), 256 needed" in line
+    assert "a different step" in eos.one_step_line(fix, bug, 1.5e-4) and "float rounding" in eos.one_step_line(
+        fix, bug, 1.5e-4, "bf16-mixed")
+
+
+def test_the_one_seed_training_summary_names_its_noise():
+    runs = fake_runs(eos.PPO_VARIANTS, ("reward", "tokens_generated"), seeds=1, steps=8)
+    for step, record in enumerate(runs["stop_at_eos=False (bug)"][0]):
+        record["tokens_generated"] += 40 + 3 * (step % 3)  # the bug generates more, by a step-to-step varying amount
+    summary = eos.training_lines(eos.ppo_effects(runs), runs, "sums")
+    assert "standard deviations from 0 over the last steps of one seed" in summary and "± std" in summary
+    assert "seed noise" not in summary and "standard errors" not in summary and "s.e." not in summary
+    three = fake_runs(eos.PPO_VARIANTS, ("reward", "tokens_generated"), seeds=3)
+    assert "± s.e." in eos.training_lines(eos.ppo_effects(three), three, "sums")
 
 
 def test_eos_verdict():

@@ -10,7 +10,6 @@ imports both modules; this one holds the quickstart's own figure, reading and me
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import torch
 
 from workbench.core.batching import position_ids_from_mask
@@ -30,26 +29,40 @@ def tint_positions(ax, bug: bool) -> None:
 
 def figure_padding_and_positions(ids: torch.Tensor, mask: torch.Tensor):
     """A left-padded batch's attention mask, the positions the model assumes (bug, oranges) and the positions
-    derived from the mask (fix, blues)."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3))
-    plots.plot_mask(axes[0], mask, "attention mask (left padding)", labels=("pad (0)", "real token (1)"))
-    plots.plot_positions(axes[1], torch.arange(ids.shape[1]).expand_as(ids), mask, "positions the model assumes (bug)")
-    plots.plot_positions(axes[2], position_ids_from_mask(mask), mask, "positions from the mask (fix)")
+    derived from the mask (fix, blues); the details are in ``padding_note``."""
+    fig, axes = plots.panel_grid(3, panel_height=2.6)
+    plots.plot_mask(axes[0], mask, "attention mask", key=False)
+    plots.plot_positions(axes[1], torch.arange(ids.shape[1]).expand_as(ids), mask, "positions assumed (bug)")
+    plots.plot_positions(axes[2], position_ids_from_mask(mask), mask, "positions from mask (fix)")
     tint_positions(axes[1], bug=True)
     tint_positions(axes[2], bug=False)
+    for ax in axes[1:]:
+        ax.set_ylabel("")
     fig.tight_layout()
     return fig
 
 
 # ---- printers -----------------------------------------------------------------------------------
-def conclusion_sentence(model_name: str, model, drift: DriftPerText, reproduced: bool, not_shown: str | None) -> str:
-    """The reading of the drift per text, of ``nb01_position_ids.verdict``'s ``reproduced`` and of its ``not_shown``
-    (why this checkpoint cannot show the drift, or None), printed from the measured numbers."""
+def padding_note() -> str:
+    """The caption of ``figure_padding_and_positions``."""
+    return ("Left: the attention mask of the left-padded batch (pale: pad, 0; blue: real token, 1). Middle: the positions "
+            "0..T−1 a Hugging Face model assumes when it is given no position_ids (bug, oranges). Right: position_ids = "
+            "cumsum(mask) − 1, the first real token at 0 in every row (fix, blues). Pad cells are blank.")
+
+
+def conclusion_sentence(model_name: str, model, drift: DriftPerText, reproduced: bool, not_shown: str | None, *,
+                        fixed: bool) -> str:
+    """The reading of the drift per text, of ``nb01_position_ids.verdict``'s ``(reproduced, fixed)`` and of its
+    ``not_shown`` (why this checkpoint cannot show the drift, or None), printed from the measured numbers."""
+    if not reproduced:
+        reading = f"no drift above float noise without the fix: {not_shown or 'this checkpoint hides the bug'}."
+    elif fixed:
+        reading = "the padding changes the log-probs; with the fix the drift is 0 up to float rounding."
+    else:
+        reading = "the padding changes the log-probs, and the fix leaves a drift above float rounding."
     return (f"max |Δ log p| without position ids: {max(drift['model']):.2e} nats; "
             f"with mask-derived position ids: {max(drift['mask']):.2e}\n"
-            f"{model_name} ({'rotary' if uses_rope(model) else 'learned absolute'} positions): "
-            + ("the padding changes the log-probs; the fix removes it." if reproduced else
-               f"no drift above float noise without the fix: {not_shown or 'this checkpoint hides the bug'}."))
+            f"{model_name} ({'rotary' if uses_rope(model) else 'learned absolute'} positions): {reading}")
 
 
 # ---- metrics ------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from workbench.viz.explorer import Explorer
 from workbench.viz.plots import draw_floor
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+FLOAT_ROUNDING = 1e-4  # nats: a drift at most this large is float rounding (fp32 measures ~5e-7), the verdict's tolerance
 PPO_VARIANTS = {"position_ids=model (bug)": {"position_ids": "model"}, "position_ids=mask (fix)": {"position_ids": "mask"}}
 
 
@@ -155,7 +156,7 @@ def ppo_effects(runs: dict) -> dict:
 
 
 # ---- verdict ------------------------------------------------------------------------------------
-def verdict(drift_bug: float, drift_fix: float, *, threshold: float = 1e-2, tolerance: float = 1e-4) -> tuple[bool, bool]:
+def verdict(drift_bug: float, drift_fix: float, *, threshold: float = 1e-2, tolerance: float = FLOAT_ROUNDING) -> tuple[bool, bool]:
     """(reproduced, fixed): the drift without position ids exceeds ``threshold`` nats, and with
     mask-derived position ids it is float noise (≤ ``tolerance``)."""
     return bool(drift_bug > threshold), bool(drift_fix <= tolerance)
@@ -177,32 +178,37 @@ PREDICTION = statistics.Prediction("kl", "logged KL to the reference (position i
 
 
 # ---- figures ------------------------------------------------------------------------------------
-PPO_PANELS = (("reward", "mean task reward"), ("kl", "KL to reference (nats / response)"),
-              ("first_logp_gap", "max |Δ log p| sampler vs trainer (nats)"))  # not |ρ − 1|: it saturates at 1 as ρ → 0
+MODE_LABELS = {"model": "position_ids=model (bug)", "mask": "position_ids=mask (fix)"}
+# (history key, panel title, y label); the gap is |Δ log p|, not |ρ − 1|: that saturates at 1 as ρ → 0
+PPO_PANELS = (("reward", "reward", "mean task reward"), ("kl", "KL to the reference", "nats / response"),
+              ("first_logp_gap", "sampler vs trainer", "max |Δ log p| (nats)"))
 
 
 def _nonzero(values):
     return [v if v > 0 else float("nan") for v in values]
 
 
-def plot_drift_per_text(ax, texts: list[str], drift: dict[str, list[float]]) -> None:
-    """Bars per text, bug (``model``) beside fix (``mask``); an exact 0 is written, not drawn."""
+def plot_drift_per_text(ax, texts: list[str], drift: dict[str, list[float]], tolerance: float = FLOAT_ROUNDING) -> None:
+    """Bars per text, bug (``model``) beside fix (``mask``), over a dotted line at ``tolerance`` (the verdict's float
+    rounding: a bar under it is rounding, not a position effect); an exact 0 is written, not drawn."""
     width = 0.4
     for offset, mode in ((-width / 2, "model"), (width / 2, "mask")):
         x = [i + offset for i in range(len(texts))]
         values = drift.get(mode)
         if values is None:
             continue
-        ax.bar(x, _nonzero(values), width, color=plots.bug_fix_color(mode == "model"),
-               label="position ids left to the model (bug)" if mode == "model" else "position ids from the mask (fix)")
+        ax.bar(x, _nonzero(values), width, color=plots.bug_fix_color(mode == "model"), label=MODE_LABELS[mode])
         for xi, v in zip(x, values, strict=True):
             if v == 0:
-                ax.text(xi, 1e-8, "0", ha="center", va="bottom", fontsize=7, color=plots.bug_fix_color(mode == "model"))
+                ax.text(xi, 1e-8, "0", ha="center", va="bottom", fontsize=8, color=plots.bug_fix_color(mode == "model"))
+    ax.axhline(tolerance, color=plots.NEUTRAL_COLOR, ls=":", lw=1.2, label=f"float rounding ({tolerance:.0e})")
     ax.set_yscale("log")
     ax.set_ylim(1e-8, 10)
+    ax.set_xlim(-0.5, len(texts) - 0.5)  # a text whose bars are 0 (not drawn) keeps its place
     ax.set_xticks(range(len(texts)), texts, rotation=30, fontsize=8)
-    ax.set_ylabel("max |Δ log p| vs unpadded (nats)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_ylabel("max |Δ log p| (nats)")
+    handles, labels = ax.get_legend_handles_labels()  # the bars first, the reference line last
+    plots.legend_outside(ax, "right", handles=handles[1:] + handles[:1], labels=labels[1:] + labels[:1])
 
 
 def plot_drift_heatmap(ax, sweep: dict, fig=None):
@@ -215,13 +221,13 @@ def plot_drift_heatmap(ax, sweep: dict, fig=None):
     shown = np.where(table > 0, np.log10(np.where(table > 0, table, 1)), -9)
     image = ax.imshow(shown, cmap="magma_r", aspect="auto", vmin=-9, vmax=0)
     ax.set_xticks(range(len(columns)), [f"{s} pad\n{m}" for s, m in columns])
-    ax.set_xlabel("padding side, position_ids mode (model = bug, mask = fix)")
+    ax.set_xlabel("padding side, position_ids (model = bug, mask = fix)")
     ax.set_yticks(range(len(rows)), [f"{a} {d}" for a, d in rows])
     plots.annotate_grid(ax, [["0" if v == 0 else f"{v:.0e}" for v in row] for row in table], image=image)  # by luminance
     ax.grid(False)
     if fig is not None:
-        fig.colorbar(image, ax=ax, label="log10 median max |Δ log p| (nats); 0 drawn at −9")
-    ax.set_title("Median over pad lengths of the worst log-prob drift")
+        fig.colorbar(image, ax=ax, label="log10 max |Δ log p| (0 drawn at −9)")
+    ax.set_title("Drift, median over pad lengths")
     return table
 
 
@@ -240,15 +246,16 @@ def plot_drift_vs_pad(axes, sweep: dict, pad_lengths) -> None:
                 ax.plot(list(pad_lengths), [max(v, floor) for v in sweep[arch, dtype, "left", mode]], plots.LINE_STYLES[i],
                         marker=plots.MARKERS[i], color=plots.bug_fix_color(bug), zorder=(6 if bug else 3) - i / 10,
                         markersize=4 if bug else 9, markerfacecolor=None if bug else "none",
-                        label=f"{arch}, position_ids={'model (bug)' if bug else 'mask (fix)'}")
+                        label=f"{arch} ({'bug' if bug else 'fix'})")
         ax.set_yscale("log")
         if any(v == 0 for arch in archs for mode in ("model", "mask") for v in sweep[arch, dtype, "left", mode]):
             draw_floor(ax, floor)
-        ax.set_xlabel("extra left-pad tokens per row")
-        ax.set_ylabel("max |Δ log p| vs unpadded (nats)")
+        ax.set_xlabel("extra left pads per row")
         ax.set_title(f"left padding, {dtype}")
         plots.integer_axis(ax.xaxis)
-    plots.legend_outside(axes[0], fontsize=7, ncol=2, bbox_to_anchor=(0.5, -0.16))  # below: the lines span both panels
+    axes[0].set_ylabel("max |Δ log p| (nats)")
+    handles, labels = axes[0].get_legend_handles_labels()  # one legend under both panels: the same series in each
+    axes[0].figure.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, 0.0))
 
 
 def plot_first_step(ax, table: dict) -> None:
@@ -257,22 +264,22 @@ def plot_first_step(ax, table: dict) -> None:
     the size. An exact 0 is written on its bar."""
     from matplotlib.patches import Patch  # matplotlib: only when a figure is drawn
 
-    keys = (("max_ratio_deviation", "", "max |ρ − 1| (saturates at 1 as ρ → 0)"),
-            ("max_abs_logp_gap", "///", "max |Δ log p| (nats)"))
+    keys = (("max_ratio_deviation", "", "max |ρ − 1|"), ("max_abs_logp_gap", "///", "max |Δ log p| (nats)"))
     colors = [plots.bug_fix_color(mode == "model") for _, mode in table]
     for k, (key, hatch, _) in enumerate(keys):
         x = [i + (k - 0.5) * 0.4 for i in range(len(table))]
         values = [r[key] for r in table.values()]
         ax.bar(x, _nonzero(values), 0.4, color=colors, hatch=hatch, edgecolor="white", lw=0)
         for xi, v in zip(x, values, strict=True):
-            ax.text(xi, v if v > 0 else 1e-8, f"{v:.1e}" if v > 0 else "0", ha="center", va="bottom", fontsize=6)
-    ax.set_xticks(range(len(table)), [f"{name}\n{mode}" for name, mode in table])
+            ax.text(xi, v if v > 0 else 1e-8, f"{v:.0e}" if v > 0 else "0", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(table)), [f"{name}\n{mode} ({'bug' if mode == 'model' else 'fix'})" for name, mode in table],
+                  fontsize=8)
     ax.set_yscale("log")
     ax.set_ylim(1e-8, 1e3)
-    ax.set_ylabel("before any update (log scale)")
-    ax.set_title("First-step sampler vs trainer gap (bug: position_ids=model)")
-    ax.legend(handles=[Patch(facecolor="#999999", hatch=hatch, edgecolor="white", label=label) for _, hatch, label in keys],
-              fontsize=7, loc="upper right")
+    ax.set_ylabel("|ρ − 1|, |Δ log p|")
+    ax.set_title("Sampler vs trainer before any update")
+    plots.legend_outside(ax, "right", handles=[Patch(facecolor="#999999", hatch=hatch, edgecolor="white", label=label)
+                                               for _, hatch, label in keys])
 
 
 def figure_drift_per_text(texts: list[str], drift: dict[str, list[float]]):
@@ -288,25 +295,42 @@ def figure_drift_heatmap(sweep: dict):
 
 
 def figure_drift_vs_pad(sweep: dict, pad_lengths):
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    fig, axes = plots.panel_grid(2, panel_height=3.6, sharey=True)
     plot_drift_vs_pad(axes, sweep, pad_lengths)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))  # room for the legend under both panels
     return fig
 
 
 def figure_first_step(table: dict):
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = plt.subplots(figsize=(8.5, 3.5))
     plot_first_step(ax, table)
+    fig.tight_layout()
     return fig
 
 
 def plot_ppo(axes, runs: dict) -> None:
-    """Reward, KL and max |Δ log p| sampler vs trainer, bands per variant (bug, fix), and held-out accuracy (4 axes)."""
-    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(runs), log_key="first_logp_gap")
+    """Reward, KL and max |Δ log p| sampler vs trainer, bands per variant (bug, fix), and held-out accuracy (4 axes),
+    with one legend for the figure under the panels (``ppo_note`` says what the bands and rings are)."""
+    colors = plots.bug_fix_colors(runs)
+    for ax, (key, title, ylabel) in zip(axes, PPO_PANELS, strict=False):
+        plots.plot_bands(ax, runs, key, ylabel, colors, log=key == "first_logp_gap")
+        ax.set_ylabel(ylabel)  # the band's meaning goes to the caption
+        ax.set_title(title)
+        ax.get_legend().remove()
+    plots.plot_heldout(axes[len(PPO_PANELS)], runs, colors)
+    axes[len(PPO_PANELS)].set_ylabel("greedy accuracy")
+    axes[len(PPO_PANELS)].set_xticks(range(len(runs)), [f"{'bug' if i == 0 else 'fix'}\n(start □ → end ●)"
+                                                        for i in range(len(runs))])
+    axes[len(PPO_PANELS)].set_title("held-out accuracy")
+    handles = [line for line in axes[0].get_lines() if not line.get_label().startswith("_")]
+    axes[0].figure.legend(handles, list(runs), loc="lower center", ncol=len(runs), fontsize=9, bbox_to_anchor=(0.5, 0.0))
 
 
 def figure_ppo(runs: dict):
-    return plots.figure_row(lambda axes: plot_ppo(axes, runs), 4, (20, 3.8))
+    fig, axes = plots.panel_grid(4, panel_height=3.0)
+    plot_ppo(axes, runs)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))  # room for the legend under the panels
+    return fig
 
 
 # ---- printers -----------------------------------------------------------------------------------
@@ -325,6 +349,52 @@ def drift_summary(sweep: dict) -> str:
             f"- {bf16_rope_sentence(*bf16_rope_drift(sweep))}\n- GPT-2, fp32, no position ids: **{worst(sweep, 'gpt2'):.2f}** nats\n"
             "- every architecture with mask-derived position ids (fp32): "
             f"**{max(worst(sweep, a, mode='mask') for a in ARCHITECTURES):.1e}**")
+
+
+def drift_reading(drift: float, tolerance: float = FLOAT_ROUNDING) -> str:
+    """The largest drift in words: under the float-rounding line (``tolerance``) or above it."""
+    if drift == 0:
+        return "largest drift exactly 0"
+    side = "float rounding" if drift <= tolerance else "above float rounding"
+    return f"largest drift {drift:.1e} nats ({side}: line at {tolerance:.0e})"
+
+
+def drift_per_text_note(extra_pad: int, tolerance: float = FLOAT_ROUNDING) -> str:
+    """The caption of ``figure_drift_per_text``."""
+    return (f"Each text scored alone and inside the left-padded batch (+{extra_pad} pads per row): the largest |Δ log p| over "
+            f"its tokens, log scale. Dotted line: {tolerance:.0e} nats, the float-rounding level: a bar under it is rounding, "
+            "not a position effect; an exact 0 is written as 0.")
+
+
+def drift_heatmap_note() -> str:
+    """The caption of ``figure_drift_heatmap``."""
+    return ("Each cell: the largest |Δ log p| between a text alone and inside the padded batch, over the texts, the median "
+            "over the pad lengths; model = positions left to the model (bug), mask = positions from the mask (fix). "
+            "Darker is larger; an exact 0 is written 0.")
+
+
+def drift_vs_pad_note() -> str:
+    """The caption of ``figure_drift_vs_pad``."""
+    return ("Left-padded batch vs each text alone, by extra pad tokens per row (log scale): bug = position_ids=model "
+            "(vermilion, small filled markers), fix = position_ids=mask (blue, hollow markers); line style and marker "
+            "name the architecture. Where bug and fix coincide the hollow fix marker rings the bug's.")
+
+
+def first_step_note() -> str:
+    """The caption of ``figure_first_step``."""
+    return ("Before any update, the sampler's log-probs against the training forward's on the same responses, per model "
+            "and position_ids mode (log scale): max |ρ − 1| (solid) and max |Δ log p| (hatched). |ρ − 1| saturates at 1 as "
+            "ρ → 0; the log-prob gap shows the size.")
+
+
+def ppo_note(runs: dict) -> str:
+    """The caption of ``figure_ppo``: what the lines, bands and rings are, for this many seeds."""
+    seeds = min(len(histories) for histories in runs.values())
+    spread = (f"mean over {seeds} seeds, band ± std (min–max on the log-scale sampler-vs-trainer panel)" if seeds > 1
+              else "one seed, no band")
+    bug, fix = runs
+    return (f"bug: {bug}, fix: {fix}; {spread}. A ring marks the fix where it lies under the bug. Held-out accuracy: "
+            "greedy, before (□) and after (●) training, dots: seeds.")
 
 
 def first_step_lines(mismatch: dict) -> str:
@@ -346,9 +416,9 @@ def position_drift_explorer(texts: list[str], seed: int = 0) -> Explorer:
         model, tokenizer = model_for(arch, dtype)
         rows = [tokenizer(t)["input_ids"] for t in texts]
         drift = per_text_drift(model, rows, pad_token_id=tokenizer.pad_token_id, extra_pad=pad, position_ids=position_ids)
-        fig, ax = plt.subplots(figsize=(7, 3))
+        fig, ax = plt.subplots(figsize=(8, 3))
         plot_drift_per_text(ax, texts, {position_ids: drift})
-        ax.set_title(f"{arch} {dtype}, +{pad} left pads, position_ids={position_ids}")
+        ax.set_title(f"{arch} {dtype}, +{pad} left pads: {drift_reading(max(drift))}", fontsize=10)
         return {"max_drift": max(drift)}
 
     controls = {

@@ -13,9 +13,9 @@ loss mask inferred as ``ids != pad`` drops the EOS action when pad == EOS.
 from __future__ import annotations
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.experiments import comparison, statistics
 from workbench.experiments.comparison import train_variants
 from workbench.modeling.rollout import Rollout, sample, truncate_after_eos
@@ -101,7 +101,7 @@ def pad_equals_eos_masks(rollout: Rollout, eos_token_id: int) -> dict:
 def cost_sweep(model, tokenizer, prompts: list[str], batch_sizes, *, max_new_tokens: int, seed: int = 0) -> dict:
     """``{batch_size: {"bug": cost, "fix": cost}}``; raises if stopping at EOS changed a kept token."""
     costs = {}
-    for batch_size in batch_sizes:
+    for batch_size in progress.track(batch_sizes, "rollouts by batch size", unit="batch size"):
         pair = rollout_pair(model, tokenizer, prompts[:batch_size], max_new_tokens=max_new_tokens, seed=seed)
         if not same_responses(pair["fix"], pair["bug"]):
             raise AssertionError("stopping at EOS changed the kept tokens: the two rollouts must be identical")
@@ -167,38 +167,52 @@ PREDICTION = statistics.Prediction("tokens_generated", "tokens generated per PPO
 
 
 # ---- figures ------------------------------------------------------------------------------------
-PPO_PANELS = (("reward", "mean task reward"), ("tokens_generated", "tokens generated per step"),
-              ("rollout_seconds", "rollout time per step (s)"))
+PPO_PANELS = (("reward", "mean task reward"), ("tokens_generated", "tokens generated"), ("rollout_seconds", "rollout time (s)"))
+COST_PANELS = ("decoding steps", "tokens thrown away (%)", "wall time (ms)")
+BUG_FIX_LABELS = {"bug": "always max_new_tokens (bug)", "fix": "stop at EOS (fix)"}
+
+
+def legend_under(fig, axes, labels=None) -> None:
+    """One legend for ``fig`` under its panels, from the labelled lines of ``axes[0]`` (``labels`` replaces their
+    labels), each axis' own legend removed: the panels share their series, a legend per panel would cover data."""
+    handles = [line for line in axes[0].get_lines() if not line.get_label().startswith("_")]
+    for ax in axes:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    fig.legend(handles, labels or [h.get_label() for h in handles], loc="lower center", ncol=len(handles), fontsize=9,
+               bbox_to_anchor=(0.5, 0.0))
 
 
 def plot_generation_cost(axes, costs: dict) -> None:
-    """Decoding steps, wasted share and wall time vs batch size, bug and fix."""
+    """Decoding steps, wasted share and wall time vs batch size, bug and fix (the legend: ``legend_under``)."""
     sizes = sorted(costs)
     for name, bug in (("bug", True), ("fix", False)):
         kw = {"color": plots.bug_fix_color(bug), "marker": "o" if bug else "s", "ls": "-" if bug else "--",
-              "label": "always max_new_tokens (bug)" if bug else "stop at EOS (fix)"}
+              "label": BUG_FIX_LABELS[name]}
         axes[0].plot(sizes, [costs[b][name]["decode_steps"] for b in sizes], **kw)
         axes[1].plot(sizes, [costs[b][name]["waste_fraction"] * 100 for b in sizes], **kw)
         axes[2].plot(sizes, [costs[b][name]["seconds"] * 1000 for b in sizes], **kw)
-    labels = ("decoding steps per batch", "generated tokens thrown away (%)", "rollout wall time (ms)")
-    for ax, label in zip(axes, labels, strict=True):
+    for ax, label in zip(axes, COST_PANELS, strict=True):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("rollout batch size (responses)")
-        ax.set_ylabel(label)
+        ax.set_xlabel("batch size")
+        ax.set_title(label)
         top = ax.get_ylim()[1]
-        ax.set_ylim(-0.03 * top, top)  # from 0 (a count, a share, a time read as ratios only from 0), markers at 0 whole
+        ax.set_ylim(-0.03 * top, top * 1.05)  # from 0 (a count, a share, a time read as ratios only from 0), markers whole
     plots.integer_axis(axes[0].yaxis)
-    axes[0].legend(loc="lower right")
 
 
 def figure_generation_cost(costs: dict):
-    return plots.figure_row(lambda axes: plot_generation_cost(axes, costs), 3, (14, 3.8))
+    fig, axes = plots.panel_grid(3, panel_height=3.0)
+    plot_generation_cost(axes, costs)
+    legend_under(fig, axes)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend under the panels
+    return fig
 
 
 def plot_pad_eos_masks(axes, masks: dict, eos_token_id: int, rows: int = 16) -> None:
     """The two loss masks side by side, EOS cells in the EOS colour (hatched where the mask drops them)."""
-    for ax, key, title in ((axes[0], "distinct", "loss mask, pad ≠ EOS (EOS kept)"),
-                           (axes[1], "pad_is_eos", "loss mask = ids != pad, pad = EOS")):
+    for ax, key, title in ((axes[0], "distinct", "pad ≠ EOS: EOS kept (fix)"),
+                           (axes[1], "pad_is_eos", "pad = EOS, mask ids != pad (bug)")):
         ids, mask = masks[key]
         plots.plot_mask(ax, mask[:rows], title, xlabel="response token", eos=(ids[:rows] == eos_token_id) & (mask[:rows] > 0)
                         if key == "distinct" else _first_eos(ids[:rows], eos_token_id))
@@ -211,24 +225,34 @@ def _first_eos(ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
 
 
 def figure_pad_eos_masks(masks: dict, eos_token_id: int):
-    fig, axes = plt.subplots(1, 2, figsize=(13, 3))
+    """The two loss masks side by side over one key for both (the union of their keys) under the panels."""
+    fig, axes = plots.panel_grid(2, panel_height=3.0)
     plot_pad_eos_masks(axes, masks, eos_token_id)
-    fig.tight_layout()
+    keys = {}
+    for ax in axes:
+        legend = ax.get_legend()
+        keys.update({text.get_text(): handle for text, handle in zip(legend.get_texts(), legend.legend_handles, strict=True)})
+        legend.remove()
+    axes[1].set_ylabel("")
+    fig.legend(list(keys.values()), list(keys), loc="lower center", ncol=len(keys), fontsize=9, bbox_to_anchor=(0.5, 0.0))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 
 
 def plot_ppo(axes, runs: dict) -> None:
-    """Reward, tokens generated and rollout time per step of the first seed, bug and fix (3 axes)."""
+    """Reward, tokens generated and rollout time per step of the first seed, bug and fix (3 axes), titled by panel."""
     colors = plots.bug_fix_colors(PPO_VARIANTS)
     for ax, (key, label) in zip(axes, PPO_PANELS, strict=True):
-        plots.plot_curves(ax, comparison.first_seed(runs), key, label, colors)
+        plots.plot_curves(ax, comparison.first_seed(runs), key, "", colors)
+        ax.set_title(label)
 
 
-def figure_ppo(runs: dict, seed: int):
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+def figure_ppo(runs: dict):
+    """``plot_ppo`` in a row, one legend under the panels (``ppo_note`` says what a ring and the seed are)."""
+    fig, axes = plots.panel_grid(3, panel_height=3.0)
     plot_ppo(axes, runs)
-    fig.suptitle(f"one seed (seed {seed}): no seed band", fontsize=10)
-    fig.tight_layout()
+    legend_under(fig, axes, list(PPO_VARIANTS))
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
@@ -257,13 +281,66 @@ def missing_eos_note(scores: torch.Tensor, finished: torch.Tensor, penalty: floa
     return line + f", {side} the finished-but-wrong answers (score {floor:.3f})"
 
 
-def ppo_sentence(split: tuple[int | None, float], effects: dict, steps: int) -> str:
-    """The PPO runs in words: where the rewards of bug and fix part (``split = ppo_split(runs)``) and, if they do,
-    the reward effect (``effects = ppo_effects(runs)``)."""
+def ppo_sentence(split: tuple[int | None, float], steps: int) -> str:
+    """Where the rewards of the bug and fix runs part (``split = ppo_split(runs)``), in words; the reward effect is in
+    ``statistics.training_summary``'s table."""
     first, curve_gap = split
-    return (f"identical rewards at every one of the {steps} steps" if first is None else
-            f"identical rewards up to step {first - 1}, then rounding differences grow into different samples "
-            f"(largest gap {curve_gap:.2e}); " + effects["reward"].sentence())
+    if first is None:
+        return f"identical rewards at every one of the {steps} steps"
+    if first == 0:
+        return f"the rewards differ from the first step on (largest gap {curve_gap:.2e})"
+    return (f"identical rewards up to step {first - 1}, then rounding differences grow into different samples "
+            f"(largest gap {curve_gap:.2e})")
+
+
+def one_step_line(step_fix: dict, step_bug: dict, loss_gap: float, precision: str = "fp32") -> str:
+    """``one_step_gap``'s reading: the largest difference against the float-rounding tolerance of ``precision``, and the
+    tokens each mode generated."""
+    tolerance = loss_tolerance(precision)
+    reading = "the same step up to float rounding" if loss_gap <= tolerance else "a different step"
+    return (f"largest |difference| in reward/KL/policy and value losses: {loss_gap:.2e} ({reading}: tolerance "
+            f"{tolerance:.0e} in {precision}); tokens generated {step_bug['tokens_generated']} (bug) vs "
+            f"{step_fix['tokens_generated']} (fix), {step_fix['tokens_needed']} needed")
+
+
+ONE_SEED_WORDS = (  # statistics.plain_verdict / effects_table say "seed noise" and "s.e." whatever the seed count
+    ("standard errors from 0 over 1 steps of one seed (95 % confidence needs more than",
+     "step-to-step standard deviations from 0 over the last steps of one seed (the test needs more than"),
+    ("larger than seed noise", "larger than the step-to-step noise"),
+    ("every seed gave the same difference", "the difference was the same at every step"),
+    ("± s.e.", " ± std"),
+)
+
+
+def training_lines(effects: dict, runs: dict, task: str) -> str:
+    """``statistics.training_summary`` of the PPO runs; with one seed (this notebook's default) its noise is named for
+    what ``statistics.effect`` measured then: the step-to-step standard deviation of bug − fix over the last steps,
+    tested at 2 of them, not a standard error over seeds."""
+    text = statistics.training_summary(effects, runs, PREDICTION, task)
+    if min(len(histories) for histories in runs.values()) > 1:
+        return text
+    for seeds_words, one_seed_words in ONE_SEED_WORDS:
+        text = text.replace(seeds_words, one_seed_words)
+    return text
+
+
+def generation_cost_note(max_new_tokens: int) -> str:
+    """The caption of ``figure_generation_cost``."""
+    return (f"Per batch size (log scale): decoding steps of the batch (the bug always decodes max_new_tokens = "
+            f"{max_new_tokens}), the share of generated tokens after a row's EOS, and the rollout's wall time.")
+
+
+def pad_eos_note(rows: int = 16) -> str:
+    """The caption of ``figure_pad_eos_masks``."""
+    return (f"The first {rows} responses' loss masks (blue: trained on, pale: masked). Left: pad ≠ EOS, the mask kept from "
+            "sampling, each EOS (orange) in it. Right: pad = EOS and a mask inferred as ids != pad: every EOS is dropped "
+            "(hatched), so stopping is never trained.")
+
+
+def ppo_note(seed: int) -> str:
+    """The caption of ``figure_ppo``."""
+    return (f"One seed (seed {seed}), so no seed band. A ring marks the fix where it lies under the bug: identical values "
+            "draw one line.")
 
 
 # ---- explorer -----------------------------------------------------------------------------------
@@ -272,8 +349,7 @@ def eos_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explore
 
     def draw(batch_size, max_new_tokens):
         costs = cost_sweep(model, tokenizer, prompts, [batch_size], max_new_tokens=max_new_tokens, seed=seed)
-        fig, axes = plt.subplots(1, 3, figsize=(12, 2.8))
-        plot_generation_cost(axes, costs)
+        figure_generation_cost(costs)
         return costs[batch_size]
 
     controls = {
