@@ -77,7 +77,7 @@ def test_the_one_seed_training_summary_names_its_noise():
     for step, record in enumerate(runs["stop_at_eos=False (bug)"][0]):
         record["tokens_generated"] += 40 + 3 * (step % 3)  # the bug generates more, by a step-to-step varying amount
     summary = eos.training_lines(eos.ppo_effects(runs), runs, "sums")
-    assert "standard deviations from 0 over the last steps of one seed" in summary and "± std" in summary
+    assert "step-to-step standard deviations from 0" in summary and "± std" in summary
     assert "seed noise" not in summary and "standard errors" not in summary and "s.e." not in summary
     three = fake_runs(eos.PPO_VARIANTS, ("reward", "tokens_generated"), seeds=3)
     assert "± s.e." in eos.training_lines(eos.ppo_effects(three), three, "sums")

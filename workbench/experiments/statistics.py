@@ -261,7 +261,8 @@ def prediction_verdict(record: dict) -> tuple[str, str]:
             return "as predicted", "larger, as predicted"
         return "opposite", "larger, opposite to the prediction"
     if recorded_number(record.get("se")) == 0:
-        return "null", "not testable: no spread over seeds (s.e. 0)"
+        return "null", ("not testable: no spread over seeds (s.e. 0)" if record.get("seeds", 2) != 1
+                        else "not testable: one seed whose difference never varied")
     return "null", (f"no effect > {mde:.3g}" if math.isfinite(mde) else "no effect seen (no noise estimate)")
 
 
@@ -310,8 +311,8 @@ def plain_verdict(effect: Effect, unit: str = "") -> str:
     noise: the effect, +2.2 tokens, is 5.5 standard errors from 0 over 3 seeds (95 % confidence needs more than 4.30)"."""
     unit = f" {unit}" if unit else ""
     if effect.no_spread:
-        return (f"not testable: every seed gave the same difference ({effect.difference:+.3g}{unit}), so there is no "
-                "noise to test it against")
+        same = "every seed gave the same difference" if effect.seeds > 1 else "the difference was the same at every step"
+        return f"not testable: {same} ({effect.difference:+.3g}{unit}), so there is no noise to test it against"
     if not math.isfinite(effect.noise):
         return f"not tested: one seed gives no noise estimate (effect {effect.difference:+.3g}{unit})"
     distance = abs(effect.difference) / effect.noise
@@ -336,9 +337,10 @@ def _cell(value: float, digits: str = ".3g") -> str:
 
 def effects_table(effects: dict[str, Effect], gains: dict[str, Effect] | None = None) -> str:
     """A small table of a training comparison: one row per measured ``Effect`` (both sides, bug − fix, its standard
-    error, the smallest effect the seeds could see, the verdict), then one row per variant's held-out gain. Undefined
-    numbers print as "—" with the reason in the verdict column."""
-    rows = [("measure", "bug", "fix", "bug − fix", "± s.e.", "could see ≥", "verdict")]
+    error — with one seed, the step-to-step standard deviation — the smallest effect the seeds could see, the verdict),
+    then one row per variant's held-out gain. Undefined numbers print as "—" with the reason in the verdict column."""
+    one_seed = all(effect.seeds == 1 for effect in [*effects.values(), *(gains or {}).values()])
+    rows = [("measure", "bug", "fix", "bug − fix", "± std" if one_seed else "± s.e.", "could see ≥", "verdict")]
 
     def verdict(effect: Effect) -> str:
         if effect.no_spread:

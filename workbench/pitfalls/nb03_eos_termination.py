@@ -303,25 +303,9 @@ def one_step_line(step_fix: dict, step_bug: dict, loss_gap: float, precision: st
             f"{step_fix['tokens_generated']} (fix), {step_fix['tokens_needed']} needed")
 
 
-ONE_SEED_WORDS = (  # statistics.plain_verdict / effects_table say "seed noise" and "s.e." whatever the seed count
-    ("standard errors from 0 over 1 steps of one seed (95 % confidence needs more than",
-     "step-to-step standard deviations from 0 over the last steps of one seed (the test needs more than"),
-    ("larger than seed noise", "larger than the step-to-step noise"),
-    ("every seed gave the same difference", "the difference was the same at every step"),
-    ("± s.e.", " ± std"),
-)
-
-
 def training_lines(effects: dict, runs: dict, task: str) -> str:
-    """``statistics.training_summary`` of the PPO runs; with one seed (this notebook's default) its noise is named for
-    what ``statistics.effect`` measured then: the step-to-step standard deviation of bug − fix over the last steps,
-    tested at 2 of them, not a standard error over seeds."""
-    text = statistics.training_summary(effects, runs, PREDICTION, task)
-    if min(len(histories) for histories in runs.values()) > 1:
-        return text
-    for seeds_words, one_seed_words in ONE_SEED_WORDS:
-        text = text.replace(seeds_words, one_seed_words)
-    return text
+    """``statistics.training_summary`` of the PPO runs (one seed by default: the noise is the step-to-step spread)."""
+    return statistics.training_summary(effects, runs, PREDICTION, task)
 
 
 def generation_cost_note(max_new_tokens: int) -> str:
