@@ -26,6 +26,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.modeling.rollout import sample
 from workbench.modeling.routing_replay import (
     RoutingHooks,
@@ -59,16 +60,22 @@ def router_mismatch(model, tokenizer, prompts: list[str], *, max_new_tokens: int
     trainer = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
     engine = copy.deepcopy(model).to(sampler_dtype)
     ids, mask = encode_prompts(tokenizer, prompts)
+    bar = progress.bar(4, "sample, then score: sampler, trainer, trainer replaying", unit="pass")
     rollout = sample(engine, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
+    bar.update(1)
     sequences = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)
     sequence_mask = torch.cat([rollout.prompt_mask, rollout.response_mask], 1)
     with RoutingHooks(engine, "record") as sampler:
         logp = {"sampler": token_logprobs(engine, sequences, sequence_mask)}
+    bar.update(1)
     with RoutingHooks(trainer, "record") as recomputed:
         logp["recompute"] = token_logprobs(trainer, sequences, sequence_mask)
+    bar.update(1)
     with RoutingHooks(trainer, "replay", sampler.routes) as replayed:
         logp["replay"] = token_logprobs(trainer, sequences, sequence_mask)
+    bar.update(1)
+    bar.close()
     response = torch.zeros_like(sequence_mask[:, 1:])  # target t is scored at position t − 1
     response[:, rollout.prompt_ids.shape[1] - 1:] = rollout.response_mask
     response = response.bool()
