@@ -156,7 +156,7 @@ SWEEP_STYLES = {"bf16": dict(color=plots.BUG_COLOR, marker="o"), "bf16-mixed": d
 def plot_frozen_vs_lr(ax, learning_rates: list[float], sweep: dict, adam_steps: int) -> None:
     """``lr_sweep``: share of trained weights unchanged against the learning rate, per precision and predicted."""
     for name, values in sweep.items():
-        ax.plot(learning_rates, [100 * v for v in values], label=name, **SWEEP_STYLES[name])
+        ax.plot(learning_rates, [100 * v for v in values], label=plots.tagged(name, SWEEP_STYLES[name]["color"]), **SWEEP_STYLES[name])
     ax.set_xscale("log")
     ax.set_xlabel("Adam learning rate")
     ax.set_ylabel(f"unchanged after {adam_steps} steps (%)")
@@ -176,8 +176,8 @@ def plot_loss_curves(ax, runs: dict, *, lr: float, seed: int) -> None:
     steps = runs["fp32"]["steps"]
     for (name, color), marker in zip((("fp32", plots.NEUTRAL_COLOR), ("bf16-mixed", plots.FIX_COLOR), ("bf16", plots.BUG_COLOR)), "sDo",
                                      strict=True):
-        ax.plot(runs[name]["losses"], label=f"{name}: {runs[name]['frozen_fraction']:.1%} unchanged", color=color, marker=marker,
-                markevery=max(1, steps // 8), markersize=4)
+        label = f"{plots.tagged(name, color)}: {runs[name]['frozen_fraction']:.1%} unchanged"
+        ax.plot(runs[name]["losses"], label=label, color=color, marker=marker, markevery=max(1, steps // 8), markersize=4)
     ax.set_title(f"one batch (seed {seed}), full-batch Adam: deterministic, no seed band", fontsize=9)
     plots.integer_axis(ax.xaxis)
     ax.set_xlabel(f"Adam step (lr = {lr:g})")

@@ -153,10 +153,11 @@ def plot_gap(ax, rows: list[dict]) -> None:
 def plot_clip(ax, rows: list[dict], clip: float) -> None:
     """Share of tokens outside the clip window: against the true behaviour policy vs what each denominator shows."""
     x = list(range(len(rows)))
-    ax.bar([i - 0.2 for i in x], [r["clip_fraction_sampler"] for r in rows], 0.4, color=plots.FIX_COLOR,
-           label="sampler's log-probs (fix) = true")
+    fix = ax.bar([i - 0.2 for i in x], [r["clip_fraction_sampler"] for r in rows], 0.4, color=plots.FIX_COLOR,
+                 label="sampler's log-probs (fix) = true")
     bug = ax.bar([i + 0.2 for i in x], [r["clip_fraction_recomputed"] for r in rows], 0.4, color=plots.BUG_COLOR,
                  label="recomputed by the actor (bug)")
+    label_zero_bars(ax, fix)
     label_zero_bars(ax, bug)
     ax.set_xticks(x, [str(r["lag"]) for r in rows])
     ax.set_xlabel("lag k")
@@ -197,7 +198,7 @@ def staleness_note(rows: list[dict], stale: dict, clip: float) -> str:
     return ("Left: the mean and the largest |log μ − log π_k| per token between the sampler's weights and the actor's after k "
             "updates (lag k: actor updates since the rollout was sampled). Middle: the share of tokens whose ratio lies "
             f"outside [1 − ε, 1 + ε], ε = {clip:g}, as the loss sees it with the sampler's log-probs as denominator (fix: the "
-            "true share) and with log-probs recomputed by the actor (bug; a bar labelled 0 is exactly 0). Right: log π_k − "
+            "true share) and with log-probs recomputed by the actor (bug); a bar labelled 0 is exactly 0. Right: log π_k − "
             f"log μ per token at lag {stale['lag']}; dashed: the clip window.")
 
 
