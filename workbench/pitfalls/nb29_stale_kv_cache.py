@@ -246,7 +246,8 @@ def plot_gap(ax, rows: list[dict]) -> None:
         ax.plot(k, [max(r[policy][key], FLOOR) for r in rows], color=color, label=label, **style)
     news = [("keep", "new prompts")] if new_prompts_agree(rows) else [("keep", "new, cache kept"), ("invalidate", "new, invalidated")]
     for (policy, label), ls in zip(news, (":", "-."), strict=False):
-        ax.plot(k, [max(r[policy]["new_gap"], FLOOR) for r in rows], ls=ls, marker="^", ms=4, color=plots.NEUTRAL_COLOR, label=label)
+        ax.plot(k, [max(r[policy]["new_gap"], FLOOR) for r in rows], ls=ls, marker="^", ms=4, color=plots.NEUTRAL_COLOR, label=label,
+                zorder=3)  # dotted, over the fix's line: both stay visible where they meet at rounding level
     ax.set_yscale("log")
     if any(r[p][key] < FLOOR for r in rows for p in CACHE_POLICIES for key in ("repeated_gap", "new_gap")):
         plots.draw_floor(ax, FLOOR)
