@@ -13,6 +13,7 @@ from helpers import written_metrics  # noqa: E402
 
 from workbench.pitfalls import nb23_bf16_updates as bf16_updates  # noqa: E402
 from workbench.pitfalls import nb23_bf16_updates as p23  # noqa: E402
+from workbench.viz import legibility  # noqa: E402
 
 LRS = [1e-6, 1e-3]
 SWEEP = {"bf16": [0.9, 0.1], "bf16-mixed": [0.0, 0.0], "bf16 moved and came back": [0.05, 0.01], "predicted (lr < ulp/2)": [0.8, 0.05]}
@@ -40,7 +41,7 @@ def test_figures_draw_on_a_given_ax():
     p23.plot_frozen_vs_lr(axes[0], LRS, SWEEP, 5)
     assert len(axes[0].lines) == len(SWEEP) and axes[0].get_xscale() == "log"
     p23.plot_loss_curves(axes[1], RUNS, lr=1e-5, seed=0)
-    assert [line.get_label().split(":")[0] for line in axes[1].lines] == ["fp32", "bf16-mixed", "bf16"]
+    assert [line.get_label().split(":")[0] for line in axes[1].lines] == ["fp32", "bf16-mixed (fix)", "bf16 (bug)"]
     weights = torch.tensor([1.0, 0.02, -0.5])
     lost = p23.predicted_lost_fraction(weights, 1e-4)
     assert lost == pytest.approx(2 / 3)  # 1e-4 moves 0.02 (ulp/2 = 6e-5) but not 1.0 or 0.5
@@ -49,6 +50,7 @@ def test_figures_draw_on_a_given_ax():
     plt.close(fig)
     for fig in (p23.figure_frozen_vs_lr(LRS, SWEEP, 5), p23.figure_loss_curves(RUNS, lr=1e-5, seed=0)):
         assert len(fig.axes) == 1 and fig.axes[0].has_data()
+        assert legibility.check_figure(fig).problems() == []
         plt.close(fig)
 
 

@@ -10,6 +10,7 @@ import torch  # noqa: E402
 from helpers import written_metrics  # noqa: E402
 
 from workbench.pitfalls import nb24_reward_model_pooling as pooling  # noqa: E402
+from workbench.viz import legibility  # noqa: E402
 
 IDS = torch.tensor([[7, 8, 2, 2, 2], [2, 2, 7, 8, 2], [7, 2, 8, 9, 2]])  # right-padded, left-padded, an EOS inside; EOS = 2
 MASK = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
@@ -56,6 +57,10 @@ def test_figure_metrics_and_explorer(measured, qwen, tmp_path):
     rows, inside = measured
     fig = pooling.figure_pooling(rows, inside)
     assert len(fig.axes) == 3 and all(ax.has_data() for ax in fig.axes)
+    assert legibility.check_figure(fig).problems() == []
+    ticks = [t.get_text() for t in fig.axes[-1].get_xticklabels()]
+    assert len(ticks) == len(set(ticks)) == 6  # every scenario named once: four without an EOS inside, two with pad = EOS
+    assert "pad ≠ EOS that EOS is an ordinary token" in pooling.pooling_note(rows, inside)
     plt.close(fig)
     head = pooling.headline_rows(rows, inside)
     written = written_metrics(pooling.metrics(rows, inside, head), tmp_path)
@@ -67,4 +72,3 @@ def test_figure_metrics_and_explorer(measured, qwen, tmp_path):
     assert explorer.renders == 1 and explorer.last["rightmost attended"]["max_abs_score_delta"] < 1e-4
     explorer.controls["side"].value = "right"
     assert explorer.renders == 2 and explorer.last["first pad − 1"]["max_abs_score_delta"] < 1e-4
-    plt.close("all")

@@ -12,6 +12,7 @@ from helpers import written_metrics  # noqa: E402
 from workbench.core.errors import ConfigError  # noqa: E402
 from workbench.pitfalls import nb25_reward_on_first_pad as rp  # noqa: E402
 from workbench.trainers.ppo import PPOConfig, last_token_rewards  # noqa: E402
+from workbench.viz import legibility  # noqa: E402
 
 MASK = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]).float()
 SCORES = torch.tensor([1.0, -1.0, 1.0])
@@ -59,6 +60,8 @@ def test_figure_metrics_and_explorer(batch, tmp_path):
     rows = rp.lambda_sweep(SCORES, MASK, [0.5, 0.95])
     fig = rp.figure_reward_position(batch, rows)
     assert len(fig.axes) == 3 and all(ax.has_data() for ax in fig.axes)
+    assert legibility.check_figure(fig).problems() == []
+    assert "γλ × the score" in rp.reward_position_note(batch, rows)
     plt.close(fig)
     written = written_metrics(rp.metrics(batch, rows), tmp_path)
     assert written["reproduced"] is True and set(written["metrics"]) == {"placement", "lambda_sweep"}
@@ -68,7 +71,6 @@ def test_figure_metrics_and_explorer(batch, tmp_path):
     assert explorer.renders == 1 and explorer.last["bug, GAE over every position"][3] == pytest.approx(0.95)
     explorer.controls["lam"].value = 0.5
     assert explorer.renders == 2 and explorer.last["bug, GAE over every position"][3] == pytest.approx(0.5)
-    plt.close("all")
 
 
 def test_a_batch_without_any_stopped_response_says_why_it_cannot_show_the_pitfall(batch):

@@ -10,6 +10,7 @@ import torch  # noqa: E402
 from helpers import written_metrics  # noqa: E402
 
 from workbench.pitfalls import nb26_gspo_length_weighting as gspo  # noqa: E402
+from workbench.viz import legibility  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,8 @@ def test_figure_metrics_and_explorer(rows, tmp_path):
     batch = gspo.batch_weights([3, 5, 9, 12])
     fig = gspo.figure_gspo(rows, batch)
     assert len(fig.axes) == 2 and all(ax.has_data() for ax in fig.axes)
+    assert legibility.check_figure(fig).problems() == []
+    assert "4 responses" in gspo.gspo_note(rows, batch)
     plt.close(fig)
     head = gspo.headline_row(rows)
     written = written_metrics(gspo.metrics(rows, batch, head), tmp_path)
@@ -64,4 +67,3 @@ def test_figure_metrics_and_explorer(rows, tmp_path):
     assert explorer.renders == 1 and explorer.last["broadcast token-mean"] == pytest.approx(8.0, rel=1e-3)
     explorer.controls["long"].value = 12
     assert explorer.renders == 2 and explorer.last["broadcast token-mean"] == pytest.approx(3.0, rel=1e-3)
-    plt.close("all")

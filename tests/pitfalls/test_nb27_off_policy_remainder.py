@@ -8,6 +8,7 @@ from pitfall_fakes import check_metrics, drew
 from workbench.experiments.checkpoints import load
 from workbench.pitfalls import nb27_off_policy_remainder as rm
 from workbench.tasks import rl_problems
+from workbench.viz import legibility
 
 
 def test_schedule_matches_the_timeline_of_the_pr():
@@ -134,7 +135,10 @@ def test_metrics_figures_and_explorer(rows):
     check_metrics(kwargs, "27_off_policy_remainder")
     assert kwargs["headline"]["bug"] == 0 and kwargs["headline"]["fix"] == rows[0]["true_clip_fraction"] > 0
     assert all(not {"steps", "seen_log_ratio", "true_log_ratio"} & set(r) for r in kwargs["metrics"]["runs"])  # no tensors
-    assert drew(rm.figure_remainder(rows, head, 0.2))
+    fig = rm.figure_remainder(rows, head, 0.2)
+    assert legibility.check_figure(fig).problems() == []
+    assert "steps_per_generation = " in rm.remainder_note(rows, head, 0.2)
+    assert drew(fig)
     assert len(rm.sweep_lines(rows).splitlines()) == len(rows)
     explorer = rm.remainder_explorer(rows, head[0], 0.2)
     assert explorer.renders == 1 and explorer.last["guard"] == "trl-0.19" and explorer.last["seen_clip_fraction"] == 0

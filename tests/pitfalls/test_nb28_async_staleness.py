@@ -8,6 +8,7 @@ from pitfall_fakes import check_metrics, drew
 from workbench.experiments.checkpoints import load
 from workbench.pitfalls import nb28_async_staleness as st
 from workbench.tasks import rl_problems
+from workbench.viz import legibility
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,10 @@ def test_metrics_figures_and_explorer(rows, tmp_path):
     check_metrics(kwargs, "28_async_staleness")
     assert kwargs["headline"]["bug"] == 0 and kwargs["headline"]["fix"] == rows[-1]["true_clip_fraction"]
     assert all("log_ratio" not in r for r in kwargs["metrics"]["lags"])  # tensors stay out of metrics.json
-    assert drew(st.figure_staleness(rows, head, 0.2))
+    fig = st.figure_staleness(rows, head, 0.2)
+    assert legibility.check_figure(fig).problems() == []
+    assert f"lag {head['lag']}" in st.staleness_note(rows, head, 0.2)
+    assert drew(fig)
     assert len(st.sweep_lines(rows, 0.2).splitlines()) == len(rows)
     explorer = st.staleness_explorer(rows, 0.2)
     assert explorer.renders == 1 and explorer.last["lag"] == 2

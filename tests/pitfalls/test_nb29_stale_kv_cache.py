@@ -10,6 +10,7 @@ from pitfall_fakes import check_metrics, drew
 from workbench.experiments.checkpoints import load
 from workbench.pitfalls import nb29_stale_kv_cache as kv
 from workbench.tasks import rl_problems
+from workbench.viz import legibility
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +144,13 @@ def test_metrics_figures_and_explorer(rows):
     check_metrics(kwargs, "29_stale_kv_cache")
     assert kwargs["headline"]["bug"] == rows[-1]["keep"]["repeated_gap"] > 1e-3 > 1e-4 > kwargs["headline"]["fix"]
     assert all("log_ratio" not in r[p] for r in kwargs["metrics"]["updates"] for p in kv.CACHE_POLICIES)  # no tensors
-    assert drew(kv.figure_stale_cache(rows, kv.headline_row(rows), 0.2))
+    fig = kv.figure_stale_cache(rows, kv.headline_row(rows), 0.2)
+    assert legibility.check_figure(fig).problems() == []
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert labels[:2] == ["repeated, cache kept (bug)", "repeated, invalidated (fix)"] and not any("(under" in t for t in labels)
+    assert drew(fig)
+    note = kv.stale_cache_note(rows, kv.headline_row(rows), 0.2)
+    assert "ε = 0.2" in note and "k = 2 updates" in note
     assert len(kv.sweep_lines(rows, 0.2).splitlines()) == 2 * len(rows)
     explorer = kv.stale_cache_explorer(rows, 0.2)
     assert explorer.renders == 1 and explorer.last["updates"] == 2 and explorer.last["outside_clip_invalidate"] == 0

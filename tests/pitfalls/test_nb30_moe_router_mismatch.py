@@ -15,6 +15,7 @@ from workbench.modeling.scoring import token_logprobs
 from workbench.modeling.tiny import tiny_model
 from workbench.pitfalls import nb30_moe_router_mismatch as rm
 from workbench.tasks import encode_prompts, rl_problems
+from workbench.viz import legibility
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +158,10 @@ def test_metrics_figures_and_explorer(result):
     check_metrics(kwargs, "30_moe_router_mismatch")
     assert kwargs["headline"]["bug"] == result["routing"]["recompute"]["mean_gap"] > kwargs["headline"]["fix"]
     assert not {"differ", "margin", "log_ratio"} & set(kwargs["metrics"]) and kwargs["not_shown"] is None  # no tensors
-    assert drew(rm.figure_router_mismatch(result))
+    fig = rm.figure_router_mismatch(result)
+    assert legibility.check_figure(fig).problems() == []
+    assert f"{result['experts']} experts" in rm.router_note(result)
+    assert drew(fig)
     assert len(rm.result_lines(result).splitlines()) == 4
     assert "0 routes different" in rm.headline_sentence(result)
     explorer = rm.router_explorer(result)

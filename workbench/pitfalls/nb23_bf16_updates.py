@@ -20,6 +20,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.core.devices import model_device
 from workbench.modeling.scoring import logprobs_from_logits
 from workbench.tasks import TRAIN_PROMPTS, load_problems
@@ -120,18 +121,19 @@ def lr_sweep(make_model, batch, learning_rates: list[float], *, steps: int, prec
     result = {p: [] for p in precisions} | {"bf16 moved and came back": []}
     weights = torch.cat([p.detach().float().flatten() for p in make_model().parameters()])
     result["predicted (lr < ulp/2)"] = [predicted_lost_fraction(weights, lr) for lr in learning_rates]
-    for precision in precisions:
-        for lr in learning_rates:
-            run = adam_steps(make_model(), batch, precision=precision, lr=lr, steps=steps)
-            result[precision].append(run["frozen_fraction"])
-            if precision == "bf16":
-                result["bf16 moved and came back"].append(run["returned_fraction"])
+    runs = [(precision, lr) for precision in precisions for lr in learning_rates]
+    for precision, lr in progress.track(runs, "learning-rate sweep"):
+        run = adam_steps(make_model(), batch, precision=precision, lr=lr, steps=steps)
+        result[precision].append(run["frozen_fraction"])
+        if precision == "bf16":
+            result["bf16 moved and came back"].append(run["returned_fraction"])
     return result
 
 
 def precision_curves(model, batch, *, lr: float, steps: int) -> dict:
     """``adam_steps`` on a copy of ``model`` in each of ``PRECISIONS``: ``{precision: run}``."""
-    return {p: adam_steps(copy.deepcopy(model), batch, precision=p, lr=lr, steps=steps) for p in PRECISIONS}
+    return {p: adam_steps(copy.deepcopy(model), batch, precision=p, lr=lr, steps=steps)
+            for p in progress.track(PRECISIONS, "loss curves", unit="precision")}
 
 
 def loss_drop(runs: dict) -> dict:
@@ -154,16 +156,18 @@ SWEEP_STYLES = {"bf16": dict(color=plots.BUG_COLOR, marker="o"), "bf16-mixed": d
 def plot_frozen_vs_lr(ax, learning_rates: list[float], sweep: dict, adam_steps: int) -> None:
     """``lr_sweep``: share of trained weights unchanged against the learning rate, per precision and predicted."""
     for name, values in sweep.items():
-        ax.plot(learning_rates, [100 * v for v in values], label=name, **SWEEP_STYLES[name])
+        ax.plot(learning_rates, [100 * v for v in values], label=plots.tagged(name, SWEEP_STYLES[name]["color"]), **SWEEP_STYLES[name])
     ax.set_xscale("log")
     ax.set_xlabel("Adam learning rate")
-    ax.set_ylabel(f"trained weights unchanged after {adam_steps} steps (%)")
-    ax.legend()
+    ax.set_ylabel(f"unchanged after {adam_steps} steps (%)")
+    ax.set_title("share of the trained weights an update leaves as they were", fontsize=10)
+    plots.legend_outside(ax, "right")
 
 
 def figure_frozen_vs_lr(learning_rates: list[float], sweep: dict, adam_steps: int):
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
     plot_frozen_vs_lr(ax, learning_rates, sweep, adam_steps)
+    fig.tight_layout()
     return fig
 
 
@@ -172,17 +176,19 @@ def plot_loss_curves(ax, runs: dict, *, lr: float, seed: int) -> None:
     steps = runs["fp32"]["steps"]
     for (name, color), marker in zip((("fp32", plots.NEUTRAL_COLOR), ("bf16-mixed", plots.FIX_COLOR), ("bf16", plots.BUG_COLOR)), "sDo",
                                      strict=True):
-        ax.plot(runs[name]["losses"], label=f"{name}: {runs[name]['frozen_fraction']:.1%} unchanged", color=color, marker=marker,
-                markevery=max(1, steps // 8), markersize=4)
+        label = f"{plots.tagged(name, color)}: {runs[name]['frozen_fraction']:.1%} unchanged"
+        ax.plot(runs[name]["losses"], label=label, color=color, marker=marker, markevery=max(1, steps // 8), markersize=4)
     ax.set_title(f"one batch (seed {seed}), full-batch Adam: deterministic, no seed band", fontsize=9)
+    plots.integer_axis(ax.xaxis)
     ax.set_xlabel(f"Adam step (lr = {lr:g})")
     ax.set_ylabel("SFT loss on the batch")
-    ax.legend()
+    plots.legend_outside(ax, "right")
 
 
 def figure_loss_curves(runs: dict, *, lr: float, seed: int):
     fig, ax = plt.subplots(figsize=(7, 3.6))
     plot_loss_curves(ax, runs, lr=lr, seed=seed)
+    fig.tight_layout()
     return fig
 
 

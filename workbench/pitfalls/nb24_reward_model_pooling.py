@@ -166,40 +166,45 @@ def verdict(rows: list[dict], inside: list[dict], *, tolerance: float = 1e-4) ->
 
 
 # ---- figures ------------------------------------------------------------------------------------
-RULE_COLORS = {RULES[0]: plots.BUG_COLOR, RULES[1]: plots.SERIES_COLORS[2], RULES[2]: plots.FIX_COLOR}
+RULE_COLORS = {RULES[0]: plots.BUG_COLOR, RULES[1]: plots.NEUTRAL_COLOR, RULES[2]: plots.FIX_COLOR}
+RULE_LABELS = {RULES[0]: "first pad − 1 (bug)", RULES[1]: "rightmost non-pad (PR #35911)", RULES[2]: "rightmost attended (fix)"}
+PANELS = (("max_abs_score_delta", "max |Δ score|"), ("wrong_token_share", "share pooled off"), ("mean_abs_offset", "mean |offset|"))
 
 
-def plot_by_scenario(ax, rows: list[dict], inside: list[dict], key: str, ylabel: str, title: str) -> None:
-    """``key`` per rule (bars) for every scenario, texts without an EOS inside (left of the dashed line) and with an
-    EOS closing the prompt (right of it): the same eight scenarios in every panel."""
-    both = rows + inside
-    names = [f"{r['side']} pad\n{'pad = EOS' if r['pad_is_eos'] else 'pad ≠ EOS'}" for r in both if r["rule"] == RULES[0]]
+def shown_scenarios(rows: list[dict], inside: list[dict]) -> list[tuple[str, list[dict]]]:
+    """``(tick label, the rows of that scenario under each rule)`` for the figure: the four (padding side, pad = EOS)
+    scenarios without an EOS inside the texts, then the two with pad = EOS and an EOS closing the prompt (with pad ≠ EOS
+    an EOS inside the text is an ordinary token: ``pooling_note`` says what those rows measured)."""
+    out = []
+    for source, scenarios in ((rows, SCENARIOS), (inside, [s for s in SCENARIOS if s[1]])):
+        for side, pad_is_eos in scenarios:
+            label = f"{side} pad, pad {'=' if pad_is_eos else '≠'} EOS" + ("\n+ EOS after the prompt" if source is inside else "")
+            out.append((label, [scenario_row(source, side, pad_is_eos, rule) for rule in RULES]))
+    return out
+
+
+def plot_by_scenario(ax, rows: list[dict], inside: list[dict], key: str, ylabel: str) -> None:
+    """``key`` per rule (bars, bug / PR #35911 / fix) for each scenario of ``shown_scenarios``; a bar of height 0 (below
+    1e-4 for a score change) is labelled 0."""
+    scenarios = shown_scenarios(rows, inside)
     for j, rule in enumerate(RULES):
-        values = [r[key] for r in both if r["rule"] == rule]
-        bars = ax.bar([i + (j - 1) * 0.27 for i in range(len(values))], values, 0.27, color=RULE_COLORS[rule],
-                      label=rule + (" (bug)" if j == 0 else " (fix)" if j == 2 else ""))
+        values = [measured[j][key] for _, measured in scenarios]
+        bars = ax.bar([i + (j - 1) * 0.27 for i in range(len(values))], values, 0.27, color=RULE_COLORS[rule], label=RULE_LABELS[rule])
         label_zero_bars(ax, bars, tol=1e-4 if "delta" in key else 0.0)
-    half = len(names) / 2
-    ax.axvline(half - 0.5, color=plots.NEUTRAL_COLOR, ls="--", lw=1)
-    for x, text in ((half / 2 - 0.5, "texts without an EOS"), (1.5 * half - 0.5, "an EOS closes the prompt")):
-        ax.text(x, 0.97, text, transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=8, color=plots.NEUTRAL_COLOR)
-    ax.set_xticks(range(len(names)), names, fontsize=7)
+    ax.axvline(3.5, color=plots.NEUTRAL_COLOR, ls="--", lw=1)
+    ax.set_xticks(range(len(scenarios)), [label for label, _ in scenarios], fontsize=8)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.set_ylim(top=1.2 * max([r[key] for r in both] + [1e-3]))  # headroom: the half headings sit above the bars
-    plots.legend_outside(ax, fontsize=7, ncol=3)
+    ax.set_ylim(0, 1.15 * max([m[key] for _, measured in scenarios for m in measured] + [1e-3]))
 
 
 def figure_pooling(rows: list[dict], inside: list[dict]):
-    """The notebook's figure: |score alone − in a batch|, the share of texts pooled at another token, and how far
-    from the last real token the head reads, each for the same eight scenarios: texts without an EOS inside
-    (``rows``) and texts whose prompt an EOS closes (``inside``)."""
-    fig, axes = plt.subplots(1, 3, figsize=(22, 5.2))
-    plot_by_scenario(axes[0], rows, inside, "max_abs_score_delta", "max |score alone − score in batch|",
-          "score changed by the batch it is in")
-    plot_by_scenario(axes[1], rows, inside, "wrong_token_share", "share of texts", "texts pooled off the last real token")
-    plot_by_scenario(axes[2], rows, inside, "mean_abs_offset", "mean |pooled − last real index| (tokens)",
-          "how far from the last real token the head reads")
+    """The notebook's figure: |score alone − in a batch|, the share of texts pooled at another token, and how far from
+    the last real token the head reads, one panel under the other over the same scenarios (``shown_scenarios``), one
+    legend above them (``pooling_note`` is the caption)."""
+    fig, axes = plots.panel_grid(len(PANELS), columns=1, panel_height=1.9, sharex=True)
+    for ax, (key, ylabel) in zip(axes, PANELS, strict=True):
+        plot_by_scenario(ax, rows, inside, key, ylabel)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -209,6 +214,18 @@ def pooling_lines(rows: list[dict], inside: list[dict]) -> str:
     return "\n".join(f"{'EOS in text, ' if r['eos_inside'] else ''}{r['side']} padding, pad {'=' if r['pad_is_eos'] else '≠'} EOS, "
                      f"{r['rule']}: {r['wrong_token_share']:.0%} pooled off the last real token (mean |offset| "
                      f"{r['mean_abs_offset']:.2f}), max |Δ score| {r['max_abs_score_delta']:.2e}" for r in rows + inside)
+
+
+def pooling_note(rows: list[dict], inside: list[dict]) -> str:
+    """The caption printed under ``figure_pooling``: what each row of panels measures and which scenarios it leaves out."""
+    left_out = [r for r in inside if not r["pad_is_eos"]]
+    quiet = all(r["wrong_token_share"] == 0 and r["max_abs_score_delta"] <= 1e-4 for r in left_out)
+    return ("Top: the largest |score alone − score in the padded batch| over the texts; middle: the share of texts whose "
+            "pooled token is not the last real one; bottom: the mean |pooled index − last real index| in tokens. A bar "
+            "labelled 0 is exactly 0 (a score change: below 1e-4, the float noise of a batched forward). Right of the dashed "
+            "line an EOS also closes each prompt (a chat template's end of turn); with pad ≠ EOS that EOS is an ordinary "
+            "token, " + ("and those scenarios (not drawn) pool every text at its last real token, its score moving by less than 1e-4."
+                         if quiet else "and those scenarios (not drawn) are printed below."))
 
 
 def headline_sentence(rows: list[dict], inside: list[dict], head: tuple[dict, dict, dict]) -> str:
@@ -232,8 +249,10 @@ def pooling_explorer(model, tokenizer, n_texts: int = 8) -> Explorer:
         pad_id = tokenizer.eos_token_id if pad_is_eos else tokenizer.pad_token_id
         result = {rule: scorer.measure(pad_id, side, rule) for rule in RULES}
         fig, ax = plt.subplots(figsize=(6, 3.2))
-        ax.bar(list(RULES), [result[r]["max_abs_score_delta"] for r in RULES], color=[RULE_COLORS[r] for r in RULES])
-        ax.set_ylabel("max |score alone − in batch|")
+        bars = ax.bar(list(RULES), [result[r]["max_abs_score_delta"] for r in RULES], color=[RULE_COLORS[r] for r in RULES])
+        label_zero_bars(ax, bars, tol=1e-4)
+        ax.set_ylabel("max |Δ score|")
+        ax.set_title("score alone vs in the padded batch (0: below 1e-4)", fontsize=9)
         return result
 
     controls = {"side": widgets.Dropdown(options=["left", "right"], value="left", description="padding"),

@@ -134,6 +134,10 @@ def not_shown(batch: dict) -> str | None:
 
 
 # ---- figures -------------------------------------------------------------------------------------
+CURVES = (("fix (score on EOS)", "s-", plots.FIX_COLOR), ("bug, GAE over every position (TRL)", "o--", plots.BUG_COLOR),
+          ("bug, GAE over real tokens", "^:", plots.NEUTRAL_COLOR))  # the third series: a second bug, in the neutral grey
+
+
 def plot_example(ax, score: float = 1.0, length: int = 4, width: int = 7, gamma: float = 1.0, lam: float = 0.95) -> dict:
     """One response of ``length`` tokens padded to ``width``: the advantage per position, fix vs both bugs."""
     mask = (torch.arange(width) < length).float()[None]
@@ -142,29 +146,27 @@ def plot_example(ax, score: float = 1.0, length: int = 4, width: int = 7, gamma:
     curves = {"fix (score on EOS)": advantages(scores, mask, "eos", "real tokens", gamma=gamma, lam=lam)[0],
               "bug, GAE over every position": advantages(scores, mask, "first_pad", "every position", gamma=gamma, lam=lam)[0],
               "bug, GAE over real tokens": advantages(scores, mask, "first_pad", "real tokens", gamma=gamma, lam=lam)[0]}
-    styles = (("s-", plots.FIX_COLOR), ("o--", plots.BUG_COLOR), ("^:", plots.SERIES_COLORS[0]))
-    for (label, a), (style, color) in zip(curves.items(), styles, strict=True):
+    for a, (label, style, color) in zip(curves.values(), CURVES, strict=True):
         ax.plot(x, a, style, color=color, label=label, ms=5)
     ax.axvline(length - 1, color=plots.EOS_COLOR, lw=1, label="EOS")
-    ax.axvspan(length - 0.5, width - 0.5, color="0.9", zorder=0, label="pads (masked)")
+    if width > length:
+        ax.axvspan(length - 0.5, width - 0.5, color="0.9", zorder=0, label="pads (masked)")
+    plots.integer_axis(ax.xaxis)
     ax.set_xlabel("response position")
-    ax.set_ylabel("advantage (critic at 0)")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("advantage")
+    ax.set_title(f"one response: {length} tokens, {width - length} pads", fontsize=10)
     return {k: v.tolist() for k, v in curves.items()}
 
 
 def plot_lambda(ax, rows: list[dict]) -> None:
     """A(EOS)/score vs λ on the sampled batch: the fix is 1, the bug γλ or 0."""
     lams = [r["lam"] for r in rows]
-    ax.plot(lams, [r["fix"] for r in rows], "s-", color=plots.FIX_COLOR, label="fix", ms=4)
-    ax.plot(lams, [r["bug, GAE over every position"] for r in rows], "o--", color=plots.BUG_COLOR,
-            label="bug, GAE over every position (TRL)", ms=4)
-    ax.plot(lams, [r["bug, GAE over real tokens"] for r in rows], "^:", color=plots.SERIES_COLORS[0],
-            label="bug, GAE over real tokens", ms=4)
+    for key, (label, style, color) in zip(("fix", "bug, GAE over every position", "bug, GAE over real tokens"), CURVES, strict=True):
+        ax.plot(lams, [r[key] for r in rows], style, color=color, label=label, ms=4)
     ax.set_xlabel(f"GAE λ (γ = {rows[0]['gamma']:g})")
-    ax.set_ylabel("A(EOS) / score, mean over padded rows")
+    ax.set_ylabel("A(EOS) / score")
     ax.set_ylim(-0.05, 1.1)
-    ax.legend(fontsize=7)
+    ax.set_title("padded rows of the batch", fontsize=10)
 
 
 def plot_offsets(ax, batch: dict) -> None:
@@ -172,21 +174,20 @@ def plot_offsets(ax, batch: dict) -> None:
     keys = sorted({int(k) for p in REWARD_POSITIONS for k in batch[p]["offsets"]})
     for j, (position, color) in enumerate(zip(REWARD_POSITIONS, (plots.FIX_COLOR, plots.BUG_COLOR), strict=True)):
         bars = ax.bar([k + (j - 0.5) * 0.35 for k in keys], [batch[position]["offsets"].get(str(k), 0) for k in keys], 0.35,
-                      color=color, label=f"{position} ({'fix' if position == 'eos' else 'bug'})")
+                      color=color, label=f"score on {'EOS' if position == 'eos' else 'first pad'}")
         label_zero_bars(ax, bars)
     ax.set_xticks(keys)
-    ax.set_xlabel("rewarded index − EOS index")
+    ax.set_xlabel("rewarded − EOS index")
     ax.set_ylabel("responses")
-    ax.legend(fontsize=8)
+    ax.set_title(f"sampled batch ({batch['rows']} responses)", fontsize=10)
 
 
 def figure_reward_position(batch: dict, rows: list[dict], gamma: float = 1.0, lam: float = 0.95):
-    """The notebook's figure: one example's advantages, the offsets on the batch, A(EOS)/score vs λ."""
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
-    plot_example(axes[0], gamma=gamma, lam=lam)
-    plot_offsets(axes[1], batch)
-    plot_lambda(axes[2], rows)
-    fig.tight_layout()
+    """The notebook's figure: one example's advantages, the offsets on the batch, A(EOS)/score vs λ; one legend under
+    them (``reward_position_note`` is the caption)."""
+    fig = plots.figure_panels((plots.NOTEBOOK_WIDTH, 3.0), lambda ax: plot_example(ax, gamma=gamma, lam=lam),
+                              lambda ax: plot_offsets(ax, batch), lambda ax: plot_lambda(ax, rows))
+    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=9)
     return fig
 
 
@@ -200,6 +201,16 @@ def placement_lines(batch: dict, rows: list[dict]) -> str:
     lines += [f"λ={r['lam']:.2f}: fix {r['fix']:.3f}, bug (every position) {r['bug, GAE over every position']:.3f}, "
               f"bug (real tokens) {r['bug, GAE over real tokens']:.3f}" for r in rows]
     return "\n".join(lines)
+
+
+def reward_position_note(batch: dict, rows: list[dict], gamma: float = 1.0, lam: float = 0.95) -> str:
+    """The caption printed under ``figure_reward_position``: what each panel draws, in words the labels leave out."""
+    return (f"Left: the advantage per position of one response of 4 tokens and 3 pads with score 1 and a critic at 0 "
+            f"(γ = {gamma:g}, λ = {lam:g}): at the EOS it is the score with the fix, γλ × the score when the score sits on the "
+            f"first pad and GAE runs over every position (TRL), 0 when GAE is masked to the real tokens. Middle: the "
+            f"rewarded index minus the EOS index of each of the {batch['rows']} sampled responses ({batch['full_length_rows']} "
+            f"fill the whole length: no pad, their score stays on the last token). Right: A(EOS) / score, mean over the "
+            f"padded responses, for each GAE λ (γ = {rows[0]['gamma']:g}).")
 
 
 def headline_sentence(batch: dict) -> str:
@@ -218,7 +229,9 @@ def example_explorer(length: int = 4, width: int = 7, lam: float = 0.95) -> Expl
 
     def draw(length, width, lam):
         fig, ax = plt.subplots(figsize=(6, 3.2))
-        return plot_example(ax, length=min(length, width), width=width, lam=lam)
+        curves = plot_example(ax, length=min(length, width), width=width, lam=lam)
+        ax.legend(**plots.LEGEND_RIGHT)
+        return curves
 
     controls = {"length": widgets.IntSlider(value=length, min=1, max=16, description="length"),
                 "width": widgets.IntSlider(value=width, min=1, max=16, description="width"),

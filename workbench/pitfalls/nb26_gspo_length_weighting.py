@@ -31,7 +31,6 @@ from workbench.modeling.rollout import sample
 from workbench.tasks import encode_prompts
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
-from workbench.viz.plots import note_coinciding
 
 REDUCTIONS = ("broadcast token-mean", "per-sequence mean")  # the bug, the fix
 
@@ -130,33 +129,37 @@ def verdict(rows: list[dict], *, tolerance: float = 0.02) -> tuple[bool, bool]:
 
 # ---- figures -------------------------------------------------------------------------------------
 def plot_ratio(ax, rows: list[dict]) -> None:
-    """Long/short gradient-weight ratio vs the long sample's length: the bug follows |y_long|/|y_short|."""
+    """Long/short gradient-weight ratio vs the long sample's length (log₂ axis): the bug's hollow circles sit on the
+    dotted length ratio |y_long|/|y_short|, the fix stays at 1."""
     x = [r["long"] for r in rows]
+    ax.plot(x, [r["broadcast token-mean"] for r in rows], "o", color=plots.BUG_COLOR, mfc="none", ms=8, mew=1.5,
+            label="(B,1) × mask, token mean (bug)")
     ax.plot(x, [r["length_ratio"] for r in rows], ":", color=plots.NEUTRAL_COLOR, label="|y_long| / |y_short|")
-    ax.plot(x, [r["broadcast token-mean"] for r in rows], "o-", color=plots.BUG_COLOR, label="(B,1) × mask, token mean (bug)", ms=4)
     ax.plot(x, [r["per-sequence mean"] for r in rows], "s-", color=plots.FIX_COLOR, label="mean over sequences (fix)", ms=4)
-    ax.set_xlabel(f"long sample's length (short: {rows[0]['short']} tokens)")
-    ax.set_ylabel("gradient weight, long / short")
-    note_coinciding(ax)
-    ax.legend(fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(x, [str(v) for v in x])
+    ax.minorticks_off()
+    ax.set_xlabel(f"long sample's length (short: {rows[0]['short']})")
+    ax.set_ylabel("weight, long / short")
+    ax.set_title("two samples, one sequence ratio", fontsize=10)
 
 
 def plot_batch(ax, batch: dict) -> None:
     """Each sampled response's gradient weight against its length, both reductions."""
     lengths = batch["lengths"]
-    ax.scatter(lengths, batch["broadcast token-mean"], color=plots.BUG_COLOR, marker="o", s=14, label="bug: ∝ length")
-    ax.scatter(lengths, batch["per-sequence mean"], color=plots.FIX_COLOR, marker="s", s=14, label="fix: 1/G each")
-    ax.set_xlabel("response length (tokens, sampled from the model)")
-    ax.set_ylabel("sample's share of the gradient")
-    ax.legend(fontsize=8)
+    ax.scatter(lengths, batch["broadcast token-mean"], color=plots.BUG_COLOR, marker="o", s=14, label="bug")
+    ax.scatter(lengths, batch["per-sequence mean"], color=plots.FIX_COLOR, marker="s", s=14, label="fix")
+    plots.integer_axis(ax.xaxis)
+    ax.set_xlabel("response length (tokens)")
+    ax.set_ylabel("share of the gradient")
+    ax.set_title(f"sampled batch ({len(lengths)} responses)", fontsize=10)
 
 
 def figure_gspo(rows: list[dict], batch: dict):
-    """The notebook's figure: ``plot_ratio`` and ``plot_batch`` side by side."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    plot_ratio(axes[0], rows)
-    plot_batch(axes[1], batch)
-    fig.tight_layout()
+    """The notebook's figure: ``plot_ratio`` and ``plot_batch`` side by side, one legend under them (``gspo_note`` is the
+    caption)."""
+    fig = plots.figure_panels((plots.NOTEBOOK_WIDTH, 3.2), lambda ax: plot_ratio(ax, rows), lambda ax: plot_batch(ax, batch))
+    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=9)
     return fig
 
 
@@ -169,6 +172,15 @@ def ratio_lines(rows: list[dict], batch: dict) -> str:
                  f"(its token share {batch['longest-quarter token share']:.1%}), "
                  f"{batch['per-sequence mean longest-quarter share']:.1%} with the fix")
     return "\n".join(lines)
+
+
+def gspo_note(rows: list[dict], batch: dict) -> str:
+    """The caption printed under ``figure_gspo``: what each panel draws, in words the labels leave out."""
+    return (f"Left: a batch of one sample of {rows[0]['short']} tokens and one longer one (advantages ±1, sequence ratios "
+            "inside the clip range): the long sample's gradient weight over the short one's when the (B, 1) clipped term is "
+            "multiplied by the mask and token-averaged (bug) or averaged over sequences (fix); dotted: the length ratio. Right: "
+            f"each response of a batch sampled from the model ({len(batch['lengths'])} responses): its share of the gradient "
+            "against its length, both reductions.")
 
 
 def headline_sentence(rows: list[dict], head: dict) -> str:

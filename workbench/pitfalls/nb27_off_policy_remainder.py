@@ -28,6 +28,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.core.losses import group_advantages, outside_clip_window, ppo_policy_loss
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
@@ -174,15 +175,15 @@ def steps_per_generation_sweep(model, tokenizer, problems, steps_per_generation:
     """For each ``steps_per_generation`` and each guard, ``train_generation_batches`` and its ``summarise`` row (one
     run per distinct π_old choice: where both guards agree, their rows share it)."""
     rows, runs = [], {}
-    for spg in steps_per_generation:
-        for guard in GUARDS:
-            # both guards choose the same π_old unless the setting is the bug's: the run is then the same (same seeds)
-            key = (spg, snapshots_old_logprobs(spg, gradient_accumulation_steps, 1, guard))
-            if key not in runs:
-                runs[key] = train_generation_batches(model, tokenizer, problems, steps_per_generation=spg, guard=guard, clip=clip,
-                                                     gradient_accumulation_steps=gradient_accumulation_steps,
-                                                     micro_steps=micro_steps, **train)
-            rows.append(summarise(runs[key], spg, gradient_accumulation_steps, guard, clip))
+    settings = [(spg, guard) for spg in steps_per_generation for guard in GUARDS]
+    for spg, guard in progress.track(settings, "steps_per_generation × guard", unit="setting"):
+        # both guards choose the same π_old unless the setting is the bug's: the run is then the same (same seeds)
+        key = (spg, snapshots_old_logprobs(spg, gradient_accumulation_steps, 1, guard))
+        if key not in runs:
+            runs[key] = train_generation_batches(model, tokenizer, problems, steps_per_generation=spg, guard=guard, clip=clip,
+                                                 gradient_accumulation_steps=gradient_accumulation_steps,
+                                                 micro_steps=micro_steps, **train)
+        rows.append(summarise(runs[key], spg, gradient_accumulation_steps, guard, clip))
     return rows
 
 
@@ -235,75 +236,90 @@ def not_shown(rows: list[dict], bug: dict, *, tolerance: float = 1e-4) -> str | 
 
 
 # ---- figures -------------------------------------------------------------------------------------
+TRUE_COLORS = (plots.NEUTRAL_COLOR, "#BBBBBB")  # the true share's bars: an off-policy slice, an on-policy one
+
+
 def plot_timeline(ax, row: dict) -> None:
     """One run, micro-step by micro-step: the true share of tokens outside the clip window (bars, dark where the
-    slice is off-policy), what the loss saw (dots), optimiser steps (dashed) and generations (ticks)."""
+    slice is off-policy), what the loss saw (dots), optimiser steps (dashed) and generations (triangles)."""
     steps, ga, spg = row["steps"], row["gradient_accumulation_steps"], row["steps_per_generation"]
     bug = row["guard"] == "trl-0.19"
     x = [s["micro_step"] for s in steps]
-    ax.bar(x, [s["true_clip_fraction"] for s in steps], 0.7, color=[plots.NEUTRAL_COLOR if s["lag"] else "#BBBBBB" for s in steps],
-           label="true (vs the sampler's μ); dark: off-policy slice")
+    ax.bar(x, [s["true_clip_fraction"] for s in steps], 0.7, color=[TRUE_COLORS[0] if s["lag"] else TRUE_COLORS[1] for s in steps],
+           label="true (vs μ); dark: off-policy")
     ax.plot(x, [s["seen_clip_fraction"] for s in steps], "o", color=plots.bug_fix_color(bug),
-            label=f"seen by the loss, {row['guard']} guard" + (" (bug)" if bug else " (fix)"))
+            label=f"seen, {row['guard']} guard" + (" (bug)" if bug else " (fix)"))
     top = max([s["true_clip_fraction"] for s in steps] + [0.05])
     for t in range(ga - 1, len(steps) - 1, ga):
         ax.axvline(t + 0.5, color=plots.NEUTRAL_COLOR, ls="--", lw=1)
     ax.plot([t for t in x if t % spg == 0], [1.08 * top] * len(range(0, len(steps), spg)), "v", color=plots.SERIES_COLORS[2],
             label="generation")
     ax.set_ylim(0, 1.2 * top)
-    ax.set_xlabel(f"micro-step (dashed: optimiser step, GA = {ga}; steps_per_generation = {spg})")
-    ax.set_ylabel("tokens with |ratio − 1| > ε")
-    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
+    plots.integer_axis(ax.xaxis)
+    ax.set_xlabel("micro-step")
+    ax.set_ylabel("share outside ε")
+    ax.set_title(f"one run: GA = {ga}, steps_per_generation = {spg}", fontsize=10)
 
 
 def plot_sweep(ax, rows: list[dict]) -> None:
     """Share of off-policy tokens outside the clip window as seen by the loss, per ``steps_per_generation``:
-    TRL 0.19's guard (bug) vs TRL 0.20's (fix); a cross where no micro-step is off-policy."""
+    TRL 0.19's guard (bug) vs TRL 0.20's (fix); "on-policy" where no micro-step is off-policy."""
     spgs = sorted({r["steps_per_generation"] for r in rows})
     by = {(r["steps_per_generation"], r["guard"]): r for r in rows}
     x = list(range(len(spgs)))
     fix = ax.bar([i - 0.2 for i in x], [by[s, "trl-0.20"]["seen_clip_fraction"] for s in spgs], 0.4, color=plots.FIX_COLOR,
-                 label="seen by the loss, TRL 0.20 guard (fix) = true")
+                 label="seen, TRL 0.20 guard (fix) = true")
     bug = ax.bar([i + 0.2 for i in x], [by[s, "trl-0.19"]["seen_clip_fraction"] for s in spgs], 0.4, color=plots.BUG_COLOR,
-                 label="seen by the loss, TRL 0.19 guard (bug)")
+                 label="seen, TRL 0.19 guard (bug)")
     off = [i for i, s in enumerate(spgs) if by[s, "trl-0.19"]["off_policy_share"] > 0]
     label_zero_bars(ax, [b for i, b in enumerate(bug) if i in off])
     label_zero_bars(ax, [b for i, b in enumerate(fix) if i in off])
     for i in x:
         if i not in off:
-            ax.text(i, 0.0, "on-policy", ha="center", va="bottom", fontsize=7, rotation=90, color=plots.NEUTRAL_COLOR)
+            ax.text(i, 0.0, "on-policy", ha="center", va="bottom", fontsize=8, rotation=90, color=plots.NEUTRAL_COLOR)
     ga = rows[0]["gradient_accumulation_steps"]
-    ax.set_xticks(x, [f"{s}\nr = {ga % s}" for s in spgs], fontsize=8)
-    ax.set_xlabel(f"steps_per_generation (r = GA mod steps_per_generation, GA = {ga})")
-    ax.set_ylabel("off-policy tokens with |ratio − 1| > ε")
+    ax.set_xticks(x, [f"{s} (r = {ga % s})" for s in spgs], fontsize=9)
+    ax.set_xlabel(f"steps_per_generation (r = GA mod it, GA = {ga})")
+    ax.set_ylabel("share outside ε")
     ax.set_ylim(0, 1.5 * max([r["true_clip_fraction"] for r in rows] + [0.05]))
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title("off-policy tokens, every setting", fontsize=10)
 
 
 def plot_log_ratio(ax, bug: dict, fix: dict, clip: float) -> None:
-    """Histogram of log ρ on the off-policy tokens: what the loss saw with each guard, and the clip window."""
+    """Histogram of log ρ on the off-policy tokens: what the loss saw with each guard, and the clip window (dashed)."""
     edges = torch.linspace(-1.0, 1.0, 51).numpy()
     if fix["seen_log_ratio"].numel():
         ax.hist(fix["seen_log_ratio"].clamp(-1, 1).numpy(), bins=edges, color=plots.FIX_COLOR, alpha=0.6,
-                label=f"seen, {fix['guard']} guard (fix) = log π_θ − log μ")
+                label=f"seen, {fix['guard']} guard (fix)")
     if bug["seen_log_ratio"].numel():
         ax.hist(bug["seen_log_ratio"].clamp(-1, 1).numpy(), bins=edges, color=plots.BUG_COLOR, alpha=0.6,
-                label=f"seen, {bug['guard']} guard (bug): exactly 0")
+                label=f"seen, {bug['guard']} guard (bug)")
     for edge in (math.log(1 - clip), math.log(1 + clip)):
         ax.axvline(edge, color=plots.NEUTRAL_COLOR, ls="--")
     ax.set_yscale("log")
-    ax.set_xlabel(f"log ratio per off-policy token, clamped to ±1 (steps_per_generation = {bug['steps_per_generation']}; "
-                  f"dashed: ε = {clip:g})")
+    ax.set_xlabel("log ratio per off-policy token")
     ax.set_ylabel("tokens")
-    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)  # above: the bars reach the top
+    ax.set_title(f"steps_per_generation = {bug['steps_per_generation']}", fontsize=10)
 
 
 def figure_remainder(rows: list[dict], head: tuple[dict, dict], clip: float):
     """The notebook's figure: the bug's timeline, the sweep over steps_per_generation, the log-ratio histogram of the
-    ``headline_rows`` ``head``."""
+    ``headline_rows`` ``head``, one panel under the other; one legend above them (``remainder_note`` is the caption)."""
+    from matplotlib.lines import Line2D  # matplotlib: only when a figure is drawn
+    from matplotlib.patches import Patch  # matplotlib: only when a figure is drawn
+
     bug, fix = head
-    return plots.figure_panels((18, 4.2), lambda ax: plot_timeline(ax, bug), lambda ax: plot_sweep(ax, rows),
-                               lambda ax: plot_log_ratio(ax, bug, fix, clip))
+    fig, axes = plots.panel_grid(3, columns=1, panel_height=2.3)
+    plot_timeline(axes[0], bug)
+    plot_sweep(axes[1], rows)
+    plot_log_ratio(axes[2], bug, fix, clip)
+    handles = [Patch(color=TRUE_COLORS[0], label="true share (vs the sampler's μ)"),
+               Patch(color=plots.BUG_COLOR, label="seen, TRL 0.19 guard (bug)"),
+               Patch(color=plots.FIX_COLOR, label="seen, TRL 0.20 guard (fix)"),
+               Line2D([], [], ls="none", marker="v", color=plots.SERIES_COLORS[2], label="generation")]
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 # ---- printers ------------------------------------------------------------------------------------
@@ -316,6 +332,17 @@ def sweep_lines(rows: list[dict]) -> str:
         f"{r['mean_abs_log_ratio']:.3f}); outside ε = {r['clip']:g}: true {r['true_clip_fraction']:.1%}, seen "
         f"{r['seen_clip_fraction']:.1%}, logged clip fraction {r['logged_clip_fraction']:.1%}; max |ρ_seen − ρ_true| "
         f"{r['max_weight_error']:.1e}" for r in rows)
+
+
+def remainder_note(rows: list[dict], head: tuple[dict, dict], clip: float) -> str:
+    """The caption printed under ``figure_remainder``: what each panel draws, in words the labels leave out."""
+    bug, _ = head
+    return (f"Top: the TRL 0.19 run with steps_per_generation = {bug['steps_per_generation']}, micro-step by micro-step: the "
+            f"true share of tokens whose ratio to the sampler's μ lies outside [1 − ε, 1 + ε], ε = {clip:g} (bars, dark on "
+            "off-policy slices), the share the loss saw (dots), optimiser steps (dashed) and generations (triangles). Middle: "
+            "the share on the off-policy tokens as the loss saw it, for every steps_per_generation (r: the remainder of GA by "
+            "it; a bar labelled 0 is exactly 0). Bottom: the log ratio per off-policy token the loss saw with each guard, "
+            "clamped to ±1; dashed: the clip window.")
 
 
 def headline_sentence(rows: list[dict], head: tuple[dict, dict]) -> str:
@@ -347,6 +374,7 @@ def remainder_explorer(rows: list[dict], bug: dict, clip: float = 0.2) -> Explor
                                  "seen_clip_fraction": outside_clip_window(s["seen_log_ratio"], epsilon)} for s in row["steps"]]}
         fig, ax = plt.subplots(figsize=(7, 3.4))
         plot_timeline(ax, row)
+        ax.legend(**{**plots.LEGEND_BELOW, "ncol": 3})
         ax.set_title(f"{row['off_policy_share']:.0%} of micro-steps off-policy; outside ε: true {row['true_clip_fraction']:.1%}, "
                      f"seen {row['seen_clip_fraction']:.1%}", fontsize=9)
         return {"steps_per_generation": steps_per_generation, "guard": guard,

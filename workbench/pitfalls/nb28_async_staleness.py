@@ -25,6 +25,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import decode_responses, encode_prompts, reward
@@ -94,7 +95,7 @@ def lag_sweep(model, tokenizer, problems, train_problems, lags: list[int], *, lr
     actor = copy.deepcopy(model).train(False)
     optimizer = torch.optim.Adam(actor.parameters(), lr=lr)
     rows = []
-    for k in range(max(lags) + 1):
+    for k in progress.track(range(max(lags) + 1), "actor updates", unit="update"):
         if k in lags:
             with torch.no_grad():
                 actor_logp = response_logprobs(actor, r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask)
@@ -143,44 +144,45 @@ def plot_gap(ax, rows: list[dict]) -> None:
     # series colours: the gap is what staleness does, not the bug or the fix (those are the two denominators)
     ax.plot(lags, [r["mean_abs_gap"] for r in rows], "o-", color=plots.SERIES_COLORS[1], label="mean |log μ − log π_k|")
     ax.plot(lags, [r["max_abs_gap"] for r in rows], "s--", color=plots.SERIES_COLORS[0], label="max |log μ − log π_k|")
-    ax.set_xlabel("lag k (actor updates since the sampler's weights)")
+    ax.set_xlabel("lag k")
     ax.set_ylabel("nats per token")
     plots.integer_axis(ax.xaxis)
-    ax.legend(fontsize=8, loc="best")
+    ax.set_title("sampler vs actor", fontsize=10)
 
 
 def plot_clip(ax, rows: list[dict], clip: float) -> None:
     """Share of tokens outside the clip window: against the true behaviour policy vs what each denominator shows."""
     x = list(range(len(rows)))
-    ax.bar([i - 0.2 for i in x], [r["clip_fraction_sampler"] for r in rows], 0.4, color=plots.FIX_COLOR,
-           label="seen by the loss, sampler's log-probs (fix) = true")
+    fix = ax.bar([i - 0.2 for i in x], [r["clip_fraction_sampler"] for r in rows], 0.4, color=plots.FIX_COLOR,
+                 label="sampler's log-probs (fix) = true")
     bug = ax.bar([i + 0.2 for i in x], [r["clip_fraction_recomputed"] for r in rows], 0.4, color=plots.BUG_COLOR,
-                 label="seen by the loss, recomputed by the actor (bug)")
+                 label="recomputed by the actor (bug)")
+    label_zero_bars(ax, fix)
     label_zero_bars(ax, bug)
     ax.set_xticks(x, [str(r["lag"]) for r in rows])
     ax.set_xlabel("lag k")
-    ax.set_ylabel(f"tokens with |ratio − 1| > ε = {clip:g}")
+    ax.set_ylabel(f"share with |ρ − 1| > {clip:g}")
     ax.set_ylim(0, 1.15 * max([r["true_clip_fraction"] for r in rows] + [0.05]))
-    ax.legend(fontsize=8)
+    ax.set_title("seen by the loss", fontsize=10)
 
 
 def plot_log_ratio(ax, row: dict, clip: float) -> None:
-    """Histogram of log π_k − log μ per token at one lag, with the clip window."""
+    """Histogram of log π_k − log μ per token at one lag, with the clip window (dashed)."""
     ax.hist(row["log_ratio"].numpy(), bins=40, color=plots.SERIES_COLORS[1])
     for edge in (torch.log(torch.tensor(1 - clip)), torch.log(torch.tensor(1 + clip))):
         ax.axvline(float(edge), color=plots.NEUTRAL_COLOR, ls="--")
-    ax.set_xlabel(f"log π_k − log μ per token (lag {row['lag']}; dashed: clip window ε = {clip:g})")
+    ax.set_xlabel("log π_k − log μ")
     ax.set_ylabel("tokens")
+    ax.set_title(f"per token, lag {row['lag']}", fontsize=10)
 
 
 def figure_staleness(rows: list[dict], stale: dict, clip: float):
     """The notebook's figure: the gap, the clip fractions, and the log-ratio histogram at the largest lag (``stale``: the
-    ``headline_row``)."""
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4))
-    plot_gap(axes[0], rows)
-    plot_clip(axes[1], rows, clip)
-    plot_log_ratio(axes[2], stale, clip)
-    fig.tight_layout()
+    ``headline_row``); one legend under them (``staleness_note`` is the caption)."""
+    fig = plots.figure_panels((plots.NOTEBOOK_WIDTH, 3.0), lambda ax: plot_gap(ax, rows), lambda ax: plot_clip(ax, rows, clip),
+                              lambda ax: plot_log_ratio(ax, stale, clip))
+    handles, labels = (sum(pair, []) for pair in zip(*(ax.get_legend_handles_labels() for ax in fig.axes[:2]), strict=True))
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=9)
     return fig
 
 
@@ -189,6 +191,15 @@ def sweep_lines(rows: list[dict], clip: float) -> str:
     return "\n".join(f"lag {r['lag']}: |μ − π_k| mean {r['mean_abs_gap']:.2e}, max {r['max_abs_gap']:.2e} nats; outside ε = {clip:g}: "
                      f"true {r['true_clip_fraction']:.1%}, seen with the sampler's log-probs {r['clip_fraction_sampler']:.1%}, "
                      f"seen with the recomputed ones {r['clip_fraction_recomputed']:.1%}" for r in rows)
+
+
+def staleness_note(rows: list[dict], stale: dict, clip: float) -> str:
+    """The caption printed under ``figure_staleness``: what each panel draws, in words the labels leave out."""
+    return ("Left: the mean and the largest |log μ − log π_k| per token between the sampler's weights and the actor's after k "
+            "updates (lag k: actor updates since the rollout was sampled). Middle: the share of tokens whose ratio lies "
+            f"outside [1 − ε, 1 + ε], ε = {clip:g}, as the loss sees it with the sampler's log-probs as denominator (fix: the "
+            "true share) and with log-probs recomputed by the actor (bug); a bar labelled 0 is exactly 0. Right: log π_k − "
+            f"log μ per token at lag {stale['lag']}; dashed: the clip window.")
 
 
 def headline_sentence(rows: list[dict], stale: dict, clip: float) -> str:
@@ -212,7 +223,7 @@ def staleness_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
         fig, ax = plt.subplots(figsize=(6, 3.2))
         plot_log_ratio(ax, row, epsilon)
         share = clip_fraction(row["log_ratio"].exp(), epsilon)
-        ax.set_title(f"lag {row['lag']}: {share:.1%} of tokens outside the window; the recomputed denominator shows 0", fontsize=9)
+        ax.set_title(f"lag {row['lag']}: {share:.1%} outside the window (recomputed: 0)", fontsize=9)
         return {"lag": row["lag"], "true_clip_fraction": share}
 
     lags = [r["lag"] for r in rows]

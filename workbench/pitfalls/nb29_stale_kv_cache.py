@@ -27,6 +27,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.core.devices import generator_on, model_device
 from workbench.core.losses import outside_clip_window
 from workbench.modeling.rollout import sample
@@ -34,7 +35,7 @@ from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import decode_responses, encode_prompts, reward
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
-from workbench.viz.plots import label_zero_bars, note_coinciding
+from workbench.viz.plots import label_zero_bars
 
 CACHE_POLICIES = ("invalidate", "keep")  # the fix, the bug: what the engine does with its prefix cache on a weight update
 
@@ -156,8 +157,11 @@ def update_sweep(model, tokenizer, repeated, new_pool, train_problems, updates: 
     optimizer = torch.optim.Adam(actor.parameters(), lr=lr)
     caches = {policy: PrefixCache(policy) for policy in CACHE_POLICIES}
     serve = dict(group_size=group_size, max_new_tokens=max_new_tokens)
+    # the work in rollouts of len(repeated) prompts: the first fill, one per update, two (repeated, new) per policy per count
+    bar = progress.bar(len(caches) + max(updates) + 2 * len(caches) * len(updates), "fill, update, serve", unit="rollout")
     for cache in caches.values():  # the first rollout: fills each cache with version 0's keys and values
         serve_and_score(actor, tokenizer, cache, repeated, version=0, seed=seed, **serve)
+        bar.update(1)
     rows, fresh, trained = [], iter(range(0, len(new_pool), len(repeated))), {"train_responses": 0, "train_rewarded": 0}
     for k in range(max(updates) + 1):
         if k > 0:
@@ -166,6 +170,7 @@ def update_sweep(model, tokenizer, repeated, new_pool, train_problems, updates: 
                        "train_rewarded": trained["train_rewarded"] + step["rewarded"]}
             for cache in caches.values():
                 cache.on_weight_update()
+            bar.update(1)
         if k in updates:
             start = next(fresh)
             row = {"updates": k, "weight_change": weight_change(actor, model), **trained}
@@ -177,7 +182,9 @@ def update_sweep(model, tokenizer, repeated, new_pool, train_problems, updates: 
                                "new_gap": new["mean_gap"], "new_max_gap": new["max_gap"],
                                "new_hit_rate": new["hit_rate"], "log_ratio": again["log_ratio"],
                                "outside_clip": outside_clip_window(again["log_ratio"], clip)}
+                bar.update(2)
             rows.append(row)
+    bar.close()
     return rows
 
 
@@ -220,60 +227,71 @@ def not_shown(rows: list[dict], last: dict) -> str | None:
 
 # ---- figures -------------------------------------------------------------------------------------
 FLOOR = 1e-9  # where a log axis draws an exact 0
+GAP_SERIES = (("keep", "repeated_gap", plots.BUG_COLOR, dict(marker="o", ms=9, mfc="none", mew=1.5, ls="-"),
+               "repeated, cache kept (bug)"),
+              ("invalidate", "repeated_gap", plots.FIX_COLOR, dict(marker="s", ms=4, ls="-"), "repeated, invalidated (fix)"))
+
+
+def new_prompts_agree(rows: list[dict]) -> bool:
+    """True when the never-seen prompts (cache misses under both policies) show the same gap whichever the policy."""
+    return all(r["keep"]["new_gap"] == r["invalidate"]["new_gap"] for r in rows)
 
 
 def plot_gap(ax, rows: list[dict]) -> None:
-    """Mean |log μ − log π| per token against the updates since the cache was filled, on a log axis."""
+    """Mean |log μ − log π| per token against the updates since the cache was filled, on a log axis: repeated prompts
+    under each cache policy (hollow circles for the bug, so the fix's squares show inside them where both agree, as at
+    0 updates), new prompts in grey (one line when both policies measure the same on them)."""
     k = [r["updates"] for r in rows]
-    series = [("keep", "repeated_gap", plots.BUG_COLOR, "o-", "repeated, cache kept (bug)"),
-              ("keep", "new_gap", plots.BUG_COLOR, "s:", "new, cache kept"),
-              ("invalidate", "repeated_gap", plots.FIX_COLOR, "o-", "repeated, invalidated (fix)"),
-              ("invalidate", "new_gap", plots.FIX_COLOR, "s:", "new, invalidated")]
-    for policy, key, color, style, label in series:
-        ax.plot(k, [max(r[policy][key], FLOOR) for r in rows], style, color=color, label=label, alpha=0.9)
+    for policy, key, color, style, label in GAP_SERIES:
+        ax.plot(k, [max(r[policy][key], FLOOR) for r in rows], color=color, label=label, **style)
+    news = [("keep", "new prompts")] if new_prompts_agree(rows) else [("keep", "new, cache kept"), ("invalidate", "new, invalidated")]
+    for (policy, label), ls in zip(news, (":", "-."), strict=False):
+        ax.plot(k, [max(r[policy]["new_gap"], FLOOR) for r in rows], ls=ls, marker="^", ms=4, color=plots.NEUTRAL_COLOR, label=label,
+                zorder=3)  # dotted, over the fix's line: both stay visible where they meet at rounding level
     ax.set_yscale("log")
-    if any(r[p][key] < FLOOR for r in rows for p, key, *_ in series):
+    if any(r[p][key] < FLOOR for r in rows for p in CACHE_POLICIES for key in ("repeated_gap", "new_gap")):
         plots.draw_floor(ax, FLOOR)
     ax.set_xticks(k)
-    ax.set_xlabel("weight updates since the prefix cache was filled")
-    ax.set_ylabel("mean |log μ_engine − log π_trainer| per token")
-    legend = plots.legend_outside(ax, fontsize=7, title="prompts (repeated: cached before the updates)", title_fontsize=7)
-    note_coinciding(ax, legend_kw=legend)  # below the axes: the bug line rises across its middle
+    ax.set_xlabel("weight updates k")
+    ax.set_ylabel("mean |log μ − log π|")
+    ax.set_title("log-prob gap per token", fontsize=10)
 
 
 def plot_clip(ax, rows: list[dict], clip: float) -> None:
     """Share of the repeated prompts' tokens whose ratio π_trainer / μ_engine lies outside the clip window."""
     x = list(range(len(rows)))
-    fix = ax.bar([i - 0.2 for i in x], [r["invalidate"]["outside_clip"] for r in rows], 0.4, color=plots.FIX_COLOR,
-                 label="cache invalidated on update (fix)")
-    bug = ax.bar([i + 0.2 for i in x], [r["keep"]["outside_clip"] for r in rows], 0.4, color=plots.BUG_COLOR, label="cache kept (bug)")
+    fix = ax.bar([i - 0.2 for i in x], [r["invalidate"]["outside_clip"] for r in rows], 0.4, color=plots.FIX_COLOR)
+    bug = ax.bar([i + 0.2 for i in x], [r["keep"]["outside_clip"] for r in rows], 0.4, color=plots.BUG_COLOR)
     label_zero_bars(ax, fix)
     label_zero_bars(ax, bug)
     ax.set_xticks(x, [str(r["updates"]) for r in rows])
-    ax.set_xlabel("weight updates since the prefix cache was filled")
-    ax.set_ylabel(f"repeated-prompt tokens with |ρ − 1| > ε = {clip:g}")
-    ax.set_ylim(0, 1.3 * max([r["keep"]["outside_clip"] for r in rows] + [0.05]))
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_xlabel("weight updates k")
+    ax.set_ylabel(f"share with |ρ − 1| > {clip:g}")
+    ax.set_ylim(0, 1.2 * max([r["keep"]["outside_clip"] for r in rows] + [0.05]))
+    ax.set_title("outside the clip window", fontsize=10)
 
 
 def plot_log_ratio(ax, row: dict, clip: float) -> None:
-    """Histogram of log π_trainer − log μ_engine on the repeated prompts' tokens, both cache policies, and the clip window."""
+    """Histogram of log π_trainer − log μ_engine on the repeated prompts' tokens, both cache policies, and the clip window
+    (dashed); values beyond ±1 are drawn at ±1."""
     edges = torch.linspace(-1.0, 1.0, 51).numpy()
     for policy, color, label in (("keep", plots.BUG_COLOR, "cache kept (bug)"), ("invalidate", plots.FIX_COLOR, "invalidated (fix)")):
         ax.hist(row[policy]["log_ratio"].clamp(-1, 1).numpy(), bins=edges, color=color, alpha=0.6, label=label)
     for edge in (math.log(1 - clip), math.log(1 + clip)):
         ax.axvline(edge, color=plots.NEUTRAL_COLOR, ls="--")
     ax.set_yscale("log")
-    ax.set_xlabel(f"log π − log μ per token, clamped to ±1 ({row['updates']} updates; dashed: ε = {clip:g})")
+    ax.set_xlabel("log π − log μ")
     ax.set_ylabel("tokens")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(f"per token, k = {row['updates']}", fontsize=10)
 
 
 def figure_stale_cache(rows: list[dict], last: dict, clip: float):
     """The notebook's figure: the gap vs updates, the clip-window share, the log-ratio histogram at the most updates
-    (``last``: the ``headline_row``)."""
-    return plots.figure_panels((18, 5.2), lambda ax: plot_gap(ax, rows), lambda ax: plot_clip(ax, rows, clip),
-                               lambda ax: plot_log_ratio(ax, last, clip))
+    (``last``: the ``headline_row``), one legend under the three panels (``stale_cache_note`` says the rest)."""
+    fig = plots.figure_panels((plots.NOTEBOOK_WIDTH, 3.0), lambda ax: plot_gap(ax, rows), lambda ax: plot_clip(ax, rows, clip),
+                              lambda ax: plot_log_ratio(ax, last, clip))
+    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=9)
+    return fig
 
 
 # ---- printers ------------------------------------------------------------------------------------
@@ -287,6 +305,19 @@ def sweep_lines(rows: list[dict], clip: float) -> str:
                          f"{s['repeated_gap']:.2e}, max {s['repeated_max_gap']:.2e}, {s['outside_clip']:.1%} outside ε = {clip:g}; "
                          f"new prompts (hits {s['new_hit_rate']:.0%}) mean {s['new_gap']:.2e}, max {s['new_max_gap']:.2e}")
     return "\n".join(lines)
+
+
+def stale_cache_note(rows: list[dict], last: dict, clip: float) -> str:
+    """The caption printed under ``figure_stale_cache``: what each panel draws, in words the labels leave out."""
+    first = min(rows, key=lambda r: r["updates"])
+    fresh = (" At k = 0 the kept cache is the current weights' own, so the bug's hollow circle rings the fix's square."
+             if first["updates"] == 0 and first["keep"]["repeated_gap"] == first["invalidate"]["repeated_gap"] else "")
+    new = ("New prompts miss the cache under both policies and measure the same: one grey line." if new_prompts_agree(rows)
+           else "New prompts miss the cache under both policies: grey, dotted when kept, dash-dotted when invalidated.")
+    return (f"Left: mean |log μ_engine − log π_trainer| per token against the weight updates k since the prefix cache was "
+            f"filled (log axis).{fresh} {new} Middle: share of the repeated prompts' tokens whose ratio π / μ lies outside "
+            f"[1 − ε, 1 + ε], ε = {clip:g}. Right: log π − log μ per repeated-prompt token after k = {last['updates']} updates, "
+            f"clamped to ±1 (tokens beyond it drawn at ±1); dashed: the clip window.")
 
 
 def headline_sentence(rows: list[dict], last: dict, clip: float) -> str:
@@ -312,7 +343,8 @@ def stale_cache_explorer(rows: list[dict], clip: float = 0.2) -> Explorer:
         fig, ax = plt.subplots(figsize=(6.5, 3.2))
         plot_log_ratio(ax, row, epsilon)
         share = {p: outside_clip_window(row[p]["log_ratio"], epsilon) for p in CACHE_POLICIES}
-        ax.set_title(f"{updates} updates: outside ε, cache kept {share['keep']:.1%}, invalidated {share['invalidate']:.1%}", fontsize=9)
+        ax.legend(**plots.LEGEND_RIGHT)
+        ax.set_title(f"k = {updates}: outside ε, kept {share['keep']:.1%}, invalidated {share['invalidate']:.1%}", fontsize=9)
         return {"updates": updates, **{f"outside_clip_{p}": v for p, v in share.items()}}
 
     counts = [r["updates"] for r in rows]

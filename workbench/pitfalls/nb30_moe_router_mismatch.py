@@ -26,6 +26,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.modeling.rollout import sample
 from workbench.modeling.routing_replay import (
     RoutingHooks,
@@ -59,16 +60,22 @@ def router_mismatch(model, tokenizer, prompts: list[str], *, max_new_tokens: int
     trainer = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
     engine = copy.deepcopy(model).to(sampler_dtype)
     ids, mask = encode_prompts(tokenizer, prompts)
+    bar = progress.bar(4, "sample, then score: sampler, trainer, trainer replaying", unit="pass")
     rollout = sample(engine, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
+    bar.update(1)
     sequences = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)
     sequence_mask = torch.cat([rollout.prompt_mask, rollout.response_mask], 1)
     with RoutingHooks(engine, "record") as sampler:
         logp = {"sampler": token_logprobs(engine, sequences, sequence_mask)}
+    bar.update(1)
     with RoutingHooks(trainer, "record") as recomputed:
         logp["recompute"] = token_logprobs(trainer, sequences, sequence_mask)
+    bar.update(1)
     with RoutingHooks(trainer, "replay", sampler.routes) as replayed:
         logp["replay"] = token_logprobs(trainer, sequences, sequence_mask)
+    bar.update(1)
+    bar.close()
     response = torch.zeros_like(sequence_mask[:, 1:])  # target t is scored at position t − 1
     response[:, rollout.prompt_ids.shape[1] - 1:] = rollout.response_mask
     response = response.bool()
@@ -150,7 +157,7 @@ def not_shown(result: dict, *, z: float = Z) -> str | None:
 # ---- figures -------------------------------------------------------------------------------------
 def plot_layer_disagreement(ax, result: dict) -> None:
     """Share of tokens whose top-k expert set differs from the sampler's, per MoE layer and in at least one layer."""
-    labels = [f"layer {i}" for i in range(len(result["layers"]))] + ["≥ 1 layer"]
+    labels = [str(i) for i in range(len(result["layers"]))] + ["≥ 1"]
     x = list(range(len(labels)))
     for offset, routing in ((-0.2, "recompute"), (0.2, "replay")):
         s = result["routing"][routing]
@@ -159,13 +166,13 @@ def plot_layer_disagreement(ax, result: dict) -> None:
         label_zero_bars(ax, bars)
     independent = 100 * result["independent_any_layer"]
     ax.hlines(independent, x[-1] - 0.45, x[-1] + 0.45, color=plots.NEUTRAL_COLOR, ls=":", lw=2,
-              label="≥ 1 layer if the layers flipped independently")
+              label="≥ 1 layer if layers flipped independently")
     top = max(100 * result["routing"]["recompute"]["any_layer"], independent)
-    ax.set_ylim(0, 1.45 * top if top > 0 else 1)
+    ax.set_ylim(0, 1.3 * top if top > 0 else 1)
     ax.set_xticks(x, labels)
-    ax.set_ylabel("tokens routed to another expert set (%)")
-    ax.set_title(f"{result['experts']} experts, top-{result['top_k']}: trainer (fp32) vs sampler (bf16)", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_xlabel("MoE layer")
+    ax.set_ylabel("tokens on other experts (%)")
+    ax.set_title("routes that differ", fontsize=10)
 
 
 def gap_bins(result: dict, n: int = 40):
@@ -181,39 +188,44 @@ def plot_gap(ax, result: dict) -> None:
     edges, low = gap_bins(result)
     for routing in ("recompute", "replay"):
         color, label = ROUTING_STYLES[routing]
-        s = result["routing"][routing]
-        ax.hist(result["log_ratio"][routing].abs().clamp(min=low).numpy(), bins=edges, color=color, alpha=0.55,
-                label=f"{label}: mean {s['mean_gap']:.1e}, max {s['max_gap']:.1e}")
+        ax.hist(result["log_ratio"][routing].abs().clamp(min=low).numpy(), bins=edges, color=color, alpha=0.55, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("|log μ_sampler − log π_trainer| per response token (nats)")
+    ax.set_xlabel("|log μ − log π| (nats)")
     ax.set_ylabel("tokens")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title("per response token", fontsize=10)
 
 
 def plot_margin(ax, result: dict, layer: int | None = None, routing: str = "recompute") -> None:
-    """The trainer's router margin p_k − p_(k+1) at each (token, layer): routes kept vs flipped against the sampler."""
+    """The trainer's router margin p_k − p_(k+1) at each (token, layer): routes kept (grey) vs flipped against the sampler
+    (the routing's colour)."""
     differ, margin = result["differ"][routing], result["margin"]
     if layer is not None:
         differ, margin = differ[:, layer], margin[:, layer]
     differ, margin = differ.reshape(-1), margin.reshape(-1).clamp(min=1e-7)
     edges = torch.logspace(-7, 0, 36).numpy()
-    ax.hist(margin[~differ].numpy(), bins=edges, color=plots.NEUTRAL_COLOR, alpha=0.5, label=f"same experts ({int((~differ).sum())})")
+    ax.hist(margin[~differ].numpy(), bins=edges, color=plots.NEUTRAL_COLOR, alpha=0.5, label="same experts")
     if differ.any():
-        ax.hist(margin[differ].numpy(), bins=edges, color=ROUTING_STYLES[routing][0], alpha=0.9,
-                label=f"other experts ({int(differ.sum())})")
+        ax.hist(margin[differ].numpy(), bins=edges, color=ROUTING_STYLES[routing][0], alpha=0.9, label="other experts")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    where = "every MoE layer" if layer is None else f"layer {layer}"
-    ax.set_xlabel(f"router margin p_k − p_(k+1) in the trainer, {where}")
+    ax.set_xlabel("router margin p_k − p_(k+1)")
     ax.set_ylabel("(token, layer) routes")
-    ax.legend(fontsize=7, loc="upper left", title=ROUTING_STYLES[routing][1], title_fontsize=7)
+    ax.set_title("every MoE layer" if layer is None else f"layer {layer}", fontsize=10)
 
 
 def figure_router_mismatch(result: dict):
-    """The notebook's figure: disagreement per layer, the log-prob gap both ways, the margin at flipped routes."""
-    return plots.figure_panels((18, 4.2), lambda ax: plot_layer_disagreement(ax, result), lambda ax: plot_gap(ax, result),
-                               lambda ax: plot_margin(ax, result))
+    """The notebook's figure: disagreement per layer, the log-prob gap both ways, the margin at flipped routes; one
+    legend under them (``router_note`` is the caption)."""
+    from matplotlib.patches import Patch  # matplotlib: only when a figure is drawn
+
+    fig = plots.figure_panels((plots.NOTEBOOK_WIDTH, 3.0), lambda ax: plot_layer_disagreement(ax, result),
+                              lambda ax: plot_gap(ax, result), lambda ax: plot_margin(ax, result))
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    handles.append(Patch(color=plots.NEUTRAL_COLOR, alpha=0.5))
+    labels.append("routes on the same experts (right)")
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=9)
+    return fig
 
 
 # ---- printers ------------------------------------------------------------------------------------
@@ -229,6 +241,19 @@ def result_lines(result: dict) -> str:
     lines.append(f"replay lowers the mean gap by {result['gap_reduction']:.2e} ± {result['gap_reduction_se']:.1e} (paired s.e.); "
                  f"replayed routes identical to the sampler's: {result['replayed_identical']}")
     return "\n".join(lines)
+
+
+def router_note(result: dict) -> str:
+    """The caption printed under ``figure_router_mismatch``: what each panel draws, in words the labels leave out."""
+    bug, fix = result["routing"]["recompute"], result["routing"]["replay"]
+    differ = result["differ"]["recompute"]
+    return (f"{result['experts']} experts, top-{result['top_k']}: the fp32 trainer against the bf16 sampler. Left: the share "
+            "of tokens whose top-k expert set differs from the sampler's, per MoE layer and in at least one (a bar labelled "
+            "0 is exactly 0; dotted: what independent layers would give). Middle: |log μ_sampler − log π_trainer| per "
+            f"response token (log axes; mean {bug['mean_gap']:.1e} recomputed, {fix['mean_gap']:.1e} replayed). Right: the "
+            f"trainer's router margin between its k-th and (k+1)-th expert at each (token, layer) route, routes recomputed: "
+            f"{int(differ.sum())} on other experts than the sampler's, {int((~differ).sum())} on the same (margins below "
+            "1e-7 drawn at 1e-7).")
 
 
 def headline_sentence(result: dict) -> str:
@@ -259,6 +284,7 @@ def router_explorer(result: dict) -> Explorer:
         fig, ax = plt.subplots(figsize=(6.5, 3.2))
         index = None if layer == "all" else int(layer)
         plot_margin(ax, result, index, routing)
+        ax.legend(title=ROUTING_STYLES[routing][1], **plots.LEGEND_RIGHT)
         differ = result["differ"][routing] if index is None else result["differ"][routing][:, index]
         return {"layer": layer, "routing": routing, "disagreement": float(differ.float().mean())}
 
