@@ -48,6 +48,8 @@ def test_figures_draw_on_their_axes():
     rows = synthetic_rows()
     fig = pm.figure_statistics_vs_padding(rows)
     assert len(fig.axes) == len(pm.STATISTICS) and drew(fig)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [label for _, _, label in pm.MODE_STYLES.values()]
+    assert pm.caption_note(rows).startswith(f"The same sampled responses scored with {rows[0]['extra_pads']} to")
     fig, ax = axes()
     pm.plot_pad_shift(ax, rows)
     assert len(ax.patches) == len(pm.MODES) * len(pm.STATISTICS)
