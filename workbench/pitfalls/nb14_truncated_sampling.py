@@ -120,9 +120,10 @@ def plot_ratio_vs_kept_mass(ax, rows: list[dict]) -> None:
                                        ("fix", plots.FIX_COLOR, "s", "same filters (fix)")):
         ax.plot(mass, [r[name]["mean_ratio"] for r in rows], marker, ms=9 if name == "bug" else 5, ls="none", color=color,
                 label=label)
-    for r in rows:
-        ax.annotate(setting_label(r), (r["kept_mass"], r["bug"]["mean_ratio"]), fontsize=8, xytext=(4, -12),
-                    textcoords="offset points")
+    for r in rows:  # top-k labels above left of the line, the others below right: settings with close S stay apart
+        above = bool(r["top_k"])
+        ax.annotate(setting_label(r), (r["kept_mass"], r["bug"]["mean_ratio"]), fontsize=8, xytext=(-5, 5) if above else (5, -12),
+                    textcoords="offset points", ha="right" if above else "left")
     ax.set_xlabel("mean kept mass S")
     ax.set_ylabel("mean ratio ρ at lr 0")
     plots.legend_outside(ax, ncol=3)
