@@ -41,7 +41,7 @@ def test_printed_lines():
     drifts = pm.drifts(rows)
     lines = pm.drift_lines(rows, drifts).splitlines()
     assert len(lines) == len(pm.MODES) and "drift over [0, 4, 16] extra pads" in lines[0]
-    assert pm.headline_sentence(rows, drifts).endswith("the masked statistics are pad-invariant.")
+    assert pm.headline_sentence(rows, drifts).endswith("pad-invariant up to float rounding.")
 
 
 def test_figures_draw_on_their_axes():
