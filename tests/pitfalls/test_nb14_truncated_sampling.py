@@ -53,6 +53,7 @@ def test_figure_and_metrics(rows_and_model, tmp_path):
     assert written["headline"]["bug"] == pytest.approx(head["bug"]["mean_ratio"])
     assert ts.headline_sentence(head).startswith("Headline (top_k=0, top_p=0.8)")
     assert len(ts.sweep_lines(rows).splitlines()) == len(rows)
+    assert ts.caption_note(rows).startswith(f"Left: one point per sampler setting ({len(rows)})")
 
 
 CATALOGUE_PROMPTS = [p.prompt for p in rl_problems(32)]  # the catalogue's checks ran on 32 prompts

@@ -37,6 +37,8 @@ def test_figure_and_metrics(qwen, tmp_path):
     assert written["metrics"]["entropy_gap_at_headline_temperature"] == pytest.approx(rows[0]["entropy_gap"])
     assert written["headline"]["what"].endswith("(τ = 0.5)")
     assert te.headline_sentence(rows, head).startswith("At τ = 0.5:")
+    fix_kl = max(abs(r["fix"]["kl_exact"]) for r in rows)
+    assert te.caption_note(rows).endswith("exactly 0 at every τ." if fix_kl == 0 else "(0 up to float rounding) at every τ.")
 
 
 CATALOGUE_PROMPTS = [p.prompt for p in rl_problems(32)]  # the catalogue's checks ran on 32 prompts

@@ -37,7 +37,10 @@ def test_figures_draw_on_their_axes(measured):
     singleton, spreads, errors, partial = measured
     fig = gs.figure_group_statistics(singleton, spreads, errors, partial)
     assert len(fig.axes) == 3 and all(ax.has_data() for ax in fig.axes)
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["exact", "one-pass (bug)", "two-pass",
+                                                                             "two-pass + floor (fix)"]  # short: rings say the rest
     plt.close(fig)
+    assert gs.caption_note(8).startswith("Top left: the group [0, v × 7] in fp32")
     fig, ax = plt.subplots()
     gs.plot_singleton_advantages(ax, singleton[0])
     assert len(ax.patches) == 3 and len(ax.lines) == 1  # one bar per std, the exact value's line

@@ -48,8 +48,9 @@ def test_figures_draw_on_a_given_ax():
     assert axes[1].lines[0].get_ydata()[0] == 32  # the length limit
     plt.close(fig)
     fig = p17.figure_stopping(RUNS, 32)
-    assert len(fig.axes) == 2
+    assert len(fig.axes) == 2 and fig.get_size_inches()[0] <= 9.6
     plt.close(fig)
+    assert "length limit (32)" in p17.caption_note(8, 32)
 
 
 def test_metrics_are_write_metrics_arguments(tmp_path):

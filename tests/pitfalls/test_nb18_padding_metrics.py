@@ -41,13 +41,15 @@ def test_printed_lines():
     drifts = pm.drifts(rows)
     lines = pm.drift_lines(rows, drifts).splitlines()
     assert len(lines) == len(pm.MODES) and "drift over [0, 4, 16] extra pads" in lines[0]
-    assert pm.headline_sentence(rows, drifts).endswith("the masked statistics are pad-invariant.")
+    assert pm.headline_sentence(rows, drifts).endswith("pad-invariant up to float rounding.")
 
 
 def test_figures_draw_on_their_axes():
     rows = synthetic_rows()
     fig = pm.figure_statistics_vs_padding(rows)
     assert len(fig.axes) == len(pm.STATISTICS) and drew(fig)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [label for _, _, label in pm.MODE_STYLES.values()]
+    assert pm.caption_note(rows).startswith(f"The same sampled responses scored with {rows[0]['extra_pads']} to")
     fig, ax = axes()
     pm.plot_pad_shift(ax, rows)
     assert len(ax.patches) == len(pm.MODES) * len(pm.STATISTICS)

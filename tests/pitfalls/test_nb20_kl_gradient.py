@@ -47,6 +47,8 @@ def test_figure_and_lines(measured):
     fig = kg.figure_kl_gradients(kg.expected_gradients(*small), tiny, on_policy, off_policy, sample_sizes, mc)
     assert len(fig.axes) == 4 and "4 contexts" in fig.axes[1].get_title()
     assert drew(fig)
+    assert {t.get_text() for t in fig.legends[0].get_texts()} == {"exact ∇KL", *map(kg.variant_label, kg.VARIANTS)}
+    assert "(4 contexts)" in kg.caption_note(on_policy, 4, 6)
     lines = kg.gradient_lines(small_cmp, on_policy, off_policy, sample_sizes, mc).splitlines()
     assert len(lines) == len(kg.VARIANTS) + 2 and lines[-1].startswith("k1 in the loss gives no gradient")
 

@@ -34,10 +34,12 @@ def test_figure_draws_the_histogram_and_the_zero_line(llama_shift):
     fig, ax = plt.subplots()
     p21.plot_log_ratio(ax, shift)
     assert len(ax.patches) == 40 and ax.lines[0].get_xdata()[0] == 0  # 40 bins, the fix's line at 0
+    assert ax.get_legend().get_texts()[1].get_text().endswith("all exactly 0 (fix)")  # the same ids score the same
     plt.close(fig)
     fig = p21.figure_log_ratio(shift)
     assert len(fig.axes) == 1
     plt.close(fig)
+    assert "two BOS (bug)" in p21.caption_note()
 
 
 def test_metrics_are_write_metrics_arguments(llama_shift, tmp_path):

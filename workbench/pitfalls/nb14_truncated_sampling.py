@@ -112,17 +112,21 @@ def setting_label(row: dict) -> str:
 
 
 def plot_ratio_vs_kept_mass(ax, rows: list[dict]) -> None:
-    """Mean first-step ratio against the kept mass S, one point per setting: the bug sits on ρ = S."""
+    """Mean first-step ratio against the kept mass S, one point per setting: the bug sits on ρ = S. The bug's points are
+    large circles and the fix's small squares drawn over them, so a setting where both are 1 (no filter) shows both."""
     mass = [r["kept_mass"] for r in rows]
     ax.plot([min(mass), 1], [min(mass), 1], ":", color=plots.NEUTRAL_COLOR, label="ρ = S")
-    for name, color, label in (("bug", plots.BUG_COLOR, "full softmax (bug)"), ("fix", plots.FIX_COLOR, "same filters (fix)")):
-        ax.plot(mass, [r[name]["mean_ratio"] for r in rows], "o", color=color, label=label)
-    for r in rows:
-        ax.annotate(setting_label(r), (r["kept_mass"], r["bug"]["mean_ratio"]), fontsize=7, xytext=(3, -9),
-                    textcoords="offset points")
-    ax.set_xlabel("mean kept probability mass S at the sampled positions")
-    ax.set_ylabel("mean importance ratio at lr 0")
-    ax.legend()
+    for name, color, marker, label in (("bug", plots.BUG_COLOR, "o", "full softmax (bug)"),
+                                       ("fix", plots.FIX_COLOR, "s", "same filters (fix)")):
+        ax.plot(mass, [r[name]["mean_ratio"] for r in rows], marker, ms=9 if name == "bug" else 5, ls="none", color=color,
+                label=label)
+    for r in rows:  # top-k labels above left of the line, the others below right: settings with close S stay apart
+        above = bool(r["top_k"])
+        ax.annotate(setting_label(r), (r["kept_mass"], r["bug"]["mean_ratio"]), fontsize=8, xytext=(-5, 5) if above else (5, -12),
+                    textcoords="offset points", ha="right" if above else "left")
+    ax.set_xlabel("mean kept mass S")
+    ax.set_ylabel("mean ratio ρ at lr 0")
+    plots.legend_outside(ax, ncol=3)
 
 
 def plot_clip_fraction(ax, rows: list[dict], clip_eps: float = 0.2) -> None:
@@ -131,14 +135,14 @@ def plot_clip_fraction(ax, rows: list[dict], clip_eps: float = 0.2) -> None:
         bars = ax.bar([i + shift for i in x], [r[name]["clip_fraction"] for r in rows], 0.4,
                       color=plots.bug_fix_color(name == "bug"), label=label)
         label_zero_bars(ax, bars)
-    ax.set_xticks(list(x), [setting_label(r) for r in rows], rotation=45, fontsize=8)
-    ax.set_ylabel(f"share of tokens with |ρ − 1| > {clip_eps} at lr 0")
-    ax.legend()
+    ax.set_xticks(list(x), [setting_label(r) for r in rows], rotation=45 if len(rows) > 5 else 0, fontsize=8)
+    ax.set_xlabel("sampler setting")
+    ax.set_ylabel(f"share with |ρ − 1| > {clip_eps}")  # the colours of the left panel's legend
 
 
 def figure_ratio_vs_kept_mass(rows: list[dict]):
     """The notebook's figure: ``plot_ratio_vs_kept_mass`` and ``plot_clip_fraction`` side by side."""
-    return plots.figure_panels((13, 4.2), lambda ax: plot_ratio_vs_kept_mass(ax, rows), lambda ax: plot_clip_fraction(ax, rows))
+    return plots.figure_panels((9.6, 4.2), lambda ax: plot_ratio_vs_kept_mass(ax, rows), lambda ax: plot_clip_fraction(ax, rows))
 
 
 # ---- printers -----------------------------------------------------------------------------------
@@ -147,6 +151,14 @@ def sweep_lines(rows: list[dict]) -> str:
     return "\n".join(f"top_k={r['top_k']:>2} top_p={r['top_p']:.2f}: S = {r['kept_mass']:.4f}, mean ρ bug = {r['bug']['mean_ratio']:.4f} "
                      f"(max |ρ−S| {r['max_ratio_minus_mass']:.1e}, clipped {r['bug']['clip_fraction']:.1%}), "
                      f"fix max |ρ−1| = {r['fix']['max_ratio_deviation']:.1e}" for r in rows)
+
+
+def caption_note(rows: list[dict], clip_eps: float = 0.2) -> str:
+    """The caption under the figure: what each point and bar is."""
+    return (f"Left: one point per sampler setting ({len(rows)}): the mean importance ratio ρ at learning rate 0 over the sampled "
+            "tokens against the mean probability mass S the filters keep there (the bug's circles lie under the fix's squares "
+            f"where both are 1). Right: share of sampled tokens with |ρ − 1| > {clip_eps}, outside the PPO clip range; a "
+            "written 0 is a bar of height 0.")
 
 
 def headline_sentence(head: dict) -> str:
@@ -171,7 +183,7 @@ def filter_ratio_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -
                     label="same filters (fix)" if renormalise else "full softmax (bug)")
         ax.set_xlabel("kept mass S at the position")
         ax.set_ylabel("ρ at lr 0")
-        ax.legend()
+        plots.legend_outside(ax, "right")
         return {"kept_mass": float(mass.mean())}
 
     controls = {"top_p": widgets.FloatSlider(value=0.8, min=0.3, max=1.0, step=0.05, description="top_p"),

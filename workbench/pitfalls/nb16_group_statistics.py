@@ -209,24 +209,33 @@ def verdict(singleton: dict, partial: dict, *, floor_tolerance: float = 1e-4) ->
 # ---- figures ------------------------------------------------------------------------------------
 def _legend_below(ax, ncol: int = 1) -> None:
     """Legend under the axes, where it covers no data."""
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, fontsize=8, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=ncol, fontsize=8, frameon=False)
+
+
+def _ring_hidden(ax) -> None:
+    """Ring every point of a line drawn under another (``note_coinciding``), keeping the legend's labels short: the
+    caption (``caption_note``) says what a ring means."""
+    labels = {line: line.get_label() for line in ax.get_lines()}
+    note_coinciding(ax)
+    for line, label in labels.items():
+        line.set_label(label)
 
 
 def plot_singleton(ax, rows: list[dict]) -> None:
     """|advantage| of the reward-0 sample: the headline bug is the one-pass fp32 std (vermilion, as in
-    ``plot_precision``); a series hidden under another is ringed and named in the legend."""
+    ``plot_precision``); a point hidden under another series is ringed."""
     values = [r["value"] for r in rows]
-    ax.plot(values, values, ":", color=plots.NEUTRAL_COLOR, label="exact |R − baseline|")
-    styles = {"one-pass": (plots.BUG_COLOR, "o-", "one-pass std fp32, skip std = 0 (bug)"),
-              "two-pass": (plots.SERIES_COLORS[2], "^--", "two-pass std fp32, skip std = 0"),
-              "two-pass + floor": (plots.FIX_COLOR, "s-", "two-pass std fp32, skip std < 1e-3 (fix)")}
+    ax.plot(values, values, ":", color=plots.NEUTRAL_COLOR, label="exact")
+    styles = {"one-pass": (plots.BUG_COLOR, "o-", "one-pass (bug)"),
+              "two-pass": (plots.SERIES_COLORS[2], "^--", "two-pass"),
+              "two-pass + floor": (plots.FIX_COLOR, "s-", "two-pass + floor (fix)")}
     for key, (color, style, label) in styles.items():
         ax.plot(values, [abs(r[key]) for r in rows], style, color=color, label=label, ms=4)
     ax.set_yscale("log")
-    ax.set_xlabel("reward v of the seven others (group [0, v × 7], fp32)")
-    ax.set_ylabel("|advantage| of the reward-0 sample")
-    note_coinciding(ax)
-    _legend_below(ax)
+    ax.set_xlabel("reward v of the seven others")
+    ax.set_ylabel("|A| of the reward-0 sample")
+    _ring_hidden(ax)
+    _legend_below(ax, ncol=2)
 
 
 PRECISION_STYLES = {  # the headline bug (one-pass fp32, as in plot_singleton) and fix in their colours; bf16 dashed
@@ -234,19 +243,23 @@ PRECISION_STYLES = {  # the headline bug (one-pass fp32, as in plot_singleton) a
     "two-pass bfloat16": (2, "s--", ""), "two-pass float32": ("FIX_COLOR", "s-", " (fix)")}
 
 
+def _dtype_label(key: str) -> str:
+    return key.replace("bfloat16", "bf16").replace("float32", "fp32")
+
+
 def plot_precision(ax, spreads: list[float], errors: dict, floor: float = 1e-10) -> None:
     """Relative error of the std vs the group spread; an exact zero is drawn at ``floor``, on a labelled line."""
     for key, values in errors.items():
         color, style, tag = PRECISION_STYLES.get(key, (0, "o-", ""))
         color = getattr(plots, color) if isinstance(color, str) else plots.SERIES_COLORS[color]
-        ax.plot(spreads, [max(v, floor) for v in values], style, color=color, label=key + tag, ms=4)
+        ax.plot(spreads, [max(v, floor) for v in values], style, color=color, label=_dtype_label(key) + tag, ms=4)
     ax.set_xscale("log")
     ax.set_yscale("log")
     if any(v == 0 for values in errors.values() for v in values):
         draw_floor(ax, floor)
     ax.set_xlabel("group spread σ / mean")
     ax.set_ylabel("relative error of the std")
-    note_coinciding(ax)
+    _ring_hidden(ax)
     _legend_below(ax, ncol=2)
 
 
@@ -255,25 +268,24 @@ def plot_partial(ax, rows: list[dict]) -> None:
     none by construction, labelled 0), and the share whose advantage sign differs between the two."""
     x = range(len(rows))
     ax.bar([i - 0.27 for i in x], [r["misgrouped_fraction"] for r in rows], 0.27, color=plots.BUG_COLOR,
-           label="normalised with another group: stride (bug)")
-    fix = ax.bar(list(x), [0.0 for _ in rows], 0.27, color=plots.FIX_COLOR,
-                 label="normalised with another group: explicit ids (fix)")
+           label="wrong group: stride (bug)")
+    fix = ax.bar(list(x), [0.0 for _ in rows], 0.27, color=plots.FIX_COLOR, label="wrong group: group ids (fix)")
     label_zero_bars(ax, fix)
-    ax.bar([i + 0.27 for i in x], [r["sign_disagreement"] for r in rows], 0.27, color=plots.SERIES_COLORS[0],
-           label="advantage sign differs, stride vs ids")
+    ax.bar([i + 0.27 for i in x], [r["sign_disagreement"] for r in rows], 0.27, color=plots.NEUTRAL_COLOR,
+           label="sign of A differs")
     for i, r in enumerate(rows):
-        ax.annotate(f"max|A| {r['max_abs_advantage_bug']:.0e}", (i - 0.27, r["misgrouped_fraction"]), ha="center", fontsize=7,
+        ax.annotate(f"{r['max_abs_advantage_bug']:.0e}", (i - 0.27, r["misgrouped_fraction"]), ha="center", fontsize=8,
                     xytext=(0, 3), textcoords="offset points")
     ax.set_xticks(list(x), [f"{r['drop_prob']:.0%}" for r in rows])
-    ax.set_xlabel("rollouts dropped (partial groups kept)")
+    ax.set_xlabel("rollouts dropped")
     ax.set_ylabel("share of samples")
-    ax.set_ylim(0, 1.1 * max([r["misgrouped_fraction"] for r in rows] + [0.1]))
-    _legend_below(ax)
+    ax.set_ylim(0, 1.2 * max([r["misgrouped_fraction"] for r in rows] + [0.1]))
+    plots.legend_outside(ax, "right")
 
 
 def figure_group_statistics(singleton: list[dict], spreads: list[float], errors: dict, partial: list[dict]):
-    """The notebook's figure: ``plot_singleton``, ``plot_precision`` and ``plot_partial`` side by side."""
-    fig, axes = plt.subplots(1, 3, figsize=(18, 4.4))
+    """The notebook's figure: ``plot_singleton`` and ``plot_precision`` side by side, ``plot_partial`` under them."""
+    fig, axes = plots.panel_grid(3, columns=2, panel_height=3.6)
     plot_singleton(axes[0], singleton)
     plot_precision(axes[1], spreads, errors)
     plot_partial(axes[2], partial)
@@ -293,6 +305,17 @@ def plot_singleton_advantages(ax, row: dict) -> None:
 
 
 # ---- printers -----------------------------------------------------------------------------------
+def caption_note(group_size: int, floor: float = 1e-3) -> str:
+    """The caption under the figure: each panel's setting and the names its legend shortens."""
+    return (f"Top left: the group [0, v × {group_size - 1}] in fp32; one-pass std = sqrt(E[x²] − E[x]²), skipping only std = 0 "
+            f"(bug); two-pass std Σ(x − x̄)²/(n − 1), skipping only std = 0; two-pass with a floor, no division when std < "
+            f"{floor:g} (fix); exact = |R − baseline| = v. Top right: the std's relative error against the group's spread, per "
+            "algorithm and dtype. Bottom: partial groups from the tiny model's rewards: the share of samples normalised with "
+            "another prompt's group (stride) or with their own (group ids: none, a written 0), the share whose advantage sign "
+            "differs between the two, and above each stride bar its largest |advantage|. A ring marks a point hidden under "
+            "another series.")
+
+
 def cancellation_line(head: dict, group_size: int) -> str:
     """E[x²] − E[x]² of the headline group's ``group_size − 1`` equal rewards in fp32 (exactly 0 in exact arithmetic),
     with both stds (``head``: the singleton row of ``headline_rows``)."""

@@ -18,6 +18,8 @@ to stop sampling and to decide that a response finished.
 
 from __future__ import annotations
 
+import textwrap
+
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
@@ -109,31 +111,34 @@ def verdict(bug_truncated: float, fix_counted_finished: float, stopped_on_turn_e
 
 
 # ---- figures ------------------------------------------------------------------------------------
-SCENARIO_COLORS = (plots.BUG_COLOR, plots.SERIES_COLORS[4], plots.FIX_COLOR)  # the two partial stop sets, the union (fix)
+SCENARIO_COLORS = (plots.BUG_COLOR, plots.NEUTRAL_COLOR, plots.FIX_COLOR)  # the two partial stop sets, the union (fix)
 
 
 def _labels(runs: dict) -> list[str]:
-    return [n.replace(", ", ",\n") for n in runs]
+    """The configurations' names wrapped to a bar's width."""
+    return [textwrap.fill(n, 14) for n in runs]
 
 
 def plot_truncated(ax, runs: dict, colors=SCENARIO_COLORS) -> None:
     """Share of responses counted as truncated per stop-set configuration (``rollout_under`` results)."""
     plots.label_zero_bars(ax, ax.bar(_labels(runs), [100 * r["truncated_fraction"] for r in runs.values()], color=colors))
-    ax.set_ylabel("responses counted as truncated (%)")
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_ylabel("counted as truncated (%)")
 
 
 def plot_decode_steps(ax, runs: dict, max_new_tokens: int, colors=SCENARIO_COLORS) -> None:
     """Tokens generated per response per configuration, against the length limit."""
     ax.bar(_labels(runs), [r["tokens_generated_per_response"] for r in runs.values()], color=colors)
+    ax.tick_params(axis="x", labelsize=8)
     ax.axhline(max_new_tokens, color=plots.NEUTRAL_COLOR, ls="--")
     ax.annotate("length\nlimit", (1, max_new_tokens), xycoords=("axes fraction", "data"), xytext=(4, 0), textcoords="offset points",
                 va="center", fontsize=8)  # beside the line, where no legend box covers it
-    ax.set_ylabel("decode steps (tokens generated per response)")
+    ax.set_ylabel("tokens generated per response")
 
 
 def figure_stopping(runs: dict, max_new_tokens: int):
     """The notebook's figure: ``plot_truncated`` and ``plot_decode_steps`` side by side."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
+    fig, axes = plots.panel_grid(2, panel_height=3.6)
     plot_truncated(axes[0], runs)
     plot_decode_steps(axes[1], runs, max_new_tokens)
     fig.tight_layout()
@@ -141,6 +146,13 @@ def figure_stopping(runs: dict, max_new_tokens: int):
 
 
 # ---- printers -----------------------------------------------------------------------------------
+def caption_note(n_prompts: int, max_new_tokens: int) -> str:
+    """The caption under the figure."""
+    return (f"Each bar: the same {n_prompts} chat prompts sampled under one stop-id "
+            "configuration. Left: responses the trainer counts as truncated (no token of its finished set); a written 0 is a "
+            f"bar of height 0. Right: tokens sampled per response; the dashed line is the length limit ({max_new_tokens}).")
+
+
 def checkpoint_audit_lines() -> str:
     """``audit`` of every realistic checkpoint flavour: its sources, and whether they cover the template's turn end."""
     lines = []

@@ -31,7 +31,7 @@ from workbench.viz.plots import note_coinciding
 
 INVALID_LOGPROB = 1.0  # TRL PPO's sentinel for pad positions
 MODES = ("unmasked", "sentinel", "masked")
-STATISTICS = {"entropy": "mean entropy per token (nats)", "kl": "mean KL k1 per token", "ratio": "mean ratio π/π_old",
+STATISTICS = {"entropy": "entropy per token (nats)", "kl": "KL k1 per token", "ratio": "mean ratio π/π_old",
               "sequence_entropy": "Σ_t −log π per sequence"}  # what each logged statistic is, as the figure labels it
 
 
@@ -108,43 +108,63 @@ def verdict(drift_by_mode: dict, tolerance: float = 1e-4) -> tuple[bool, bool]:
 
 
 # ---- figures ------------------------------------------------------------------------------------
+MODE_STYLES = {"unmasked": (plots.BUG_COLOR, "o-", "unmasked (bug)"),
+               "sentinel": (plots.NEUTRAL_COLOR, "^--", f"pads = {INVALID_LOGPROB} (bug)"),
+               "masked": (plots.FIX_COLOR, "s-", "masked (fix)")}  # the sentinel: a second bug, in the neutral colour
+
+
 def plot_metric(ax, rows: list[dict], key: str, ylabel: str) -> None:
+    """One statistic against the pad columns added, per mode; a point hidden under another series is ringed (the
+    legend's labels stay short: ``caption_note`` says what a ring means)."""
     x = [r["extra_pads"] for r in rows]
-    styles = {"unmasked": (plots.BUG_COLOR, "mean over the grid (bug)"),
-              "sentinel": (plots.SERIES_COLORS[4], f"pads set to {INVALID_LOGPROB} (bug)"),
-              "masked": (plots.FIX_COLOR, "masked (fix)")}
-    for mode, (color, label) in styles.items():
-        ax.plot(x, [r[mode][key] for r in rows], "o-", color=color, label=label, ms=4)
-    ax.set_xlabel("extra pad columns in the batch")
+    for mode, (color, style, label) in MODE_STYLES.items():
+        ax.plot(x, [r[mode][key] for r in rows], style, color=color, label=label, ms=4)
+    ax.set_xlabel("extra pad columns")
     ax.set_ylabel(ylabel)
     plots.integer_axis(ax.xaxis)
-    note_coinciding(ax, legend_kw=plots.legend_outside(ax))  # below the axes: three lines span its height
+    labels = {line: line.get_label() for line in ax.get_lines()}
+    note_coinciding(ax)
+    for line, label in labels.items():
+        line.set_label(label)
+    if ax.get_legend():
+        ax.get_legend().remove()  # one legend for the figure
 
 
 def figure_statistics_vs_padding(rows: list[dict]):
-    """The notebook's figure: each statistic of ``STATISTICS`` against the pad columns added (one ``plot_metric`` each)."""
-    fig, axes = plt.subplots(1, len(STATISTICS), figsize=(20, 5))
+    """The notebook's figure: each statistic of ``STATISTICS`` against the pad columns added (one ``plot_metric`` each),
+    2 × 2, one legend under the grid."""
+    fig, axes = plots.panel_grid(len(STATISTICS), panel_height=3.0)
     for ax, (key, label) in zip(axes, STATISTICS.items(), strict=True):
         plot_metric(ax, rows, key, label)
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=9)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))  # the bottom strip holds the legend
     return fig
 
 
 def plot_pad_shift(ax, rows: list[dict]) -> None:
     """|Δ| of each statistic between the first and the last row's pad width, per mode (grouped bars, symlog)."""
-    colors = {"unmasked": plots.BUG_COLOR, "sentinel": plots.SERIES_COLORS[4], "masked": plots.FIX_COLOR}
+    colors = {mode: color for mode, (color, _, _) in MODE_STYLES.items()}
     first, last = rows[0], rows[-1]
     width = 0.8 / len(MODES)
     for i, mode in enumerate(MODES):
         x = [k + (i - 1) * width for k in range(len(STATISTICS))]
-        ax.bar(x, [abs(last[mode][key] - first[mode][key]) for key in STATISTICS], width, color=colors[mode], label=mode)
+        ax.bar(x, [abs(last[mode][key] - first[mode][key]) for key in STATISTICS], width, color=colors[mode],
+               label=MODE_STYLES[mode][2])
     ax.set_xticks(range(len(STATISTICS)), list(STATISTICS), fontsize=8)
     ax.set_yscale("symlog", linthresh=1e-6)
-    ax.set_ylabel(f"|change| from {first['extra_pads']} to {last['extra_pads']} extra pads")
-    ax.legend(fontsize=8)
+    ax.set_ylabel(f"|change|, {first['extra_pads']} → {last['extra_pads']} pads")
+    plots.legend_outside(ax, "right")
 
 
 # ---- printers -----------------------------------------------------------------------------------
+def caption_note(rows: list[dict]) -> str:
+    """The caption under the figure: what the three modes are and what a ring means."""
+    return (f"The same sampled responses scored with {rows[0]['extra_pads']} to {rows[-1]['extra_pads']} extra pad columns "
+            "appended; each panel is one logged statistic. Unmasked: the mean over every cell of the grid, pads included "
+            f"(bug); pads = {INVALID_LOGPROB}: pad log-probs filled with the sentinel {INVALID_LOGPROB} then averaged (bug); "
+            "masked: Σ v·m / Σ m over the response tokens (fix). A ring marks a point hidden under another series.")
+
+
 def drift_lines(rows: list[dict], drift_by_mode: dict) -> str:
     """Per mode, each statistic's drift (``drifts``) over the pad widths of ``rows``."""
     widths = [r["extra_pads"] for r in rows]
@@ -157,7 +177,8 @@ def headline_sentence(rows: list[dict], drift_by_mode: dict) -> str:
     return (f"With {last['extra_pads']} extra pad columns ({last['pad_fraction']:.0%} of the grid is padding): Σ −log π per sequence "
             f"logs {last['sentinel']['sequence_entropy']:.3f} with the sentinel and {last['unmasked']['sequence_entropy']:.3f} unmasked, "
             f"{last['masked']['sequence_entropy']:.3f} masked; "
-            + ("the masked statistics are pad-invariant." if verdict(drift_by_mode)[1] else "the masked ones move too."))
+            + (f"the masked statistics move by at most {max(drift_by_mode['masked'].values()):.1e}: pad-invariant up to float "
+               "rounding." if verdict(drift_by_mode)[1] else "the masked ones move too."))
 
 
 # ---- explorer -----------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.core import progress
 from workbench.core.batching import pad_sequences
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import token_logprobs
@@ -188,12 +189,12 @@ def width_drift_by_precision(model, episodes, pad_token_id: int, *, long_context
 
 
 def micro_batch_sweep(model, episodes, sizes: list[int], *, pad_token_id: int, old_micro_batch_size: int | None = None,
-                      seed: int = 0) -> list[dict]:
+                      seed: int = 0, desc: str = "micro-batch sizes") -> list[dict]:
     """Ratio statistics at lr 0 for π_old scored over the whole batch (once) and π_θ in shuffled
-    micro-batches of each size."""
+    micro-batches of each size (a progress bar ``desc`` over the sizes)."""
     old = score_in_layout(model, episodes, layout(old_micro_batch_size or len(episodes)), pad_token_id)
     stats = []
-    for size in sizes:
+    for size in progress.track(sizes, desc, unit="size"):
         new = score_in_layout(model, episodes, layout(size, shuffle_seed=seed), pad_token_id)
         r = log_ratio_statistics(old, new, episodes)
         stats.append({k: v for k, v in r.items() if k != "log_ratio"} | {"micro_batch_size": size})
@@ -202,25 +203,30 @@ def micro_batch_sweep(model, episodes, sizes: list[int], *, pad_token_id: int, o
 
 def precision_sweeps(model, episodes, sizes: list[int], *, pad_token_id: int, seed: int = 0) -> dict:
     """``micro_batch_sweep`` in fp32 then bf16 (the model is cast in place and left in bf16)."""
-    return {name: micro_batch_sweep(model.to(dtype), episodes, sizes, pad_token_id=pad_token_id, seed=seed) for name, dtype in PRECISIONS}
+    return {name: micro_batch_sweep(model.to(dtype), episodes, sizes, pad_token_id=pad_token_id, seed=seed,
+                                    desc=f"micro-batch sizes, {name}") for name, dtype in PRECISIONS}
 
 
 def fix_cases(model, episodes, *, train_micro_batch: int, pad_token_id: int, seed: int = 0) -> dict:
     """``log_ratio_statistics`` in bf16 for the bug (π_old over the whole batch) and the two fixes (π_old recomputed
     in the training layout; one fixed width for every batch). The first key is the bug's; the bug and the first
-    fix share one scoring of π_θ in the training layout."""
+    fix share one scoring of π_θ in the training layout. A progress bar counts the five scorings."""
     model.to(torch.bfloat16)
     width = max(len(e[0]) for e in episodes)
     train = layout(train_micro_batch, shuffle_seed=seed)
+    bar = progress.bar(5, "scoring per layout", unit="scoring")
 
     def scored(spec: dict) -> list[torch.Tensor]:
-        return score_in_layout(model, episodes, spec, pad_token_id)
+        logprobs = score_in_layout(model, episodes, spec, pad_token_id)
+        bar.update(1)
+        return logprobs
 
     policy = scored(train)
     cases = {"π_old over the batch (bug)": (scored(layout(len(episodes))), policy),
              "π_old in the training layout": (scored(train), policy),
              "fixed width for every batch": (scored(layout(len(episodes), width=width)),
                                              scored(layout(train_micro_batch, shuffle_seed=seed, width=width)))}
+    bar.close()
     return {name: log_ratio_statistics(old, new, episodes) for name, (old, new) in cases.items()}
 
 
@@ -255,15 +261,20 @@ def plot_micro_batch_sweep(axes, sizes: list[int], sweeps: dict) -> None:
     for name in ("bf16", "fp32"):
         axes[0].plot(sizes, [s["max_ratio_deviation"] for s in sweeps[name]], marker="o", color=DTYPE_COLORS[name], label=name)
         axes[1].plot(sizes, [100 * s["fraction_ratio_not_one"] for s in sweeps[name]], marker="o", color=DTYPE_COLORS[name], label=name)
-    axes[0].set(xscale="log", xlabel="training micro-batch size", ylabel="max |ρ − 1| at lr 0")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(size) for size in sizes])
+        ax.minorticks_off()
+        ax.set_xlabel("training micro-batch size")
+    axes[0].set_ylabel("max |ρ − 1| at lr 0")
     axes[0].set_yscale("symlog", linthresh=1e-7)
     axes[0].set_ylim(bottom=0)
-    axes[1].set(xscale="log", xlabel="training micro-batch size", ylabel="response tokens with ρ ≠ 1 (%)")
-    axes[0].legend()
+    axes[1].set_ylabel("tokens with ρ ≠ 1 (%)")
+    plots.legend_outside(axes[0], ncol=2)
 
 
 def figure_micro_batch_sweep(sizes: list[int], sweeps: dict):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, axes = plots.panel_grid(2, panel_height=3.6)
     plot_micro_batch_sweep(axes, sizes, sweeps)
     fig.tight_layout()
     return fig

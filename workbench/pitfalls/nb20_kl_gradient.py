@@ -200,7 +200,8 @@ def variant_color(variant: str) -> str:
     return getattr(plots, color) if isinstance(color, str) else plots.SERIES_COLORS[color]
 
 
-def plot_per_logit(ax, gradients: dict, variants: tuple = ("k1 in loss", "k3 in loss", "k1 in reward")) -> None:
+def plot_per_logit(ax, gradients: dict, variants: tuple = ("k1 in loss", "k3 in loss", "k1 in reward"), *,
+                   legend: bool = True) -> None:
     """∂/∂θ_j of the exact KL and of each variant's expected gradient (``expected_gradients`` of one context), token by
     token."""
     from workbench.viz import plots
@@ -214,27 +215,28 @@ def plot_per_logit(ax, gradients: dict, variants: tuple = ("k1 in loss", "k3 in 
                       color=variant_color(v), hatch=VARIANT_STYLES[v][1], edgecolor="white", lw=0, label=variant_label(v))
         label_zero_bars(ax, bars, tol=1e-12 * float(exact.abs().max()))  # 0 to float precision: written, a bar cannot show it
     ax.axhline(0, color=plots.NEUTRAL_COLOR, lw=0.8)
-    ax.set_xlabel("token j of a small softmax policy")
+    ax.set_xlabel("token j (small softmax)")
     ax.set_ylabel("∂ / ∂θ_j")
-    ax.legend(fontsize=8, loc="best")
+    if legend:
+        plots.legend_outside(ax, ncol=2)
 
 
 def plot_bars(ax, on_policy: dict, title: str) -> None:
-    """Each variant's relative error on a log axis, its value written on the bar; below ``FLOOR`` drawn at it, said
-    in the title."""
+    """Each variant's relative error on a log axis, its value written on the bar; below ``FLOOR`` drawn at it (the
+    caption, ``caption_note``, names those)."""
     errors = [on_policy[v]["relative_error"] for v in VARIANTS]
     bars = ax.bar(range(len(VARIANTS)), [max(e, FLOOR) for e in errors], color=[variant_color(v) for v in VARIANTS],
                   hatch=None, edgecolor="white", lw=0)
     for bar, v, e in zip(bars, VARIANTS, errors, strict=True):
         bar.set_hatch(VARIANT_STYLES[v][1])
-        ax.annotate(f"{e:.1e}", (bar.get_x() + bar.get_width() / 2, max(e, FLOOR)), ha="center", va="bottom", fontsize=7,
+        ax.annotate(f"{e:.0e}", (bar.get_x() + bar.get_width() / 2, max(e, FLOOR)), ha="center", va="bottom", fontsize=8,
                     xytext=(0, 2), textcoords="offset points")
-    ax.set_xticks(range(len(VARIANTS)), [variant_label(v) for v in VARIANTS], rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(range(len(VARIANTS)), [variant_label(v) for v in VARIANTS], rotation=90,
+                  fontsize=8)
     ax.set_yscale("log")
-    ax.set_ylabel("‖E[∇ estimate] − ∇KL‖ / ‖∇KL‖")
-    clamped = [variant_label(v) for v, e in zip(VARIANTS, errors, strict=True) if e < FLOOR]
-    ax.set_title(title + (f"\n(bars under {FLOOR:g}, round-off, drawn at it: {', '.join(clamped)}; values written)" if clamped else ""),
-                 fontsize=9 if clamped else None)
+    ax.set_ylim(top=ax.get_ylim()[1] * 30)  # room for the values written over the bars
+    ax.set_ylabel("relative error of E[∇]")
+    ax.set_title(title, fontsize=10)
 
 
 def plot_off_policy(ax, rows: list[dict]) -> None:
@@ -249,9 +251,14 @@ def plot_off_policy(ax, rows: list[dict]) -> None:
     ax.set_yscale("log")
     if any(r[v]["relative_error"] < FLOOR for r in rows for v in VARIANTS):
         plots.draw_floor(ax, FLOOR, f"< {FLOOR:g} (round-off)")
-    ax.set_xlabel("distance from π_old: θ = θ_old + s·δ")
-    ax.set_ylabel("relative error of the expected gradient")
-    note_coinciding(ax, legend_kw=plots.legend_outside(ax, ncol=2, fontsize=7))  # below the axes: the lines span its height
+    ax.set_xlabel("step s from π_old")
+    ax.set_ylabel("relative error of E[∇]")
+    labels = {line: line.get_label() for line in ax.get_lines()}
+    note_coinciding(ax)  # rings the hidden points; the labels stay short (the caption says what a ring is)
+    for line, label in labels.items():
+        line.set_label(label)
+    if ax.get_legend():
+        ax.get_legend().remove()
 
 
 def plot_monte_carlo(ax, sample_sizes: list[int], errors: dict) -> None:
@@ -259,27 +266,42 @@ def plot_monte_carlo(ax, sample_sizes: list[int], errors: dict) -> None:
         ax.plot(sample_sizes, values, VARIANT_STYLES[v][2], color=variant_color(v), label=variant_label(v), ms=4)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("sampled tokens N per gradient estimate")
-    ax.set_ylabel("mean relative error vs ∇KL")
-    ax.legend(fontsize=8, loc="best")
+    ax.set_xlabel("sampled tokens N")
+    ax.set_ylabel("mean relative error")
 
 
 def figure_kl_gradients(small_gradients: dict, tiny: tuple, on_policy: dict, off_policy: list[dict], sample_sizes: list[int],
                         mc: dict):
-    """The notebook's four panels: the small softmax per logit (its ``expected_gradients``), the tiny model on-policy,
-    off-policy, N samples. ``tiny`` is the tiny model's (policy logits, reference logits) pair."""
+    """The notebook's four panels, 2 × 2 with one legend under them: the small softmax per logit (its
+    ``expected_gradients``), the tiny model on-policy, off-policy, N samples. ``tiny`` is the tiny model's (policy logits,
+    reference logits) pair."""
+    from workbench.viz import plots
+
     theta, ref_logits = tiny
-    fig, axes = plt.subplots(1, 4, figsize=(24, 5.2))
-    plot_per_logit(axes[0], small_gradients)
+    fig, axes = plots.panel_grid(4, panel_height=3.5)
+    plot_per_logit(axes[0], small_gradients, legend=False)
     kl = float(exact_kl(theta, ref_logits).mean())
     plot_bars(axes[1], on_policy, f"tiny model, on-policy ({theta.shape[0]} contexts, KL {kl:.3f} nats)")
     plot_off_policy(axes[2], off_policy)
     plot_monte_carlo(axes[3], sample_sizes, mc)
-    fig.tight_layout()
+    handles = {label: handle for ax in (axes[0], axes[2]) for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=4, fontsize=9)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))  # the bottom strip holds the legend
     return fig
 
 
 # ---- printers -----------------------------------------------------------------------------------
+def caption_note(on_policy: dict, contexts: int, vocab: int) -> str:
+    """The caption under the figure: each panel's setting, and the on-policy errors drawn at ``FLOOR``."""
+    clamped = [variant_label(v) for v in VARIANTS if on_policy[v]["relative_error"] < FLOOR]
+    return (f"(a) The expected gradient of each KL term on the {vocab} logits of a small softmax policy, against the exact "
+            f"∇KL (black); a written 0 is a bar of height 0. (b) ‖E[∇ estimate] − ∇KL‖ / ‖∇KL‖ on the tiny model's next-token "
+            f"distributions ({contexts} contexts), on-policy; the value is written over each bar"
+            + (f", and the bars of {', '.join(clamped)} (under {FLOOR:g}, round-off) are drawn at {FLOOR:g}" if clamped else "")
+            + ". (c) The same error after the policy moved a step s from the sampling policy, θ = θ_old + s·δ. (d) The mean "
+            "error of N-sample estimates on (a)'s softmax. A ring marks a point hidden under another series.")
+
+
 def gradient_lines(small: dict, on_policy: dict, off_policy: list[dict], sample_sizes: list[int], mc: dict) -> str:
     """Each estimator's relative error (small softmax, tiny model, farthest off-policy step), the Monte Carlo errors
     and the verdict in words."""

@@ -157,10 +157,13 @@ def plot_log_ratio(ax, shift: dict, how: str = BUG_PATH) -> None:
     """Histogram of the per-token log-ratios of path ``how`` (``response_shift``) against the fix path's line at 0."""
     path, fix = shift["paths"][how], shift["paths"][FIX_PATH]
     color = plots.BUG_COLOR if how == BUG_PATH else plots.SERIES_COLORS[0]  # the fix path is the line at 0
-    ax.hist(path["log_ratio"].numpy(), bins=40, color=color, alpha=0.8, label=f"{how}: {path['leading_bos']} BOS")
-    ax.axvline(0, color=plots.FIX_COLOR, lw=3, label=f"add_special_tokens=False: {fix['leading_bos']} BOS, all exactly 0")
-    ax.set(xlabel="log π(token | trainer's ids) − log π(token | template ids) at lr 0", ylabel="response tokens")
-    ax.legend()
+    tag = " (bug)" if how == BUG_PATH else ""
+    ax.hist(path["log_ratio"].numpy(), bins=40, color=color, alpha=0.8, label=f"{how}: {path['leading_bos']} BOS{tag}")
+    largest = float(fix["log_ratio"].abs().max()) if fix["log_ratio"].numel() else 0.0
+    ax.axvline(0, color=plots.FIX_COLOR, lw=3, label=f"add_special_tokens=False: {fix['leading_bos']} BOS, "
+               + ("all exactly 0" if largest == 0 else f"all within {largest:.0e} of 0") + " (fix)")
+    ax.set(xlabel="log ρ per response token at lr 0", ylabel="response tokens")
+    plots.legend_outside(ax)
 
 
 def figure_log_ratio(shift: dict):
@@ -169,6 +172,13 @@ def figure_log_ratio(shift: dict):
 
 
 # ---- printers -----------------------------------------------------------------------------------
+def caption_note() -> str:
+    """The caption under the figure: what log ρ compares."""
+    return ("log ρ = log π(token | the trainer's ids) − log π(token | the template's ids) for every response token, at "
+            "learning rate 0: the histogram is the path with two BOS (bug), the line at 0 the path with "
+            "add_special_tokens=False (fix).")
+
+
 def bos_audit_lines() -> str:
     """``bos_audit`` of every realistic checkpoint flavour's tokenizer, one line each."""
     return "\n".join(f"{flavour:10s} {bos_audit(models.load_tokenizer(realistic.checkpoint(flavour)))}"

@@ -176,7 +176,7 @@ def plot_turn_log_ratio(ax, stats: dict, highlight: int | None = None) -> None:
     span = max(high - low, 1e-9)
     ax.set_ylim(low - 0.06 * span, high + 0.06 * span)
     plots.integer_axis(ax.xaxis)
-    ax.legend(loc="best")
+    plots.legend_outside(ax, ncol=2)
 
 
 def figure_turn_log_ratio(stats: dict):
