@@ -27,6 +27,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
+from matplotlib.ticker import NullFormatter
 
 from workbench.viz.explorer import Explorer
 from workbench.viz.plots import label_zero_bars, note_coinciding
@@ -266,6 +267,8 @@ def plot_monte_carlo(ax, sample_sizes: list[int], errors: dict) -> None:
         ax.plot(sample_sizes, values, VARIANT_STYLES[v][2], color=variant_color(v), label=variant_label(v), ms=4)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xticks(sample_sizes, [str(n) for n in sample_sizes])  # the sizes run: minor labels would crowd a short span
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("sampled tokens N")
     ax.set_ylabel("mean relative error")
 
