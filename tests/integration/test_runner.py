@@ -203,18 +203,21 @@ def test_a_finished_kernel_is_shut_down_without_an_interrupt():
     assert sent == [signal.SIGINT] and not manager.is_alive()
 
 
-def test_a_relative_out_folder_reaches_the_notebook_as_an_absolute_path(tmp_path, monkeypatch):
-    """``--out runs/mine`` (as the README writes it): the kernel runs inside the notebook's own folder, so a relative
-    ``out_dir`` would put metrics.json in runs/mine/<nb>/runs/mine/<nb>/ and the run would read as failed."""
+def test_a_relative_out_folder_reaches_the_notebook_as_its_working_folder(tmp_path, monkeypatch):
+    """``--out runs/mine`` (as the README writes it): the kernel runs inside the notebook's own folder (resolved), and
+    the notebook gets ``out_dir = "."`` — its outputs land there, not in runs/mine/<nb>/runs/mine/<nb>/, and the
+    executed notebook names no folder of the machine (papermill's recorded paths cut to file names)."""
     import papermill
 
     from workbench.catalogue.batch import execute
 
+    calls = {}
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(papermill, "execute_notebook", lambda *args, **kwargs: None)  # the injected cell is what matters
+    monkeypatch.setattr(papermill, "execute_notebook", lambda *args, **kwargs: calls.update(kwargs))
     info = find_notebook("00_quickstart")
     execute(info, {}, Path("runs/mine") / info.stem, render_html=False)
     written = nbformat.read(str(tmp_path / "runs" / "mine" / info.stem / f"{info.stem}.ipynb"), as_version=4)
     injected = next(c for c in written.cells if "injected-parameters" in c.metadata.get("tags", []))
-    assert f"out_dir = {str(tmp_path / 'runs' / 'mine' / info.stem)!r}" in injected.source or \
-        f'out_dir = "{tmp_path / "runs" / "mine" / info.stem}"' in injected.source, injected.source
+    assert 'out_dir = "."' in injected.source or "out_dir = '.'" in injected.source, injected.source
+    assert calls["cwd"] == str(tmp_path / "runs" / "mine" / info.stem)
+    assert str(tmp_path) not in nbformat.writes(written)
