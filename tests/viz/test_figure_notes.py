@@ -104,3 +104,13 @@ def test_a_fix_coloured_run_is_tagged_in_the_legend_without_renaming_it():
     assert figure_notes.tagged("scored as finished (bug)", figure_notes.BUG_COLOR) == "scored as finished (bug)"
     assert figure_notes.tagged("bf16 rollout + TIS", figure_notes.SERIES_COLORS[2]) == "bf16 rollout + TIS"
     assert figure_notes.tagged("prefix (fixed seed)", figure_notes.FIX_COLOR) == "prefix (fixed seed) (fix)"
+
+
+def test_ring_only_rings_and_leaves_labels_and_legend_alone():
+    fig, ax = plt.subplots()
+    ax.plot([0, 1, 2], [1, 2, 3], "o-", label="bug")
+    ax.plot([0, 1, 2], [1, 2, 3], "s-", label="fix")
+    notes = figure_notes.note_coinciding(ax, ring_only=True)
+    assert [note[0] for note in notes] == ["bug"] and ax.get_legend() is None
+    assert [line.get_label() for line in ax.get_lines()] == ["bug", "fix", "_ring"]
+    plt.close(fig)

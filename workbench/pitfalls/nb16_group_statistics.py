@@ -215,10 +215,7 @@ def _legend_below(ax, ncol: int = 1) -> None:
 def _ring_hidden(ax) -> None:
     """Ring every point of a line drawn under another (``note_coinciding``), keeping the legend's labels short: the
     caption (``caption_note``) says what a ring means."""
-    labels = {line: line.get_label() for line in ax.get_lines()}
-    note_coinciding(ax)
-    for line, label in labels.items():
-        line.set_label(label)
+    note_coinciding(ax, ring_only=True)
 
 
 def plot_singleton(ax, rows: list[dict]) -> None:

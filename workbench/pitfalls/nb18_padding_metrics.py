@@ -122,10 +122,7 @@ def plot_metric(ax, rows: list[dict], key: str, ylabel: str) -> None:
     ax.set_xlabel("extra pad columns")
     ax.set_ylabel(ylabel)
     plots.integer_axis(ax.xaxis)
-    labels = {line: line.get_label() for line in ax.get_lines()}
-    note_coinciding(ax)
-    for line, label in labels.items():
-        line.set_label(label)
+    note_coinciding(ax, ring_only=True)
     if ax.get_legend():
         ax.get_legend().remove()  # one legend for the figure
 

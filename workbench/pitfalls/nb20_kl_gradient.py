@@ -254,10 +254,7 @@ def plot_off_policy(ax, rows: list[dict]) -> None:
         plots.draw_floor(ax, FLOOR, f"< {FLOOR:g} (round-off)")
     ax.set_xlabel("step s from π_old")
     ax.set_ylabel("relative error of E[∇]")
-    labels = {line: line.get_label() for line in ax.get_lines()}
-    note_coinciding(ax)  # rings the hidden points; the labels stay short (the caption says what a ring is)
-    for line, label in labels.items():
-        line.set_label(label)
+    note_coinciding(ax, ring_only=True)  # rings the hidden points; the labels stay short (the caption says what a ring is)
     if ax.get_legend():
         ax.get_legend().remove()
 

@@ -250,13 +250,17 @@ def legend_outside(ax, where: str = "below", **kw) -> dict:
     return kw
 
 
-def note_coinciding(ax, pixels: float = 2.0, legend_kw: dict | None = None) -> list[tuple[str, str, int]]:
+def note_coinciding(ax, pixels: float = 2.0, legend_kw: dict | None = None, *,
+                    ring_only: bool = False) -> list[tuple[str, str, int]]:
     """Mark every labelled line drawn under another one; returns ``(hidden, on_top, points)`` triples.
 
     A line is "under" another when it comes first in drawing order (z-order, then call order). Its
     coinciding points get a hollow ring in its colour (at most ``MAX_RINGS``, evenly spread), and its legend label says
     "(under <other>, ringed)" or "(under <other> at k/n points, ringed)". The legend is redrawn
     (or drawn: ``legend_kw`` is passed to ``ax.legend``).
+
+    ``ring_only``: draw the rings and leave the labels and the legend as they are, for a figure whose legend is shared
+    by several panels and whose caption says what a ring means.
 
     Reference lines (``axhline``/``axvline``: one coordinate in axes fractions) are neither hidden nor
     hiding: a thin reference drawn across a series does not hide it. A line already noted (its label says
@@ -292,10 +296,11 @@ def note_coinciding(ax, pixels: float = 2.0, legend_kw: dict | None = None) -> l
             n, k = len(hit), int(hit.sum())
             other = short_name(str(above.get_label()))
             where = f"under {other}" if k == n else f"under {other} at {k}/{n} points"
-            below.set_label(f"{below.get_label()} ({where}, ringed)")
+            if not ring_only:
+                below.set_label(f"{below.get_label()} ({where}, ringed)")
             notes.append((str(below.get_label()), other, k))
             break
-    if notes:  # the legend is where the note is read, so draw one
+    if notes and not ring_only:  # the legend is where the note is read, so draw one
         ax.legend(**(legend_kw or {}))
     return notes
 
