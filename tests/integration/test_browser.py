@@ -4,6 +4,7 @@ Needs Debian's Chromium at /usr/bin/chromium (``.ci/run`` installs it) and the P
 package (no browser download: ``executable_path`` points at the system Chromium).
 """
 
+import contextlib
 import os
 import shutil
 import socket
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]  # headless in a container, nothing fetched on its own
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 pytestmark = [
@@ -29,15 +32,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def jupyterlab(tmp_path):
-    shutil.copytree(NOTEBOOKS, tmp_path / "notebooks")
+@contextlib.contextmanager
+def jupyterlab_server(root_dir: Path, state: Path, **env_extra: str):
+    """Start JupyterLab serving ``root_dir`` on a free loopback port; yields ``(url, token)``, stops it on exit.
+
+    Its config and runtime folders and its log (``jupyterlab.log``) go under ``state``, so that no user setting reaches
+    the test; ``env_extra`` adds environment variables (a settings folder). Waits up to 60 s for the port to open.
+    """
     port, token = free_port(), "workbench-test"
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
-    log = open(tmp_path / "jupyterlab.log", "w")
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(state / "config"), JUPYTER_RUNTIME_DIR=str(state / "runtime"),
+               **env_extra)
+    log = open(state / "jupyterlab.log", "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path / 'notebooks'}", "--allow-root",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}", "--allow-root",
          "--LabApp.news_url=", "--LabServerApp.extension_manager=readonly"],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )
@@ -56,6 +64,13 @@ def jupyterlab(tmp_path):
         log.close()
 
 
+@pytest.fixture
+def jupyterlab(tmp_path):
+    shutil.copytree(NOTEBOOKS, tmp_path / "notebooks")
+    with jupyterlab_server(tmp_path / "notebooks", tmp_path) as (base, token):
+        yield base, token
+
+
 def accept_kernel_dialog(page, seconds: float = 10) -> None:
     """A fresh JupyterLab may ask which kernel to start ("Select Kernel"): accept its default (python3)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -67,31 +82,35 @@ def accept_kernel_dialog(page, seconds: float = 10) -> None:
     page.locator(".jp-Dialog .jp-mod-accept").first.click()
 
 
+def run_all_cells(page, url: str, run_seconds: float, idle_seconds: float) -> None:
+    """Open the notebook at ``url``, run all its cells from the Run menu and wait until every one has run.
+
+    Waits up to ``run_seconds`` for every code cell to be numbered ("[*]" while queued or running), then up to
+    ``idle_seconds`` for the kernel to be idle again.
+    """
+    page.goto(url)
+    page.wait_for_selector(".jp-Notebook", timeout=60_000)
+    accept_kernel_dialog(page)
+    idle = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
+    page.wait_for_selector(idle, timeout=60_000)
+    page.click("text=Run", timeout=10_000)
+    page.click("text=Run All Cells", timeout=10_000)
+    page.wait_for_function(
+        "() => { const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];"
+        " return p.length > 0 && p.every(e => /\\[\\d+\\]/.test(e.textContent)); }",
+        timeout=run_seconds * 1000,
+    )
+    page.wait_for_selector(idle, timeout=idle_seconds * 1000)
+
+
 def test_quickstart_runs_in_jupyterlab_and_a_widget_redraws(jupyterlab, tmp_path):
     from playwright.sync_api import sync_playwright
 
     base, token = jupyterlab
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=str(CHROMIUM),
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"],
-        )
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{base}/lab/tree/00_quickstart.ipynb?token={token}")
-        page.wait_for_selector(".jp-Notebook", timeout=60_000)
-        accept_kernel_dialog(page)
-        idle = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
-        page.wait_for_selector(idle, timeout=60_000)
-        page.click("text=Run", timeout=10_000)
-        page.click("text=Run All Cells", timeout=10_000)
-        # every code cell numbered means every cell ran ("[*]" while queued or running)
-        page.wait_for_function(
-            "() => { const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];"
-            " return p.length > 0 && p.every(e => /\\[\\d+\\]/.test(e.textContent)); }",
-            timeout=180_000,
-        )
-        page.wait_for_selector(idle, timeout=60_000)
+        run_all_cells(page, f"{base}/lab/tree/00_quickstart.ipynb?token={token}", run_seconds=180, idle_seconds=60)
         page.screenshot(path=str(tmp_path / "quickstart.png"))
 
         assert page.locator(".jp-OutputArea-output img").count() >= 2, "no figure rendered"
@@ -148,40 +167,17 @@ def smoke_copies(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lab_of_copies(smoke_copies):
-    port, token = free_port(), "workbench-test"
+    from playwright.sync_api import sync_playwright
+
     root = smoke_copies.parent
     settings = root / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')  # no news question on the page
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(root / "config"), JUPYTER_RUNTIME_DIR=str(root / "runtime"),
-               JUPYTERLAB_SETTINGS_DIR=str(root / "settings"))
-    log = open(root / "jupyterlab.log", "w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={smoke_copies}", "--allow-root",
-         "--LabApp.news_url=", "--LabServerApp.extension_manager=readonly"],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
-    )
-    from playwright.sync_api import sync_playwright
-
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.5)
+    with jupyterlab_server(smoke_copies, root, JUPYTERLAB_SETTINGS_DIR=str(root / "settings")) as (base, token):
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
-                "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync"])
-            yield browser, f"http://127.0.0.1:{port}", token
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            yield browser, base, token
             browser.close()
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
 
 
 def _move_one_control(page) -> str | None:
@@ -215,19 +211,8 @@ def test_every_notebook_runs_in_jupyterlab_and_its_explorer_redraws(lab_of_copie
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
         # a workspace of its own, reset: JupyterLab would reopen the notebooks of the tests before
-        page.goto(f"{base}/lab/workspaces/{stem}/tree/{stem}.ipynb?reset&token={token}")
-        page.wait_for_selector(".jp-Notebook", timeout=60_000)
-        accept_kernel_dialog(page)
-        idle = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
-        page.wait_for_selector(idle, timeout=60_000)
-        page.click("text=Run", timeout=10_000)
-        page.click("text=Run All Cells", timeout=10_000)
-        page.wait_for_function(
-            "() => { const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];"
-            " return p.length > 0 && p.every(e => /\\[\\d+\\]/.test(e.textContent)); }",
-            timeout=600_000,
-        )
-        page.wait_for_selector(idle, timeout=120_000)
+        run_all_cells(page, f"{base}/lab/workspaces/{stem}/tree/{stem}.ipynb?reset&token={token}",
+                      run_seconds=600, idle_seconds=120)
         text = page.inner_text(".jp-Notebook")
         if "train_variants(" in (NOTEBOOKS / f"{stem}.ipynb").read_text():
             assert page.locator(PROGRESS_BAR).count() >= 1, f"{stem}: its training cell shows no progress bar"
