@@ -47,3 +47,35 @@ def test_figure_row_and_panels_draw_each_axis_and_band_panels_end_with_heldout()
     fig = plots.figure_panels((6, 2), lambda ax: seen.append(("a", ax)), lambda ax: seen.append(("b", ax)))
     assert [name for name, _ in seen] == ["a", "b"] and [ax for _, ax in seen] == fig.axes
     plt.close(fig)
+
+
+def test_band_panels_short_labels_leave_the_bands_to_bands_caption():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = [{"reward": float(s), "heldout_accuracy_start": 0.2, "heldout_accuracy": 0.5} for s in range(3)]
+    runs = {"bug": [history, history], "fix": [history]}
+    fig, axes = plt.subplots(1, 2)
+    plots.plot_band_panels(axes, runs, (("reward", "r"),), window=2, short_labels=True)
+    assert axes[0].get_ylabel() == "r" and axes[1].get_ylabel() == "held-out greedy accuracy"
+    plt.close(fig)
+    assert plots.bands_caption(runs, 2) == "mean over 2 seeds, band ± std, 2-step moving average"
+    assert plots.bands_caption({"fix": [history]}, 1) == "one seed"
+
+
+def test_log_ratio_histogram_leaves_out_an_empty_series_and_clips_to_the_end_bins():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots()
+    series = [(np.array([], dtype=np.float32), plots.FIX_COLOR, "fix"), (np.array([0.0, 5.0], dtype=np.float32), plots.BUG_COLOR, "bug")]
+    plots.plot_log_ratio_histogram(ax, series, 0.2, np.linspace(-1.0, 1.0, 5), "log ratio")
+    assert ax.get_legend_handles_labels()[1] == ["bug"] and len(ax.containers) == 1
+    assert [p.get_height() for p in ax.containers[0]] == [0, 0, 1, 1]
+    assert len(ax.get_lines()) == 2 and ax.get_yscale() == "log" and ax.get_ylabel() == "tokens"
+    plt.close(fig)

@@ -7,7 +7,6 @@ gap grows as τ moves away from 1). TRL's GRPOTrainer divides by τ; top-p/top-k
 
 from __future__ import annotations
 
-import re
 from functools import partial
 
 import ipywidgets as widgets
@@ -98,13 +97,9 @@ def figure_ratio_vs_temperature(results: dict):
 def plot_ppo(axes, runs: dict, window: int) -> None:
     """First-step |ρ − 1|, clipped share and reward bands, bug and fix, and held-out accuracy (4 axes); short axis
     labels and tick labels (``ppo_note`` says the rest)."""
-    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(PPO_VARIANTS), window=window, log_key="first_ratio_deviation")
-    for ax, (_, label) in zip(axes, PPO_PANELS, strict=False):
-        ax.set_ylabel(label)
-    heldout = axes[len(PPO_PANELS)]
-    heldout.set_xticks(range(len(runs)), [re.sub(r"^.*=", "", label).replace(" ", "\n") for label in runs], fontsize=9)
-    heldout.set_xlabel("rescale_by_temperature (□ start → ● end)")
-    heldout.set_ylabel("held-out accuracy")
+    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(PPO_VARIANTS), window=window, log_key="first_ratio_deviation",
+                           short_labels=True)
+    plots.label_switch_heldout(axes[len(PPO_PANELS)], runs, "rescale_by_temperature")
 
 
 def figure_ppo(runs: dict, ppo_steps: int):

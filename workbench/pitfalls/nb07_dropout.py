@@ -9,7 +9,6 @@ the importance ratio is not 1 and the KL to an identical reference is not 0. The
 from __future__ import annotations
 
 import copy
-import re
 from functools import partial
 
 import ipywidgets as widgets
@@ -132,13 +131,9 @@ def figure_step0(results: dict):
 def plot_ppo(axes, runs: dict) -> None:
     """First-mini-batch |ρ − 1|, KL and reward bands, bug and fix, and held-out accuracy (4 axes); short axis labels
     and tick labels (``ppo_note`` says the rest)."""
-    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(PPO_VARIANTS), log_key="train_ratio_deviation")
-    for ax, (_, label) in zip(axes, PPO_PANELS, strict=False):
-        ax.set_ylabel(label)
-    heldout = axes[len(PPO_PANELS)]
-    heldout.set_xticks(range(len(runs)), [re.sub(r"^.*=", "", label).replace(" ", "\n") for label in runs], fontsize=9)
-    heldout.set_xlabel("disable_dropout (□ start → ● end)")
-    heldout.set_ylabel("held-out accuracy")
+    plots.plot_band_panels(axes, runs, PPO_PANELS, plots.bug_fix_colors(PPO_VARIANTS), log_key="train_ratio_deviation",
+                           short_labels=True)
+    plots.label_switch_heldout(axes[len(PPO_PANELS)], runs, "disable_dropout")
 
 
 def figure_ppo(runs: dict):

@@ -223,12 +223,8 @@ def smoothing_window(train_steps: int) -> int:
 def plot_training_bands(axes, runs: dict, window: int) -> None:
     """EOS rate and reward bands per variant (a run hidden under another is ringed and named; legends below, where 4
     lines leave no room inside), and held-out accuracy (3 axes). Short y labels: ``training_note`` says the rest."""
-    palette = colors(runs)
-    for ax, (key, label) in zip(axes, TRAINING_PANELS, strict=False):
-        plots.plot_bands(ax, runs, key, label, palette, window=window, legend_kw=plots.LEGEND_BELOW)
-        ax.set_ylabel(label)
-    plots.plot_heldout(axes[len(TRAINING_PANELS)], runs, palette)
-    axes[len(TRAINING_PANELS)].set_ylabel("held-out greedy accuracy")
+    plots.plot_band_panels(axes, runs, TRAINING_PANELS, colors(runs), window=window, legend_kw=plots.LEGEND_BELOW,
+                           short_labels=True)
 
 
 def figure_training_bands(runs: dict, train_steps: int):
@@ -254,12 +250,9 @@ def budget_sentence(profile: dict, task: str, max_new_tokens: int) -> str:
 
 def training_note(runs: dict, train_steps: int) -> str:
     """The caption printed under the training figure: what each panel shows and how its bands were made."""
-    seeds = max(len(histories) for histories in runs.values())
-    spread = f"mean over {seeds} seeds, band ± std" if seeds > 1 else "one seed"
-    steps = smoothing_window(train_steps)
-    average = f", {steps}-step moving average" if steps > 1 else ""
     return (f"Top: the share of sampled responses that end with EOS, and the mean reward as the trainer scored it "
-            f"(the bug pays truncated responses; the penalised variant subtracts its penalty) — {spread}{average}. "
+            f"(the bug pays truncated responses; the penalised variant subtracts its penalty) — "
+            f"{plots.bands_caption(runs, smoothing_window(train_steps))}. "
             "Bottom: held-out greedy accuracy before (□) and after (●) training, dots: seeds.")
 
 

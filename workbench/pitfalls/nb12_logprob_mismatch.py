@@ -156,11 +156,7 @@ def plot_ppo(axes, runs: dict, window: int) -> None:
     """Reward and KL bands of the three samplers (legends below), and held-out accuracy (3 axes). Short y labels:
     ``ppo_note`` says the rest."""
     colors = dict(zip(runs, (plots.BUG_COLOR, plots.FIX_COLOR, plots.SERIES_COLORS[2]), strict=False))
-    for ax, (key, label) in zip(axes, PPO_PANELS, strict=False):
-        plots.plot_bands(ax, runs, key, label, colors, window=window, legend_kw=plots.LEGEND_BELOW)
-        ax.set_ylabel(label)
-    plots.plot_heldout(axes[len(PPO_PANELS)], runs, colors)
-    axes[len(PPO_PANELS)].set_ylabel("held-out greedy accuracy")
+    plots.plot_band_panels(axes, runs, PPO_PANELS, colors, window=window, legend_kw=plots.LEGEND_BELOW, short_labels=True)
 
 
 def figure_ppo(runs: dict, ppo_steps: int):
@@ -185,12 +181,9 @@ def mismatch_note(results: dict, cap: float) -> str:
 
 def ppo_note(runs: dict, ppo_steps: int) -> str:
     """The caption printed under part 2's figure: what each panel shows and how its bands were made."""
-    seeds = max(len(histories) for histories in runs.values())
-    spread = f"mean over {seeds} seeds, band ± std" if seeds > 1 else "one seed"
-    steps = smoothing_window(ppo_steps)
-    average = f", {steps}-step moving average" if steps > 1 else ""
-    return (f"Top: mean task reward and KL to the reference (nats per response) — {spread}{average}. Bottom: held-out "
-            "greedy accuracy before (□) and after (●) training, dots: seeds.")
+    return (f"Top: mean task reward and KL to the reference (nats per response) — "
+            f"{plots.bands_caption(runs, smoothing_window(ppo_steps))}. Bottom: held-out greedy accuracy before (□) and "
+            "after (●) training, dots: seeds.")
 
 
 def training_lines(effects: dict, runs: dict, task: str) -> str:

@@ -129,13 +129,8 @@ def plot_ppo_whitening(axes, runs: dict, window: int) -> None:
     """|Mean advantage| on real tokens (the predicted measure: its sign differs from rollout to rollout) and reward per
     step (seed bands, legends below), and held-out accuracy (3 axes). The y labels are short: how the bands were made is
     said by ``ppo_whitening_note``."""
-    colors = plots.bug_fix_colors(PPO_VARIANTS)
-    shown = with_absolute_advantage_mean(runs)
-    for ax, (key, label) in zip(axes, TRAINING_PANELS, strict=False):
-        plots.plot_bands(ax, shown, key, label, colors, window=window, legend_kw=plots.LEGEND_BELOW)
-        ax.set_ylabel(label)
-    plots.plot_heldout(axes[len(TRAINING_PANELS)], runs, colors)
-    axes[len(TRAINING_PANELS)].set_ylabel("held-out greedy accuracy")
+    plots.plot_band_panels(axes, with_absolute_advantage_mean(runs), TRAINING_PANELS, plots.bug_fix_colors(PPO_VARIANTS),
+                           window=window, legend_kw=plots.LEGEND_BELOW, short_labels=True)
 
 
 def figure_ppo_whitening(runs: dict, ppo_steps: int):
@@ -159,13 +154,9 @@ def whitening_note(rows: list[dict]) -> str:
 
 def ppo_whitening_note(runs: dict, ppo_steps: int) -> str:
     """The caption printed under part 2's figure: how the bands and the held-out panel were made."""
-    seeds = max(len(histories) for histories in runs.values())
-    spread = f"mean over {seeds} seeds, band ± std" if seeds > 1 else "one seed"
-    steps = smoothing_window(ppo_steps)
-    average = f", {steps}-step moving average" if steps > 1 else ""
-    return (f"Top: {spread}{average}; left, the size of each step's mean whitened advantage over real tokens (the "
-            "prediction's measure: 0 when whitening is right), right, the task reward. Bottom: held-out greedy accuracy "
-            "before (□) and after (●) training, dots: seeds.")
+    return (f"Top: {plots.bands_caption(runs, smoothing_window(ppo_steps))}; left, the size of each step's mean whitened "
+            "advantage over real tokens (the prediction's measure: 0 when whitening is right), right, the task reward. "
+            "Bottom: held-out greedy accuracy before (□) and after (●) training, dots: seeds.")
 
 
 SHOWN_EFFECTS = {"advantage_abs_mean_real_tokens": "|mean advantage|, real tokens", "reward": "task reward",

@@ -97,25 +97,26 @@ def verdict(rows: list[dict], tolerance: float = 1e-5) -> tuple[bool, bool]:
 
 
 # ---- figures ------------------------------------------------------------------------------------
-def plot_entropy(ax, rows: list[dict]) -> None:
+def plot_bug_and_fix(ax, rows: list[dict], key: str, labels: tuple[str, str], ylabel: str) -> None:
+    """``key`` of the bug's and the fix's measurements against τ (``labels``: bug, fix), τ = 1 dotted: the two panels
+    of the notebook's figure, drawn alike."""
     temperatures = [r["temperature"] for r in rows]
-    ax.plot(temperatures, [r["bug"]["entropy"] for r in rows], "o-", color=plots.BUG_COLOR, label="from z (bug)")
-    ax.plot(temperatures, [r["fix"]["entropy"] for r in rows], "s-", ms=4, color=plots.FIX_COLOR, label="from z / τ (fix)")
+    ax.plot(temperatures, [r["bug"][key] for r in rows], "o-", color=plots.BUG_COLOR, label=labels[0])
+    ax.plot(temperatures, [r["fix"][key] for r in rows], "s-", ms=4, color=plots.FIX_COLOR, label=labels[1])
     ax.axvline(1.0, color=plots.NEUTRAL_COLOR, lw=0.8, ls=":")
     ax.set_xlabel("sampling temperature τ")
-    ax.set_ylabel("mean entropy (nats)")
+    ax.set_ylabel(ylabel)
     plots.legend_outside(ax, ncol=2)
+
+
+def plot_entropy(ax, rows: list[dict]) -> None:
+    plot_bug_and_fix(ax, rows, "entropy", ("from z (bug)", "from z / τ (fix)"), "mean entropy (nats)")
 
 
 def plot_step0_kl(ax, rows: list[dict]) -> None:
     """The exact step-0 KL per token on a linear axis: the fix's is 0 (to float rounding) at every τ, a line on the axis."""
-    temperatures = [r["temperature"] for r in rows]
-    ax.plot(temperatures, [r["bug"]["kl_exact"] for r in rows], "o-", color=plots.BUG_COLOR, label="reference at τ = 1 (bug)")
-    ax.plot(temperatures, [r["fix"]["kl_exact"] for r in rows], "s-", ms=4, color=plots.FIX_COLOR, label="reference at τ (fix)")
-    ax.axvline(1.0, color=plots.NEUTRAL_COLOR, lw=0.8, ls=":")
-    ax.set_xlabel("sampling temperature τ")
-    ax.set_ylabel("exact KL at step 0 (nats/token)")
-    plots.legend_outside(ax, ncol=2)
+    plot_bug_and_fix(ax, rows, "kl_exact", ("reference at τ = 1 (bug)", "reference at τ (fix)"),
+                     "exact KL at step 0 (nats/token)")
 
 
 def figure_entropy_vs_temperature(rows: list[dict]):

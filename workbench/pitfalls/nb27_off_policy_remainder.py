@@ -287,18 +287,9 @@ def plot_sweep(ax, rows: list[dict]) -> None:
 
 def plot_log_ratio(ax, bug: dict, fix: dict, clip: float) -> None:
     """Histogram of log ρ on the off-policy tokens: what the loss saw with each guard, and the clip window (dashed)."""
-    edges = torch.linspace(-1.0, 1.0, 51).numpy()
-    if fix["seen_log_ratio"].numel():
-        ax.hist(fix["seen_log_ratio"].clamp(-1, 1).numpy(), bins=edges, color=plots.FIX_COLOR, alpha=0.6,
-                label=f"seen, {fix['guard']} guard (fix)")
-    if bug["seen_log_ratio"].numel():
-        ax.hist(bug["seen_log_ratio"].clamp(-1, 1).numpy(), bins=edges, color=plots.BUG_COLOR, alpha=0.6,
-                label=f"seen, {bug['guard']} guard (bug)")
-    for edge in (math.log(1 - clip), math.log(1 + clip)):
-        ax.axvline(edge, color=plots.NEUTRAL_COLOR, ls="--")
-    ax.set_yscale("log")
-    ax.set_xlabel("log ratio per off-policy token")
-    ax.set_ylabel("tokens")
+    series = [(fix["seen_log_ratio"].numpy(), plots.FIX_COLOR, f"seen, {fix['guard']} guard (fix)"),
+              (bug["seen_log_ratio"].numpy(), plots.BUG_COLOR, f"seen, {bug['guard']} guard (bug)")]
+    plots.plot_log_ratio_histogram(ax, series, clip, torch.linspace(-1.0, 1.0, 51).numpy(), "log ratio per off-policy token")
     ax.set_title(f"steps_per_generation = {bug['steps_per_generation']}", fontsize=10)
 
 

@@ -21,7 +21,6 @@ policy, plus prompts it never saw; the trainer rescores every sample with a fres
 from __future__ import annotations
 
 import copy
-import math
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
@@ -274,14 +273,9 @@ def plot_clip(ax, rows: list[dict], clip: float) -> None:
 def plot_log_ratio(ax, row: dict, clip: float) -> None:
     """Histogram of log π_trainer − log μ_engine on the repeated prompts' tokens, both cache policies, and the clip window
     (dashed); values beyond ±1 are drawn at ±1."""
-    edges = torch.linspace(-1.0, 1.0, 51).numpy()
-    for policy, color, label in (("keep", plots.BUG_COLOR, "cache kept (bug)"), ("invalidate", plots.FIX_COLOR, "invalidated (fix)")):
-        ax.hist(row[policy]["log_ratio"].clamp(-1, 1).numpy(), bins=edges, color=color, alpha=0.6, label=label)
-    for edge in (math.log(1 - clip), math.log(1 + clip)):
-        ax.axvline(edge, color=plots.NEUTRAL_COLOR, ls="--")
-    ax.set_yscale("log")
-    ax.set_xlabel("log π − log μ")
-    ax.set_ylabel("tokens")
+    series = [(row["keep"]["log_ratio"].numpy(), plots.BUG_COLOR, "cache kept (bug)"),
+              (row["invalidate"]["log_ratio"].numpy(), plots.FIX_COLOR, "invalidated (fix)")]
+    plots.plot_log_ratio_histogram(ax, series, clip, torch.linspace(-1.0, 1.0, 51).numpy(), "log π − log μ")
     ax.set_title(f"per token, k = {row['updates']}", fontsize=10)
 
 

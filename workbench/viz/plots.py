@@ -12,6 +12,7 @@ one line where the legend lists two cannot tell a hidden series from a missing o
 
 from __future__ import annotations
 
+import math
 import re
 import textwrap
 
@@ -437,12 +438,52 @@ def plot_heldout(ax, runs: dict[str, list[list[dict]]], colors: dict | None = No
 
 
 def plot_band_panels(axes, runs: dict[str, list[list[dict]]], panels, colors: dict | None = None, *,
-                     window: int = 1, log_key: str | None = None) -> None:
-    """``plot_bands`` of each ``(key, label)`` of ``panels`` on its axis (a log axis for ``log_key``), then
-    ``plot_heldout`` on the next axis: the training figure of a bug-vs-fix comparison."""
+                     window: int = 1, log_key: str | None = None, legend_kw: dict | None = None,
+                     short_labels: bool = False) -> None:
+    """``plot_bands`` of each ``(key, label)`` of ``panels`` on its axis (a log axis for ``log_key``, the legend placed by
+    ``legend_kw``), then ``plot_heldout`` on the next axis: the training figure of a bug-vs-fix comparison.
+
+    ``short_labels``: each band's y label is its panel label alone and the held-out one "held-out greedy accuracy",
+    without how the bands were made, for a figure whose caption says that (``bands_caption``)."""
     for ax, (key, label) in zip(axes, panels, strict=False):
-        plot_bands(ax, runs, key, label, colors, window=window, log=key == log_key)
+        plot_bands(ax, runs, key, label, colors, window=window, log=key == log_key, legend_kw=legend_kw)
+        if short_labels:
+            ax.set_ylabel(label)
     plot_heldout(axes[len(panels)], runs, colors)
+    if short_labels:
+        axes[len(panels)].set_ylabel("held-out greedy accuracy")
+
+
+def label_switch_heldout(ax, runs: dict[str, list[list[dict]]], switch: str) -> None:
+    """Short labels for a ``plot_heldout`` axis whose variants are the values of one trainer switch (labels
+    "... switch=value"): each tick the value alone, one word a line, and the switch named once in the x label."""
+    ax.set_xticks(range(len(runs)), [re.sub(r"^.*=", "", label).replace(" ", "\n") for label in runs], fontsize=9)
+    ax.set_xlabel(f"{switch} (□ start → ● end)")
+    ax.set_ylabel("held-out accuracy")
+
+
+def bands_caption(runs: dict[str, list[list[dict]]], window: int) -> str:
+    """How ``plot_bands`` drew ``runs``, for a caption under short y labels: "mean over N seeds, band ± std" (N the
+    most seeds of any variant) or "one seed", then ", W-step moving average" when ``window`` > 1."""
+    seeds = max(len(histories) for histories in runs.values())
+    spread = f"mean over {seeds} seeds, band ± std" if seeds > 1 else "one seed"
+    return spread + (f", {window}-step moving average" if window > 1 else "")
+
+
+def plot_log_ratio_histogram(ax, series, clip: float, edges, xlabel: str) -> None:
+    """Histogram of per-token log-ratios on a log count axis, one per ``(values, color, label)`` of ``series`` in that
+    order (a series without values is left out, legend entry and all), and PPO's clip window [log(1 − clip),
+    log(1 + clip)] dashed. ``edges`` are the bins from −1 to 1 (the caller's, so that every figure of a notebook bins
+    alike); values beyond ±1 are drawn in the end bins."""
+    for values, color, label in series:
+        values = np.asarray(values)
+        if values.size:
+            ax.hist(np.clip(values, -1, 1), bins=edges, color=color, alpha=0.6, label=label)
+    for edge in (math.log(1 - clip), math.log(1 + clip)):
+        ax.axvline(edge, color=NEUTRAL_COLOR, ls="--")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("tokens")
 
 
 NOTEBOOK_WIDTH = 9.6  # inches: at 100 dpi, with savefig's 0.1-in pads, a figure fills a 1000-px output area unshrunk
