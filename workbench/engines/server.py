@@ -14,7 +14,8 @@ Requests (``{"cmd": ...}``), each answered ``{"ok": true, ...}`` or ``{"ok": fal
   ``seeds`` (one per prompt) → ``tokens``, ``logprobs`` (of each sampled token, as the engine returns them),
   ``finish`` (``stop``/``length``), ``cached`` (prompt tokens served from the prefix cache), seconds;
 * ``update``: ``path`` (a safetensors file of Hugging Face names), ``via`` (``reload_weights``: the engine's reload
-  path; ``load_weights``: ``model.load_weights``, the path TRL's colocate mode syncs through), ``reset_prefix_cache``
+  path; ``load_weights``: ``model.load_weights``, the path TRL's colocate mode syncs through; ``trl_sync``: TRL 1.16's
+  own ``VLLMGeneration.sync_weights``), ``reset_prefix_cache``
   → seconds, whether the cache was reset;
 * ``reset_prefix_cache`` → whether it was; ``stop`` → ends the process.
 """
@@ -89,15 +90,34 @@ def update(request: dict) -> dict:
     via = request.get("via", "reload_weights")
     if via == "reload_weights":
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
-    elif via == "load_weights":  # TRL 1.16's colocate sync: llm_model.load_weights(state_dict.items())
-        model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-        model.load_weights(weights.items())
+    elif via == "load_weights":  # the model's own loader, what TRL's colocate mode calls
+        model_runner().model.load_weights(weights.items())
+    elif via == "trl_sync":  # TRL 1.16's own colocate sync, VLLMGeneration.sync_weights, on this engine
+        trl_sync_weights(llm, weights)
     else:
-        raise ValueError(f"update via {via!r}: use 'reload_weights' or 'load_weights'")
+        raise ValueError(f"update via {via!r}: use 'reload_weights', 'load_weights' or 'trl_sync'")
     reset = bool(request.get("reset_prefix_cache", True))
     if reset:
         llm.reset_prefix_cache()
     return {"seconds": time.perf_counter() - begin, "reset": reset}
+
+
+def model_runner():
+    """The in-process worker's model runner (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine lives in this process)."""
+    worker = STATE["llm"].llm_engine.model_executor.driver_worker
+    return getattr(worker, "worker", worker).model_runner
+
+
+def trl_sync_weights(llm, weights: dict) -> None:
+    """TRL 1.16's ``VLLMGeneration.sync_weights`` in colocate mode, its own code, on this engine: the instance it runs
+    on carries only what that method reads (mode, sleep mode off, the engine, the named parameters of a plain model)."""
+    from types import SimpleNamespace
+
+    from trl.generation.vllm_generation import VLLMGeneration  # trl: the engine environment's TRL 1.16
+
+    owner = SimpleNamespace(mode="colocate", enable_sleep_mode=False, accelerator=None, llm=llm,
+                            _iter_named_params=lambda: iter(weights.items()))
+    VLLMGeneration.sync_weights(owner)
 
 
 def reset_prefix_cache(request: dict) -> dict:
