@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from workbench.core import observers
 from workbench.core.errors import EngineError, EngineUnavailable
 from workbench.core.paths import REPO_ROOT, private_folder, remove_private_folder
 from workbench.engines import envs
@@ -247,6 +248,15 @@ class EngineSampler:
         ids = ids.masked_fill(mask == 0, pad_token_id)
         finished = torch.isin(ids, torch.tensor(stops)).any(-1)
         device = prompt_ids.device
-        return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=ids.to(device),
+        rollout = Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=ids.to(device),
                        response_mask=mask.to(device), rollout_logprobs=(logp * mask).to(device), finished=finished.to(device),
                        decode_steps=width, tokens_generated=int(lengths.sum()), seconds=time.perf_counter() - begin)
+        if observers.listening():  # a workbench.watch sees the engine's rollout and settings like the sampler's
+            observers.emit("sample", model=None, temperature=temperature, top_k=0, top_p=1.0, stop_ids=stops,
+                           stop_at_eos=stop_at_eos, rollout=rollout, engine=self.describe())
+        return rollout
+
+    def describe(self) -> dict:
+        """What the engine is and how it was started: name, version, dtype loaded, log-prob mode, prefix-cache reset."""
+        return {"name": "vllm", "version": self.info.get("vllm"), "dtype": self.info.get("dtype"),
+                "logprobs_mode": self.options.logprobs_mode, "reset_prefix_cache": self.options.reset_prefix_cache}
