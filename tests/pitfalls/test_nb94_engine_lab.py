@@ -10,7 +10,7 @@ from workbench.engines import envs
 from workbench.pitfalls import nb94_engine_lab as lab
 
 MEASURED = {  # the shape engine_findings returns, with numbers of the size the engine gives
-    "ran": True, "reason": "", "model": "tiny-arith-qwen2-hd32", "temperature": 0.6,
+    "ran": True, "reason": "", "model": "tiny-arith-qwen2-hd32",
     "engine": {"vllm": "0.32.0", "dtype": "float32", "logprobs_mode": "processed_logprobs", "prefix_caching": True},
     "temperature": {"bug": 1.59, "fix": 1.9e-6, "raw_vs_untempered": 2e-6, "temperature": 0.6},
     "prefix_cache": {"bug": 3.2, "fix": 2e-6, "prompt_tokens": 160, "cached_bug": 144, "cached_fix": 0},

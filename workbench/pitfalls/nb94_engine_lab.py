@@ -94,7 +94,7 @@ def engine_findings(model_name: str = "tiny-arith-qwen2-hd32", *, temperature: f
     model, tokenizer = load(model_name)
     ids, mask = prompt_batch(tokenizer, n=4 if smoke else 8)
     new_tokens = 4 if smoke else 8
-    out: dict = {"ran": True, "reason": "", "model": model_name, "temperature": temperature}
+    out: dict = {"ran": True, "reason": "", "model": model_name}
     with EngineSampler(EngineOptions(precision="fp32"), name=model_name) as engine:
         engine.start(model)
         out["engine"] = {k: engine.info.get(k) for k in ("vllm", "dtype", "logprobs_mode", "prefix_caching")}
