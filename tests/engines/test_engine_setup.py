@@ -112,3 +112,14 @@ def test_config_sampler_field():
         with pytest.raises(ConfigError):
             GRPOConfig(**bad).validate()
     assert not GRPOConfig().watches_gap
+
+
+def test_sampler_vllm_defaults_to_the_engine_checkpoint():
+    from workbench.cli.train import default_model
+    from workbench.core.errors import InputError
+
+    assert default_model("arith", "vllm") == "tiny-arith-qwen2-hd32"
+    assert default_model("restate", "vllm") == "tiny-restate-qwen2-hd32"
+    assert default_model("arith", "workbench") == "tiny-arith-qwen2"
+    with pytest.raises(InputError, match="--head-dim 32"):
+        default_model("sums", "vllm")

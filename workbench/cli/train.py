@@ -42,6 +42,7 @@ from workbench.core.errors import (
     ParameterError,
 )
 from workbench.experiments.checkpoints import load
+from workbench.modeling.tiny import TRAINED_CHECKPOINTS
 from workbench.tasks import prompt_ids
 from workbench.tasks.registry import TASKS, task_info
 from workbench.trainers.checkpointing import atomic_write_json
@@ -111,7 +112,13 @@ def default_model(task: str, sampler: str) -> str:
     """The task's shipped checkpoint; with ``--sampler vllm`` its head-dim-32 twin (``tiny-<task>-qwen2-hd32``), whose
     shapes vLLM's CPU attention runs."""
     checkpoint = task_info(task).checkpoint
-    return f"{checkpoint}-hd32" if sampler == "vllm" else checkpoint
+    if sampler != "vllm":
+        return checkpoint
+    if f"{checkpoint}-hd32" not in TRAINED_CHECKPOINTS:
+        raise InputError(f"--sampler vllm --task {task}: no engine checkpoint ships for this task ({checkpoint} has head_dim "
+                         f"24, which vLLM's CPU attention does not run). Train one with `python scripts/train_tiny_checkpoint.py "
+                         f"--task {task} --head-dim 32` and pass --model data/checkpoints/{checkpoint}-hd32")
+    return f"{checkpoint}-hd32"
 
 
 def run(args) -> dict:
