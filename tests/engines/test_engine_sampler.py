@@ -29,6 +29,7 @@ def batch(tokenizer, n=8):
     return ids, mask
 
 
+@torch.no_grad()
 def gap(model, rollout, temperature=1.0):
     logp = response_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.response_mask,
                              temperature=temperature)

@@ -87,12 +87,18 @@ def test_options_refuse_unknown_values():
     EngineOptions(precision="auto", logprobs_mode="raw_logprobs", weight_sync="load_weights").validate()
 
 
-def test_engine_weights_drop_the_tied_head_and_are_fp32():
+def test_engine_gets_an_untied_fp32_copy():
     import torch
 
+    from workbench.engines.sampler import engine_config
+
     model, _ = tiny_model("qwen2", dtype=torch.bfloat16, hidden_size=96, num_attention_heads=3, num_key_value_heads=1)
+    assert model.config.tie_word_embeddings
     weights = engine_weights(model)
-    assert "lm_head.weight" not in weights and all(v.dtype == torch.float32 for v in weights.values())
+    assert all(v.dtype == torch.float32 for v in weights.values())
+    assert torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
+    assert weights["lm_head.weight"].data_ptr() != weights["model.embed_tokens.weight"].data_ptr()
+    assert engine_config(model).tie_word_embeddings is False and model.config.tie_word_embeddings
 
 
 def test_start_without_the_environment_says_make_engines(monkeypatch, tmp_path):

@@ -74,11 +74,25 @@ def engine_status() -> envs.EngineEnvStatus:
 
 
 def engine_weights(model) -> dict[str, torch.Tensor]:
-    """The model's weights by Hugging Face name, fp32, contiguous, tied copies dropped (the engine ties them itself)."""
+    """The model's weights by Hugging Face name, fp32, each its own tensor — a tied output head included as
+    ``lm_head.weight``: the engine gets an untied copy of the model (``engine_config``), because vLLM's in-place
+    ``reload_weights`` does not reload a tied ``ParallelLMHead`` (it logs "Failed to load weights" and keeps the old
+    head: 0.74 nats off after an update, measured)."""
     state = model.state_dict()
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    return {name: value.detach().to("cpu", torch.float32).contiguous() for name, value in state.items()
-            if not (tied and name == "lm_head.weight")}
+    if "lm_head.weight" not in state and hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None:
+        state["lm_head.weight"] = model.get_output_embeddings().weight
+    return {name: value.detach().to("cpu", torch.float32).clone().contiguous() for name, value in state.items()}
+
+
+def engine_config(model):
+    """The model's config for the engine: the output head untied (see ``engine_weights``), the dtype the weights are
+    written in (fp32)."""
+    import copy
+
+    config = copy.deepcopy(model.config)
+    config.tie_word_embeddings = False
+    config.dtype = "float32"
+    return config
 
 
 class EngineSampler:
@@ -108,7 +122,11 @@ class EngineSampler:
         begin = time.perf_counter()
         self.folder = private_folder("engine")
         model_dir = Path(self.folder) / "model"
-        model.save_pretrained(str(model_dir), safe_serialization=True, state_dict=engine_weights(model))
+        model_dir.mkdir(parents=True)
+        engine_config(model).save_pretrained(str(model_dir))
+        from safetensors.torch import save_file  # safetensors: only when weights are written
+
+        save_file(engine_weights(model), str(model_dir / "model.safetensors"), metadata={"format": "pt"})
         self.log_path = Path(self.folder) / "engine.log"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
         env.update(envs.engine_env(), PYTHONPATH=str(REPO_ROOT), **self.options.extra_env)
