@@ -97,17 +97,25 @@ def test_bf16_engine_opens_the_gap(policy):
         assert gap(model, rollout) >= 1e-3
 
 
-def test_train_grpo_sampler_vllm_logs_the_gap_each_step(tmp_path):
-    """The must-show command: three GRPO steps sampled by the fp32 engine, ``rollout_corr/`` each step, max |Δ log p|
-    ≤ 1e-4 (and ≥ 1e-3 with ``--sampler-precision bf16``: tests/engines, slow)."""
-    out = tmp_path / "run"
+def train_grpo_vllm(out, *options) -> list[dict]:
     result = subprocess.run([sys.executable, "-m", "workbench", "train", "grpo", "--sampler", "vllm", "--steps", "3",
-                             "--output-dir", str(out), "--quiet"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             *options, "--output-dir", str(out), "--quiet"], cwd=REPO_ROOT, capture_output=True, text=True,
                             timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "history.json").read_text())
     assert summary["model"] == "tiny-arith-qwen2-hd32"
-    history = summary["history"]
-    assert len(history) == 3
-    for step in history:
-        assert "rollout_corr/kl" in step and step["rollout_corr/abs_log_ratio_max"] <= 1e-4
+    assert len(summary["history"]) == 3 and all("rollout_corr/kl" in step for step in summary["history"])
+    return summary["history"]
+
+
+def test_train_grpo_sampler_vllm_logs_the_gap_each_step(tmp_path):
+    """The must-show command: three GRPO steps sampled by the fp32 engine, ``rollout_corr/`` each step, max |Δ log p|
+    ≤ 1e-4 (8.6e-6 to 1.4e-5 measured)."""
+    assert all(step["rollout_corr/abs_log_ratio_max"] <= 1e-4 for step in train_grpo_vllm(tmp_path / "run"))
+
+
+@pytest.mark.slow
+def test_train_grpo_bf16_engine_opens_the_gap_each_step(tmp_path):
+    """``--sampler-precision bf16``: max |Δ log p| ≥ 1e-3 every step (0.10 to 0.48 measured)."""
+    history = train_grpo_vllm(tmp_path / "run", "--sampler-precision", "bf16")
+    assert all(step["rollout_corr/abs_log_ratio_max"] >= 1e-3 for step in history)
