@@ -66,7 +66,7 @@ def engine_gap(model, rollout, temperature: float = 1.0) -> float:
     return float((logp - rollout.rollout_logprobs).abs()[keep].max()) if bool(keep.any()) else float("nan")
 
 
-def updated(model, scale: float = 0.05, seed: int = 0):
+def updated(model, scale: float = 0.2, seed: int = 0):
     """A copy of ``model`` after a weight update: each weight moved by ``scale`` × its tensor's std × N(0, 1)."""
     import copy
 
