@@ -1,5 +1,6 @@
 """The engine benchmark line: tokens/s of vLLM's CPU build, the workbench's sampler and ``model.generate`` on the same
-checkpoint and batch, and one GRPO step with each sampler.
+checkpoint and batch, and one GRPO step with each sampler; then the gap lines: max and mean |Δ log p| between the engine
+and the training forward on the same weights, fp32 and bf16 engine, for each engine checkpoint.
 
     python benchmarks/engine_speed.py            # ~3 minutes on 2 shared cores; needs `make engines`
     python benchmarks/engine_speed.py --quick    # fewer repeats
@@ -24,9 +25,11 @@ import torch
 
 from workbench.core.batching import pad_sequences
 from workbench.engines import envs
+from workbench.engines.checks import ENGINE_CHECKPOINTS
 from workbench.engines.sampler import EngineOptions, EngineSampler
 from workbench.experiments.checkpoints import load
 from workbench.modeling.rollout import sample
+from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import load_problems, prompt_ids
 from workbench.tasks.registry import task_info
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
@@ -68,6 +71,23 @@ def step_seconds(model_name: str, problems, sampler: str, steps: int, group: int
         trainer.close_engine()
 
 
+def gap_line(model_name: str, precision: str, rows: int, tokens: int) -> str:
+    """max and mean |log p_engine − log p_trainer| over one batch's sampled tokens (τ = 1), the same weights."""
+    model, tokenizer = load(model_name)
+    task = model_name.split("-")[1]
+    problems = load_problems(task_info(task).train_prompts)[:rows]
+    ids, mask = pad_sequences([prompt_ids(tokenizer, p.prompt, "auto") for p in problems], tokenizer.pad_token_id, side="left")
+    with EngineSampler(EngineOptions(precision=precision), name=model_name) as engine:
+        engine.start(model)
+        rollout = engine.sample(ids, mask, max_new_tokens=tokens, eos_token_id=tokenizer.eos_token_id,
+                                pad_token_id=tokenizer.pad_token_id, seed=0)
+    with torch.no_grad():
+        logp = response_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.response_mask)
+    gap = (logp - rollout.rollout_logprobs).abs()[rollout.response_mask.bool()]
+    return (f"[engine-gap] {model_name} {precision} engine vs fp32 trainer: max |Δ log p| {gap.max():.2e}, mean "
+            f"{gap.mean():.2e} over {gap.numel()} tokens ({rows} prompts, ≤ {tokens} new tokens, τ = 1)")
+
+
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=16)
@@ -77,6 +97,7 @@ def main(argv=None) -> str:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the host (the engine runs with OMP_NUM_THREADS)")
     parser.add_argument("--quick", action="store_true", help="2 repeats, 2 GRPO steps")
+    parser.add_argument("--no-gaps", action="store_true", help="skip the engine-vs-trainer gap lines")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.steps = 2, 2
@@ -109,6 +130,10 @@ def main(argv=None) -> str:
             + (f", vllm {steps['vllm']:.2f} s" if "vllm" in steps else "")
             + f" (median of {args.repeats} calls / {args.steps} steps, host {args.threads} thread(s), load {load_now:.1f})")
     print(line, flush=True)
+    if status.ready and not args.no_gaps:
+        for name in ENGINE_CHECKPOINTS:
+            for precision in ("fp32", "bf16"):
+                print(gap_line(name, precision, args.prompts * args.group, args.tokens), flush=True)
     return line
 
 

@@ -19,7 +19,7 @@ objective, the rollout–training gap and its correction, and the switches of pi
   ``sampler_precision``, holding the weights of ``rollout_staleness`` steps ago;
 * ``correct_rollout`` — ``core.rollout_correction`` on π_old and the sampler's log-probs (``rollout_correction``).
 
-``sampler="vllm"`` samples with vLLM's CPU build instead (``workbench.engines.EngineSampler``, in the engine
+``sampler="vllm"`` samples with vLLM's CPU build instead (``workbench.engines.sampler.EngineSampler``, in the engine
 environment's process): the policy's weights pushed through the engine's reload path before every step's rollout, the
 prefix cache reset after each push, the engine's dtype ``sampler_precision``; its ``rollout_corr/`` metrics (the
 engine against the training forward on the same weights) are logged every step.
