@@ -47,8 +47,8 @@ DEFAULTS = {
 # accepts start at 32 (``workbench.engines.checks.SUPPORTED_HEAD_DIMS``), the shipped 4 × 24 fails there. Trained with the
 # same learning rate as the task's qwen2 (steps: HEAD_DIM_STEPS where they differ); written to ``tiny-<task>-qwen2-hd32``.
 HEAD_DIM_SIZES = {32: dict(num_attention_heads=3, num_key_value_heads=1)}
-# Steps where the head-dim variant learns slower: restate reached greedy accuracy 0.067 at 400 steps, 0.104 at 700 (the
-# 4 × 24 model: 0.446 at 400): right sometimes, as RL needs.
+# Steps where the head-dim variant learns slower: restate reached greedy accuracy 0.067 at 400 steps, 0.104 at 700, 0.354
+# at 1200 (the 4 × 24 model: 0.446 at 400): right sometimes, as RL needs.
 HEAD_DIM_STEPS = {("restate", 32): 1200}
 EVAL_PROBLEMS = {"arith": None, "sums": 500, "restate": None}  # held-out problems scored for the card (None: the whole test file)
 
