@@ -120,7 +120,8 @@ def test_config_sampler_field():
     assert not GRPOConfig().watches_gap
 
 
-def test_sampler_vllm_defaults_to_the_engine_checkpoint():
+def test_sampler_vllm_defaults_to_the_engine_checkpoint(monkeypatch):
+    from workbench.cli import train
     from workbench.cli.train import default_model
     from workbench.core.errors import InputError
 
@@ -128,3 +129,6 @@ def test_sampler_vllm_defaults_to_the_engine_checkpoint():
     assert default_model("restate", "vllm") == "tiny-restate-qwen2-hd32"
     assert default_model("sums", "vllm") == "tiny-sums-qwen2-hd32"
     assert default_model("arith", "workbench") == "tiny-arith-qwen2"
+    monkeypatch.setattr(train, "TRAINED_CHECKPOINTS", {})  # a task without an engine checkpoint: how to train one
+    with pytest.raises(InputError, match="--head-dim 32"):
+        default_model("sums", "vllm")
