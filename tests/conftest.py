@@ -70,6 +70,7 @@ def pytest_configure(config):
 # change what a test checks; a file missing from this list keeps its place after them.
 RUN_FIRST = (
     "tests/integration/test_runner.py",        # 60-100 s: an interrupted batch run resumed, a failing notebook among others
+    "tests/engines/test_engine_sampler.py",    # 50 s with the engine environment (two engine starts, a 3-step GRPO run)
     "tests/integration/test_notebooks.py",     # 45-52 s: the smoke catalogue of notebooks 00-05
     "tests/integration/test_browser.py",       # 30 s: JupyterLab in Chromium
     "tests/integration/test_distributed.py",   # 20 s: two CPU processes against one

@@ -1,6 +1,7 @@
 """The import rules of the package layout: ``lint-imports`` keeps every contract in pyproject.toml.
 
-The contracts: the layers (cli > catalogue > pitfalls | peers > experiments > trainers > modeling > tasks > core,
+The contracts: the layers (cli > catalogue > pitfalls | peers > experiments > trainers > engines > modeling > tasks >
+core,
 so no cycles between them), core imports nothing else of the package, viz only core, audit only itself and core's
 errors, trainers never viz or catalogue, and no pitfall module imports another.
 """

@@ -11,7 +11,8 @@ from the latest one (weights, optimiser, RNG and history), so a killed run finis
 numbers an uninterrupted run would have given. The final history goes to ``history.json``.
 
 ``--task`` picks the task (``arith``, ``sums`` or ``restate``, ``workbench.tasks.registry.TASKS``): its training prompts
-(unless ``--data``), its shipped checkpoint (unless ``--model``) and, for PPO/GRPO, its response budget
+(unless ``--data``), its shipped checkpoint (unless ``--model``; with ``--sampler vllm`` the checkpoint's head-dim-32 twin
+``tiny-<task>-qwen2-hd32``, which vLLM's CPU attention runs) and, for PPO/GRPO, its response budget
 ``max_new_tokens`` (unless set): ``train grpo --task sums`` trains ``tiny-sums-qwen2`` on the scratchpad sums with
 room for their 8-37-token responses. DPO needs preference pairs, which only ``arith`` ships (a ``--data`` file of
 pairs is accepted with any task).
@@ -32,8 +33,16 @@ from pathlib import Path
 
 from workbench import tasks
 from workbench.core.config_options import add_config_arguments, config_values, convert_field, count_argument
-from workbench.core.errors import ConfigError, InputError, ModelLoadError, NonFiniteError, ParameterError
+from workbench.core.errors import (
+    ConfigError,
+    EngineUnavailable,
+    InputError,
+    ModelLoadError,
+    NonFiniteError,
+    ParameterError,
+)
 from workbench.experiments.checkpoints import load
+from workbench.modeling.tiny import TRAINED_CHECKPOINTS
 from workbench.tasks import prompt_ids
 from workbench.tasks.registry import TASKS, task_info
 from workbench.trainers.checkpointing import atomic_write_json
@@ -99,12 +108,25 @@ def task_defaults(config_cls, args) -> dict:
     return {}
 
 
+def default_model(task: str, sampler: str) -> str:
+    """The task's shipped checkpoint; with ``--sampler vllm`` its head-dim-32 twin (``tiny-<task>-qwen2-hd32``), whose
+    shapes vLLM's CPU attention runs."""
+    checkpoint = task_info(task).checkpoint
+    if sampler != "vllm":
+        return checkpoint
+    if f"{checkpoint}-hd32" not in TRAINED_CHECKPOINTS:
+        raise InputError(f"--sampler vllm --task {task}: no engine checkpoint ships for this task ({checkpoint} has head_dim "
+                         f"24, which vLLM's CPU attention does not run). Train one with `python scripts/train_tiny_checkpoint.py "
+                         f"--task {task} --head-dim 32` and pass --model data/checkpoints/{checkpoint}-hd32")
+    return f"{checkpoint}-hd32"
+
+
 def run(args) -> dict:
     config_cls, trainer_cls = trainer_classes(args.trainer)
     config = build_config(config_cls, args.set or [], args.output_dir, {**task_defaults(config_cls, args), **config_values(args)})
     config.progress = config.progress and not args.quiet
     data = load_data(args.trainer, args.data, args.limit, args.task)
-    model = args.model or task_info(args.task).checkpoint
+    model = args.model or default_model(args.task, getattr(config, "sampler", "workbench"))
     policy, tokenizer = load(model, device=args.device, pad_token=args.pad_token, verbose=not args.quiet)
     if args.trainer in ("ppo", "grpo"):
         check_context_fits(policy, tokenizer, [p.prompt for p in data], config.max_new_tokens, config.chat_template)
@@ -222,7 +244,7 @@ def main(args) -> int:
         print(f"error: {exc}{where}", file=sys.stderr)
         Distributed.leave()
         return Distributed.exit_launched(2)  # raised before training: nothing written, nothing to flush but the streams
-    except ValueError as exc:  # e.g. an empty dataset
+    except (ValueError, EngineUnavailable) as exc:  # e.g. an empty dataset; EngineError, EngineUnavailable: --sampler vllm
         print(f"error: {exc}", file=sys.stderr)
         Distributed.leave()
         return 2

@@ -130,7 +130,8 @@ def _converter(field: dataclasses.Field):
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, config_cls, skip: tuple[str, ...] = ()) -> None:
-    """One ``--field VALUE`` option per field of ``config_cls`` (dest ``config__<field>``), grouped
+    """One ``--field VALUE`` option per field of ``config_cls`` (also spelt with dashes, ``--sampler-precision``; dest
+    ``config__<field>``), grouped
     by section, help text = the field's docstring and default. Unset options stay unset."""
     docs = field_docs(config_cls)
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -143,8 +144,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_cls, skip: tupl
         section, doc = docs.get(config_field.name, (DEFAULT_SECTION, ""))
         default = config_field.default
         kind = type(default).__name__ if default is not None else "value"
+        dashed = config_field.name.replace("_", "-")
+        names = [f"--{config_field.name}"] + ([f"--{dashed}"] if dashed != config_field.name else [])
         groups[section].add_argument(
-            f"--{config_field.name}", dest=f"config__{config_field.name}", default=argparse.SUPPRESS, metavar=kind.upper(),
+            *names, dest=f"config__{config_field.name}", default=argparse.SUPPRESS, metavar=kind.upper(),
             type=_converter(config_field),
             help=" ".join(doc.split()).replace("%", "%%") + f" (default: {default!r})",
         )

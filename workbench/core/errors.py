@@ -81,3 +81,13 @@ class RolloutCorrectionError(ValueError):
     def __init__(self, message: str, parameter: str | None = None):
         super().__init__(message)
         self.parameter = parameter
+
+
+class EngineUnavailable(RuntimeError):
+    """The inference engine (``workbench.engines``) cannot run here: its environment is missing or failed to build, or
+    its process died; the message says why and the fix (``make engines``)."""
+
+
+class EngineError(ValueError):
+    """A model or setting the inference engine refuses (a head dim its CPU attention lacks, a dtype it did not load),
+    or an engine call that failed; the message names the problem and the fix."""

@@ -25,6 +25,10 @@ TRAINED_CHECKPOINTS = {
     "tiny-arith-gpt2": DATA_DIR / "checkpoints" / "tiny-arith-gpt2",
     "tiny-sums-qwen2": DATA_DIR / "checkpoints" / "tiny-sums-qwen2",
     "tiny-restate-qwen2": DATA_DIR / "checkpoints" / "tiny-restate-qwen2",
+    # head_dim 32 (3 heads × 32, hidden 96): the shapes vLLM's CPU attention accepts (``workbench.engines``)
+    "tiny-arith-qwen2-hd32": DATA_DIR / "checkpoints" / "tiny-arith-qwen2-hd32",
+    "tiny-sums-qwen2-hd32": DATA_DIR / "checkpoints" / "tiny-sums-qwen2-hd32",
+    "tiny-restate-qwen2-hd32": DATA_DIR / "checkpoints" / "tiny-restate-qwen2-hd32",
 }
 # Gemma-2 style (final-logit soft-capping; pitfall P31) is built in but outside ARCHITECTURES, which the S1 sweeps walk.
 SOFTCAP_ARCHITECTURE = "gemma2"

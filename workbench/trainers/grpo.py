@@ -273,4 +273,5 @@ class GRPOTrainer(RolloutTrainer):
             "tokens_generated": rollout.tokens_generated,
             "rollout_seconds": rollout.seconds,
             **({} if corrected is None else corrected.metrics),
+            **self.engine_metrics(),
         }

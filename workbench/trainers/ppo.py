@@ -299,4 +299,5 @@ class PPOTrainer(RolloutTrainer):
             "decode_steps": rollout.decode_steps,
             "rollout_seconds": rollout.seconds,
             **({} if corrected is None else corrected.metrics),
+            **self.engine_metrics(),
         }

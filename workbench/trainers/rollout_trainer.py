@@ -18,6 +18,11 @@ objective, the rollout–training gap and its correction, and the switches of pi
 * ``rollout_sampler`` — the model that samples when the gap is asked for: a copy of the policy at
   ``sampler_precision``, holding the weights of ``rollout_staleness`` steps ago;
 * ``correct_rollout`` — ``core.rollout_correction`` on π_old and the sampler's log-probs (``rollout_correction``).
+
+``sampler="vllm"`` samples with vLLM's CPU build instead (``workbench.engines.sampler.EngineSampler``, in the engine
+environment's process): the policy's weights pushed through the engine's reload path before every step's rollout, the
+prefix cache reset after each push, the engine's dtype ``sampler_precision``; its ``rollout_corr/`` metrics (the
+engine against the training forward on the same weights) are logged every step.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from workbench.core import losses
 from workbench.core import rollout_correction as correction
 from workbench.core.batching import pad_sequences
 from workbench.core.errors import ConfigError, RolloutCorrectionError
+from workbench.engines.checks import LOGPROBS_MODES
+from workbench.engines.sampler import EngineOptions, EngineSampler
 from workbench.modeling.rollout import Rollout, sample
 from workbench.modeling.scoring import POSITION_IDS_MODES, response_logprobs, tree_capable
 from workbench.modeling.stop_ids import stop_token_ids
@@ -39,6 +46,7 @@ from workbench.tasks import CHAT_TEMPLATE_MODES, Problem, prompt_ids, uses_chat_
 from workbench.trainers.base import Trainer, TrainerConfig, require, require_choice, sampling_generator, step_generator
 
 SAMPLER_PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SAMPLERS = ("workbench", "vllm")
 
 
 @dataclass
@@ -100,6 +108,16 @@ class RolloutConfig(TrainerConfig):
     sampler_precision: str = "fp32"
     """The sampler's weights: ``fp32`` (the policy itself), ``bf16`` or ``fp16`` (a copy cast down, as an
     inference engine in low precision): opens the gap ``rollout_correction`` corrects."""
+    sampler: str = "workbench"
+    """Who samples the rollouts: ``workbench`` (the workbench's own sampler) or ``vllm`` (vLLM's CPU build in the
+    engine environment, ``make engines``; the model's head dim must be one its CPU attention runs, as in the
+    ``tiny-<task>-qwen2-hd32`` checkpoints). With ``vllm`` the ``rollout_corr/`` metrics are logged every step."""
+    engine_logprobs_mode: str = "processed_logprobs"
+    """``sampler="vllm"``: the log-probs the engine returns, ``processed_logprobs`` (after temperature: the sampling
+    distribution's; fix) or ``raw_logprobs`` (vLLM's default: before temperature; bug at temperature ≠ 1)."""
+    engine_reset_prefix_cache: bool = True
+    """``sampler="vllm"``: reset the engine's prefix cache after every weight push (fix); False serves KV cached under
+    the old weights to prompts seen before (bug)."""
     rollout_staleness: int = 0
     """Sample with the policy's weights of this many steps ago (each step is ``optimizer_steps_per_batch``
     updates; fewer steps into the run, the initial weights): an asynchronous trainer's stale rollouts."""
@@ -132,6 +150,10 @@ class RolloutConfig(TrainerConfig):
         require_choice(self, "chat_template", CHAT_TEMPLATE_MODES)
         require_choice(self, "sampler_precision", tuple(SAMPLER_PRECISIONS))
         require(self, "rollout_staleness", self.rollout_staleness >= 0, "must be ≥ 0 (steps)")
+        require_choice(self, "sampler", SAMPLERS)
+        require_choice(self, "engine_logprobs_mode", LOGPROBS_MODES)
+        require(self, "rollout_staleness", self.sampler == "workbench" or self.rollout_staleness == 0,
+                "must be 0 with sampler='vllm' (the engine holds the latest weights)")
         try:
             correction.resolve(self.rollout_correction)
         except RolloutCorrectionError as exc:
@@ -141,7 +163,8 @@ class RolloutConfig(TrainerConfig):
     @property
     def watches_gap(self) -> bool:
         """A correction is asked for, or the sampler differs from the policy: the ``rollout_corr/`` metrics are logged."""
-        return self.rollout_correction is not None or self.sampler_precision != "fp32" or self.rollout_staleness > 0
+        return (self.rollout_correction is not None or self.sampler_precision != "fp32" or self.rollout_staleness > 0
+                or self.sampler != "workbench")
 
     @property
     def scoring_temperature(self) -> float:
@@ -174,6 +197,11 @@ class RolloutTrainer(Trainer):
         # each problem tokenised once per run, its row repeated (the same tensors as encoding every row)
         encoded = pad_sequences([self._prompt_tokens(i) for i in picks], self.tokenizer.pad_token_id, side="left")
         prompt_ids, prompt_mask = (t.repeat_interleave(repeats, dim=0).to(self.device) for t in encoded)
+        if isinstance(sampler, EngineSampler):
+            rollout = sampler.sample(prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+                                     eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
+                                     stop_at_eos=c.stop_at_eos, seed=c.seed * 1_000_003 + step)
+            return problems, rollout
         rollout = sample(
             self.policy if sampler is None else sampler, prompt_ids, prompt_mask, max_new_tokens=c.max_new_tokens,
             temperature=c.temperature, eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
@@ -219,6 +247,8 @@ class RolloutTrainer(Trainer):
         ``rollout_staleness`` steps ago. Called once per step, before sampling; the weights it keeps live on
         the policy's device and are not saved in checkpoints (a resumed run starts its staleness afresh)."""
         c = self.config
+        if c.sampler == "vllm":
+            return self.engine_sampler()
         if c.sampler_precision == "fp32" and c.rollout_staleness == 0:
             return None
         history = self.__dict__.setdefault("_sampler_weights", deque(maxlen=c.rollout_staleness + 1))
@@ -231,16 +261,57 @@ class RolloutTrainer(Trainer):
         sampler.train(self.policy.training)
         return sampler
 
+    def engine_sampler(self) -> EngineSampler:
+        """``sampler="vllm"``: the engine, started with the policy's weights on the first call, the policy's current
+        weights pushed to it (then its prefix cache reset, unless ``engine_reset_prefix_cache`` is off) on later ones."""
+        c = self.config
+        engine = self.__dict__.get("_engine")
+        if engine is not None and engine.running:
+            engine.push_weights(self.policy)
+            return engine
+        options = EngineOptions(precision=c.sampler_precision, logprobs_mode=c.engine_logprobs_mode,
+                                reset_prefix_cache=c.engine_reset_prefix_cache, seed=c.seed)
+        self._engine = EngineSampler(options, name=getattr(self.policy.config, "_name_or_path", None) or "the policy")
+        return self._engine.start(self.policy)
+
+    def engine_metrics(self) -> dict:
+        """``sampler="vllm"``: the engine's numbers of the step (prompt tokens served from its prefix cache, its
+        seconds); empty otherwise."""
+        engine = self.__dict__.get("_engine")
+        if engine is None or self.config.sampler != "vllm":
+            return {}
+        cached = engine.last_generate.get("cached", [])
+        return {"engine/cached_prompt_tokens": float(sum(cached)), "engine/generate_seconds": engine.last_generate.get("seconds", 0.0),
+                "engine/pushes": float(engine.pushes)}
+
+    def close_engine(self) -> None:
+        engine = self.__dict__.pop("_engine", None)
+        if engine is not None:
+            engine.close()
+
+    def train(self, steps: int | None = None, on_step=None) -> list[dict]:
+        """``Trainer.train``; the engine process (``sampler="vllm"``) is ended when it returns or raises (a later
+        ``train`` starts it again with the policy's weights)."""
+        try:
+            return super().train(steps, on_step)
+        finally:
+            self.close_engine()
+
     def correct_rollout(self, old_logp: torch.Tensor, rollout: Rollout, mask: torch.Tensor):
         """``core.rollout_correction`` on π_old and the sampler's log-probs over ``mask``: a ``Correction`` whose
-        metrics hold the ``rollout_corr/`` mismatch metrics too (``rollout_correction`` None: weights None, the
-        mask unchanged). None when no response token is left to correct."""
+        metrics hold the ``rollout_corr/`` mismatch metrics too, with ``abs_log_ratio_max`` and ``_mean`` (max and
+        mean |log π_old − log π_sampler| over the tokens; ``rollout_correction`` None: weights None, the mask
+        unchanged). None when no response token is left to correct."""
         if not bool(mask.bool().any()):
             return None
         spec = correction.resolve(self.config.rollout_correction)
         if spec is None:
-            return correction.Correction(None, mask, correction.mismatch_metrics(old_logp, rollout.rollout_logprobs, mask))
-        result = correction.apply(spec, old_logp, rollout.rollout_logprobs, mask)
-        if isinstance(spec, correction.TrlMode):
-            result.metrics.update(correction.mismatch_metrics(old_logp, rollout.rollout_logprobs, mask))
+            result = correction.Correction(None, mask, correction.mismatch_metrics(old_logp, rollout.rollout_logprobs, mask))
+        else:
+            result = correction.apply(spec, old_logp, rollout.rollout_logprobs, mask)
+            if isinstance(spec, correction.TrlMode):
+                result.metrics.update(correction.mismatch_metrics(old_logp, rollout.rollout_logprobs, mask))
+        gap = (old_logp.detach().float() - rollout.rollout_logprobs.float()).abs()[mask.bool()]
+        result.metrics[correction.PREFIX + "abs_log_ratio_max"] = float(gap.max())  # max |Δ log p| over the tokens
+        result.metrics[correction.PREFIX + "abs_log_ratio_mean"] = float(gap.mean())
         return result

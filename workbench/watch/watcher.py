@@ -460,6 +460,9 @@ class Watch:
         self._set_sampling(temperature=float(data.get("temperature", 1.0)), top_k=int(data.get("top_k", 0)),
                            top_p=float(data.get("top_p", 1.0)), source="sampler")
         sampler, rollout = data.get("model"), data.get("rollout")
+        if data.get("engine"):
+            self._check_engine(data["engine"], float(data.get("temperature", 1.0)))
+            return
         if sampler is None or sampler is self.model:
             return
         sampler_dtype, policy_dtype = observe.parameter_dtype(sampler), observe.parameter_dtype(self.model)
@@ -469,6 +472,22 @@ class Watch:
         if self.deep and rollout is not None:
             evidence.update(self._rescore(rollout, self._sampling["temperature"]))
         self._sampler_mismatch = (evidence, call_site())  # flagged when the policy trains on it
+
+    def _check_engine(self, engine: dict, temperature: float) -> None:
+        """An inference engine drew the rollout (``workbench.engines``): P6 when it returned log-probs before temperature
+        at τ ≠ 1 (vLLM's ``logprobs_mode="raw_logprobs"``, its default), P12 when it holds the weights in another
+        dtype than the policy's."""
+        where = call_site()
+        if engine.get("logprobs_mode") == "raw_logprobs" and abs(temperature - 1.0) > 1e-6:
+            self._flag("P6", "error", f"the rollout engine ({engine.get('name', 'vLLM')}) sampled at temperature {temperature:g} "
+                       "but returned log-probs before temperature (logprobs_mode='raw_logprobs', vLLM's default): they are "
+                       "not the sampling distribution's, so every ratio against them is off. Start the engine with "
+                       "logprobs_mode='processed_logprobs'.", where=where, calls=1, temperature=temperature,
+                       logprobs_mode="raw_logprobs", engine=engine.get("name", "vllm"))
+        policy_dtype = str(observe.parameter_dtype(self.model)).replace("torch.", "")
+        if engine.get("dtype") and engine["dtype"] != policy_dtype:
+            self._sampler_mismatch = ({"sampler_dtype": engine["dtype"], "policy_dtype": policy_dtype,
+                                       "engine": engine.get("name", "vllm")}, where)
 
     def _rescore(self, rollout, temperature: float) -> dict:
         """The sampler's log-probs against the policy's own forward on the same tokens (deep mode)."""
