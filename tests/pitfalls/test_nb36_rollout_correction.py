@@ -137,7 +137,7 @@ def test_training_variants_effects_and_metrics(trials, tmp_path):
     assert len(rcn.training_variants(lag, rcn.DEFAULTS[0])) == 4  # a default ranked best runs once
     runs = fake_runs(list(variants), ["reward"], seeds=3)
     effects, corrections = rcn.training_effects(runs, lag), rcn.correction_effects(runs, lag)
-    assert set(effects) == {"reward", "heldout_accuracy"} and len(corrections) == 2 * 3
+    assert set(effects) == {"reward", "heldout_accuracy"} and len(corrections) == 3
     text = rcn.training_lines(effects, corrections, runs, "arith")
     assert text.startswith("Prediction, fixed before the run (arith)") and "each corrected stale run against no gap" in text
     stale = rcn.stale_name(4)
@@ -169,3 +169,12 @@ def test_printers_figures_and_explorer(trials):
     assert explorer.renders == 1 and 0 <= explorer.last["masked_share"] <= 1
     explorer.controls["estimator"].value = "verl geo RS"
     assert explorer.renders == 2 and explorer.last["masked_share"] > 0.5
+
+
+def test_no_reward_signal_is_said_not_divided_by_zero():
+    zeros = torch.zeros(4, 3)
+    stats = rcn.bias_variance(zeros, zeros)  # every advantage 0: the gradients are 0
+    assert stats["no_signal"] and stats["z"] == 0 and not rcn.biased(stats)
+    silent = verdict_trials(none_z=0.0, best_z=0.0)
+    silent["sources"][rcn.stale_name(4)]["estimators"]["none"]["no_signal"] = True
+    assert "earns no reward" in rcn.not_shown(silent, rcn.stale_name(4))
