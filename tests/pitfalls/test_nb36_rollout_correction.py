@@ -178,3 +178,4 @@ def test_no_reward_signal_is_said_not_divided_by_zero():
     silent = verdict_trials(none_z=0.0, best_z=0.0)
     silent["sources"][rcn.stale_name(4)]["estimators"]["none"]["no_signal"] = True
     assert "earns no reward" in rcn.not_shown(silent, rcn.stale_name(4))
+    assert rcn.verdict(silent, rcn.stale_name(4), "verl token TIS (default)") == (False, False)  # nothing measured

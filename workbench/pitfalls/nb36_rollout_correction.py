@@ -345,6 +345,8 @@ def verdict(trials: dict, source: str, best: str) -> tuple[bool, bool]:
     bias within the noise."""
     entry = trials["sources"][source]
     stats = entry["estimators"]
+    if stats["none"].get("no_signal"):  # no gradient: nothing was measured either way (``not_shown`` says why)
+        return False, False
     reproduced = entry["diagnostics"]["k3_kl"] > 0 and biased(stats["none"])
     return bool(reproduced), not biased(stats[best])
 
