@@ -456,7 +456,7 @@ def plot_training(axes, runs: dict, steps: int) -> None:
 
 
 def figure_training(runs: dict, steps: int):
-    return plots.figure_row(lambda axes: plot_training(axes, runs, steps), 2, (plots.NOTEBOOK_WIDTH, 3.4))
+    return plots.figure_row(lambda axes: plot_training(axes, runs, steps), 2, (plots.NOTEBOOK_WIDTH, 4.6), columns=1)
 
 
 # ---- printers ------------------------------------------------------------------------------------
