@@ -411,6 +411,14 @@ def plot_estimators(axes, trials: dict, source: str, best: str) -> None:
     axes[0].barh(y, [stats[n]["bias2"] for n in names], xerr=[2 * stats[n]["bias2_se"] for n in names], color=colors,
                  error_kw={"ecolor": "black", "capsize": 2, "lw": 0.8})
     axes[0].axvline(0, color="black", lw=0.8)
+    # the axis spans the uncorrected and the best estimator's bias (× 4): a correction that zeroes the gradient (squared bias
+    # ≈ 1) would flatten them to nothing; its bar runs off the axis and its value is written at the edge
+    edge = 4 * max(abs(stats[n]["bias2"]) + 2 * stats[n]["bias2_se"] for n in ("none", best))
+    low = min(0.0, min(stats[n]["bias2"] - 2 * stats[n]["bias2_se"] for n in names))
+    axes[0].set_xlim(max(low, -edge / 2), edge)
+    for i, n in enumerate(names):
+        if stats[n]["bias2"] > edge:
+            axes[0].text(edge, i, f"{stats[n]['bias2']:.2f} →", ha="right", va="center", fontsize=8, color="white")
     axes[0].set_yticks(y, names)
     axes[0].invert_yaxis()
     axes[0].set_xlabel("squared bias / ‖g‖² (± 2 s.e.)")
