@@ -24,6 +24,7 @@ so any bias an estimator shows is the gap's.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -37,8 +38,8 @@ from workbench.core import progress
 from workbench.core import rollout_correction as rc
 from workbench.experiments import statistics
 from workbench.modeling.rollout import sample
-from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts, load_problems, score_responses, task_info
+from workbench.trainers.base import TINY_MODEL_PARAMETERS
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
@@ -87,10 +88,12 @@ def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Te
 
 
 @torch.no_grad()
-def head_features(model, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature: float = 1.0) -> dict:
+def head_features(model, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature: float = 1.0,
+                  report_temperature: float | None = None) -> dict:
     """What the output layer's gradient of each response token needs: ``logp`` (B, T) log π(y_t) at ``temperature``,
     ``dlogits`` (B, T, V) (e_y − softmax(z / τ)) / τ and ``hidden`` (B, T, H) the output layer's input, so that
-    ∂ log π(y_t) / ∂W = dlogits_t ⊗ hidden_t (W: the output layer's weight, V × H)."""
+    ∂ log π(y_t) / ∂W = dlogits_t ⊗ hidden_t (W: the output layer's weight, V × H). With ``report_temperature``:
+    also ``reported`` (B, T), log π(y_t) at that temperature, from the same logits."""
     head = model.get_output_embeddings()
     captured = []
     handle = head.register_forward_hook(lambda module, inputs, output: captured.append(inputs[0]))
@@ -107,7 +110,11 @@ def head_features(model, prompt_ids, prompt_mask, response_ids, response_mask, *
     logp_all = scaled.log_softmax(-1)
     logp = logp_all.gather(-1, response_ids[..., None]).squeeze(-1)
     onehot = torch.nn.functional.one_hot(response_ids, scaled.shape[-1]).float()
-    return {"logp": logp, "dlogits": (onehot - logp_all.exp()) / temperature, "hidden": hidden}
+    out = {"logp": logp, "dlogits": (onehot - logp_all.exp()) / temperature, "hidden": hidden}
+    if report_temperature is not None:
+        raw = logits[:, start:start + width].float() / report_temperature
+        out["reported"] = raw.log_softmax(-1).gather(-1, response_ids[..., None]).squeeze(-1)
+    return out
 
 
 def head_gradients(coefficients: torch.Tensor, dlogits: torch.Tensor, hidden: torch.Tensor, batches: int) -> torch.Tensor:
@@ -142,7 +149,7 @@ def weight_summary(weights: torch.Tensor, mask: torch.Tensor) -> dict:
 
 def bias_variance(estimates: torch.Tensor, reference: torch.Tensor) -> dict:
     """Bias and variance of a gradient estimator from its per-batch estimates (M, D) and on-policy estimates of the same
-    batches (M, D): drawn with the same random numbers (``response_pool``), so batch m of each is paired. The exact
+    batches (M, D): drawn with the same random numbers (``draw_responses``), so batch m of each is paired. The exact
     gradient g is the reference's mean; everything is relative to ‖g‖².
 
     The debiased squared bias is ‖d̄‖² − tr Σ_d / M, d_m the paired differences; with no bias its expectation is 0
@@ -206,7 +213,8 @@ def stale_actors(model, tokenizer, lags, *, learning_rate: float, task: str = "a
         if record["step"] + 1 in lags:
             snapshots[record["step"] + 1] = copy.deepcopy(actor).eval()
 
-    GRPOTrainer(actor, tokenizer, load_problems(task_info(task).train_prompts), config).train(on_step=keep)
+    with one_thread_if_tiny(actor):
+        GRPOTrainer(actor, tokenizer, load_problems(task_info(task).train_prompts), config).train(on_step=keep)
     return snapshots
 
 
@@ -223,33 +231,62 @@ def gap_sources(model, actors: dict, temperature: float) -> dict[str, dict]:
     return sources
 
 
+@contextlib.contextmanager
+def one_thread_if_tiny(model):
+    """One torch thread while a tiny model (under ``TINY_MODEL_PARAMETERS``) works on the CPU, as
+    ``comparison.train_variants`` runs one: its operations are too small for a second thread to repay the
+    synchronisation, which a shared CPU turns into spinning. The caller's setting is restored."""
+    previous = torch.get_num_threads()
+    tiny = next(model.parameters()).device.type == "cpu" and sum(p.numel() for p in model.parameters()) < TINY_MODEL_PARAMETERS
+    try:
+        if tiny:
+            torch.set_num_threads(1)
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 @torch.no_grad()
-def response_pool(sampler, trainer, tokenizer, problems, *, batches: int, group_size: int, temperature: float = 1.0,
-                  report_temperature: float | None = None, seed: int = 0) -> dict:
+def draw_responses(sampler, tokenizer, problems, *, batches: int, group_size: int, temperature: float = 1.0, seed: int = 0) -> dict:
     """``batches`` batches of ``group_size`` responses to each of ``problems``, sampled by ``sampler`` at ``temperature``
-    in one call by inverse-CDF draws from generator ``seed`` (two pools of one seed use the same uniforms row by row:
-    where the two samplers agree they draw the same tokens); the sampler's reported log-probs (its own, or rescored at
-    ``report_temperature``), the training policy's log-probs and output-layer features at ``temperature``
-    (``head_features``), leave-one-out advantages. Rows batch after batch, responses right-padded to ``MAX_NEW_TOKENS``."""
+    in one call by inverse-CDF draws from generator ``seed`` (two draws of one seed use the same uniforms row by row:
+    where the two samplers agree they draw the same tokens), with the sampler's own log-probs (``rollout_logp``), the
+    rewards and leave-one-out advantages. Rows batch after batch."""
     repeated = [p for p in problems for _ in range(group_size)] * batches
     ids, mask = encode_prompts(tokenizer, [p.prompt for p in repeated])
     rollout = sample(sampler, ids, mask, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id, temperature=temperature, draw="inverse_cdf",
                      share_prefill=True, static_cache=True, generator=torch.Generator().manual_seed(seed))
-    reported = rollout.rollout_logprobs.float() if report_temperature is None else response_logprobs(
-        sampler, ids, mask, rollout.response_ids, rollout.response_mask, temperature=report_temperature).float()
-    chunks = [head_features(trainer, ids[rows], mask[rows], rollout.response_ids[rows], rollout.response_mask[rows],
-                            temperature=temperature) for rows in torch.arange(len(repeated)).split(FEATURE_ROWS)]
-    features = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
     rewards = score_responses(tokenizer, repeated, rollout.response_ids, rollout.response_mask, rollout.finished)
-    pad = MAX_NEW_TOKENS - rollout.response_ids.shape[1]
-    response_mask = rollout.response_mask.float()
-    return {"trainer_logp": torch.nn.functional.pad(features["logp"] * response_mask, (0, pad)),
-            "rollout_logp": torch.nn.functional.pad(reported * response_mask, (0, pad)),
+    return {"ids": ids, "mask": mask, "response_ids": rollout.response_ids, "response_mask": rollout.response_mask,
+            "rollout_logp": rollout.rollout_logprobs.float(), "rewards": rewards,
+            "advantages": leave_one_out_advantages(rewards, group_size), "batches": batches}
+
+
+@torch.no_grad()
+def pool_features(drawn: dict, trainer, *, temperature: float = 1.0, report_temperature: float | None = None) -> dict:
+    """A pool of responses (``draw_responses``) as the trainer sees it: the training policy's log-probs and output-layer
+    features at ``temperature`` (``head_features``), the sampler's reported log-probs (``rollout_logp``: its own), the
+    mask and the advantages, responses right-padded to ``MAX_NEW_TOKENS``. With ``report_temperature`` (only where
+    ``trainer`` is the sampler): also ``reported``, the log-probs at that temperature of the same forward."""
+    chunks = [head_features(trainer, drawn["ids"][rows], drawn["mask"][rows], drawn["response_ids"][rows],
+                            drawn["response_mask"][rows], temperature=temperature, report_temperature=report_temperature)
+              for rows in torch.arange(drawn["ids"].shape[0]).split(FEATURE_ROWS)]
+    features = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
+    pad = MAX_NEW_TOKENS - drawn["response_ids"].shape[1]
+    response_mask = drawn["response_mask"].float()
+
+    def padded(logp):
+        return torch.nn.functional.pad(logp * response_mask, (0, pad))
+
+    pool = {"trainer_logp": padded(features["logp"]), "rollout_logp": padded(drawn["rollout_logp"]),
             "mask": torch.nn.functional.pad(response_mask, (0, pad)),
             "dlogits": torch.nn.functional.pad(features["dlogits"], (0, 0, 0, pad)),
             "hidden": torch.nn.functional.pad(features["hidden"], (0, 0, 0, pad)),
-            "rewards": rewards, "advantages": leave_one_out_advantages(rewards, group_size), "batches": batches}
+            "rewards": drawn["rewards"], "advantages": drawn["advantages"], "batches": drawn["batches"]}
+    if report_temperature is not None:
+        pool["reported"] = padded(features["reported"])
+    return pool
 
 
 def pool_gradients(pool: dict, weights: torch.Tensor) -> torch.Tensor:
@@ -264,26 +301,52 @@ def estimator_trials(sources: dict, tokenizer, problems, *, trials: int, group_s
     variance (``bias_variance``) of its per-batch output-layer gradients against the on-policy gradients of ``trials``
     batches the training policy samples itself with the same random numbers (one reference per training policy and
     temperature). Returns ``{"sources": {name: {"diagnostics", "estimators": {name: stats + weight_summary}, "pool"}},
-    "trials", "group_size", "prompts"}``; a pool keeps only its log-probs, mask and advantages."""
+    "trials", "group_size", "prompts"}``; a pool keeps only its log-probs, mask and advantages.
+
+    Nothing is sampled or scored twice: one draw per sampler and temperature (the stale sources' samples are the no-gap
+    reference's tokens, scored by the older trainer), and a source whose sampler is its trainer but reports log-probs at
+    another temperature is its reference with those log-probs (the same forward). Runs on one thread for a tiny
+    model (``one_thread_if_tiny``)."""
+    reports = {}
+    for name, source in sources.items():
+        if source["report_temperature"] is not None:
+            if source["sampler"] is not source["trainer"]:
+                raise ValueError(f"source {name!r}: log-probs at another temperature are rescored by the trainer, "
+                                 "so it must be the sampler")
+            reports[(id(source["trainer"]), source["temperature"])] = source["report_temperature"]
+    draws: dict = {}
     references: dict = {}
+
+    def drawn(sampler, temperature):
+        key = (id(sampler), temperature)
+        if key not in draws:
+            draws[key] = draw_responses(sampler, tokenizer, problems, batches=trials, group_size=group_size,
+                                        temperature=temperature, seed=seed)
+        return draws[key]
+
     out = {}
-    for name, source in progress.track(sources.items(), "estimator trials", unit="source"):
-        key = (id(source["trainer"]), source["temperature"])
-        if key not in references:
-            reference = response_pool(source["trainer"], source["trainer"], tokenizer, problems, batches=trials,
-                                      group_size=group_size, temperature=source["temperature"], seed=seed)
-            references[key] = (reference, pool_gradients(reference, reference["mask"]))
-        reference, reference_gradients = references[key]
-        same = source["sampler"] is source["trainer"] and source["report_temperature"] is None  # the reference itself
-        pool = reference if same else response_pool(
-            source["sampler"], source["trainer"], tokenizer, problems, batches=trials, group_size=group_size,
-            temperature=source["temperature"], report_temperature=source["report_temperature"], seed=seed)
-        stats = {}
-        for label, spec in estimators.items():
-            weights = estimator_weights(spec, pool["trainer_logp"], pool["rollout_logp"], pool["mask"])
-            stats[label] = {**bias_variance(pool_gradients(pool, weights), reference_gradients), **weight_summary(weights, pool["mask"])}
-        out[name] = {"diagnostics": gap_diagnostics(pool["trainer_logp"], pool["rollout_logp"], pool["mask"]), "estimators": stats,
-                     "pool": {k: pool[k] for k in ("trainer_logp", "rollout_logp", "mask", "advantages")}}
+    with one_thread_if_tiny(next(iter(sources.values()))["trainer"]):
+        for name, source in progress.track(sources.items(), "estimator trials", unit="source"):
+            trainer, temperature = source["trainer"], source["temperature"]
+            key = (id(trainer), temperature)
+            if key not in references:
+                reference = pool_features(drawn(trainer, temperature), trainer, temperature=temperature,
+                                          report_temperature=reports.get(key))
+                references[key] = (reference, pool_gradients(reference, reference["mask"]))
+            reference, reference_gradients = references[key]
+            if source["sampler"] is not trainer:
+                pool = pool_features(drawn(source["sampler"], temperature), trainer, temperature=temperature)
+            elif source["report_temperature"] is not None:  # π's samples, log-probs reported at another temperature
+                pool = {**reference, "rollout_logp": reference["reported"]}
+            else:  # the reference itself
+                pool = reference
+            stats = {}
+            for label, spec in estimators.items():
+                weights = estimator_weights(spec, pool["trainer_logp"], pool["rollout_logp"], pool["mask"])
+                stats[label] = {**bias_variance(pool_gradients(pool, weights), reference_gradients),
+                                **weight_summary(weights, pool["mask"])}
+            out[name] = {"diagnostics": gap_diagnostics(pool["trainer_logp"], pool["rollout_logp"], pool["mask"]), "estimators": stats,
+                         "pool": {k: pool[k] for k in ("trainer_logp", "rollout_logp", "mask", "advantages")}}
     return {"sources": out, "trials": trials, "group_size": group_size, "prompts": len(problems)}
 
 
