@@ -68,6 +68,22 @@ def test_head_features_and_gradients_equal_autograd(qwen):
     model.zero_grad(set_to_none=True)
 
 
+def test_head_features_share_a_repeated_prompt_and_equal_a_full_forward(qwen):
+    """Rows repeating a prompt run it once (KV cache copied): their log-probs and the reported τ=1 log-probs equal
+    ``response_logprobs``' full forward, rows of different prompt lengths and an early EOS included."""
+    model, tokenizer = qwen
+    problems = rl_problems(2)
+    ids, mask = encode_prompts(tokenizer, [problems[0].prompt, problems[1].prompt, problems[0].prompt, problems[1].prompt])
+    responses = torch.tensor([[5, 6, 7, 8], [8, 9, 0, 0], [10, 11, 12, 13], [4, 3, 2, 1]])
+    response_mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    features = rcn.head_features(model, ids, mask, responses, response_mask, temperature=0.8, report_temperature=1.0)
+    for temperature, key in ((0.8, "logp"), (1.0, "reported")):
+        logp = response_logprobs(model, ids, mask, responses, response_mask, temperature=temperature)
+        assert torch.allclose(features[key] * response_mask, logp * response_mask, atol=1e-5)
+    single = rcn.head_features(model, ids[:1], mask[:1], responses[:1], response_mask[:1], temperature=0.8)
+    assert torch.allclose(single["hidden"][0], features["hidden"][0], atol=1e-5)
+
+
 def test_estimator_weights_none_is_the_mask_and_tis_truncates():
     trainer = torch.log(torch.tensor([[0.9, 0.5, 0.2]]))
     rollout = torch.log(torch.tensor([[0.3, 0.5, 0.4]]))

@@ -36,6 +36,7 @@ from matplotlib.ticker import MaxNLocator
 
 from workbench.core import progress
 from workbench.core import rollout_correction as rc
+from workbench.core.batching import repeated_rows
 from workbench.experiments import statistics
 from workbench.modeling.rollout import sample
 from workbench.tasks import encode_prompts, load_problems, score_responses, task_info
@@ -93,26 +94,43 @@ def head_features(model, prompt_ids, prompt_mask, response_ids, response_mask, *
     """What the output layer's gradient of each response token needs: ``logp`` (B, T) log π(y_t) at ``temperature``,
     ``dlogits`` (B, T, V) (e_y − softmax(z / τ)) / τ and ``hidden`` (B, T, H) the output layer's input, so that
     ∂ log π(y_t) / ∂W = dlogits_t ⊗ hidden_t (W: the output layer's weight, V × H). With ``report_temperature``:
-    also ``reported`` (B, T), log π(y_t) at that temperature, from the same logits."""
+    also ``reported`` (B, T), log π(y_t) at that temperature, from the same logits.
+
+    The prompt forward runs once per distinct prompt row and its KV cache is copied to the rows that repeat it (as
+    ``sample(share_prefill=True)`` does); the responses run on that cache: a trial pool repeats each prompt
+    ``group_size`` × ``batches`` times, and the prompt is most of a row's tokens."""
     head = model.get_output_embeddings()
     captured = []
     handle = head.register_forward_hook(lambda module, inputs, output: captured.append(inputs[0]))
     try:
-        ids = torch.cat([prompt_ids, response_ids], 1)
         mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], 1)
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        width = prompt_ids.shape[1]
+        repeated = repeated_rows(torch.cat([prompt_ids, prompt_mask], 1))
+        first, inverse = (torch.arange(prompt_ids.shape[0]), None) if repeated is None else (
+            torch.tensor([members[0] for members in repeated[1]], dtype=torch.long), repeated[0])
+        prefill = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=positions[first, :width],
+                        use_cache=True)
+        cache = prefill.past_key_values
+        last = slice(None) if inverse is None else inverse
+        if inverse is not None:
+            cache.reorder_cache(inverse)
+        logits, hidden = [prefill.logits[last, -1:]], [captured[0][last, -1:]]
+        if response_ids.shape[1] > 1:  # the last response token predicts nothing that is scored
+            rest = model(input_ids=response_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, width:-1],
+                         past_key_values=cache, use_cache=True)
+            logits.append(rest.logits)
+            hidden.append(captured[1])
     finally:
         handle.remove()
-    start, width = prompt_ids.shape[1] - 1, response_ids.shape[1]
-    scaled = logits[:, start:start + width].float() / temperature
-    hidden = captured[0][:, start:start + width].float()
+    scaled = torch.cat(logits, 1).float() / temperature
+    hidden = torch.cat(hidden, 1).float()
     logp_all = scaled.log_softmax(-1)
     logp = logp_all.gather(-1, response_ids[..., None]).squeeze(-1)
     onehot = torch.nn.functional.one_hot(response_ids, scaled.shape[-1]).float()
     out = {"logp": logp, "dlogits": (onehot - logp_all.exp()) / temperature, "hidden": hidden}
     if report_temperature is not None:
-        raw = logits[:, start:start + width].float() / report_temperature
+        raw = scaled * temperature / report_temperature
         out["reported"] = raw.log_softmax(-1).gather(-1, response_ids[..., None]).squeeze(-1)
     return out
 
@@ -247,13 +265,14 @@ def one_thread_if_tiny(model):
 
 
 @torch.no_grad()
-def draw_responses(sampler, tokenizer, problems, *, batches: int, group_size: int, temperature: float = 1.0, seed: int = 0) -> dict:
+def draw_responses(sampler, tokenizer, problems, *, batches: int, group_size: int, temperature: float = 1.0, seed: int = 0,
+                   encoded: tuple | None = None) -> dict:
     """``batches`` batches of ``group_size`` responses to each of ``problems``, sampled by ``sampler`` at ``temperature``
     in one call by inverse-CDF draws from generator ``seed`` (two draws of one seed use the same uniforms row by row:
     where the two samplers agree they draw the same tokens), with the sampler's own log-probs (``rollout_logp``), the
-    rewards and leave-one-out advantages. Rows batch after batch."""
+    rewards and leave-one-out advantages. Rows batch after batch; ``encoded``: the rows' ``encode_prompts``, when known."""
     repeated = [p for p in problems for _ in range(group_size)] * batches
-    ids, mask = encode_prompts(tokenizer, [p.prompt for p in repeated])
+    ids, mask = encoded if encoded is not None else encode_prompts(tokenizer, [p.prompt for p in repeated])
     rollout = sample(sampler, ids, mask, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id, temperature=temperature, draw="inverse_cdf",
                      share_prefill=True, static_cache=True, generator=torch.Generator().manual_seed(seed))
@@ -316,12 +335,13 @@ def estimator_trials(sources: dict, tokenizer, problems, *, trials: int, group_s
             reports[(id(source["trainer"]), source["temperature"])] = source["report_temperature"]
     draws: dict = {}
     references: dict = {}
+    encoded = encode_prompts(tokenizer, [p.prompt for p in problems for _ in range(group_size)] * trials)
 
     def drawn(sampler, temperature):
         key = (id(sampler), temperature)
         if key not in draws:
             draws[key] = draw_responses(sampler, tokenizer, problems, batches=trials, group_size=group_size,
-                                        temperature=temperature, seed=seed)
+                                        temperature=temperature, seed=seed, encoded=encoded)
         return draws[key]
 
     out = {}
