@@ -218,13 +218,14 @@ def corrected_run(name: str) -> str:
     return f"stale + {name}"
 
 
-def stale_actors(model, tokenizer, lags, *, learning_rate: float, task: str = "arith", seed: int = 0,
-                 prompts_per_step: int = 32, num_generations: int = 8) -> dict:
-    """``{k: the policy after k GRPO steps}`` for each lag k of ``lags`` (the notebook's GRPO settings, all training
-    prompts of ``task``): the training policy of a sampler whose weights are k steps old."""
+def stale_actors(model, tokenizer, lags, *, task: str = "arith", seed: int = 0, **settings) -> dict:
+    """``{k: the policy after k GRPO steps}`` for each lag k of ``lags`` (all training prompts of ``task``): the training
+    policy of a sampler whose weights are k steps old. ``settings``: ``GRPOConfig`` fields (the notebook passes its
+    training runs' ``learning_settings``; ``steps`` is replaced by the largest lag); unset, 32 prompts × 8 per step,
+    ``MAX_NEW_TOKENS``, seq-mean-token-mean."""
     actor = copy.deepcopy(model)
-    config = GRPOConfig(steps=max(lags), seed=seed, progress=False, learning_rate=learning_rate, prompts_per_step=prompts_per_step,
-                        num_generations=num_generations, max_new_tokens=MAX_NEW_TOKENS, loss_agg="seq-mean-token-mean")
+    config = GRPOConfig(**{"prompts_per_step": 32, "num_generations": 8, "max_new_tokens": MAX_NEW_TOKENS,
+                           "loss_agg": "seq-mean-token-mean", **settings, "steps": max(lags), "seed": seed, "progress": False})
     snapshots = {}
 
     def keep(record):
