@@ -74,6 +74,7 @@ def main() -> int:
         stems.append(found[0].stem)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     status = 0
@@ -86,11 +87,20 @@ def main() -> int:
             for stem in stems:
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
                 page.goto(f"{base}/lab/workspaces/{stem}/tree/{stem}.ipynb?reset&token=progress")
+                page.wait_for_selector(".jp-Notebook", timeout=120_000)
+                try:  # a fresh JupyterLab may ask which kernel to start: its default, python3
+                    page.locator(".jp-Dialog .jp-mod-accept").first.click(timeout=10_000)
+                except PlaywrightTimeout:
+                    pass
                 page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
                 page.click("text=Run", timeout=10_000)
                 page.click("text=Run All Cells", timeout=10_000)
                 deadline, text = time.time() + args.wait, ""
                 while time.time() < deadline:
+                    if "Traceback" in page.inner_text(".jp-Notebook"):
+                        print(f"{stem}: a cell failed before the bar showed", file=sys.stderr)
+                        status, text = 1, ""
+                        break
                     bars = page.locator(BAR)
                     if bars.count():
                         row = bars.last.locator("xpath=..")
@@ -102,8 +112,7 @@ def main() -> int:
                     print(f"{stem}: no progress bar with an ETA within {args.wait:.0f} s", file=sys.stderr)
                     status = 1
                 if text:
-                    page.locator(BAR).last.scroll_into_view_if_needed()
-                    page.mouse.wheel(0, 250)
+                    page.locator(BAR).last.evaluate("bar => bar.scrollIntoView({block: 'center'})")
                     time.sleep(1)
                     page.screenshot(path=str(out / f"{stem}_progress.png"))
                     print(f"{stem}: {text} → {out / f'{stem}_progress.png'}")

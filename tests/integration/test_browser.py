@@ -138,11 +138,12 @@ def test_quickstart_runs_in_jupyterlab_and_a_widget_redraws(jupyterlab, tmp_path
 # explorer after the move (and one of the notebook's end) goes to $WORKBENCH_SCREENSHOTS (default: the test's tmp folder)
 # for a reviewer to look at. What is asserted: every cell ran, no traceback, the explorer drew and redrew.
 EVERY_STEM = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-EXPLORER_CONTROLS = (  # the first one found is moved: a toggle not selected, a checkbox, a dropdown, a slider
-    ".jp-OutputArea-output .widget-toggle-button:not(.mod-active)",
-    ".jp-OutputArea-output .widget-checkbox input",
+EXPLORER_CONTROLS = (  # the first one found is moved: a dropdown, a slider, a toggle not selected, a checkbox (last:
+    # an explorer of the fix's switch draws both of its sides, so flipping it may redraw the same picture)
     ".jp-OutputArea-output .widget-dropdown select",
     ".jp-OutputArea-output .noUi-handle",
+    ".jp-OutputArea-output .widget-toggle-button:not(.mod-active)",
+    ".jp-OutputArea-output .widget-checkbox input",
 )
 OUTPUT_IMAGE = ".widget-output img, .jupyter-widgets-output-area img"
 PROGRESS_BAR = ".jp-OutputArea-output .widget-hprogress"  # tqdm's notebook bar: an ipywidgets FloatProgress
