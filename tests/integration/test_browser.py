@@ -194,9 +194,10 @@ def _move_one_control(page) -> str | None:
             current = control.input_value()
             values = [options.nth(i).get_attribute("value") for i in range(options.count())]
             control.select_option(next((v for v in values if v != current), current))
-        elif selector.endswith("noUi-handle"):
+        elif selector.endswith("noUi-handle"):  # one step, away from the end it stands at
+            at_end = control.get_attribute("aria-valuenow") == control.get_attribute("aria-valuemax")
             control.focus()
-            page.keyboard.press("ArrowRight")
+            page.keyboard.press("ArrowLeft" if at_end else "ArrowRight")
         else:
             control.click()
         return selector
