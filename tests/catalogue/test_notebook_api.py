@@ -23,7 +23,7 @@ def test_the_closing_line_keeps_the_mechanism_apart_from_the_consequence():
     assert notebook_api.closing_line(payload(PREDICTED), "metrics.json") == (
         "05_x: mechanism reproduced: yes, fixed: yes; consequence in training: shown, as predicted → metrics.json")
     null = {**PREDICTED, "larger": False, "effect": 0.1}
-    assert "consequence in training: not shown (no effect > 0.215)" in notebook_api.closing_line(payload(null), "m")
+    assert "consequence in training: not shown: no effect > 0.215 →" in notebook_api.closing_line(payload(null), "m")
     assert "opposite" in notebook_api.closing_line(payload({**PREDICTED, "effect": -0.3}), "m")
     line = notebook_api.closing_line(payload(reproduced=True, fixed=False), "m")
     assert "mechanism reproduced: yes, fixed: no; consequence in training: not measured here" in line

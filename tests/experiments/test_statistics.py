@@ -158,7 +158,9 @@ def test_training_summary_states_the_prediction_then_its_outcome_then_the_table(
     lines = statistics.training_summary(effects, runs, prediction, "sums").splitlines()
     assert lines[0] == "Prediction, fixed before the run (sums): longer wrong answers, the bug's value above the fix's."
     assert lines[1].startswith("Outcome: larger than seed noise") and lines[1].endswith("as predicted.")
-    assert any(line.startswith("held-out gain, seq-mean") for line in lines)
+    held_out = lines.index(next(line for line in lines if line.startswith("held-out accuracy")))
+    assert lines[held_out].split()[2:5] == ["start", "end", "gain"]
+    assert lines[held_out + 1].split()[:4] == ["seq-mean", "0.5", "0.6", "+0.1"]
     assert lines[-1].startswith("(bug − fix: seq-mean − token-mean;")
     opposite = statistics.training_summary({"m": _effect(-2.2, 0.4)}, runs, prediction, "sums").splitlines()[1]
     assert opposite.endswith("opposite to the prediction.")

@@ -110,7 +110,7 @@ def closing_line(payload: dict, where: str) -> str:
     if isinstance(record, dict) and "direction" in record:
         kind, text = statistics.prediction_verdict(record)
         consequence = {"as predicted": "shown, as predicted", "opposite": "shown, opposite to the prediction"}.get(
-            kind, f"not shown ({text})")
+            kind, f"not shown: {text}")
     else:
         consequence = "not measured here"
     return f"{payload['notebook']}: {mechanism}; consequence in training: {consequence} → {where}"

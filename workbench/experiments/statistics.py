@@ -336,11 +336,10 @@ def _cell(value: float, digits: str = ".3g") -> str:
 
 
 def effects_table(effects: dict[str, Effect], gains: dict[str, Effect] | None = None) -> str:
-    """A small table of a training comparison: one row per measured ``Effect`` (both sides, bug − fix, its standard
-    error — with one seed, the step-to-step standard deviation — the smallest effect the seeds could see, the verdict),
-    then one row per variant's held-out gain. Undefined numbers print as "—" with the reason in the verdict column."""
-    one_seed = all(effect.seeds == 1 for effect in [*effects.values(), *(gains or {}).values()])
-    rows = [("measure", "bug", "fix", "bug − fix", "± std" if one_seed else "± s.e.", "could see ≥", "verdict")]
+    """Small tables of a training comparison: one row per measured ``Effect`` (both sides, bug − fix, its standard
+    error — with one seed, the step-to-step standard deviation — the smallest effect the seeds could see, the verdict);
+    then, under their own header, each variant's held-out accuracy at the start and the end and its gain. Undefined
+    numbers print as "—" with the reason in the verdict column."""
 
     def verdict(effect: Effect) -> str:
         if effect.no_spread:
@@ -349,15 +348,26 @@ def effects_table(effects: dict[str, Effect], gains: dict[str, Effect] | None = 
             return "not tested (one seed)"
         return "larger" if effect.larger_than_noise else "not larger"
 
+    def aligned(rows) -> list[str]:
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        last = len(rows[0]) - 1
+        return ["  ".join(cell.ljust(width) if i == 0 else cell.rjust(width) if i < last else cell
+                          for i, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip() for row in rows]
+
+    every = [*effects.values(), *(gains or {}).values()]
+    noise = "± std" if every and all(effect.seeds == 1 for effect in every) else "± s.e."
+    rows = [("measure", "bug", "fix", "bug − fix", noise, "could see ≥", "verdict")]
     for name, effect in effects.items():
         rows.append((str(name), _cell(effect.bug), _cell(effect.fix), _cell(effect.difference, "+.3g"),
                      _cell(effect.noise, ".2g"), _cell(effect.mde, ".2g"), verdict(effect)))
-    for label, effect in (gains or {}).items():
-        rows.append((f"held-out gain, {label}", _cell(effect.bug), "start", _cell(effect.difference, "+.3g"),
-                     _cell(effect.noise, ".2g"), _cell(effect.mde, ".2g"), verdict(effect)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width) if i < 6 else cell
-                               for i, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip() for row in rows)
+    lines = aligned(rows)
+    if gains:
+        held_out = [("held-out accuracy", "start", "end", "gain", noise, "could see ≥", "verdict")]
+        for label, effect in gains.items():
+            held_out.append((str(label), _cell(effect.fix), _cell(effect.bug), _cell(effect.difference, "+.3g"),
+                             _cell(effect.noise, ".2g"), _cell(effect.mde, ".2g"), verdict(effect)))
+        lines += ["", *aligned(held_out)]
+    return "\n".join(lines)
 
 
 def training_summary(effects: dict[str, Effect], runs: dict[str, list[list[dict]]], prediction: Prediction, task: str) -> str:

@@ -294,9 +294,12 @@ def plot_singleton_advantages(ax, row: dict) -> None:
     """One ``singleton_sweep`` row: |advantage| of the reward-0 sample per std, against the exact |−v|."""
     keys = ("one-pass", "two-pass", "two-pass + floor")
     colors = (plots.BUG_COLOR, plots.SERIES_COLORS[2], plots.FIX_COLOR)
-    ax.bar(keys, [abs(row[k]) for k in keys], color=colors)
+    values = [abs(row[k]) for k in keys] + [row["value"]]
+    ax.bar(keys, values[:3], color=colors)
     ax.axhline(row["value"], color=plots.NEUTRAL_COLOR, ls=":", label=f"exact |R − baseline| = {row['value']:g}")
-    ax.set_yscale("log")
+    positive = [v for v in values if v > 0]
+    if positive and max(positive) / min(positive) >= 8:  # a log axis only where the bars span a decade or so
+        ax.set_yscale("log")
     ax.set_ylabel("|advantage| of the reward-0 sample")
     ax.legend(fontsize=8)
 

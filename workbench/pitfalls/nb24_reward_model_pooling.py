@@ -251,6 +251,7 @@ def pooling_explorer(model, tokenizer, n_texts: int = 8) -> Explorer:
         fig, ax = plt.subplots(figsize=(6, 3.2))
         bars = ax.bar(list(RULES), [result[r]["max_abs_score_delta"] for r in RULES], color=[RULE_COLORS[r] for r in RULES])
         label_zero_bars(ax, bars, tol=1e-4)
+        ax.set_ylim(0, max(2e-4, 1.1 * max(result[r]["max_abs_score_delta"] for r in RULES)))  # float noise stays flat
         ax.set_ylabel("max |Δ score|")
         ax.set_title("score alone vs in the padded batch (0: below 1e-4)", fontsize=9)
         return result
