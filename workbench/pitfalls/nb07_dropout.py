@@ -204,8 +204,13 @@ def first_minibatch_note(runs: dict, results: dict) -> str:
 def dropout_explorer(model, tokenizer, prompts: list[str], seed: int = 0) -> Explorer:
     """P7: step-0 ratio and KL for a dropout probability, with or without disabling dropout."""
 
+    def plot_with_legend(axes, results):  # the two panels share one legend under them: which marker is the fix
+        plot_step0(axes, results)
+        plots.figure_legend(axes[0].figure, axes[0], ncol=2)
+
     return switch_explorer(
-        partial(step0_mismatch, model, tokenizer, prompts, seed=seed), plot_step0, figsize=(10, 3), panels=2,
+        partial(step0_mismatch, model, tokenizer, prompts, seed=seed), plot_with_legend, figsize=(plots.NOTEBOOK_WIDTH, 3.3),
+        panels=2,
         value=("dropout", widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.01, description="dropout")),
         switch=("disable", widgets.Checkbox(value=False, description="disable dropout (fix)")),
         title="Dropout during RL: step-0 ratio and KL")
