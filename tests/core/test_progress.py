@@ -38,3 +38,12 @@ def test_step_files_sum_the_runs_and_ignore_missing_ones():
         assert files.done() == 7
     finally:
         files.close()
+
+
+def test_hidden_bars_inside_the_block_only(capsys):
+    progress.show_bars(True)
+    with progress.hidden():
+        assert not progress.bars_shown()
+        list(progress.track([1, 2], "inside"))
+    assert progress.bars_shown()
+    assert "inside" not in capsys.readouterr().err

@@ -8,6 +8,7 @@ runner's own bar already speaks. ``catalogue.notebook_api.prepare(…, interacti
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -29,6 +30,17 @@ def show_bars(shown: bool) -> None:
 
 def bars_shown() -> bool:
     return _shown
+
+
+@contextlib.contextmanager
+def hidden() -> Iterator[None]:
+    """No bars inside the block (an explorer's redraw: its figure replaces the output, a bar would stay above it)."""
+    global _shown
+    shown, _shown = _shown, False
+    try:
+        yield
+    finally:
+        _shown = shown
 
 
 def bar(total: int, desc: str, unit: str = "step") -> tqdm:

@@ -19,6 +19,8 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import clear_output
 
+from workbench.core import progress
+
 
 class Explorer:
     """Controls + an output area redrawn by ``draw(**control_values)`` on every change."""
@@ -41,7 +43,8 @@ class Explorer:
     def _redraw(self, change=None) -> None:
         with self.output:
             clear_output(wait=True)
-            self.last = self.draw(**self.values())
+            with progress.hidden():  # a bar would stay in the output above the redrawn figure
+                self.last = self.draw(**self.values())
             plt.show()
         self.renders += 1
 
