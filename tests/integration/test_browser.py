@@ -182,26 +182,34 @@ def lab_of_copies(smoke_copies):
 
 
 def _move_controls(page):
-    """Move each explorer control found (``EXPLORER_CONTROLS``, in that order), yielding its selector after the move:
-    the caller stops at the first move that redraws the figure."""
+    """Move each explorer control found (``EXPLORER_CONTROLS``, in that order: every dropdown, slider, toggle not
+    selected and checkbox), yielding a description after each move that changed the control: the caller stops at
+    the first move that redraws the figure. A slider with one position, or one a key did not move, is passed over."""
     for selector in EXPLORER_CONTROLS:
-        control = page.locator(selector)
-        if control.count() == 0:
-            continue
-        control = control.first
-        control.scroll_into_view_if_needed()
-        if selector.endswith("select"):
-            options = control.locator("option")
-            current = control.input_value()
-            values = [options.nth(i).get_attribute("value") for i in range(options.count())]
-            control.select_option(next((v for v in values if v != current), current))
-        elif selector.endswith("noUi-handle"):  # one step, away from the end it stands at
-            at_end = control.get_attribute("aria-valuenow") == control.get_attribute("aria-valuemax")
-            control.focus()
-            page.keyboard.press("ArrowLeft" if at_end else "ArrowRight")
-        else:
-            control.click()
-        yield selector
+        controls = page.locator(selector)
+        for i in range(controls.count()):
+            control = controls.nth(i)
+            control.scroll_into_view_if_needed()
+            if selector.endswith("select"):
+                options = control.locator("option")
+                current = control.input_value()
+                values = [options.nth(j).get_attribute("value") for j in range(options.count())]
+                if not any(v != current for v in values):
+                    continue
+                control.select_option(next(v for v in values if v != current))
+            elif selector.endswith("noUi-handle"):  # one step, away from the end it stands at
+                now, low, high = (control.get_attribute(f"aria-value{k}") for k in ("now", "min", "max"))
+                if low == high:
+                    continue
+                control.focus()
+                page.keyboard.press("ArrowLeft" if now == high else "ArrowRight")
+                if control.get_attribute("aria-valuenow") == now:
+                    continue
+            else:
+                if not control.is_visible():
+                    continue
+                control.click()
+            yield f"{selector} #{i}"
 
 
 @pytest.mark.slow
@@ -239,7 +247,10 @@ def test_every_notebook_runs_in_jupyterlab_and_its_explorer_redraws(lab_of_copie
                     continue
                 redrawn = moved
                 break
-            assert redrawn is not None, f"{stem}: no explorer control the test moved redrew the figure"
+            if redrawn is None:
+                page.screenshot(path=str(shots / f"{stem}_explorer_unchanged.png"))
+            assert redrawn is not None, (f"{stem}: no explorer control the test moved redrew the figure; the explorer's "
+                                         f"output reads: {page.locator('.jupyter-widgets-output-area').last.inner_text()[-2000:]!r}")
             page.locator(OUTPUT_IMAGE).first.scroll_into_view_if_needed()
             page.screenshot(path=str(shots / f"{stem}_explorer.png"))
             assert "Traceback" not in page.inner_text(".jp-Notebook"), f"{stem}: the explorer failed after {redrawn}"
