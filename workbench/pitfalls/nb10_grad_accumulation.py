@@ -143,7 +143,8 @@ def grad_accumulation_explorer(mask: torch.Tensor, micro_batch_counts: list[int]
             i = list(micro_batch_counts).index(micro_batches)
             ax.axvline(micro_batches, color=plots.NEUTRAL_COLOR, lw=0.8, ls=":")
             result.update(error_bug=errors["per_micro_batch"][i], error_fix=errors["global"][i])
-            ax.set_title(f"{micro_batches} micro-batch{'es' if micro_batches != 1 else ''}: relative error {result['error_bug']:.2e} (bug) vs "
+            split = f"{micro_batches} micro-batch" + ("es" if micro_batches != 1 else "")
+            ax.set_title(f"{split}: relative error {result['error_bug']:.2e} (bug) vs "
                          f"{result['error_fix']:.1e} (fix)", fontsize=9)
         else:
             fig, weights_ax = plt.subplots(figsize=(6, 2.5))
