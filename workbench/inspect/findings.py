@@ -35,6 +35,7 @@ K3_WARNING, K3_ERROR = 1e-3, 1e-2  # rollout_corr/k3_kl over the dump: bf16 vs f
 GROWTH_CORRELATION, GROWTH_RATIO, GROWTH_FLOOR = 0.8, 3.0, 1e-3  # P37: rank correlation, last/first third, last k3
 LENGTH_SHARE_WARNING = 0.5  # S3: share of responses ending without a stop
 CONTINUED_SHARE_ERROR = 0.01  # S3: share of responses trained past their first EOS
+EOS_SHARE = 0.5  # the final token of at least this share of stopped responses is taken for the EOS
 MASKED_EOS_SHARE = 0.5  # P8: share of stopped responses whose final token is masked out
 NEAR_ZERO_STD = 1e-6  # P16: 0 < max − min ≤ this × max(1, |mean|): rounding residue, not signal
 NO_SIGNAL_SHARE_WARNING = 0.5  # P16: share of groups with all rewards equal
@@ -42,6 +43,15 @@ NO_SIGNAL_SHARE_WARNING = 0.5  # P16: share of groups with all rewards equal
 
 def finding(pitfall: str, severity: str, message: str, evidence: dict, where: str = "dump") -> Finding:
     return Finding(pitfall, severity, f"{message} (see {NOTEBOOKS[pitfall]})", evidence, where)
+
+
+def decisive(last_tokens: Counter) -> int | None:
+    """The EOS: the token that ends at least ``EOS_SHARE`` of the stopped responses (None when none does — an engine
+    that strips the stop token leaves no EOS to see)."""
+    if not last_tokens:
+        return None
+    token, count = last_tokens.most_common(1)[0]
+    return token if count >= EOS_SHARE * sum(last_tokens.values()) else None
 
 
 class Mismatch:
@@ -110,7 +120,7 @@ class Truncation:
         self.eos_token_id = eos_token_id
         self.finished = Counter()
         self.last_tokens = Counter()  # final token of "stop" responses: the EOS, unless given
-        self.continued = Counter()  # token id -> responses with a trained token after its first occurrence
+        self.continued = np.zeros(0, dtype=np.int64)  # per token id: responses with a trained token after it
         self.length_rewards = [0, 0.0, math.inf, -math.inf]  # count, sum, min, max of truncated responses' rewards
         self.stop_rewards = [0, 0.0, math.inf, -math.inf]
         self.responses, self.example = 0, {}
@@ -132,16 +142,19 @@ class Truncation:
                 sums[2], sums[3] = min(sums[2], rollout.reward), max(sums[3], rollout.reward)
         trained = np.flatnonzero(rollout.mask())
         if len(trained) > 1:  # every id before the last trained token is followed by a trained token
-            before = np.unique(ids[: trained[-1]]).tolist()
-            self.continued.update(before)
-            if self.eos_token_id is not None and self.eos_token_id in before or self.last_tokens and (
-                    self.last_tokens.most_common(1)[0][0] in before):
-                self.example.setdefault("continued", rollout.where)
+            before = np.unique(ids[: trained[-1]])
+            before = before[before >= 0]
+            if len(before) and before[-1] >= len(self.continued):
+                self.continued = np.concatenate([self.continued, np.zeros(int(before[-1]) + 1 - len(self.continued), np.int64)])
+            self.continued[before] += 1
+            eos = self.eos_token_id if self.eos_token_id is not None else decisive(self.last_tokens)
+            if eos is not None and "continued" not in self.example and eos in before:
+                self.example["continued"] = rollout.where
 
     def eos(self) -> int | None:
         if self.eos_token_id is not None:
             return self.eos_token_id
-        return self.last_tokens.most_common(1)[0][0] if self.last_tokens else None
+        return decisive(self.last_tokens)
 
     def scalars(self) -> dict[str, float]:
         told = sum(self.finished.values())
@@ -156,7 +169,7 @@ class Truncation:
                                "reached before max_new_tokens — is the sampler's stop token set?",
                                {"length_share": length / told, "responses": told, "eos_token_id": eos},
                                self.example.get("length", "dump")))
-        continued = self.continued.get(eos, 0) if eos is not None else 0
+        continued = int(self.continued[eos]) if eos is not None and 0 <= eos < len(self.continued) else 0
         if self.responses and continued / self.responses >= CONTINUED_SHARE_ERROR:
             out.append(finding("S3", "error", f"{continued} responses ({continued / self.responses:.1%}) go on after their first "
                                f"EOS (id {eos}) with trained tokens: mask everything after the first EOS",
@@ -204,8 +217,8 @@ class Tokens:
 
     def findings(self) -> list[Finding]:
         out = []
-        if self.stop_last:
-            eos, stopped = self.stop_last.most_common(1)[0]
+        if (eos := decisive(self.stop_last)) is not None:
+            stopped = self.stop_last[eos]
             masked = self.stop_last_masked.get(eos, 0)
             if masked / stopped >= MASKED_EOS_SHARE:
                 out.append(finding("P8", "error", f"the EOS (id {eos}) that ends {stopped} stopped responses is masked out of "

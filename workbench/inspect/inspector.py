@@ -41,12 +41,12 @@ def inspect(path_or_records, model=None, *, format: str = "auto", eos_token_id: 
     counts = {"responses": 0, "response_tokens": 0, "steps": set(), "text_only": 0, "with_logprobs": 0, "with_finish": 0,
               "with_policy_version": 0}
     for rollout in _records(path_or_records, format, show_progress):
+        counts["text_only"] += rollout.response_ids is None
         if rescorer is not None:
             rollout = rescorer.prepare(rollout)
         counts["responses"] += 1
         counts["response_tokens"] += rollout.response_length
         counts["steps"].add(rollout.step)
-        counts["text_only"] += rollout.response_ids is None
         counts["with_logprobs"] += rollout.rollout_logprobs is not None and rollout.trainer_logprobs is not None
         counts["with_finish"] += rollout.finish is not None
         counts["with_policy_version"] += rollout.policy_version is not None
@@ -68,7 +68,10 @@ def inspect(path_or_records, model=None, *, format: str = "auto", eos_token_id: 
 def _unobserved(counts: dict, has_model: bool) -> list[dict]:
     """What the dump gave nothing to decide, each with what to add."""
     missing = []
-    if not counts["with_logprobs"]:
+    if counts["text_only"] and not has_model:
+        missing.append({"pitfall": "P12", "check": None, "why": f"{counts['text_only']} text-only responses (no token ids): "
+                        "pass --model to tokenise and score them"})
+    elif not counts["with_logprobs"]:
         missing.append({"pitfall": "P12", "check": None, "why": "no response carries both rollout_logprobs and trainer_logprobs: "
                         "dump both to see the training–inference gap (rollout_corr/)"})
     if not has_model:
