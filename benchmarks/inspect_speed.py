@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def write_dump(folder: str, tokens: int, seed: int) -> tuple[str, str, int]:
     """A clean dump of at least ``tokens`` response tokens, as JSONL and Parquet; returns (jsonl, parquet, tokens)."""
-    from workbench.inspect import synthetic
+    from workbench.inspect import export, synthetic
 
     written, step = 0, 0
     jsonl = os.path.join(folder, f"dump-{tokens}.jsonl")
@@ -45,7 +45,7 @@ def write_dump(folder: str, tokens: int, seed: int) -> tuple[str, str, int]:
                 yield row
             step += 1
 
-    synthetic.write_jsonl(rows(), jsonl)
+    export.write_jsonl(rows(), jsonl)
     total, written, step = written, 0, 0
     synthetic.write_parquet(rows(), parquet)
     return jsonl, parquet, total

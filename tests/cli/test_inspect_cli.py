@@ -6,13 +6,13 @@ import json
 import pytest
 
 from workbench.cli.main import main
-from workbench.inspect import synthetic
+from workbench.inspect import export, synthetic
 
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     folder = tmp_path_factory.mktemp("dumps")
-    return {fault: synthetic.write_jsonl(synthetic.records(fault, steps=4, groups=4), folder / f"{fault}.jsonl")
+    return {fault: export.write_jsonl(synthetic.records(fault, steps=4, groups=4), folder / f"{fault}.jsonl")
             for fault in (None, "pad_eos", "stale")}
 
 

@@ -10,13 +10,13 @@ import tracemalloc
 import pytest
 import torch
 
-from workbench.inspect import DumpError, gaps, inspect, synthetic
+from workbench.inspect import DumpError, export, gaps, inspect, synthetic
 from workbench.inspect.readers import detect, read
 
 
 def test_parquet_reads_as_jsonl_does(tmp_path):
     rows = list(synthetic.records("stale", steps=3, groups=4))
-    from_jsonl = inspect(synthetic.write_jsonl(rows, tmp_path / "d.jsonl"), show_progress=False)
+    from_jsonl = inspect(export.write_jsonl(rows, tmp_path / "d.jsonl"), show_progress=False)
     from_parquet = inspect(synthetic.write_parquet(rows, tmp_path / "d.parquet", batch=7), show_progress=False)
     assert from_parquet.metrics == pytest.approx(from_jsonl.metrics, rel=1e-12)
     assert [f.to_dict()["evidence"] for f in from_parquet.findings] == [f.to_dict()["evidence"] for f in from_jsonl.findings]
@@ -77,7 +77,7 @@ def test_memory_is_bounded_by_a_record_not_the_dump(tmp_path, monkeypatch):
     monkeypatch.setattr(gaps, "FLUSH_TOKENS", 512)  # the token-id buffer's bound, within these small dumps
     peaks = []
     for groups in (4, 40):  # the same steps (their per-step sums stay), 10× the responses
-        path = synthetic.write_jsonl(synthetic.records(None, steps=3, groups=groups), tmp_path / f"{groups}.jsonl")
+        path = export.write_jsonl(synthetic.records(None, steps=3, groups=groups), tmp_path / f"{groups}.jsonl")
         tracemalloc.start()
         inspect(path, show_progress=False)
         peaks.append(tracemalloc.get_traced_memory()[1])

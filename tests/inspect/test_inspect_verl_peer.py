@@ -5,7 +5,7 @@ environment is absent."""
 
 import pytest
 
-from workbench.inspect import inspect, synthetic
+from workbench.inspect import DumpError, export, inspect, synthetic
 from workbench.peers import invoke
 
 pytestmark = pytest.mark.slow
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def verl_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("verl")
-    generic = synthetic.write_jsonl(synthetic.records("mismatch", steps=3, seed=1), folder / "generic.jsonl")
+    generic = export.write_jsonl(synthetic.records("mismatch", steps=3, seed=1), folder / "generic.jsonl")
     payload = invoke.run("verl-0.9.1", "verl_inspect_dump", {"folder": str(folder / "rollouts"), "generic": generic},
                          timeout=600)
     if payload["status"] != "ok":
@@ -28,6 +28,17 @@ def test_verl_rollout_data_dir_written_by_verl_is_read(verl_run):
     report = inspect(folder / "rollouts", show_progress=False)
     assert report.observed["responses"] == 48 and report.observed["text_only"] == 48 and report.observed["steps"] == 3
     assert report.findings == []  # rewards 0/1 inside every group: signal everywhere
+
+
+def test_pickled_dataproto_is_refused_and_its_export_read(verl_run):
+    _, _, measured = verl_run
+    with pytest.raises(DumpError, match="never unpickles"):
+        inspect(measured["dataproto"]["pickled"], show_progress=False)
+    report = inspect(measured["dataproto"]["generic"], show_progress=False)
+    assert report.observed["responses"] == 8 and report.observed["response_tokens"] == sum(measured["dataproto"]["lengths"])
+    assert measured["dataproto"]["prompt_lengths"] == [3] * 4 + [5] * 4  # the left padding dropped
+    (p8,) = [item for item in report.findings if item.pitfall == "P8"]
+    assert p8.evidence["eos_masked_share"] == 1.0 and p8.evidence["eos_token_id"] == 2
 
 
 def test_rollout_corr_equals_verls_on_the_same_tensors(verl_run):

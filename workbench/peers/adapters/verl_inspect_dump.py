@@ -1,12 +1,14 @@
 """verl 0.9.1's rollout dumps and ``rollout_corr/`` metrics, made by verl's own code, for ``workbench.inspect``'s tests.
 
-Two rows:
+Three rows:
 
 * ``rollout_data_dir`` — the JSONL files of ``trainer.rollout_data_dir``, written by verl's ``_write_generations``
   of both trainers (``verl.trainer.ppo.ray_trainer.RayPPOTrainer``, steps 1–2, and
   ``verl.trainer.ppo.v1.trainer_base``, step 3). Those modules import the whole trainer stack (``torchdata``,
   ``transfer_queue``, ray), which the peer environment does not carry, so the static method's source is taken
   from verl's installed file (``ast``) and run on its own with the names it uses (``json``, ``os``, ``numpy``).
+* ``dataproto`` — a ``DataProto`` pickled by verl's ``save_to_disk`` (which the inspector refuses), and the same batch
+  exported to the generic format by ``workbench.inspect.export.verl_batch_records`` after verl's ``load_from_disk``;
 * ``rollout_corr`` — verl's ``compute_rollout_corr_metrics_from_logprobs`` on each step of a generic dump (args
   ``generic``: a JSONL path), the responses right-padded into (batch, length) float64 tensors.
 """
@@ -84,8 +86,48 @@ def rollout_corr_by_step(generic: str) -> dict:
     return out
 
 
+def dataproto_dump(folder: str) -> dict:
+    """A verl ``DataProto`` in verl's layout (8 rows, 2 groups, left-padded prompts, right-padded responses ending
+    with EOS 2 whose ``response_mask`` is 0: the pad = EOS signature), pickled by ``save_to_disk``, then loaded back
+    (the user's own pickle, in verl's environment) and exported with ``workbench.inspect.export``."""
+    from verl import DataProto
+
+    from workbench.inspect.export import verl_batch_records, write_jsonl
+
+    generator = torch.Generator().manual_seed(0)
+    rows, prompt_width, response_width = 8, 5, 6
+    prompts = torch.randint(3, 100, (rows, prompt_width), generator=generator)
+    prompts[:4, :2] = 0  # left padding
+    responses = torch.randint(3, 100, (rows, response_width), generator=generator)
+    lengths = [3, 4, 5, 6, 6, 2, 4, 5]
+    attention = torch.ones(rows, prompt_width + response_width, dtype=torch.long)
+    attention[:4, :2] = 0
+    response_mask = torch.zeros(rows, response_width)
+    for row, length in enumerate(lengths):
+        responses[row, length - 1] = 2
+        responses[row, length:] = 0
+        attention[row, prompt_width + length:] = 0
+        response_mask[row, : length - 1] = 1
+    rollout = -torch.rand(rows, response_width, generator=generator, dtype=torch.float64)
+    scores = torch.zeros(rows, response_width)
+    scores[torch.arange(rows), torch.tensor(lengths) - 1] = torch.tensor([0.0, 1.0, 0.5, 1.0, 0.0, 1.0, 0.25, 0.75])
+    batch = DataProto.from_dict(tensors={"prompts": prompts, "responses": responses, "attention_mask": attention,
+                                         "response_mask": response_mask, "rollout_log_probs": rollout,
+                                         "old_log_probs": rollout + 0.001, "token_level_scores": scores},
+                                non_tensors={"uid": np.array(["g0"] * 4 + ["g1"] * 4, dtype=object)},
+                                meta_info={"temperature": 1.0})
+    os.makedirs(folder, exist_ok=True)
+    pickled = os.path.join(folder, "batch.pkl")
+    batch.save_to_disk(pickled)
+    records = verl_batch_records(DataProto.load_from_disk(pickled), step=7, eos_token_id=2)
+    generic = write_jsonl(records, os.path.join(folder, "batch.jsonl"))
+    return {"pickled": pickled, "generic": generic, "lengths": lengths,
+            "prompt_lengths": [len(record["prompt_ids"]) for record in records]}
+
+
 def probes(args) -> list[dict]:
-    rows = [{"probe": "rollout_data_dir", "measured": write_rollout_data_dir(args["folder"]), "audit": None}]
+    rows = [{"probe": "rollout_data_dir", "measured": write_rollout_data_dir(args["folder"]), "audit": None},
+            {"probe": "dataproto", "measured": dataproto_dump(args["folder"] + "-dataproto"), "audit": None}]
     if args.get("generic"):
         rows.append({"probe": "rollout_corr", "measured": rollout_corr_by_step(args["generic"]), "audit": None})
     return rows
