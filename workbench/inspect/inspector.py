@@ -31,13 +31,14 @@ def inspect(path_or_records, model=None, *, format: str = "auto", eos_token_id: 
             show_progress: bool = True, rescore_responses: int = 64) -> InspectReport:
     """The findings of a dump (see the module's docstring); raises ``DumpError`` (file and line) on bad input."""
     started = time.perf_counter()
-    mismatch, truncation, tokens, groups, staleness = Mismatch(), Truncation(eos_token_id), Tokens(), Groups(), Staleness()
-    checks = (mismatch, truncation, tokens, groups, staleness)
     rescorer = None
     if model is not None:
-        from workbench.inspect.rescore import Rescorer  # torch and transformers: only with a model
+        from workbench.inspect.rescore import Rescorer  # transformers: only with a model
 
         rescorer = Rescorer(model, sample=rescore_responses)
+    truncation = Truncation(eos_token_id, fallback_eos=None if rescorer is None else rescorer.tokenizer.eos_token_id)
+    mismatch, tokens, groups, staleness = Mismatch(), Tokens(), Groups(), Staleness()
+    checks = (mismatch, truncation, tokens, groups, staleness)
     counts = {"responses": 0, "response_tokens": 0, "steps": set(), "text_only": 0, "with_logprobs": 0, "with_finish": 0,
               "with_policy_version": 0}
     for rollout in _records(path_or_records, format, show_progress):
@@ -59,7 +60,11 @@ def inspect(path_or_records, model=None, *, format: str = "auto", eos_token_id: 
     metrics = {}
     for check in (mismatch, truncation, groups, staleness):
         metrics |= check.scalars()
-    report = InspectReport(findings=findings, observed=counts, not_observable=_unobserved(counts, model is not None),
+    unobserved = _unobserved(counts, model is not None)
+    if counts["response_tokens"] and truncation.eos() is None:
+        unobserved.append({"pitfall": "S3", "check": None, "why": "no EOS seen (no token ends most \"stop\" responses): "
+                           "responses trained past their EOS cannot be counted; pass --eos-token-id or --model"})
+    report = InspectReport(findings=findings, observed=counts, not_observable=unobserved,
                            metrics=metrics, per_step=mismatch.per_step())
     report.cost = {"inspect_seconds": time.perf_counter() - started}
     return report
