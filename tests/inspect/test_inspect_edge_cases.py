@@ -51,3 +51,20 @@ def test_an_engine_that_strips_the_eos_leaves_s3_unobserved():
     report = inspect(rows, show_progress=False)
     assert any(entry["pitfall"] == "S3" and "--eos-token-id" in entry["why"] for entry in report.not_observable)
     assert not [item for item in report.findings if item.pitfall in ("S3", "P8")]
+
+
+def test_a_bf16_sized_gap_is_named_as_info():
+    rng = np.random.default_rng(4)
+    rows = [_row(0, g, [*rng.integers(3, 50, 20).tolist(), 2], float(g % 3), rng, noise=0.02) for g in range(32)]
+    (p12,) = [item for item in inspect(rows, show_progress=False).findings if item.pitfall == "P12"]
+    assert p12.severity == "info" and 1e-4 <= p12.evidence["k3_kl"] < 1e-3
+
+
+def test_a_folder_of_step_files_is_read_in_step_order(tmp_path):
+    from workbench.inspect import export, synthetic
+    from workbench.inspect.readers import read
+
+    rows = list(synthetic.records(None, steps=3, groups=1))
+    for step in (2, 10, 1):  # lexical order would put 10 before 2
+        export.write_jsonl([row for row in rows if row["step"] == step % 3], tmp_path / f"rollouts-{step}.jsonl")
+    assert [rollout.where.split("rollouts-")[1].split(".")[0] for rollout in read(tmp_path, show_progress=False)][::4] == ["1", "2", "10"]
