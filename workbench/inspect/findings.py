@@ -31,17 +31,29 @@ NOTEBOOKS = {
     "P16": "notebooks/16_group_statistics.ipynb", "P21": "notebooks/21_duplicate_bos.ipynb",
     "P28": "notebooks/28_async_staleness.ipynb", "P37": "notebooks/37_lora_sync.ipynb",
 }
-K3_WARNING, K3_ERROR = 1e-3, 1e-2  # rollout_corr/k3_kl over the dump: bf16 vs fp32 sits near 1e-4..1e-3
-GROWTH_CORRELATION, GROWTH_RATIO, GROWTH_FLOOR = 0.8, 3.0, 1e-3  # P37: rank correlation, last/first third, last k3
+K3_INFO, K3_WARNING, K3_ERROR = 1e-4, 1e-3, 1e-2  # rollout_corr/k3_kl over the dump: a bf16 sampler and an fp32
+# trainer sit near 1e-4..1e-3 (info), one sampler's weights behind at 1e-3..1e-2 (warning)
+GROWTH_STEPS, GROWTH_CORRELATION, GROWTH_RATIO, GROWTH_FLOOR = 3, 0.8, 3.0, 1e-3  # P37: steps, rank correlation,
+# the last third's mean k3 over the first third's, the last step's k3
 LENGTH_SHARE_WARNING = 0.5  # S3: share of responses ending without a stop
 CONTINUED_SHARE_ERROR = 0.01  # S3: share of responses trained past their first EOS
+EOS_SHARE = 0.5  # the final token of at least this share of stopped responses is taken for the EOS
 MASKED_EOS_SHARE = 0.5  # P8: share of stopped responses whose final token is masked out
-NEAR_ZERO_STD = 1e-6  # P16: 0 < max − min ≤ this × max(1, |mean|): rounding residue, not signal
+NEAR_ZERO_STD = 1e-6  # P16: 0 < group std (population) ≤ this × max(1, |mean|): rounding residue, not signal
 NO_SIGNAL_SHARE_WARNING = 0.5  # P16: share of groups with all rewards equal
 
 
 def finding(pitfall: str, severity: str, message: str, evidence: dict, where: str = "dump") -> Finding:
     return Finding(pitfall, severity, f"{message} (see {NOTEBOOKS[pitfall]})", evidence, where)
+
+
+def decisive(tokens: Counter) -> int | None:
+    """The token counted at least ``EOS_SHARE`` of the times: the EOS from stopped responses' final tokens, the BOS
+    from prompts' first tokens; None when no token is (an engine that strips the stop token leaves no EOS to see)."""
+    if not tokens:
+        return None
+    token, count = tokens.most_common(1)[0]
+    return token if count >= EOS_SHARE * sum(tokens.values()) else None
 
 
 class Mismatch:
@@ -83,18 +95,19 @@ class Mismatch:
         evidence = {name.removeprefix("rollout_corr/"): value for name, value in metrics.items()}
         evidence |= {"tokens": self.total.tokens, "responses": self.total.rows, "nan_tokens": self.nan_tokens,
                      "top_tokens": self.profile.top_tokens(), "largest_abs_log_ratio": self.worst[0]}
-        if k3 >= K3_WARNING:
-            severity = "error" if k3 >= K3_ERROR else "warning"
+        if k3 >= K3_INFO:
+            severity = "error" if k3 >= K3_ERROR else "warning" if k3 >= K3_WARNING else "info"
+            bound = {"error": K3_ERROR, "warning": K3_WARNING, "info": K3_INFO}[severity]
             positions = self.profile.by_position()
             evidence["by_position"] = positions
             out.append(finding("P12", severity, f"the trainer's log-probs differ from the sampler's: k3 KL {k3:.3g} per token "
-                               f"(≥ {K3_ERROR if severity == 'error' else K3_WARNING:g}); the largest gaps sit on token ids "
+                               f"(≥ {bound:g}); the largest gaps sit on token ids "
                                + ", ".join(str(t["token_id"]) for t in evidence["top_tokens"][:3])
                                + " (special tokens often do)", evidence, where=self.worst[1]))
         steps = sorted(self.steps)
         values = [self.steps[step].metrics()["rollout_corr/k3_kl"] for step in steps]
         shape = trend(steps, values)
-        if (shape["steps"] >= 4 and shape["rank_correlation"] >= GROWTH_CORRELATION and shape["growth"] >= GROWTH_RATIO
+        if (shape["steps"] >= GROWTH_STEPS and shape["rank_correlation"] >= GROWTH_CORRELATION and shape["growth"] >= GROWTH_RATIO
                 and values[-1] >= GROWTH_FLOOR):
             out.append(finding("P37", "error", f"the gap grows with training: k3 KL {values[0]:.3g} at step {steps[0]} to "
                                f"{values[-1]:.3g} at step {steps[-1]} (rank correlation {shape['rank_correlation']:.2f}, "
@@ -106,11 +119,11 @@ class Mismatch:
 class Truncation:
     """S3 and P11 from ``finish`` and the token ids."""
 
-    def __init__(self, eos_token_id: int | None = None):
-        self.eos_token_id = eos_token_id
+    def __init__(self, eos_token_id: int | None = None, fallback_eos: int | None = None):
+        self.eos_token_id, self.fallback_eos = eos_token_id, fallback_eos  # given; the model's, when none can be seen
         self.finished = Counter()
         self.last_tokens = Counter()  # final token of "stop" responses: the EOS, unless given
-        self.continued = Counter()  # token id -> responses with a trained token after its first occurrence
+        self.continued = np.zeros(0, dtype=np.int64)  # per token id: responses with a trained token after it
         self.length_rewards = [0, 0.0, math.inf, -math.inf]  # count, sum, min, max of truncated responses' rewards
         self.stop_rewards = [0, 0.0, math.inf, -math.inf]
         self.responses, self.example = 0, {}
@@ -125,23 +138,27 @@ class Truncation:
             self.example.setdefault(rollout.finish, rollout.where)
             if rollout.finish == "stop" and len(ids):
                 self.last_tokens[int(ids[-1])] += 1
-            if rollout.reward is not None and rollout.finish in ("stop", "length"):
+            if rollout.reward is not None and rollout.finish in ("stop", "length") and rollout.mask().any():
                 sums = self.length_rewards if rollout.finish == "length" else self.stop_rewards
                 sums[0] += 1
                 sums[1] += rollout.reward
                 sums[2], sums[3] = min(sums[2], rollout.reward), max(sums[3], rollout.reward)
         trained = np.flatnonzero(rollout.mask())
         if len(trained) > 1:  # every id before the last trained token is followed by a trained token
-            before = np.unique(ids[: trained[-1]]).tolist()
-            self.continued.update(before)
-            if self.eos_token_id is not None and self.eos_token_id in before or self.last_tokens and (
-                    self.last_tokens.most_common(1)[0][0] in before):
-                self.example.setdefault("continued", rollout.where)
+            before = np.unique(ids[: trained[-1]])
+            before = before[before >= 0]
+            if len(before) and before[-1] >= len(self.continued):
+                self.continued = np.concatenate([self.continued, np.zeros(int(before[-1]) + 1 - len(self.continued), np.int64)])
+            self.continued[before] += 1
+            eos = self.eos_token_id if self.eos_token_id is not None else decisive(self.last_tokens)
+            if eos is not None and "continued" not in self.example and eos in before:
+                self.example["continued"] = rollout.where
 
     def eos(self) -> int | None:
         if self.eos_token_id is not None:
             return self.eos_token_id
-        return self.last_tokens.most_common(1)[0][0] if self.last_tokens else None
+        seen = decisive(self.last_tokens)
+        return seen if seen is not None else self.fallback_eos
 
     def scalars(self) -> dict[str, float]:
         told = sum(self.finished.values())
@@ -156,18 +173,19 @@ class Truncation:
                                "reached before max_new_tokens — is the sampler's stop token set?",
                                {"length_share": length / told, "responses": told, "eos_token_id": eos},
                                self.example.get("length", "dump")))
-        continued = self.continued.get(eos, 0) if eos is not None else 0
+        continued = int(self.continued[eos]) if eos is not None and 0 <= eos < len(self.continued) else 0
         if self.responses and continued / self.responses >= CONTINUED_SHARE_ERROR:
             out.append(finding("S3", "error", f"{continued} responses ({continued / self.responses:.1%}) go on after their first "
                                f"EOS (id {eos}) with trained tokens: mask everything after the first EOS",
                                {"continued": continued, "continued_share": continued / self.responses, "eos_token_id": eos},
                                self.example.get("continued", "dump")))
         count, total, low, high = self.length_rewards
-        if count and high > low and high > self.stop_rewards[2]:
+        if count and high > self.stop_rewards[2]:  # a truncated response got more than the worst finished one
             stop_mean = self.stop_rewards[1] / self.stop_rewards[0] if self.stop_rewards[0] else math.nan
             out.append(finding("P11", "warning", f"{count} truncated responses were scored like finished ones: their rewards "
-                               f"range {low:.3g}..{high:.3g} (mean {total / count:.3g}; finished: {stop_mean:.3g}); give a "
-                               "truncated response a fixed penalty or mask it",
+                               f"range {low:.3g}..{high:.3g} (mean {total / count:.3g}), above the lowest finished reward "
+                               f"{self.stop_rewards[2]:.3g} (finished mean {stop_mean:.3g}); give a truncated response a fixed "
+                               "penalty or mask it",
                                {"truncated": count, "truncated_share": length / told, "truncated_reward_mean": total / count,
                                 "truncated_reward_min": low, "truncated_reward_max": high, "finished_reward_mean": stop_mean,
                                 "finished_reward_min": self.stop_rewards[2]}, self.example.get("length", "dump")))
@@ -204,8 +222,8 @@ class Tokens:
 
     def findings(self) -> list[Finding]:
         out = []
-        if self.stop_last:
-            eos, stopped = self.stop_last.most_common(1)[0]
+        if (eos := decisive(self.stop_last)) is not None:
+            stopped = self.stop_last[eos]
             masked = self.stop_last_masked.get(eos, 0)
             if masked / stopped >= MASKED_EOS_SHARE:
                 out.append(finding("P8", "error", f"the EOS (id {eos}) that ends {stopped} stopped responses is masked out of "
@@ -213,8 +231,7 @@ class Tokens:
                                    "the model never learns to stop", {"eos_token_id": eos, "stopped": stopped,
                                                                       "eos_masked": masked, "eos_masked_share": masked / stopped},
                                    self.example.get("P8", "dump")))
-        if self.first_tokens:
-            bos, _ = self.first_tokens.most_common(1)[0]
+        if (bos := decisive(self.first_tokens)) is not None:  # most prompts open with it: the BOS
             doubled = self.double_first.get(bos, 0)
             if doubled:
                 share = doubled / self.prompts
@@ -232,7 +249,8 @@ class Tokens:
 
 
 class Groups:
-    """P16 from each (step, group)'s rewards: count, sum, min, max."""
+    """P16 from each (step, group)'s rewards: count, mean and sum of squared deviations (Welford's, exact for equal
+    rewards: M2 stays 0)."""
 
     def __init__(self):
         self.open: dict[tuple[int, str], list] = {}
@@ -246,25 +264,26 @@ class Groups:
         if self.last_step is not None and rollout.step > self.last_step:  # dumps come step by step: close the earlier steps
             self._close(lambda key: key[0] < rollout.step)
         self.last_step = rollout.step if self.last_step is None else max(self.last_step, rollout.step)
-        sums = self.open.setdefault((rollout.step, rollout.group), [0, 0.0, math.inf, -math.inf, rollout.where])
+        sums = self.open.setdefault((rollout.step, rollout.group), [0, 0.0, 0.0, rollout.where])  # Welford: n, mean, M2
         sums[0] += 1
-        sums[1] += rollout.reward
-        sums[2], sums[3] = min(sums[2], rollout.reward), max(sums[3], rollout.reward)
+        delta = rollout.reward - sums[1]
+        sums[1] += delta / sums[0]
+        sums[2] += delta * (rollout.reward - sums[1])
 
     def _close(self, which=lambda key: True) -> None:
         for key in [key for key in self.open if which(key)]:
-            count, total, low, high, where = self.open.pop(key)
+            count, mean, squares, where = self.open.pop(key)
             if count < 2:
                 self.singletons += 1
                 continue
             self.groups += 1
-            spread = high - low
-            if spread == 0:
+            std = math.sqrt(squares / count)
+            if squares == 0:
                 self.no_signal += 1
-            elif spread <= NEAR_ZERO_STD * max(1.0, abs(total / count)):
+            elif std <= NEAR_ZERO_STD * max(1.0, abs(mean)):
                 self.near_zero += 1
                 if len(self.near_zero_examples) < 5:
-                    self.near_zero_examples.append({"step": key[0], "group": key[1], "reward_spread": spread, "where": where})
+                    self.near_zero_examples.append({"step": key[0], "group": key[1], "reward_std": std, "where": where})
 
     def scalars(self) -> dict[str, float]:
         self._close()
@@ -275,8 +294,8 @@ class Groups:
         out = []
         if self.near_zero:
             example = self.near_zero_examples[0]
-            out.append(finding("P16", "error", f"{self.near_zero} groups have rewards equal up to rounding (spread "
-                               f"{example['reward_spread']:.2g}): a std != 0 filter keeps them and dividing by their std "
+            out.append(finding("P16", "error", f"{self.near_zero} groups have rewards equal up to rounding (std "
+                               f"{example['reward_std']:.2g}): a std != 0 filter keeps them and dividing by their std "
                                "turns rounding residue into ±1 advantages", {"near_zero_groups": self.near_zero,
                                                                               "groups": self.groups,
                                                                               "examples": self.near_zero_examples},

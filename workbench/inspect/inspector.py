@@ -31,22 +31,23 @@ def inspect(path_or_records, model=None, *, format: str = "auto", eos_token_id: 
             show_progress: bool = True, rescore_responses: int = 64) -> InspectReport:
     """The findings of a dump (see the module's docstring); raises ``DumpError`` (file and line) on bad input."""
     started = time.perf_counter()
-    mismatch, truncation, tokens, groups, staleness = Mismatch(), Truncation(eos_token_id), Tokens(), Groups(), Staleness()
-    checks = (mismatch, truncation, tokens, groups, staleness)
     rescorer = None
     if model is not None:
-        from workbench.inspect.rescore import Rescorer  # torch and transformers: only with a model
+        from workbench.inspect.rescore import Rescorer  # transformers: only with a model
 
         rescorer = Rescorer(model, sample=rescore_responses)
+    truncation = Truncation(eos_token_id, fallback_eos=None if rescorer is None else rescorer.tokenizer.eos_token_id)
+    mismatch, tokens, groups, staleness = Mismatch(), Tokens(), Groups(), Staleness()
+    checks = (mismatch, truncation, tokens, groups, staleness)
     counts = {"responses": 0, "response_tokens": 0, "steps": set(), "text_only": 0, "with_logprobs": 0, "with_finish": 0,
               "with_policy_version": 0}
     for rollout in _records(path_or_records, format, show_progress):
+        counts["text_only"] += rollout.response_ids is None
         if rescorer is not None:
             rollout = rescorer.prepare(rollout)
         counts["responses"] += 1
         counts["response_tokens"] += rollout.response_length
         counts["steps"].add(rollout.step)
-        counts["text_only"] += rollout.response_ids is None
         counts["with_logprobs"] += rollout.rollout_logprobs is not None and rollout.trainer_logprobs is not None
         counts["with_finish"] += rollout.finish is not None
         counts["with_policy_version"] += rollout.policy_version is not None
@@ -59,7 +60,11 @@ def inspect(path_or_records, model=None, *, format: str = "auto", eos_token_id: 
     metrics = {}
     for check in (mismatch, truncation, groups, staleness):
         metrics |= check.scalars()
-    report = InspectReport(findings=findings, observed=counts, not_observable=_unobserved(counts, model is not None),
+    unobserved = _unobserved(counts, model is not None)
+    if counts["response_tokens"] and truncation.eos() is None:
+        unobserved.append({"pitfall": "S3", "check": None, "why": "no EOS seen (no token ends most \"stop\" responses): "
+                           "responses trained past their EOS cannot be counted; pass --eos-token-id or --model"})
+    report = InspectReport(findings=findings, observed=counts, not_observable=unobserved,
                            metrics=metrics, per_step=mismatch.per_step())
     report.cost = {"inspect_seconds": time.perf_counter() - started}
     return report
@@ -68,7 +73,10 @@ def inspect(path_or_records, model=None, *, format: str = "auto", eos_token_id: 
 def _unobserved(counts: dict, has_model: bool) -> list[dict]:
     """What the dump gave nothing to decide, each with what to add."""
     missing = []
-    if not counts["with_logprobs"]:
+    if counts["text_only"] and not has_model:
+        missing.append({"pitfall": "P12", "check": None, "why": f"{counts['text_only']} text-only responses (no token ids): "
+                        "pass --model to tokenise and score them"})
+    elif not counts["with_logprobs"]:
         missing.append({"pitfall": "P12", "check": None, "why": "no response carries both rollout_logprobs and trainer_logprobs: "
                         "dump both to see the training–inference gap (rollout_corr/)"})
     if not has_model:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -47,8 +48,9 @@ def _files(paths: Iterable) -> list[str]:
 
 
 def _step_order(path: str):
-    stem = os.path.basename(path).split(".")[0].removeprefix("rollout_")
-    return (0, int(stem), path) if stem.isdigit() else (1, 0, path)
+    """By the last number in the file's name (verl's ``12.jsonl``, slime's ``rollout_12.pt``, ``rollouts-000012.jsonl``)."""
+    numbers = re.findall(r"\d+", os.path.basename(path).split(".")[0])
+    return (0, int(numbers[-1]), path) if numbers else (1, 0, path)
 
 
 def detect(path: str) -> str:

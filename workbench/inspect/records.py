@@ -20,6 +20,7 @@ import numpy as np
 from workbench.core.errors import InputError
 
 FINISH_REASONS = ("stop", "length", "abort")
+LOGPROB_SLACK = 1e-3  # a log-prob above this is not one (rounding of log 1 = 0 aside)
 FIELDS = ("step", "group", "prompt_ids", "response_ids", "rollout_logprobs", "trainer_logprobs", "old_logprobs", "loss_mask",
           "reward", "finish", "temperature", "policy_version", "prompt_text", "response_text")
 SCHEMA = ('{"step": int, "group": str|int, "prompt_ids": [int], "response_ids": [int], "rollout_logprobs": [float]?, '
@@ -96,6 +97,11 @@ def _floats(value, name: str, where: str, length: int) -> np.ndarray:
     if array.ndim != 1 or len(array) != length:
         raise DumpError(where, f'"{name}" has {array.size} values for {length} response tokens; give one log-prob per '
                                "response token (the dump is cut short or misaligned)")
+    if length and np.count_nonzero(array > LOGPROB_SLACK) * 2 > length:  # a few noisy values near 0 pass
+        token = int(np.nanargmax(array))
+        raise DumpError(where, f'"{name}" is > 0 at {np.count_nonzero(array > LOGPROB_SLACK)} of {length} response tokens '
+                               f"(e.g. {array[token]:.4g} at token {token}): log-probs are ≤ 0; are these probabilities, "
+                               "logits or negated log-probs? dump log-softmax values")
     return array
 
 

@@ -1,5 +1,5 @@
 """Rollout dumps in the generic format with one planted fault each (or none), for the tests, the benchmark and the
-notebook that shows the inspector: ``records(fault, …)`` yields the records, ``write_jsonl``/``write_parquet`` save them.
+notebook that shows the inspector: ``records(fault, …)`` yields the records, ``export.write_jsonl`` or ``write_parquet`` saves them.
 
 A clean dump: prompts opening with one BOS (id 1), responses ending with EOS (id 2) and trained up to it, 5 % cut at
 ``max_length`` with a fixed reward 0, trainer log-probs within N(0, 0.01²) of the sampler's (k3 KL ≈ 5e-5), rewards
@@ -9,7 +9,6 @@ that differ inside every group, every sample from the current policy. ``FAULTS``
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Iterator
 
 import numpy as np
@@ -69,13 +68,6 @@ def records(fault: str | None = None, steps: int = 6, groups: int = 8, group_siz
                        "rollout_logprobs": sampled.round(6).tolist(), "trainer_logprobs": trained.round(6).tolist(),
                        "loss_mask": mask, "reward": reward, "finish": "length" if truncated else "stop", "temperature": 1.0,
                        "policy_version": step - (1 + member % 3 if fault == "stale" else 0)}
-
-
-def write_jsonl(rows, path) -> str:
-    with open(path, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-    return str(path)
 
 
 def write_parquet(rows, path, batch: int = 4096) -> str:
