@@ -109,3 +109,8 @@ def test_the_planted_faults_are_named_in_real_dumps_and_the_clean_dump_has_no_er
     assert "error" in named["pad = EOS"]["severities"] and not reports["clean"].errors
     assert reports["clean"].metrics["rollout_corr/k3_kl"] < 1e-9 < reports["bf16 sampler"].metrics["rollout_corr/k3_kl"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p93.folder_name(run) for run in p93.RUNS)
+    for run in p93.GAP_RUNS:  # the figures' per-step metrics (core.rollout_correction) are the inspector's
+        mine, theirs = p93.gap_by_step(dumps[run]), reports[run].per_step
+        assert sorted(mine) == sorted(theirs)
+        for step in mine:
+            assert mine[step]["rollout_corr/k3_kl"] == pytest.approx(theirs[step]["rollout_corr/k3_kl"], rel=1e-6, abs=1e-12)
