@@ -34,7 +34,8 @@ def test_json_output_and_out_folder(dumps, capsys, tmp_path):
     assert p8["where"].startswith(dumps["pad_eos"] + ":")
     assert data["metrics"]["rollout_corr/k3_kl"] < 1e-3 and set(data["per_step"]) == {"0", "1", "2", "3"}
     assert json.loads((tmp_path / "report.json").read_text())["findings"] == data["findings"]
-    assert "P8" in (tmp_path / "report.html").read_text()
+    page = (tmp_path / "report.html").read_text()
+    assert "P8" in page and "rollout_corr/ by step" in page and "k3_kl" in page
 
 
 def _lines(path, count=3):

@@ -77,3 +77,9 @@ def test_gap_sums_by_hand():
     assert metrics["rollout_corr/k3_kl"] == pytest.approx((np.exp(0.5) - 1.5) / 2)
     assert metrics["rollout_corr/log_ppl_diff"] == pytest.approx(-0.25)  # rollout row mean − trainer row mean
     assert metrics["rollout_corr/chi2_seq"] == pytest.approx(np.exp(1.0) - 1)
+
+
+def test_scalars_carry_the_metrics_and_the_counts():
+    scalars = _report("pad_eos").scalars()
+    assert scalars["inspect/errors"] == 1.0 and scalars["inspect/P8"] == 1.0
+    assert scalars["rollout_corr/k3_kl"] == pytest.approx(5e-5, rel=0.2) and 0 < scalars["inspect/finish_length_share"] < 0.2

@@ -83,3 +83,15 @@ def test_memory_is_bounded_by_a_record_not_the_dump(tmp_path, monkeypatch):
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
     assert peaks[1] < 1.5 * peaks[0], peaks
+
+
+def test_a_long_read_shows_a_bar(tmp_path, monkeypatch, capsys):
+    from workbench.core import progress
+    from workbench.inspect import readers
+
+    monkeypatch.setattr(readers, "BAR_BYTES", 0)  # every read counts as long here
+    path = export.write_jsonl(synthetic.records(None, steps=1, groups=1), tmp_path / "d.jsonl")
+    with progress.hidden():
+        progress.show_bars(True)
+        list(read(path))
+    assert "reading the dump" in capsys.readouterr().err

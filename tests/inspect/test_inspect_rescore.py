@@ -28,7 +28,8 @@ def _rows(pair, before_temperature: bool, temperature=0.5, count=8):
         at_temperature = scorer._score(logits, response, temperature)
         sampled = scorer._score(logits, response, 1.0) if before_temperature else at_temperature
         rows.append({"step": 0, "group": index // 4, "prompt_ids": prompt.tolist(), "response_ids": response.tolist(),
-                     "rollout_logprobs": sampled.tolist(), "reward": float(index % 3), "temperature": temperature})
+                     "rollout_logprobs": sampled.tolist(), "trainer_logprobs": at_temperature.tolist(),
+                     "reward": float(index % 3), "temperature": temperature})
     return rows
 
 
@@ -37,6 +38,8 @@ def test_logprobs_before_temperature_are_found(pair):
     (p6,) = [item for item in report.findings if item.pitfall == "P6"]
     assert p6.severity == "error" and p6.evidence["best_temperature"] == 1.0 and p6.evidence["recorded_temperature"] == 0.5
     assert p6.evidence["mean_abs_gap_at_best"] < 1e-5 < 0.1 < p6.evidence["mean_abs_gap_at_recorded"]
+    (p12,) = [item for item in report.findings if item.pitfall == "P12"]  # the trainer scores at τ: the gap is τ's
+    assert all(isinstance(token["text"], str) for token in p12.evidence["top_tokens"])
     clean = inspect(_rows(pair, before_temperature=False), model=pair, show_progress=False)
     assert not [item for item in clean.findings if item.pitfall == "P6"]
 

@@ -57,6 +57,9 @@ def inspect(path_or_records, model=None, *, format: str = "auto", eos_token_id: 
     findings = [item for check in checks for item in check.findings()]
     if rescorer is not None:
         findings += rescorer.findings()
+        for item in findings:  # the tokens with the largest gaps, as the tokenizer spells them (special tokens stand out)
+            for token in item.evidence.get("top_tokens", []):
+                token["text"] = str(rescorer.tokenizer.convert_ids_to_tokens(int(token["token_id"])))
     metrics = {}
     for check in (mismatch, truncation, groups, staleness):
         metrics |= check.scalars()

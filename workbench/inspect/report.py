@@ -6,6 +6,7 @@ the checks the dump carried nothing for (no log-probs, no ``finish``…), each w
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 
 from workbench.core.jsonsafe import jsonable
@@ -36,6 +37,17 @@ class InspectReport(Report):
         if self.metrics:
             lines.append("metrics: " + ", ".join(f"{name}={value:.4g}" for name, value in self.metrics.items()))
         return "\n".join(lines)
+
+    def html(self) -> str:
+        """The watch's fragment, then the metrics and the per-step ``rollout_corr/`` diagnostics as tables."""
+        metrics = "".join(f"<tr><td>{html.escape(name)}</td><td>{value:.6g}</td></tr>" for name, value in self.metrics.items())
+        names = sorted({name for values in self.per_step.values() for name in values})
+        header = "".join(f"<th>{html.escape(name.removeprefix('rollout_corr/'))}</th>" for name in names)
+        steps = "".join(f"<tr><td>{step}</td>" + "".join(f"<td>{values.get(name, float('nan')):.4g}</td>" for name in names)
+                        + "</tr>" for step, values in sorted(self.per_step.items()))
+        return (super().html().removesuffix("</div>") + f"<p>metrics</p><table>{metrics}</table>"
+                + (f"<p>rollout_corr/ by step</p><table><tr><th>step</th>{header}</tr>{steps}</table>" if steps else "")
+                + "</div>")
 
     def write(self, folder, title: str = "workbench inspect report") -> tuple[str, str]:
         return super().write(folder, title)

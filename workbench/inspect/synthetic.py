@@ -70,7 +70,8 @@ def records(fault: str | None = None, steps: int = 6, groups: int = 8, group_siz
                        "policy_version": step - (1 + member % 3 if fault == "stale" else 0)}
 
 
-def write_parquet(rows, path, batch: int = 4096) -> str:
+def write_parquet(rows, path, batch: int = 1024) -> str:
+    """Generic records as Parquet, one row group per ``batch`` rows (the reader holds one row group at a time)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
