@@ -74,3 +74,16 @@ def test_a_folder_that_cannot_be_written_is_a_config_error(tmp_path):
         dumped(GRPOTrainer, GRPOConfig(steps=1, num_generations=2, dump_rollouts=str(blocker), **SMALL))
     with pytest.raises(ConfigError, match="dump_format"):
         GRPOConfig(dump_format="csv")
+
+
+@pytest.mark.slow
+def test_a_resumed_run_rewrites_the_steps_after_its_checkpoint(tmp_path):
+    dump = tmp_path / "dump"
+    options = dict(num_generations=2, dump_rollouts=str(dump), output_dir=str(tmp_path / "run"), **SMALL)
+    dumped(GRPOTrainer, GRPOConfig(steps=2, **options))
+    first = list(read_dump(dump))
+    (dump / "rollouts-000002.jsonl").write_text("{\"step\": 2\n")  # a killed run's step after the checkpoint, cut short
+    (dump / ".rollouts-000003.jsonl.tmp").write_text("")
+    records, _ = dumped(GRPOTrainer, GRPOConfig(steps=3, **options))  # resumes at step 2
+    assert sorted(p.name for p in dump.iterdir()) == [f"rollouts-00000{i}.jsonl" for i in range(3)]
+    assert records[: len(first)] == first and {r["step"] for r in records[len(first):]} == {2}
