@@ -21,6 +21,11 @@ pairs is accepted with any task).
 ``report.json`` / ``report.html`` into ``--output-dir`` (under DDP each rank watches, rank 0 merges and writes);
 ``--report-to tensorboard`` writes every step's history (``train/…``) and, with ``--watch``, the watch's counters
 (``watch/…``) as TensorBoard scalars into ``--output-dir/tensorboard``, step by step.
+
+``--dump-rollouts DIR`` (PPO/GRPO) writes every step's responses into ``DIR`` as they are trained on, one record per
+response (``workbench.core.rollout_dump``: ids, the sampler's and the training forward's log-probs, loss mask, reward,
+finish reason, policy version), one file per step: what ``python -m workbench inspect`` reads. A ``DIR`` that cannot be
+made or written is refused before the model loads.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from workbench.core.errors import (
     NonFiniteError,
     ParameterError,
 )
+from workbench.core.rollout_dump import DumpError, RolloutDumpWriter
 from workbench.experiments.checkpoints import load
 from workbench.modeling.tiny import TRAINED_CHECKPOINTS
 from workbench.tasks import prompt_ids
@@ -121,10 +127,23 @@ def default_model(task: str, sampler: str) -> str:
     return f"{checkpoint}-hd32"
 
 
+def check_dump_folder(config) -> None:
+    """``--dump-rollouts DIR``: refuse a folder that cannot be made or written (a file there, no permission) before the
+    model loads; the trainer writes into it from its first step."""
+    folder = getattr(config, "dump_rollouts", None)
+    if folder is None:
+        return
+    try:
+        RolloutDumpWriter(str(folder), format=config.dump_format)
+    except DumpError as exc:
+        raise InputError(str(exc)) from None
+
+
 def run(args) -> dict:
     config_cls, trainer_cls = trainer_classes(args.trainer)
     config = build_config(config_cls, args.set or [], args.output_dir, {**task_defaults(config_cls, args), **config_values(args)})
     config.progress = config.progress and not args.quiet
+    check_dump_folder(config)
     data = load_data(args.trainer, args.data, args.limit, args.task)
     model = args.model or default_model(args.task, getattr(config, "sampler", "workbench"))
     policy, tokenizer = load(model, device=args.device, pad_token=args.pad_token, verbose=not args.quiet)
