@@ -68,3 +68,19 @@ def test_a_folder_of_step_files_is_read_in_step_order(tmp_path):
     for step in (2, 10, 1):  # lexical order would put 10 before 2
         export.write_jsonl([row for row in rows if row["step"] == step % 3], tmp_path / f"rollouts-{step}.jsonl")
     assert [rollout.where.split("rollouts-")[1].split(".")[0] for rollout in read(tmp_path, show_progress=False)][::4] == ["1", "2", "10"]
+
+
+def _lagged(lags, noises, rng):
+    """One step per entry: 8 groups of 4 responses sampled ``lag`` updates behind, with a gap of that noise."""
+    return [_row(step, f"{step}-{g}", [*rng.integers(3, 50, 12).tolist(), 2], float(member % 2), rng, noise=noise,
+                 policy_version=step - lag)
+            for step, (lag, noise) in enumerate(zip(lags, noises, strict=True)) for g in range(8) for member in range(4)]
+
+
+def test_a_gap_that_grows_only_while_the_lag_ramps_up_is_staleness_not_a_missing_sync():
+    rng = np.random.default_rng(5)
+    ramp = _lagged([0, 1, 2, 2, 2], [0.003, 0.1, 0.2, 0.21, 0.22], rng)  # at lag 2: x1.2, under GROWTH_RATIO
+    found = {item.pitfall for item in inspect(ramp, show_progress=False).findings}
+    assert "P28" in found and "P37" not in found
+    growing = _lagged([2] * 6, [0.01, 0.03, 0.06, 0.1, 0.2, 0.3], np.random.default_rng(6))  # same lag, gap grows
+    assert "P37" in {item.pitfall for item in inspect(growing, show_progress=False).findings}

@@ -62,6 +62,7 @@ class Mismatch:
     def __init__(self):
         self.total, self.steps, self.profile = GapSums(), {}, GapProfile()
         self.nan_tokens, self.worst = 0, (0.0, "?")
+        self.lags: dict[int, int] = {}  # step → the largest policy_version lag of its responses, where recorded
 
     def add(self, rollout: Rollout) -> None:
         if rollout.rollout_logprobs is None or rollout.trainer_logprobs is None:
@@ -74,6 +75,9 @@ class Mismatch:
             train, sampled, keep = train[finite], sampled[finite], keep.copy()
             keep[np.flatnonzero(keep)[~finite]] = False
         self.steps.setdefault(rollout.step, GapSums()).add(train, sampled)
+        if rollout.policy_version is not None:
+            lag = rollout.step - rollout.policy_version
+            self.lags[rollout.step] = max(self.lags.get(rollout.step, lag), lag)
         log_ratio = self.total.add(train, sampled)
         gap = np.abs(log_ratio)
         self.profile.add(np.flatnonzero(keep), rollout.response_ids[keep], gap)
@@ -105,6 +109,9 @@ class Mismatch:
                                + ", ".join(str(t["token_id"]) for t in evidence["top_tokens"][:3])
                                + " (special tokens often do)", evidence, where=self.worst[1]))
         steps = sorted(self.steps)
+        if self.lags:  # a gap that grows while the sampler's lag does is staleness ramping up (P28): only the steps at
+            steady = self.lags.get(steps[-1])  # the last step's lag can show a gap that grows by itself
+            steps = [step for step in steps if self.lags.get(step) == steady]
         values = [self.steps[step].metrics()["rollout_corr/k3_kl"] for step in steps]
         shape = trend(steps, values)
         if (shape["steps"] >= GROWTH_STEPS and shape["rank_correlation"] >= GROWTH_CORRELATION and shape["growth"] >= GROWTH_RATIO
