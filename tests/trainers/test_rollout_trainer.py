@@ -63,7 +63,6 @@ def test_ppo_logs_and_applies_the_correction():
     (GRPOConfig, {"rollout_correction": {"rollout_rs": "seq_mean_k1"}}, "rollout_correction", "required"),
     (GRPOConfig, {"sampler_precision": "int8"}, "sampler_precision", "is not one of"),
     (GRPOConfig, {"rollout_staleness": -1}, "rollout_staleness", "≥ 0"),
-    (PPOConfig, {"sampler_precision": "bf16", "rollout_dtype": "bfloat16"}, "sampler_precision", "set one"),
     (PPOConfig, {"rollout_correction": "decoupled_token_is", "tis_cap": 2.0, "old_logprobs": "recompute"},
      "rollout_correction", "set one"),
     (PPOConfig, {"rollout_correction": {"off_policy_mask_threshold": 0.1}}, "rollout_correction", "GRPO only"),
@@ -72,3 +71,15 @@ def test_bad_gap_options_name_the_field(config_class, options, field, words):
     with pytest.raises(ConfigError, match=words) as error:
         config_class(**options)
     assert error.value.field == field
+
+
+def test_rollout_dtype_is_gone_and_the_command_line_names_sampler_precision():
+    """PPO's older ``rollout_dtype`` was the same knob as ``sampler_precision``: only the latter is left."""
+    from workbench.cli.train import build_config
+    from workbench.core.errors import InputError
+
+    with pytest.raises(TypeError, match="rollout_dtype"):
+        PPOConfig(rollout_dtype="bfloat16")
+    with pytest.raises(InputError, match="no field 'rollout_dtype'.*sampler_precision"):
+        build_config(PPOConfig, ["rollout_dtype=bfloat16"], None)
+

@@ -16,7 +16,8 @@ objective, the rollout–training gap and its correction, and the switches of pi
   steps will see, so that π_old and the reference are scored by exactly the forward that trains
   (ρ = 1 and KL = 0 before any update, also in bf16: see ``tests/trainers/test_invariances.py``);
 * ``rollout_sampler`` — the model that samples when the gap is asked for: a copy of the policy at
-  ``sampler_precision``, holding the weights of ``rollout_staleness`` steps ago;
+  ``sampler_precision`` (made by ``prepare_sampler`` when the trainer is built), holding the weights of
+  ``rollout_staleness`` steps ago;
 * ``correct_rollout`` — ``core.rollout_correction`` on π_old and the sampler's log-probs (``rollout_correction``).
 
 ``sampler="vllm"`` samples with vLLM's CPU build instead (``workbench.engines.sampler.EngineSampler``, in the engine
@@ -242,9 +243,18 @@ class RolloutTrainer(Trainer):
             out[rows] = self.logprobs(model, rollout, rows)
         return out
 
+    def prepare_sampler(self) -> None:
+        """Build the sampler's copy of the policy (``sampler_precision``, ``rollout_staleness``) now, when the trainer is
+        built: a copy made later would also copy whatever hooks others have attached to the policy since (a watch's).
+        Nothing to do for the fp32 policy sampling itself, or for ``sampler="vllm"``."""
+        c = self.config
+        if c.sampler != "workbench" or (c.sampler_precision == "fp32" and c.rollout_staleness == 0):
+            return
+        self._sampler = copy.deepcopy(self.policy).to(SAMPLER_PRECISIONS[c.sampler_precision]).requires_grad_(False)
+
     def rollout_sampler(self):
-        """None (the policy samples) or the copy that does: at ``sampler_precision``, holding the weights of
-        ``rollout_staleness`` steps ago. Called once per step, before sampling; the weights it keeps live on
+        """None (the policy samples) or the copy that does (``prepare_sampler``): at ``sampler_precision``, holding the
+        weights of ``rollout_staleness`` steps ago. Called once per step, before sampling; the weights it keeps live on
         the policy's device and are not saved in checkpoints (a resumed run starts its staleness afresh)."""
         c = self.config
         if c.sampler == "vllm":
@@ -253,13 +263,11 @@ class RolloutTrainer(Trainer):
             return None
         history = self.__dict__.setdefault("_sampler_weights", deque(maxlen=c.rollout_staleness + 1))
         history.append({name: value.detach().clone() for name, value in self.policy.state_dict().items()})
-        sampler = self.__dict__.get("_sampler")
-        if sampler is None:
-            sampler = copy.deepcopy(self.policy).to(SAMPLER_PRECISIONS[c.sampler_precision]).requires_grad_(False)
-            self._sampler = sampler
-        sampler.load_state_dict(history[0])  # cast into the sampler's dtype
-        sampler.train(self.policy.training)
-        return sampler
+        if "_sampler" not in self.__dict__:
+            self.prepare_sampler()
+        self._sampler.load_state_dict(history[0])  # cast into the sampler's dtype
+        self._sampler.train(self.policy.training)
+        return self._sampler
 
     def engine_sampler(self) -> EngineSampler:
         """``sampler="vllm"``: the engine, started with the policy's weights on the first call, the policy's current
