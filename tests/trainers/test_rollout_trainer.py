@@ -4,6 +4,7 @@
 import math
 
 import pytest
+import torch
 
 from workbench.core.errors import ConfigError
 from workbench.experiments.checkpoints import load
@@ -83,3 +84,35 @@ def test_rollout_dtype_is_gone_and_the_command_line_names_sampler_precision():
     with pytest.raises(InputError, match="no field 'rollout_dtype'.*sampler_precision"):
         build_config(PPOConfig, ["rollout_dtype=bfloat16"], None)
 
+
+def weights_of(model) -> dict:
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+@pytest.mark.parametrize(("config_class", "trainer_class", "options", "lag", "steps"), [
+    (GRPOConfig, GRPOTrainer, {**SMALL_GRPO, "mini_batches": 2, "num_iterations": 2}, 3, 3),  # 4 updates per step
+    pytest.param(PPOConfig, PPOTrainer, {"progress": False, "prompts_per_step": 2, "max_new_tokens": 4, "mini_batches": 1,
+                                         "ppo_epochs": 2}, 1, 2, marks=pytest.mark.slow),  # 2 updates per step
+])
+def test_staleness_counts_optimiser_updates_not_steps(config_class, trainer_class, options, lag, steps):
+    """``rollout_staleness=k``: the rollout of every step is sampled by the weights the policy had k optimiser updates
+    before it (the initial ones while fewer were made), however many updates a step makes."""
+    model, tokenizer = load("tiny-arith-qwen2")
+    config = config_class(steps=steps, rollout_staleness=lag, learning_rate=1e-2, **options)
+    trainer = trainer_class(model, tokenizer, rl_problems(16), config)
+    after_updates = [weights_of(model)]  # the policy's weights after 0, 1, 2, … updates
+    trainer.policy_optimizer_for_staleness().register_step_post_hook(lambda *args: after_updates.append(weights_of(model)))
+    sampled_by, original = [], trainer.sample_rollout
+
+    def spy(step, **kwargs):
+        sampled_by.append((len(after_updates) - 1, weights_of(kwargs["sampler"])))
+        return original(step, **kwargs)
+
+    trainer.sample_rollout = spy
+    trainer.train()
+    per_step = len(after_updates[1:]) // steps
+    assert per_step == (4 if config_class is GRPOConfig else 2)
+    for updates, weights in sampled_by:
+        expected = after_updates[max(updates - lag, 0)]
+        assert all(torch.equal(weights[name], expected[name]) for name in expected), (updates, lag)
+    assert sampled_by[-1][0] - lag > 0 and sampled_by[-1][0] - lag < per_step * (steps - 1)  # not a whole number of steps

@@ -47,8 +47,9 @@ from workbench.viz.explorer import Explorer
 
 NO_GAP, FP16, BF16, BEFORE_TEMPERATURE = "no gap", "fp16 sampler", "bf16 sampler", "log-probs before τ"
 TRAINED_LAG = 4
-"""The gap the training runs open: the sampler's weights ``TRAINED_LAG`` steps old, the largest of the gaps the trainer
-can open (``sampler_precision``, ``rollout_staleness``) on ``tiny-arith-qwen2``: mean |Δ log p| per token 0.039 nats
+"""The gap the training runs open: the sampler's weights ``TRAINED_LAG`` steps old (``rollout_staleness`` counts
+optimiser updates; the notebook's GRPO settings make one per step, so steps and updates agree), the largest of the
+gaps the trainer can open (``sampler_precision``, ``rollout_staleness``) on ``tiny-arith-qwen2``: mean |Δ log p| per token 0.039 nats
 against 0.0093 (bf16), 0.0011 (fp16) and 0.012 (k = 1), measured before any training run and printed again by part 1."""
 TRAINED = f"stale k={TRAINED_LAG}"  # the trained gap's source name (``stale_name(TRAINED_LAG)``)
 Z_BIAS = 3.0

@@ -17,7 +17,7 @@ objective, the rollout–training gap and its correction, and the switches of pi
   (ρ = 1 and KL = 0 before any update, also in bf16: see ``tests/trainers/test_invariances.py``);
 * ``rollout_sampler`` — the model that samples when the gap is asked for: a copy of the policy at
   ``sampler_precision`` (made by ``prepare_sampler`` when the trainer is built), holding the weights of
-  ``rollout_staleness`` steps ago;
+  ``rollout_staleness`` optimiser updates ago;
 * ``correct_rollout`` — ``core.rollout_correction`` on π_old and the sampler's log-probs (``rollout_correction``).
 
 ``sampler="vllm"`` samples with vLLM's CPU build instead (``workbench.engines.sampler.EngineSampler``, in the engine
@@ -120,8 +120,9 @@ class RolloutConfig(TrainerConfig):
     """``sampler="vllm"``: reset the engine's prefix cache after every weight push (fix); False serves KV cached under
     the old weights to prompts seen before (bug)."""
     rollout_staleness: int = 0
-    """Sample with the policy's weights of this many steps ago (each step is ``optimizer_steps_per_batch``
-    updates; fewer steps into the run, the initial weights): an asynchronous trainer's stale rollouts."""
+    """Sample with the policy's weights of this many optimiser updates ago (a step makes ``mini_batches`` ×
+    ``num_iterations`` or ``ppo_epochs`` of them; fewer updates into the run, the initial weights): an asynchronous
+    trainer's stale rollouts."""
     # ---- Pitfall switches (the default is the fix) -----------------------------------------
     position_ids: str = "mask"
     """S1: ``mask`` derives the training forward's position ids from the attention mask (fix);
@@ -150,7 +151,7 @@ class RolloutConfig(TrainerConfig):
         require_choice(self, "position_ids", POSITION_IDS_MODES)
         require_choice(self, "chat_template", CHAT_TEMPLATE_MODES)
         require_choice(self, "sampler_precision", tuple(SAMPLER_PRECISIONS))
-        require(self, "rollout_staleness", self.rollout_staleness >= 0, "must be ≥ 0 (steps)")
+        require(self, "rollout_staleness", self.rollout_staleness >= 0, "must be ≥ 0 (optimiser updates)")
         require_choice(self, "sampler", SAMPLERS)
         require_choice(self, "engine_logprobs_mode", LOGPROBS_MODES)
         require(self, "rollout_staleness", self.sampler == "workbench" or self.rollout_staleness == 0,
@@ -246,26 +247,42 @@ class RolloutTrainer(Trainer):
     def prepare_sampler(self) -> None:
         """Build the sampler's copy of the policy (``sampler_precision``, ``rollout_staleness``) now, when the trainer is
         built: a copy made later would also copy whatever hooks others have attached to the policy since (a watch's).
-        Nothing to do for the fp32 policy sampling itself, or for ``sampler="vllm"``."""
+        With ``rollout_staleness`` k > 0 a step post-hook on the policy's optimiser keeps the weights after each of the
+        last k updates. Nothing to do for the fp32 policy sampling itself, or for ``sampler="vllm"``."""
         c = self.config
         if c.sampler != "workbench" or (c.sampler_precision == "fp32" and c.rollout_staleness == 0):
             return
         self._sampler = copy.deepcopy(self.policy).to(SAMPLER_PRECISIONS[c.sampler_precision]).requires_grad_(False)
+        if c.rollout_staleness > 0:
+            history = self._sampler_weights = deque([self._weights()], maxlen=c.rollout_staleness + 1)
+            self._staleness_hook = self.policy_optimizer_for_staleness().register_step_post_hook(
+                lambda *args: history.append(self._weights()))
+
+    def _weights(self) -> dict:
+        return {name: value.detach().clone() for name, value in self.policy.state_dict().items()}
+
+    def policy_optimizer_for_staleness(self):
+        """The optimiser that updates the policy (PPO's ``policy_optimizer``, GRPO's ``optimizer``; under accelerate the
+        torch optimiser its wrapper steps, whose step hooks fire)."""
+        optimizer = getattr(self, "policy_optimizer", None) or self.optimizer
+        inner = getattr(optimizer, "optimizer", None)
+        return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
 
     def rollout_sampler(self):
         """None (the policy samples) or the copy that does (``prepare_sampler``): at ``sampler_precision``, holding the
-        weights of ``rollout_staleness`` steps ago. Called once per step, before sampling; the weights it keeps live on
-        the policy's device and are not saved in checkpoints (a resumed run starts its staleness afresh)."""
+        weights of ``rollout_staleness`` = k optimiser updates ago — the policy's weights before its last k updates
+        (several per step with ``mini_batches``, ``num_iterations``/``ppo_epochs`` > 1), the initial weights while
+        fewer than k were made. Called once per step, before sampling; the kept weights live on the policy's device and
+        are not saved in checkpoints (a resumed run starts its staleness afresh)."""
         c = self.config
         if c.sampler == "vllm":
             return self.engine_sampler()
         if c.sampler_precision == "fp32" and c.rollout_staleness == 0:
             return None
-        history = self.__dict__.setdefault("_sampler_weights", deque(maxlen=c.rollout_staleness + 1))
-        history.append({name: value.detach().clone() for name, value in self.policy.state_dict().items()})
         if "_sampler" not in self.__dict__:
             self.prepare_sampler()
-        self._sampler.load_state_dict(history[0])  # cast into the sampler's dtype
+        history = self.__dict__.get("_sampler_weights")
+        self._sampler.load_state_dict(history[0] if history else self.policy.state_dict())  # cast into its dtype
         self._sampler.train(self.policy.training)
         return self._sampler
 
