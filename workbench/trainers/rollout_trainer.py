@@ -254,7 +254,8 @@ class RolloutTrainer(Trainer):
             return
         self._sampler = copy.deepcopy(self.policy).to(SAMPLER_PRECISIONS[c.sampler_precision]).requires_grad_(False)
         if c.rollout_staleness > 0:
-            history = self._sampler_weights = deque([self._weights()], maxlen=c.rollout_staleness + 1)
+            # filled with the weights of the first rollout (after a resume's load) by ``rollout_sampler``
+            history = self._sampler_weights = deque(maxlen=c.rollout_staleness + 1)
             self._staleness_hook = self.policy_optimizer_for_staleness().register_step_post_hook(
                 lambda *args: history.append(self._weights()))
 
@@ -282,6 +283,8 @@ class RolloutTrainer(Trainer):
         if "_sampler" not in self.__dict__:
             self.prepare_sampler()
         history = self.__dict__.get("_sampler_weights")
+        if history is not None and not history:
+            history.append(self._weights())
         self._sampler.load_state_dict(history[0] if history else self.policy.state_dict())  # cast into its dtype
         self._sampler.train(self.policy.training)
         return self._sampler
