@@ -60,8 +60,8 @@ PROMPTS = [p.prompt for p in rl_problems(32)]
 
 def test_p12_bf16_rollout_mismatch_and_tis(qwen):
     model, tokenizer = qwen
-    bf16 = rollout_mismatch.rollout_vs_trainer(model, tokenizer, PROMPTS, rollout_dtype=torch.bfloat16, cap=1.05)
-    fp32 = rollout_mismatch.rollout_vs_trainer(model, tokenizer, PROMPTS, rollout_dtype=torch.float32)
+    bf16 = rollout_mismatch.rollout_vs_trainer(model, tokenizer, PROMPTS, sampler_precision="bf16", cap=1.05)
+    fp32 = rollout_mismatch.rollout_vs_trainer(model, tokenizer, PROMPTS, sampler_precision="fp32")
     assert bf16["max_ratio_deviation"] > 1e-2 and fp32["max_ratio_deviation"] < 1e-4
     assert bf16["tis_max_weight"] <= 1.05
     torch.testing.assert_close(losses.tis_weights(torch.tensor([0.0, 1.0]), torch.tensor([0.0, 0.0]), 2.0), torch.tensor([1.0, 2.0]))
@@ -73,7 +73,7 @@ def test_p12_ppo_tis_needs_recomputed_old_logprobs():
     with pytest.raises(ConfigError, match="recompute"):
         PPOConfig(tis_cap=2.0, old_logprobs="rollout")
     model, tokenizer = load("tiny-arith-qwen2")
-    config = PPOConfig(steps=1, rollout_dtype="bfloat16", old_logprobs="recompute", tis_cap=2.0, progress=False,
+    config = PPOConfig(steps=1, sampler_precision="bf16", old_logprobs="recompute", tis_cap=2.0, progress=False,
                        prompts_per_step=8, mini_batches=1)
     step = PPOTrainer(model, tokenizer, rl_problems(16), config).train()[0]
     assert step["first_ratio_deviation"] > 1e-3 and step["train_ratio_deviation"] < 1e-4

@@ -4,6 +4,7 @@
 import math
 
 import pytest
+import torch
 
 from workbench.core.errors import ConfigError
 from workbench.experiments.checkpoints import load
@@ -63,7 +64,6 @@ def test_ppo_logs_and_applies_the_correction():
     (GRPOConfig, {"rollout_correction": {"rollout_rs": "seq_mean_k1"}}, "rollout_correction", "required"),
     (GRPOConfig, {"sampler_precision": "int8"}, "sampler_precision", "is not one of"),
     (GRPOConfig, {"rollout_staleness": -1}, "rollout_staleness", "≥ 0"),
-    (PPOConfig, {"sampler_precision": "bf16", "rollout_dtype": "bfloat16"}, "sampler_precision", "set one"),
     (PPOConfig, {"rollout_correction": "decoupled_token_is", "tis_cap": 2.0, "old_logprobs": "recompute"},
      "rollout_correction", "set one"),
     (PPOConfig, {"rollout_correction": {"off_policy_mask_threshold": 0.1}}, "rollout_correction", "GRPO only"),
@@ -72,3 +72,47 @@ def test_bad_gap_options_name_the_field(config_class, options, field, words):
     with pytest.raises(ConfigError, match=words) as error:
         config_class(**options)
     assert error.value.field == field
+
+
+def test_rollout_dtype_is_gone_and_the_command_line_names_sampler_precision():
+    """PPO's older ``rollout_dtype`` was the same knob as ``sampler_precision``: only the latter is left."""
+    from workbench.cli.train import build_config
+    from workbench.core.errors import InputError
+
+    with pytest.raises(TypeError, match="rollout_dtype"):
+        PPOConfig(rollout_dtype="bfloat16")
+    with pytest.raises(InputError, match="no field 'rollout_dtype'.*sampler_precision"):
+        build_config(PPOConfig, ["rollout_dtype=bfloat16"], None)
+
+
+def weights_of(model) -> dict:
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+@pytest.mark.parametrize(("config_class", "trainer_class", "options", "lag", "steps"), [
+    (GRPOConfig, GRPOTrainer, {**SMALL_GRPO, "mini_batches": 2, "num_iterations": 2}, 3, 3),  # 4 updates per step
+    pytest.param(PPOConfig, PPOTrainer, {"progress": False, "prompts_per_step": 2, "max_new_tokens": 4, "mini_batches": 1,
+                                         "ppo_epochs": 2}, 1, 2, marks=pytest.mark.slow),  # 2 updates per step
+])
+def test_staleness_counts_optimiser_updates_not_steps(config_class, trainer_class, options, lag, steps):
+    """``rollout_staleness=k``: the rollout of every step is sampled by the weights the policy had k optimiser updates
+    before it (the initial ones while fewer were made), however many updates a step makes."""
+    model, tokenizer = load("tiny-arith-qwen2")
+    config = config_class(steps=steps, rollout_staleness=lag, learning_rate=1e-2, **options)
+    trainer = trainer_class(model, tokenizer, rl_problems(16), config)
+    after_updates = [weights_of(model)]  # the policy's weights after 0, 1, 2, … updates
+    trainer.policy_optimizer_for_staleness().register_step_post_hook(lambda *args: after_updates.append(weights_of(model)))
+    sampled_by, original = [], trainer.sample_rollout
+
+    def spy(step, **kwargs):
+        sampled_by.append((len(after_updates) - 1, weights_of(kwargs["sampler"])))
+        return original(step, **kwargs)
+
+    trainer.sample_rollout = spy
+    trainer.train()
+    per_step = len(after_updates[1:]) // steps
+    assert per_step == (4 if config_class is GRPOConfig else 2)
+    for updates, weights in sampled_by:
+        expected = after_updates[max(updates - lag, 0)]
+        assert all(torch.equal(weights[name], expected[name]) for name in expected), (updates, lag)
+    assert sampled_by[-1][0] - lag > 0 and sampled_by[-1][0] - lag < per_step * (steps - 1)  # not a whole number of steps

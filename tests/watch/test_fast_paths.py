@@ -32,7 +32,7 @@ RUNS = {
     "P6": ("grpo", {"rescale_by_temperature": False, "temperature": 0.7}, True, ("P6", "error"), {"decoder", "body"}),
     "P7": ("grpo", {"disable_dropout": False}, False, ("P7", "warning"), {"decoder"}),  # train mode: the body is model.model
     # the bf16 rollout copy (not watched) samples through the decoder: its events are not the policy's
-    "P12": ("ppo", {"old_logprobs": "rollout", "rollout_dtype": "bfloat16"}, False, ("P12", "warning"), {"decoder"}),
+    "P12": ("ppo", {"old_logprobs": "rollout", "sampler_precision": "bf16"}, False, ("P12", "warning"), {"decoder"}),
     "P23": ("grpo", {"precision": "bf16"}, False, ("P23", "error"), {"decoder", "body"}),
     "S1": ("grpo", {"position_ids": "model"}, False, ("S1", "warning"), {"decoder"}),  # the scorer calls model(...) here
     "grpo-fix": ("grpo", {}, True, None, {"decoder", "body"}),

@@ -37,7 +37,7 @@ SWITCHES = {
     "P6": ("grpo", "tiny-arith-qwen2", {"rescale_by_temperature": False}, {"temperature": 0.7}, True),
     "P7": ("grpo", "tiny-gpt2-dropout", {"disable_dropout": False}, {}, False),
     "S4": ("dpo", "tiny-gpt2", {"prompt_mask": "chosen_only"}, {"share_prompts": False}, True),
-    "P12": ("ppo", "tiny-arith-gpt2", {"old_logprobs": "rollout", "rollout_dtype": "bfloat16"}, {}, False),
+    "P12": ("ppo", "tiny-arith-gpt2", {"old_logprobs": "rollout", "sampler_precision": "bf16"}, {}, False),
     "P23": ("grpo", "tiny-gpt2", {"precision": "bf16"}, {}, False),
 }
 

@@ -18,6 +18,7 @@ from workbench.experiments import statistics
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
 from workbench.tasks import encode_prompts
+from workbench.trainers.rollout_trainer import SAMPLER_PRECISIONS
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
@@ -28,9 +29,12 @@ EFFECT_KEYS = ("reward", "heldout_accuracy")
 
 # ---- measurements -------------------------------------------------------------------------------
 @torch.no_grad()
-def rollout_vs_trainer(model, tokenizer, prompts: list[str], *, rollout_dtype: torch.dtype, cap: float = 2.0, seed: int = 0) -> dict:
-    """Per-token log-ratio trainer/rollout for samples of a ``rollout_dtype`` copy of ``model``."""
-    engine = copy.deepcopy(model).to(rollout_dtype)
+def rollout_vs_trainer(model, tokenizer, prompts: list[str], *, sampler_precision: str, cap: float = 2.0, seed: int = 0) -> dict:
+    """Per-token log-ratio trainer/rollout for samples of a copy of ``model`` at ``sampler_precision`` (``"bf16"``,
+    ``"fp16"`` or ``"fp32"``: the values of the trainers' option of that name)."""
+    if sampler_precision not in SAMPLER_PRECISIONS:
+        raise ValueError(f"sampler_precision={sampler_precision!r}; use one of {tuple(SAMPLER_PRECISIONS)}")
+    engine = copy.deepcopy(model).to(SAMPLER_PRECISIONS[sampler_precision])
     ids, mask = encode_prompts(tokenizer, prompts)
     rollout = sample(engine, ids, mask, max_new_tokens=8, eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
@@ -55,20 +59,20 @@ def clipped_fraction_by_cap(log_ratio: torch.Tensor, caps) -> list[float]:
 
 
 # ---- sweeps -------------------------------------------------------------------------------------
-ROLLOUT_DTYPES = {"bf16 rollout": torch.bfloat16, "fp16 rollout": torch.float16, "fp32 rollout": torch.float32}
+ROLLOUT_PRECISIONS = {"bf16 rollout": "bf16", "fp16 rollout": "fp16", "fp32 rollout": "fp32"}
 
 
 def sweep(model, tokenizer, prompts: list[str], *, cap: float, seed: int = 0) -> dict:
     """``rollout_vs_trainer`` for a bf16, fp16 and fp32 rollout copy of ``model``."""
-    return {name: rollout_vs_trainer(model, tokenizer, prompts, rollout_dtype=dtype, cap=cap, seed=seed)
-            for name, dtype in ROLLOUT_DTYPES.items()}
+    return {name: rollout_vs_trainer(model, tokenizer, prompts, sampler_precision=precision, cap=cap, seed=seed)
+            for name, precision in ROLLOUT_PRECISIONS.items()}
 
 
 def ppo_variants(tis_cap: float) -> dict[str, dict]:
     """The PPO runs: a bf16 sampler whose log-probs are π_old (bug: ``old_logprobs="rollout"``), an fp32 sampler with π_old
     recomputed, and a bf16 sampler with π_old recomputed and truncated importance sampling at ``tis_cap``."""
-    return {BUG: {"rollout_dtype": "bfloat16", "old_logprobs": "rollout"}, FP32: {},
-            TIS: {"rollout_dtype": "bfloat16", "old_logprobs": "recompute", "tis_cap": tis_cap}}
+    return {BUG: {"sampler_precision": "bf16", "old_logprobs": "rollout"}, FP32: {},
+            TIS: {"sampler_precision": "bf16", "old_logprobs": "recompute", "tis_cap": tis_cap}}
 
 
 def ppo_effects(runs: dict) -> dict:

@@ -47,12 +47,13 @@ from workbench.viz.explorer import Explorer
 
 NO_GAP, FP16, BF16, BEFORE_TEMPERATURE = "no gap", "fp16 sampler", "bf16 sampler", "log-probs before τ"
 TRAINED_LAG = 4
-"""The gap the training runs open: the sampler's weights ``TRAINED_LAG`` steps old, the largest of the gaps the trainer
-can open (``sampler_precision``, ``rollout_staleness``) on ``tiny-arith-qwen2``: mean |Δ log p| per token 0.039 nats
+"""The gap the training runs open: the sampler's weights ``TRAINED_LAG`` steps old (``rollout_staleness`` counts
+optimiser updates; the notebook's GRPO settings make one per step, so steps and updates agree), the largest of the
+gaps the trainer can open (``sampler_precision``, ``rollout_staleness``) on ``tiny-arith-qwen2``: mean |Δ log p| per token 0.039 nats
 against 0.0093 (bf16), 0.0011 (fp16) and 0.012 (k = 1), measured before any training run and printed again by part 1."""
 TRAINED = f"stale k={TRAINED_LAG}"  # the trained gap's source name (``stale_name(TRAINED_LAG)``)
 Z_BIAS = 3.0
-"""An estimator's bias counts as larger than its noise when the debiased squared bias exceeds this many standard errors
+"""An estimator's bias counts as larger than its noise when the debiased squared bias exceeds this many null standard errors
 (``bias_variance``; about 0.13 % one-sided under no bias) and is at least ``BIAS_FLOOR``."""
 BIAS_FLOOR = 1e-4
 """A squared bias under this fraction of ‖g‖² (a bias under 1 % of the gradient) is not counted, however small its noise:
@@ -165,30 +166,65 @@ def weight_summary(weights: torch.Tensor, mask: torch.Tensor) -> dict:
             "mean_weight": float(w.mean())}
 
 
+def _gram_statistics(gram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the Gram matrix (M, M) of M vectors v_m: (the unbiased ‖E v‖² on all of them, the same with each left out in
+    turn (M,)). ‖E v‖² is the U-statistic Σ_{i≠j} v_i·v_j / (n (n − 1)) (= ‖v̄‖² − tr Σ̂ / n, the squared mean debiased
+    by its own noise)."""
+    m = gram.shape[0]
+    total, trace, rows, diagonal = gram.sum(), gram.trace(), gram.sum(1), gram.diagonal()
+    full = (total - trace) / (m * (m - 1))
+    left_out = (total - 2 * rows + diagonal - (trace - diagonal)) / ((m - 1) * (m - 2))
+    return full, left_out
+
+
+def _gram_trace_covariance(gram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the Gram matrix (M, M) of M vectors: (tr Σ̂, their sample covariance's trace, on all of them; the same with
+    each left out in turn (M,))."""
+    m = gram.shape[0]
+    total, trace, rows, diagonal = gram.sum(), gram.trace(), gram.sum(1), gram.diagonal()
+    full = (trace - total / m) / (m - 1)
+    left_out = ((trace - diagonal) - (total - 2 * rows + diagonal) / (m - 1)) / (m - 2)
+    return full, left_out
+
+
+def _jackknife_se(left_out: torch.Tensor) -> float:
+    """The delete-one jackknife's standard error from a statistic's M leave-one-out values."""
+    m = left_out.shape[0]
+    return float(((left_out - left_out.mean()) ** 2).sum() * (m - 1) / m) ** 0.5
+
+
 def bias_variance(estimates: torch.Tensor, reference: torch.Tensor) -> dict:
     """Bias and variance of a gradient estimator from its per-batch estimates (M, D) and on-policy estimates of the same
     batches (M, D): drawn with the same random numbers (``draw_responses``), so batch m of each is paired. The exact
-    gradient g is the reference's mean; everything is relative to ‖g‖².
+    gradient g is the reference's mean; everything is relative to ‖g‖², itself estimated from the reference batches
+    and debiased by their own noise (‖ȳ‖² − tr Σ̂_y / M).
 
-    The debiased squared bias is ‖d̄‖² − tr Σ_d / M, d_m the paired differences; with no bias its expectation is 0
-    and its standard error √(2 tr Σ_d²) / M (Gaussian), from the differences' Gram matrix; ``z`` is their ratio.
-    ``variance`` is one batch's tr Σ of the estimator, its standard error from the per-batch squared deviations;
-    ``mse`` (per batch) = squared bias + variance. ‖g‖² is debiased by the reference's own noise."""
+    ``bias2``: the debiased squared bias ‖d̄‖² − tr Σ̂_d / M relative to ‖g‖², d_m the paired differences (unbiased for
+    ‖b‖², so it may come out below 0 where there is none). ``variance``: one batch's tr Σ̂ of the estimator relative to
+    ‖g‖²; ``mse`` (per batch) = squared bias + variance. ``bias2_se`` and ``variance_se``: delete-one jackknife over the
+    batches (each batch left out with its paired reference batch), so they include the noise of ‖g‖²'s estimate and, for
+    the bias, the term 4 bᵀ Σ_d b / M its noise has once b ≠ 0 — what the Gaussian s.e. under no bias leaves out
+    (``bias2_null_se`` = √(2 tr Σ_d²) / M, from the differences' Gram matrix, about the observed bias's value only where
+    it is 0). ``z`` = bias2 / bias2_null_se: the test of "no bias", whose null distribution that s.e. describes.
+    Needs M ≥ 3 batches (the jackknife leaves one out of a statistic of pairs)."""
     x, y = estimates.double(), reference.double()
     m = x.shape[0]
+    if m < 3:
+        raise ValueError(f"bias_variance needs at least 3 paired batches, got {m}: raise trials")
     d = x - y
-    dc, xc, yc = d - d.mean(0), x - x.mean(0), y - y.mean(0)
-    trace_d = float((dc * dc).sum()) / (m - 1)
-    bias2 = float((d.mean(0) ** 2).sum()) - trace_d / m
-    se = math.sqrt(2 * float(((dc @ dc.T) ** 2).sum())) / ((m - 1) * m)
-    norm2 = float((y.mean(0) ** 2).sum()) - float((yc * yc).sum()) / ((m - 1) * m)
-    deviations = (xc * xc).sum(1) * m / (m - 1)
-    variance = float(deviations.mean())
-    if not norm2 > 0:  # no reward signal (every advantage 0): no gradient to be biased, nothing to measure against
-        return {"bias2": 0.0, "bias2_se": 0.0, "z": 0.0, "variance": 0.0, "variance_se": 0.0, "mse": 0.0, "relative_bias": 0.0,
-                "batches": m, "no_signal": True}
-    return {"bias2": bias2 / norm2, "bias2_se": se / norm2, "z": bias2 / se if se > 0 else 0.0, "variance": variance / norm2,
-            "variance_se": float(deviations.std()) / math.sqrt(m) / norm2, "mse": (bias2 + variance) / norm2,
+    dc = d - d.mean(0)
+    bias2, bias2_left_out = _gram_statistics(d @ d.T)
+    norm2, norm2_left_out = _gram_statistics(y @ y.T)
+    variance, variance_left_out = _gram_trace_covariance(x @ x.T)
+    null_se = math.sqrt(2 * float(((dc @ dc.T) ** 2).sum())) / ((m - 1) * m)
+    bias2, norm2, variance = float(bias2), float(norm2), float(variance)
+    if not norm2 > 0 or not bool((norm2_left_out > 0).all()):
+        # no reward signal (every advantage 0), or too little to leave a batch out: no gradient to be biased
+        return {"bias2": 0.0, "bias2_se": 0.0, "bias2_null_se": 0.0, "z": 0.0, "variance": 0.0, "variance_se": 0.0, "mse": 0.0,
+                "relative_bias": 0.0, "batches": m, "no_signal": True}
+    return {"bias2": bias2 / norm2, "bias2_se": _jackknife_se(bias2_left_out / norm2_left_out),
+            "bias2_null_se": null_se / norm2, "z": bias2 / null_se if null_se > 0 else 0.0, "variance": variance / norm2,
+            "variance_se": _jackknife_se(variance_left_out / norm2_left_out), "mse": (bias2 + variance) / norm2,
             "relative_bias": math.sqrt(max(bias2, 0.0) / norm2), "batches": m, "no_signal": False}
 
 
@@ -487,7 +523,7 @@ def figure_diagnostics(trials: dict, trained: str):
 
 
 def plot_estimators(axes, trials: dict, source: str, best: str) -> None:
-    """Left: each estimator's debiased squared bias (relative to ‖g‖², ± 2 s.e.); right: its variance per batch."""
+    """Left: each estimator's debiased squared bias (relative to ‖g‖², ± 2 jackknife s.e.); right: its variance per batch."""
     stats = trials["sources"][source]["estimators"]
     names = list(stats)
     y = np.arange(len(names))
@@ -505,7 +541,7 @@ def plot_estimators(axes, trials: dict, source: str, best: str) -> None:
             axes[0].text(edge, i, f"{stats[n]['bias2']:.2f} →", ha="right", va="center", fontsize=8, color="white")
     axes[0].set_yticks(y, names)
     axes[0].invert_yaxis()
-    axes[0].set_xlabel("squared bias / ‖g‖² (± 2 s.e.)")
+    axes[0].set_xlabel("squared bias / ‖g‖² (± 2 jackknife s.e.)")
     axes[1].barh(y, [stats[n]["variance"] for n in names], xerr=[2 * stats[n]["variance_se"] for n in names], color=colors,
                  error_kw={"ecolor": "black", "capsize": 2, "lw": 0.8})
     axes[1].set_yticks(y, [""] * len(names))
@@ -518,7 +554,7 @@ def figure_estimators(trials: dict, source: str, best: str):
 
 
 def plot_bias_map(ax, trials: dict) -> None:
-    """z of each estimator's bias (debiased squared bias / its s.e.) per gap source, written in each cell."""
+    """z of each estimator's bias (debiased squared bias / its s.e. under no bias) per gap source, written in each cell."""
     sources = list(trials["sources"])
     names = list(next(iter(trials["sources"].values()))["estimators"])
     z = np.array([[trials["sources"][s]["estimators"][n]["z"] for s in sources] for n in names])
@@ -580,7 +616,7 @@ def trials_table(trials: dict) -> str:
     sources = list(trials["sources"])
     names = list(next(iter(trials["sources"].values()))["estimators"])
     header = f"{'estimator':<28}" + "".join(f"{s:>30}" for s in sources)
-    lines = [f"squared bias / ‖g‖² ± s.e. | variance per batch / ‖g‖² ({trials['trials']} batches of {trials['prompts']} prompts "
+    lines = [f"squared bias / ‖g‖² ± jackknife s.e. | variance per batch / ‖g‖² ({trials['trials']} batches of {trials['prompts']} prompts "
              f"× {trials['group_size']}, each paired with an on-policy batch of the same random numbers)", header]
     for n in names:
         cells = []
@@ -589,7 +625,8 @@ def trials_table(trials: dict) -> str:
             mark = "*" if biased(e) else " "
             cells.append(f"{e['bias2']:+.3f}±{e['bias2_se']:.3f}{mark}| {e['variance']:.2f}".rjust(30))
         lines.append(f"{n:<28}" + "".join(cells))
-    lines.append(f"* bias larger than its noise: > {Z_BIAS:g} s.e. and ≥ {BIAS_FLOOR:g} of ‖g‖²")
+    lines.append(f"* bias larger than its noise: z > {Z_BIAS:g} (s.e. under no bias) and ≥ {BIAS_FLOOR:g} of ‖g‖²; "
+                 "± : the delete-one jackknife over batches, the reference's noise included")
     return "\n".join(lines)
 
 
@@ -612,7 +649,8 @@ def training_lines(effects: dict, corrections: dict, runs: dict, task: str) -> s
 
 def estimators_note(source: str) -> str:
     return (f"Output layer's policy gradient on {source}; vermilion: no correction, blue: the correction ranked best (bias within "
-            "noise, least variance); error bars ± 2 s.e. A squared bias below 0 is noise around 0 (it is debiased).")
+            "noise, least variance); error bars ± 2 s.e. (delete-one jackknife over the paired batches). A squared bias below 0 "
+            "is noise around 0 (it is debiased).")
 
 
 # ---- explorer ------------------------------------------------------------------------------------

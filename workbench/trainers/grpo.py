@@ -179,6 +179,7 @@ class GRPOTrainer(RolloutTrainer):
         self.device = self.policy_parameters[0].device
         if self.reference is not None:
             self.reference.to(self.device)
+        self.prepare_sampler()
 
     def _global_normalizer(self, mask, mode) -> float:
         """The global batch's denominator divided by the number of processes (DDP averages)."""

@@ -29,7 +29,7 @@ switch                      bug value           pitfall
                                                 learning identical, compute wasted
 ``rescale_by_temperature``  ``False``           P6 scoring at τ = 1 what was sampled at τ
 ``disable_dropout``         ``False``           P7 dropout left on: ρ ≠ 1, KL ≠ 0 at step 0
-``old_logprobs``            ``"rollout"``       P12 π_old from the sampler (with ``rollout_dtype``
+``old_logprobs``            ``"rollout"``       P12 π_old from the sampler (with ``sampler_precision``
                                                 bf16: a bf16 engine feeding an fp32 trainer);
                                                 ``tis_cap`` is the correction
 ``whiten_over``             ``"padded"``        P13 whitening statistics over padded positions
@@ -41,7 +41,6 @@ switch                      bug value           pitfall
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -98,9 +97,6 @@ class PPOConfig(RolloutConfig):
     in the first epoch's mini-batch layout, so ρ = 1 exactly on the first mini-batch) or from
     ``rollout`` (the sampler's own log-probs, as from an inference engine: the sampler/trainer gap
     then enters ρ and the KL — S1, P6, P12)."""
-    rollout_dtype: str = "float32"
-    """P12: dtype of the sampler's copy of the policy (``bfloat16`` mimics a bf16 inference engine
-    feeding an fp32 trainer)."""
     whiten_over: str = "real"
     """P13: whiten advantages/rewards over real tokens only (fix) or over every padded position (bug)."""
     reward_position: str = "eos"
@@ -119,12 +115,9 @@ class PPOConfig(RolloutConfig):
         require(self, "critic_learning_rate", self.critic_learning_rate == "auto" or (
             isinstance(self.critic_learning_rate, (int, float)) and self.critic_learning_rate > 0), "must be 'auto' or > 0")
         require_choice(self, "old_logprobs", ("rollout", "recompute"))
-        require_choice(self, "rollout_dtype", ("float32", "bfloat16", "float16"))
         require(self, "tis_cap", self.tis_cap == 0 or (self.tis_cap >= 1 and self.old_logprobs == "recompute"),
                 "must be 0 (off) or ≥ 1 with old_logprobs='recompute' (TIS reweights rollout samples to π_old)")
         require_choice(self, "whiten_over", ("real", "padded"))
-        require(self, "sampler_precision", self.sampler_precision == "fp32" or self.rollout_dtype == "float32",
-                "and rollout_dtype both lower the sampler's precision: set one of them")
         require(self, "rollout_correction", self.rollout_correction is None or self.tis_cap == 0,
                 "and tis_cap both reweight the tokens: set one of them (tis_cap c is {'rollout_is': 'token', "
                 "'rollout_is_threshold': c})")
@@ -167,10 +160,6 @@ class PPOTrainer(RolloutTrainer):
         self.critic = critic if critic is not None else ValueModel.from_policy(policy, seed=config.seed)
         base.check_attention_backward(config, getattr(self.critic, "body", self.critic), "critic")  # trained through its own attention
         self.dropout_on = base.apply_dropout_switch((self.policy, self.reference, self.critic), config.disable_dropout)
-        self.rollout_model = None
-        if config.rollout_dtype != "float32":  # P12: a lower-precision copy samples, the fp32 policy trains
-            self.rollout_model = copy.deepcopy(policy).to(getattr(torch, config.rollout_dtype)).requires_grad_(False)
-            self.rollout_model.train(self.dropout_on)
         self.device = next(policy.parameters()).device
         self.critic.to(self.device)
         base.apply_precision((self.policy, self.reference, self.critic), config.precision)
@@ -182,6 +171,7 @@ class PPOTrainer(RolloutTrainer):
             self.critic_learning_rate = float(config.critic_learning_rate)
         self.policy_optimizer = base.adamw(policy.parameters(), lr=self.learning_rate, weight_decay=0.0)
         self.critic_optimizer = base.adamw(self.critic.parameters(), lr=self.critic_learning_rate, weight_decay=0.0)
+        self.prepare_sampler()
 
     def modules(self):
         return {"policy": self.policy, "critic": self.critic}
@@ -191,13 +181,8 @@ class PPOTrainer(RolloutTrainer):
 
     # -- 1–2: rollout and score ------------------------------------------------------------------
     def rollout(self, step: int) -> tuple[list[Problem], Rollout, torch.Tensor]:
-        sampler = None
-        if self.rollout_model is not None:  # P12: the lower-precision copy samples
-            self.rollout_model.load_state_dict(self.policy.state_dict())
-            sampler = self.rollout_model
-        else:
-            sampler = self.rollout_sampler()
-        problems, rollout = self.sample_rollout(step, sampler=sampler)
+        # P12: with sampler_precision bf16/fp16 a lower-precision copy samples while the fp32 policy trains
+        problems, rollout = self.sample_rollout(step, sampler=self.rollout_sampler())
         scores = score_responses(self.tokenizer, problems, rollout.response_ids, rollout.response_mask, rollout.finished).to(self.device)
         return problems, rollout, scores
 

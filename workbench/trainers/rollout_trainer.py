@@ -16,7 +16,8 @@ objective, the rollout–training gap and its correction, and the switches of pi
   steps will see, so that π_old and the reference are scored by exactly the forward that trains
   (ρ = 1 and KL = 0 before any update, also in bf16: see ``tests/trainers/test_invariances.py``);
 * ``rollout_sampler`` — the model that samples when the gap is asked for: a copy of the policy at
-  ``sampler_precision``, holding the weights of ``rollout_staleness`` steps ago;
+  ``sampler_precision`` (made by ``prepare_sampler`` when the trainer is built), holding the weights of
+  ``rollout_staleness`` optimiser updates ago;
 * ``correct_rollout`` — ``core.rollout_correction`` on π_old and the sampler's log-probs (``rollout_correction``);
 * ``dump_step`` — with ``dump_rollouts`` set, the step's responses as the generic dump records
   (``core.rollout_dump``: ids, the sampler's and π_old's log-probs per token, loss mask, reward, finish reason,
@@ -31,6 +32,7 @@ engine against the training forward on the same weights) are logged every step.
 from __future__ import annotations
 
 import copy
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -124,8 +126,9 @@ class RolloutConfig(TrainerConfig):
     """``sampler="vllm"``: reset the engine's prefix cache after every weight push (fix); False serves KV cached under
     the old weights to prompts seen before (bug)."""
     rollout_staleness: int = 0
-    """Sample with the policy's weights of this many steps ago (each step is ``optimizer_steps_per_batch``
-    updates; fewer steps into the run, the initial weights): an asynchronous trainer's stale rollouts."""
+    """Sample with the policy's weights of this many optimiser updates ago (a step makes ``mini_batches`` ×
+    ``num_iterations`` or ``ppo_epochs`` of them; fewer updates into the run, the initial weights): an asynchronous
+    trainer's stale rollouts."""
     # ---- Rollout dump ----------------------------------------------------------------------
     dump_rollouts: str | None = None
     """A folder to write every step's responses into, one record per response (``core.rollout_dump``: token ids, the
@@ -161,7 +164,7 @@ class RolloutConfig(TrainerConfig):
         require_choice(self, "position_ids", POSITION_IDS_MODES)
         require_choice(self, "chat_template", CHAT_TEMPLATE_MODES)
         require_choice(self, "sampler_precision", tuple(SAMPLER_PRECISIONS))
-        require(self, "rollout_staleness", self.rollout_staleness >= 0, "must be ≥ 0 (steps)")
+        require(self, "rollout_staleness", self.rollout_staleness >= 0, "must be ≥ 0 (optimiser updates)")
         require_choice(self, "sampler", SAMPLERS)
         require_choice(self, "engine_logprobs_mode", LOGPROBS_MODES)
         require_choice(self, "dump_format", DUMP_FORMATS)
@@ -257,24 +260,58 @@ class RolloutTrainer(Trainer):
             out[rows] = self.logprobs(model, rollout, rows)
         return out
 
+    def prepare_sampler(self) -> None:
+        """Build the sampler's copy of the policy (``sampler_precision``, ``rollout_staleness``) now, when the trainer is
+        built: a copy made later would also copy whatever hooks others have attached to the policy since (a watch's).
+        With ``rollout_staleness`` k > 0 a step post-hook on the policy's optimiser keeps the weights after each of the
+        last k updates. Nothing to do for the fp32 policy sampling itself, or for ``sampler="vllm"``."""
+        c = self.config
+        if c.sampler != "workbench" or (c.sampler_precision == "fp32" and c.rollout_staleness == 0):
+            return
+        self._sampler = copy.deepcopy(self.policy).to(SAMPLER_PRECISIONS[c.sampler_precision]).requires_grad_(False)
+        if c.rollout_staleness > 0:
+            # filled with the weights of the first rollout (after a resume's load) by ``rollout_sampler``
+            # (optimiser updates made so far, weights after them), the oldest first
+            history = self._sampler_weights = deque(maxlen=c.rollout_staleness + 1)
+            self._updates_made = 0
+
+            def keep_weights(*args) -> None:
+                self._updates_made += 1
+                history.append((self._updates_made, self._weights()))
+
+            self._staleness_hook = self.policy_optimizer_for_staleness().register_step_post_hook(keep_weights)
+
+    def _weights(self) -> dict:
+        return {name: value.detach().clone() for name, value in self.policy.state_dict().items()}
+
+    def policy_optimizer_for_staleness(self):
+        """The optimiser that updates the policy (PPO's ``policy_optimizer``, GRPO's ``optimizer``; under accelerate the
+        torch optimiser its wrapper steps, whose step hooks fire)."""
+        optimizer = getattr(self, "policy_optimizer", None) or self.optimizer
+        inner = getattr(optimizer, "optimizer", None)
+        return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+
     def rollout_sampler(self):
-        """None (the policy samples) or the copy that does: at ``sampler_precision``, holding the weights of
-        ``rollout_staleness`` steps ago. Called once per step, before sampling; the weights it keeps live on
-        the policy's device and are not saved in checkpoints (a resumed run starts its staleness afresh)."""
+        """None (the policy samples) or the copy that does (``prepare_sampler``): at ``sampler_precision``, holding the
+        weights of ``rollout_staleness`` = k optimiser updates ago — the policy's weights before its last k updates
+        (several per step with ``mini_batches``, ``num_iterations``/``ppo_epochs`` > 1), the initial weights while
+        fewer than k were made. Called once per step, before sampling; the kept weights live on the policy's device and
+        are not saved in checkpoints (a resumed run starts its staleness afresh)."""
         c = self.config
         if c.sampler == "vllm":
             return self.engine_sampler()
         if c.sampler_precision == "fp32" and c.rollout_staleness == 0:
             return None
-        history = self.__dict__.setdefault("_sampler_weights", deque(maxlen=c.rollout_staleness + 1))
-        history.append({name: value.detach().clone() for name, value in self.policy.state_dict().items()})
-        sampler = self.__dict__.get("_sampler")
-        if sampler is None:
-            sampler = copy.deepcopy(self.policy).to(SAMPLER_PRECISIONS[c.sampler_precision]).requires_grad_(False)
-            self._sampler = sampler
-        sampler.load_state_dict(history[0])  # cast into the sampler's dtype
-        sampler.train(self.policy.training)
-        return sampler
+        if "_sampler" not in self.__dict__:
+            self.prepare_sampler()
+        history = self.__dict__.get("_sampler_weights")
+        if history is not None:
+            if not history:
+                history.append((self._updates_made, self._weights()))
+            self._rollouts_sampled = self.__dict__.get("_rollouts_sampled", 0) + 1
+        self._sampler.load_state_dict(history[0][1] if history else self.policy.state_dict())  # cast into its dtype
+        self._sampler.train(self.policy.training)
+        return self._sampler
 
     def engine_sampler(self) -> EngineSampler:
         """``sampler="vllm"``: the engine, started with the policy's weights on the first call, the policy's current
@@ -313,10 +350,17 @@ class RolloutTrainer(Trainer):
             self.close_engine()
 
     def policy_version(self, step: int) -> int:
-        """The step whose weights sampled step ``step``'s rollout: ``step`` itself, or ``rollout_staleness`` steps
-        earlier once the sampler's weight history is that long (``rollout_sampler``)."""
+        """The step whose weights sampled step ``step``'s rollout (called after ``rollout_sampler``): ``step`` itself, or,
+        with ``rollout_staleness`` = k, ``step`` less the steps whose updates the sampler's weights lack — ⌈k / u⌉ for u
+        updates per step once k updates were made (fewer before)."""
         history = self.__dict__.get("_sampler_weights")
-        return step if history is None or self.config.sampler != "workbench" else step - (len(history) - 1)
+        if history is None or not history or self.config.sampler != "workbench":
+            return step
+        behind = self._updates_made - history[0][0]  # updates made since the sampler's weights
+        steps_done = self._rollouts_sampled - 1  # steps completed since the history began (this run or its resume)
+        if behind == 0 or steps_done == 0:
+            return step
+        return step - math.ceil(behind / (self._updates_made / steps_done) - 1e-9)
 
     def dump_step(self, step: int, rollout: Rollout, *, rewards: torch.Tensor, loss_mask: torch.Tensor,
                   trainer_logprobs: torch.Tensor | None, group_size: int) -> None:

@@ -4,7 +4,8 @@ pitfall id, severity, numbers as evidence, the call site — plus what no observ
 reduction: S5, P10) with the ``workbench.audit`` check to run instead.
 
 Like ``workbench.audit`` this package imports only torch and the standard library (and the workbench's
-stdlib-only ``core.observers`` and ``core.jsonsafe``), so it runs inside the peer lab's environments too.
+stdlib-only ``core.observers`` and ``core.jsonsafe``, and the torch-only
+``core.rollout_correction``), so it runs inside the peer lab's environments too.
 ``WatchCallback`` (a transformers ``TrainerCallback``) lives in ``workbench.watch.callback``, imported on use.
 
 ``from workbench import watch`` gives this module, callable as the ``watch`` function.

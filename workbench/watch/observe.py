@@ -184,16 +184,14 @@ def unchanged_fraction(snapshot) -> float:
     return 1.0 - changed / max(total, 1)
 
 
-def rescoring_gap(logits: torch.Tensor, input_ids: torch.Tensor, rollout, temperature: float) -> dict:
-    """|Δ log p| per response token between a rollout's sampled log-probs and ``logits``, the policy's forward on
-    ``input_ids`` (the rollout's prompt and response, on the policy's device) at the sampling temperature."""
+def rescored_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, rollout, temperature: float):
+    """(the policy's per-token log-probs (B, R) of a rollout's responses from ``logits``, its forward on ``input_ids``
+    (the rollout's prompt and response, on the policy's device) at the sampling temperature; the rollout's sampled
+    log-probs and response mask on that device)."""
     device = input_ids.device
     prompt = rollout.prompt_ids.shape[1]
     logp = (logits[:, prompt - 1 : -1].float() / temperature).log_softmax(-1).gather(-1, input_ids[:, prompt:, None])[..., 0]
-    keep = rollout.response_mask.to(device).bool()
-    delta = (logp - rollout.rollout_logprobs.to(device).float()).abs()[keep]
-    return {"mean_abs_delta_logp": float(delta.mean()) if delta.numel() else 0.0,
-            "max_abs_delta_logp": float(delta.max()) if delta.numel() else 0.0, "tokens": int(delta.numel())}
+    return logp, rollout.rollout_logprobs.to(device).float(), rollout.response_mask.to(device)
 
 
 def paired_prompt_gaps(input_ids: torch.Tensor, mask: torch.Tensor, moved: torch.Tensor) -> tuple[int, int] | None:

@@ -17,7 +17,8 @@ Attached for the duration of a ``with`` block, nothing else changes in the run:
   step, or any in-place write the parameters' version counters show) and passed again after it is P29;
 * ``deep=True`` — a gradient hook on the body's last hidden state (whose gradient is W^T ∂L/∂logits,
   position by position): which positions receive gradient (S4) and which sampling distribution the loss
-  differentiates (P6, P14); and the sampler's log-probs re-scored by the training model (P12).
+  differentiates (P6, P14); and the sampler's log-probs re-scored by the training model (P12, with verl's
+  ``rollout_corr/`` diagnostics and health thresholds: ``watch.mismatch``).
 
 One method per check, named ``_check_…`` (``_check_left_padding`` for S1, …; S2 and S3 have several checks, P23 two):
 each decides one finding from the measurements it is given. The entry points (``_pre``, ``_post``, ``_generate``,
@@ -38,7 +39,7 @@ import torch
 
 from workbench.core import observers
 from workbench.core.attention_backward import unverified_backward_reason
-from workbench.watch import observe
+from workbench.watch import mismatch, observe
 from workbench.watch.callsite import call_site
 from workbench.watch.cost import Stopwatch, timed
 from workbench.watch.observe import first_set, token_ids
@@ -103,7 +104,7 @@ class Watch:
         self._sessions: dict[int, GenerationSession] = {}  # model id → its cached generation
         self._stop_tensor: tuple | None = None  # (stop ids, device, their tensor) for the decode steps' stop test
         self._sampling: dict | None = None  # the last sampler's or generate's temperature and filters
-        self._sampler_mismatch: tuple[dict, str] | None = None  # (P12 evidence, call site) until a training forward
+        self._sampler_mismatch: tuple[dict, str, str] | None = None  # (P12 evidence, call site, severity) until trained on
         self._steps_done = 0  # optimiser steps completed (post-hook)
         self._first_step_snapshot: list | None = None  # (parameter, its copy) before the first low-precision step (P23)
         self._caches: dict[tuple[int, int], CacheFill] = {}  # (model, cache anchor) ids → what filled the cache (P29)
@@ -462,16 +463,32 @@ class Watch:
         sampler, rollout = data.get("model"), data.get("rollout")
         if data.get("engine"):
             self._check_engine(data["engine"], float(data.get("temperature", 1.0)))
+        elif sampler is not None and sampler is not self.model:
+            sampler_dtype, policy_dtype = observe.parameter_dtype(sampler), observe.parameter_dtype(self.model)
+            if sampler_dtype != policy_dtype:
+                self._sampler_mismatch = ({"sampler_dtype": str(sampler_dtype).replace("torch.", ""),
+                                           "policy_dtype": str(policy_dtype).replace("torch.", "")}, call_site(), "warning")
+        else:
             return
-        if sampler is None or sampler is self.model:
+        if self.deep and rollout is not None:  # the sampler's log-probs against the trainer's: rollout_corr/ diagnostics
+            self._check_rollout_gap(rollout, self._sampling["temperature"], "an inference engine" if data.get("engine")
+                                    else "a copy holding other weights than the policy's")
+
+    def _check_rollout_gap(self, rollout, temperature: float, sampler: str) -> None:
+        """P12 (deep mode): verl's ``rollout_corr/`` diagnostics of the sampler's log-probs against the policy's own
+        forward on the same tokens (``watch.mismatch``), with the optimiser steps done (``step``) and the rollout's
+        number; flagged when the policy trains on the rollout. ``sampler``: who drew it, for the message."""
+        severity, evidence, crossed = mismatch.diagnose(*self._rescore(rollout, temperature))
+        previous = self._sampler_mismatch
+        if severity is None:
+            if previous is not None:
+                previous[0].update(evidence)
             return
-        sampler_dtype, policy_dtype = observe.parameter_dtype(sampler), observe.parameter_dtype(self.model)
-        if sampler_dtype == policy_dtype:
-            return
-        evidence = {"sampler_dtype": str(sampler_dtype).replace("torch.", ""), "policy_dtype": str(policy_dtype).replace("torch.", "")}
-        if self.deep and rollout is not None:
-            evidence.update(self._rescore(rollout, self._sampling["temperature"]))
-        self._sampler_mismatch = (evidence, call_site())  # flagged when the policy trains on it
+        evidence.update(previous[0] if previous is not None else {"sampler": sampler}, step=self._steps_done,
+                        rollout=self.observed["sampler_calls"])
+        if crossed:
+            evidence["thresholds_crossed"] = "; ".join(crossed)
+        self._sampler_mismatch = (evidence, previous[1] if previous is not None else call_site(), severity)
 
     def _check_engine(self, engine: dict, temperature: float) -> None:
         """An inference engine drew the rollout (``workbench.engines``): P6 when it returned log-probs before temperature
@@ -487,10 +504,10 @@ class Watch:
         policy_dtype = str(observe.parameter_dtype(self.model)).replace("torch.", "")
         if engine.get("dtype") and engine["dtype"] != policy_dtype:
             self._sampler_mismatch = ({"sampler_dtype": engine["dtype"], "policy_dtype": policy_dtype,
-                                       "engine": engine.get("name", "vllm")}, where)
+                                       "engine": engine.get("name", "vllm")}, where, "warning")
 
-    def _rescore(self, rollout, temperature: float) -> dict:
-        """The sampler's log-probs against the policy's own forward on the same tokens (deep mode)."""
+    def _rescore(self, rollout, temperature: float) -> tuple:
+        """The policy's own log-probs of a rollout's responses, the sampler's, and the response mask (deep mode)."""
         ids = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)
         mask = torch.cat([rollout.prompt_mask, rollout.response_mask], 1)
         device = next(self.model.parameters()).device
@@ -502,16 +519,25 @@ class Watch:
                                     use_cache=False).logits
         finally:
             self._quiet = False
-        return observe.rescoring_gap(logits, ids, rollout, temperature)
+        return observe.rescored_logprobs(logits, ids, rollout, temperature)
 
     def _check_sampler_precision(self):
-        """P12: the policy trains on a rollout sampled by a copy of another dtype."""
-        evidence, where = self._sampler_mismatch
+        """P12: the policy trains on a rollout sampled by another model: a copy of another dtype (light mode), or one
+        whose log-probs the re-scoring found off the policy's (deep mode: ``_check_rollout_gap``)."""
+        evidence, where, severity = self._sampler_mismatch
         self._sampler_mismatch = None
-        self._flag("P12", "warning", f"the rollout was sampled by a {evidence['sampler_dtype']} copy while the policy trains in "
-                   f"{evidence['policy_dtype']}: its log-probs are not the trainer's, so a ratio against them is not 1 at the first "
-                   "step. Recompute π_old with the training forward (and correct with truncated importance sampling).",
-                   where=where, **evidence)
+        sampler = (f"a {evidence['sampler_dtype']} copy while the policy trains in {evidence['policy_dtype']}"
+                   if "sampler_dtype" in evidence else evidence.pop("sampler"))
+        if evidence.get("thresholds_crossed"):
+            message = (f"the rollout was sampled by {sampler}, and its log-probs are past verl's rollout-correction health "
+                       f"thresholds ({evidence['thresholds_crossed']}; {mismatch.SOURCE}): uncorrected ratios against them "
+                       "swing the gradient. Resync or re-precision the sampler, and correct with truncated importance "
+                       "sampling or rejection (rollout_correction).")
+        else:
+            message = (f"the rollout was sampled by {sampler}: its log-probs are not the trainer's, so a ratio against them "
+                       "is not 1 at the first step. Recompute π_old with the training forward (and correct with truncated "
+                       "importance sampling).")
+        self._flag("P12", severity, message, where=where, **evidence)
 
     # ---- optimiser (P23) --------------------------------------------------------------------------------------
     @timed
