@@ -106,7 +106,10 @@ def test_staleness_counts_optimiser_updates_not_steps(config_class, trainer_clas
 
     def spy(step, **kwargs):
         sampled_by.append((len(after_updates) - 1, weights_of(kwargs["sampler"])))
+        versions.append((step, trainer.policy_version(step)))
         return original(step, **kwargs)
+
+    versions = []
 
     trainer.sample_rollout = spy
     trainer.train()
@@ -116,3 +119,5 @@ def test_staleness_counts_optimiser_updates_not_steps(config_class, trainer_clas
         expected = after_updates[max(updates - lag, 0)]
         assert all(torch.equal(weights[name], expected[name]) for name in expected), (updates, lag)
     assert sampled_by[-1][0] - lag > 0 and sampled_by[-1][0] - lag < per_step * (steps - 1)  # not a whole number of steps
+    # a dump's policy_version is a step: the steps whose updates the sampler's weights lack, ⌈k / u⌉ once k were made
+    assert versions == [(step, step - -(-min(updates, lag) // per_step)) for step, (updates, _) in enumerate(sampled_by)]
