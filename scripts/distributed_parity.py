@@ -64,6 +64,10 @@ def largest_gap(a: list[dict], b: list[dict], keys) -> float:
     return max(abs(x[k] - y[k]) for x, y in zip(a, b, strict=True) for k in keys)
 
 
+def largest_relative_gap(a: list[dict], b: list[dict], key: str = "grad_norm") -> float:
+    return max(abs(x[key] - y[key]) / abs(x[key]) for x, y in zip(a, b, strict=True))
+
+
 def measure(trainer: str, folder: Path) -> dict:
     _, keys = RUNS[trainer]
     histories, seconds = {}, {}
@@ -78,17 +82,19 @@ def measure(trainer: str, folder: Path) -> dict:
     return {"trainer": trainer, "keys": list(keys), "steps": STEPS,
             "loss_1_process": [[h[k] for k in keys] for h in one],
             "gap": {mode: largest_gap(one, histories[mode], keys) for mode in MODES[1:]},
+            "grad_norm_relative_gap": {mode: largest_relative_gap(one, histories[mode]) for mode in MODES[1:]},
             "resume_gap": largest_gap(one[STEPS // 2:], histories["resumed"][STEPS // 2:], keys),
             "seconds": seconds}
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| trainer | loss(es) compared | 1 process: largest |loss| | DDP 2: max |Δ| | FSDP2 2: max |Δ| "
-             "| resume 1 → FSDP2 2: max |Δ| |", "|---|---|---|---|---|---|"]
+    lines = ["| trainer | loss(es) compared | 1 process: largest \\|loss\\| | DDP 2: max \\|Δ\\| | FSDP2 2: max \\|Δ\\| "
+             "| resume 1 → FSDP2 2: max \\|Δ\\| | grad norm, max relative \\|Δ\\|: DDP 2 / FSDP2 2 |", "|---|---|---|---|---|---|---|"]
     for row in rows:
         scale = max(abs(v) for step in row["loss_1_process"] for v in step)
         lines.append(f"| {row['trainer']} | {', '.join(row['keys'])} | {scale:.3g} | {row['gap']['DDP 2']:.1e} | "
-                     f"{row['gap']['FSDP2 2']:.1e} | {row['resume_gap']:.1e} |")
+                     f"{row['gap']['FSDP2 2']:.1e} | {row['resume_gap']:.1e} | "
+                     f"{row['grad_norm_relative_gap']['DDP 2']:.1e} / {row['grad_norm_relative_gap']['FSDP2 2']:.1e} |")
     return "\n".join(lines)
 
 

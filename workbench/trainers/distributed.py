@@ -15,7 +15,7 @@ and optimiser state are gathered first), so a run resumes in another number of p
 
 Design — *generation replicated, training sharded*: every process samples the whole rollout
 batch with the same seeded generator (identical, so no broadcast is needed), then computes the
-loss and gradients on its own contiguous shard of rows; DDP averages the gradients. Loss
+loss and gradients on its own contiguous shard of rows; DDP (or FSDP2) averages the gradients. Loss
 normalisers are reduced over processes first, so a token-mean is the mean over the *global* batch
 (pitfall P10 again): the result equals a single-process run with the same global batch up to float
 noise. Only the main process writes checkpoints and histories.
