@@ -189,10 +189,7 @@ class PPOTrainer(RolloutTrainer):
         self.policy_optimizer = base.adamw(policy.parameters(), lr=self.learning_rate, weight_decay=0.0)
         self.critic_optimizer = base.adamw(self.critic.parameters(), lr=self.critic_learning_rate, weight_decay=0.0)
         self.dist = Distributed.current()
-        if self.dist.fsdp and self.rollout_model is not None:
-            raise base.ConfigError(f"PPOConfig.rollout_dtype={config.rollout_dtype!r} under FSDP2: the lower-precision "
-                                   "sampling copy loads the policy's whole state every step, which FSDP2 holds in shards. "
-                                   "Use rollout_dtype='float32' (or sampler_precision) with FSDP, or DDP.", field="rollout_dtype")
+        self.refuse_separate_sampler_under_fsdp()
         # the wrappers train (DDP: gradients averaged in backward; FSDP2: the models themselves, sharded)
         self.train_policy, self.policy_optimizer = self.dist.prepare(self.policy, self.policy_optimizer)
         self.train_critic, self.critic_optimizer = self.dist.prepare(self.critic, self.critic_optimizer)
