@@ -18,7 +18,8 @@ room for their 8-37-token responses. DPO needs preference pairs, which only ``ar
 pairs is accepted with any task).
 
 ``--watch`` runs the training inside ``workbench.watch`` (policy, reference, optimiser) and writes its
-``report.json`` / ``report.html`` into ``--output-dir`` (under DDP each rank watches, rank 0 merges and writes);
+``report.json`` / ``report.html`` into ``--output-dir`` (under DDP each rank watches, rank 0 merges and writes:
+``tests/integration/test_watch_ranks.py``);
 ``--report-to tensorboard`` writes every step's history (``train/…``) and, with ``--watch``, the watch's counters
 (``watch/…``) as TensorBoard scalars into ``--output-dir/tensorboard``, step by step.
 

@@ -8,8 +8,9 @@ command puts first on the child's ``PYTHONPATH``, it watches every Hugging Face 
   hands its watch over to the outer one, so no forward is counted twice.
 * At exit (``atexit``; also on Ctrl-C, whose ``KeyboardInterrupt`` unwinds to it, and on SIGTERM, turned into
   ``SystemExit`` when the script left that signal alone) the watches' reports are merged and written as
-  ``parts/<pid>.json`` into the folder named by ``WORKBENCH_WATCH_OUT``; the parent merges the parts of every
-  process (torchrun's ranks too) into ``report.json`` / ``report.html``.
+  ``parts/<pid>.json`` (``parts/rank<R>-<pid>.json`` in a process launched with ``RANK`` set) into the folder named by
+  ``WORKBENCH_WATCH_OUT``; the parent merges the parts of every process (torchrun's ranks too: each rank's own part,
+  ``tests/integration/test_watch_ranks.py``) into ``report.json`` / ``report.html``.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def write_part() -> str | None:
     merged.observed["models_watched"] = len(reports)
     folder = os.path.join(os.environ[OUT_VARIABLE], "parts")
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{os.getpid()}.json")
+    rank = os.environ.get("RANK")  # a launched process (torchrun, accelerate launch): its rank named in the part's file
+    path = os.path.join(folder, f"rank{rank}-{os.getpid()}.json" if rank is not None else f"{os.getpid()}.json")
     with open(path + ".tmp", "w", encoding="utf-8") as handle:
         json.dump(merged.to_dict(), handle)
     os.replace(path + ".tmp", path)

@@ -45,10 +45,11 @@ def chunk_rows(vocab_size: int, chunk_size: int | None = None) -> int:
 
 def lm_head_of(model):
     """``(body, head)`` when ``model``'s logits are exactly ``head(body(...).last_hidden_state)``,
-    else ``None`` (wrappers such as DDP, unknown architectures, logit scaling or soft-capping)."""
+    else ``None`` (wrappers such as DDP, unknown architectures, logit scaling or soft-capping; a model sharded in
+    place by FSDP2, whose body and head weights are gathered only by the model's own call)."""
     from transformers import PreTrainedModel  # transformers: seconds to import; loaded where a model is
 
-    if not isinstance(model, PreTrainedModel):
+    if not isinstance(model, PreTrainedModel) or any(cls.__name__ == "FSDPModule" for cls in type(model).__mro__):
         return None
     config = model.config
     if getattr(config, "model_type", None) not in HEAD_ARCHITECTURES:

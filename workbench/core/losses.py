@@ -167,16 +167,18 @@ def ppo_policy_loss(
     clip_high: float | None = None,
     loss_agg: str = "token-mean",
     weights: torch.Tensor | None = None,
+    normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """PPO clipped surrogate aggregated with ``loss_agg``; stats: clip fraction, approx-KL, ratio.
 
     ``weights`` (detached, per token) multiply the per-token loss: truncated importance sampling
     (``tis_weights``) corrects for a rollout engine whose log-probs differ from the trainer's.
+    ``normalizer`` replaces the aggregation's denominator (``aggregate_loss``; data-parallel processes pass the global one).
     """
     per_token, was_clipped = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
     if weights is not None:
         per_token = per_token * weights
-    loss = aggregate_loss(per_token, mask, loss_agg)
+    loss = aggregate_loss(per_token, mask, loss_agg, normalizer=normalizer)
     with torch.no_grad():
         log_ratio = logp - old_logp
         stats = {
@@ -189,18 +191,23 @@ def ppo_policy_loss(
 
 
 def ppo_value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float = 0.2
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float = 0.2,
+    normalizer: float | None = None,
 ) -> tuple[torch.Tensor, float]:
     """0.5·max((V − R)², (V_clip − R)²), V_clip = V_old + clip(V − V_old, ±clip); token mean.
 
-    Returns ``(loss, clip_fraction)``. ``clip=None`` disables clipping.
+    Returns ``(loss, clip_fraction)``. ``clip=None`` disables clipping. ``normalizer`` replaces the token count the
+    mean divides by (data-parallel processes pass the global one).
     """
+    def mean(values):
+        return masked_mean(values, mask) if normalizer is None else masked_sum(values, mask) / max(normalizer, 1e-12)
+
     unclipped = (values - returns) ** 2
     if clip is None:
-        return 0.5 * masked_mean(unclipped, mask), 0.0
+        return 0.5 * mean(unclipped), 0.0
     clipped_values = old_values + (values - old_values).clamp(-clip, clip)
     clipped = (clipped_values - returns) ** 2
-    loss = 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
+    loss = 0.5 * mean(torch.maximum(unclipped, clipped))
     return loss, float(masked_mean((clipped > unclipped).float(), mask))
 
 

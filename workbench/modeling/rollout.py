@@ -234,7 +234,9 @@ def sample(
     if engine != "workbench":
         raise ValueError(f"engine={engine!r}; use 'workbench' or 'hf'")
     start = time.perf_counter()
-    with torch.inference_mode():
+    # inference mode, except for a model sharded by FSDP2: the weights it gathers there would become inference tensors
+    # that its later training forwards cannot reuse ("Inplace update to inference tensor outside InferenceMode")
+    with torch.no_grad() if any(c.__name__ == "FSDPModule" for c in type(model).__mro__) else torch.inference_mode():
         tokens, logprobs = _sampling_loop(
             model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
             pad_token_id=pad_token_id, temperature=temperature, stop_at_eos=stop_at_eos, greedy=greedy,

@@ -304,6 +304,11 @@ class Trainer:
     def generators(self) -> dict[str, torch.Generator]:
         return {}
 
+    def optimizer_owners(self) -> dict[str, torch.nn.Module]:
+        """Each optimiser's module (by name), needed to gather or scatter its state under FSDP2: by default the
+        optimisers and modules in the order listed."""
+        return dict(zip(self.optimizers(), self.modules().values(), strict=False))
+
     def train_step(self, step: int) -> dict:
         raise NotImplementedError
 
@@ -346,20 +351,28 @@ class Trainer:
                 f"experiments in one history. Either use a new --output-dir for the new config, or resume with the "
                 f"saved values ({restore})."
             )
-        state = load_checkpoint(folder, modules=self.modules(), optimizers=self.optimizers(), generators=self.generators())
+        modules, optimizers = self.modules(), self.optimizers()
+        if self.dist is not None:  # FSDP2: the full tensors go into each process's shards
+            modules, optimizers = self.dist.loaders(modules, optimizers, self.optimizer_owners())
+        state = load_checkpoint(folder, modules=modules, optimizers=optimizers, generators=self.generators())
         self.step = state["step"]
         self.history = state["history"]
         random.setstate(_tuple_state(state["python_random"]))
         return True
 
     def save(self) -> Path | None:
-        if self.output_dir is None or not self.is_main_process:
+        if self.output_dir is None:
+            return None
+        modules, optimizers = self.modules(), self.optimizers()
+        if self.dist is not None:  # FSDP2: the shards gathered into full tensors (every process takes part)
+            modules, optimizers = self.dist.full_state(modules, optimizers, self.optimizer_owners())
+        if not self.is_main_process:
             return None
         return save_checkpoint(
             self.output_dir,
             self.step,
-            modules=self.modules(),
-            optimizers=self.optimizers(),
+            modules=modules,
+            optimizers=optimizers,
             generators=self.generators(),
             state={"history": self.history, "python_random": random.getstate(), "config": self.config.to_dict()},
         )

@@ -1,13 +1,21 @@
 """Scale-out with Hugging Face accelerate: the same trainers in several processes.
 
-Launch the training entry point under accelerate (DDP; FSDP on GPUs via ``accelerate config``)::
+Launch the training entry point under accelerate (DDP) or with FSDP2 (``--use_fsdp --fsdp_version 2``)::
 
     accelerate launch --multi_gpu --num_processes 2 -m workbench train grpo --output-dir runs/ddp
-    # on a CPU-only machine the same command runs two CPU processes over gloo
+    accelerate launch --use_fsdp --fsdp_version 2 --num_processes 2 -m workbench train grpo --output-dir runs/fsdp
+    # on a CPU-only machine both commands run two CPU processes over gloo
+
+FSDP: accelerate 1.15 turns ``--use_fsdp`` into plain DDP on a CPU without a word (its state keeps ``MULTI_CPU``); so
+this module reads accelerate's own variables (``ACCELERATE_USE_FSDP``, ``FSDP_VERSION``) and shards the trained models
+itself with torch's FSDP2 (``torch.distributed.fsdp.fully_shard``: each decoder layer, then the whole model), which runs
+over gloo on a CPU. FSDP1 (``--fsdp_version 1``, accelerate's default) is refused by name: it would silently be DDP on a
+CPU, and on GPUs it has not been run here. Checkpoints hold full tensors whatever the strategy (the sharded weights
+and optimiser state are gathered first), so a run resumes in another number of processes or without FSDP.
 
 Design — *generation replicated, training sharded*: every process samples the whole rollout
 batch with the same seeded generator (identical, so no broadcast is needed), then computes the
-loss and gradients on its own contiguous shard of rows; DDP averages the gradients. Loss
+loss and gradients on its own contiguous shard of rows; DDP (or FSDP2) averages the gradients. Loss
 normalisers are reduced over processes first, so a token-mean is the mean over the *global* batch
 (pitfall P10 again): the result equals a single-process run with the same global batch up to float
 noise. Only the main process writes checkpoints and histories.
@@ -22,6 +30,9 @@ import sys
 
 import torch
 
+from workbench.core.errors import ConfigError
+from workbench.trainers import fsdp_sharding
+
 
 class Distributed:
     """The process group as the trainers see it (a no-op in a single process)."""
@@ -32,11 +43,22 @@ class Distributed:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.accelerator = None
         self.rank = 0
+        self.fsdp = self.world_size > 1 and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+        if self.fsdp and os.environ.get("FSDP_VERSION", "1") != "2":
+            raise ConfigError(
+                f"FSDP version {os.environ.get('FSDP_VERSION', '1')} (accelerate launch --use_fsdp without --fsdp_version 2): "
+                "the workbench shards with FSDP2 only. On a CPU accelerate 1.15 would run FSDP1 as plain DDP without a "
+                "word. Launch with --use_fsdp --fsdp_version 2, or --multi_gpu for DDP.")
         if self.world_size > 1:
             from accelerate import Accelerator  # accelerate: peer environments only
 
             self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
             self.rank = self.accelerator.process_index
+
+    @property
+    def strategy(self) -> str:
+        """``single``, ``ddp`` or ``fsdp2``."""
+        return "fsdp2" if self.fsdp else "ddp" if self.enabled else "single"
 
     @classmethod
     def current(cls) -> Distributed:
@@ -53,10 +75,28 @@ class Distributed:
         return self.rank == 0
 
     def prepare(self, model, optimizer):
-        """``(model used for training forwards, optimizer)``: DDP-wrapped when distributed."""
+        """``(model used for training forwards, optimizer)``: DDP-wrapped when distributed; under FSDP2 ``model`` itself
+        sharded in place (and returned) with a new optimiser of ``optimizer``'s class and settings over its sharded
+        parameters (the old one's parameters are gone)."""
         if not self.enabled:
             return model, optimizer
+        if self.fsdp:
+            return fsdp_sharding.shard(model, optimizer)
         return self.accelerator.prepare(model, optimizer)
+
+    def full_state(self, modules: dict, optimizers: dict, owners: dict) -> tuple[dict, dict]:
+        """Full (unsharded) state dicts of ``modules`` and ``optimizers`` (``owners``: optimiser name → its module),
+        gathered from every process under FSDP2 (a collective: every process calls it); the objects themselves elsewhere."""
+        if not self.fsdp:
+            return modules, optimizers
+        return fsdp_sharding.full_state(modules, optimizers, owners)
+
+    def loaders(self, modules: dict, optimizers: dict, owners: dict) -> tuple[dict, dict]:
+        """What ``load_checkpoint`` loads a full checkpoint into: the objects themselves, under FSDP2 stand-ins that
+        put each process's shard of the full tensors into the sharded module or optimiser."""
+        if not self.fsdp:
+            return modules, optimizers
+        return fsdp_sharding.loaders(modules, optimizers, owners)
 
     def shard(self, rows: torch.Tensor | list) -> torch.Tensor | list:
         """This process's contiguous share of ``rows`` (their number must divide evenly)."""

@@ -174,6 +174,7 @@ class GRPOTrainer(RolloutTrainer):
         # Under accelerate: sampling uses self.policy (identical everywhere), training forwards the
         # DDP-wrapped model on this process's shard of rows.
         self.dist = Distributed.current()
+        self.refuse_separate_sampler_under_fsdp()
         self.train_policy, self.optimizer = self.dist.prepare(self.policy, self.optimizer)
         self.policy_parameters = list(self.policy.parameters())  # the optimizer's: listed once, not walked every step
         self.device = self.policy_parameters[0].device

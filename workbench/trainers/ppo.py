@@ -37,6 +37,11 @@ switch                      bug value           pitfall
                                                 #3750): masked out, the score never reaches the
                                                 advantages (only full-length rows keep it)
 ==========================  ==================  ===============================================
+
+Under ``accelerate launch`` (DDP or FSDP2, ``trainers/distributed.py``) every process samples the same rollout and
+computes the same advantages; each PPO mini-batch is split into the processes' contiguous shares of rows, and the
+policy and value losses are normalised by the global mini-batch's counts, so the update is that of one process (the
+mini-batch size ``prompts_per_step / mini_batches`` must divide by the processes).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from workbench.tasks import Problem, score_responses
 from workbench.trainers import base
 from workbench.trainers.base import require, require_choice, step_generator
 from workbench.trainers.critic import ValueModel
+from workbench.trainers.distributed import Distributed
 from workbench.trainers.rollout_trainer import RolloutConfig, RolloutTrainer
 
 
@@ -171,6 +177,11 @@ class PPOTrainer(RolloutTrainer):
             self.critic_learning_rate = float(config.critic_learning_rate)
         self.policy_optimizer = base.adamw(policy.parameters(), lr=self.learning_rate, weight_decay=0.0)
         self.critic_optimizer = base.adamw(self.critic.parameters(), lr=self.critic_learning_rate, weight_decay=0.0)
+        self.dist = Distributed.current()
+        self.refuse_separate_sampler_under_fsdp()
+        # the wrappers train (DDP: gradients averaged in backward; FSDP2: the models themselves, sharded)
+        self.train_policy, self.policy_optimizer = self.dist.prepare(self.policy, self.policy_optimizer)
+        self.train_critic, self.critic_optimizer = self.dist.prepare(self.critic, self.critic_optimizer)
         self.prepare_sampler()
 
     def modules(self):
@@ -186,11 +197,19 @@ class PPOTrainer(RolloutTrainer):
         scores = score_responses(self.tokenizer, problems, rollout.response_ids, rollout.response_mask, rollout.finished).to(self.device)
         return problems, rollout, scores
 
-    def _values(self, rollout: Rollout, rows=slice(None)):
-        return self.critic.response_values(
-            rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows], rollout.response_mask[rows],
+    def _values(self, rollout: Rollout, rows=slice(None), critic=None):
+        """V(s_t) of each response token of ``rows`` (``ValueModel.response_values``), through the call of ``critic``
+        (default the critic itself; in training its DDP wrapper, whose call is what averages the gradients)."""
+        prompt_ids = rollout.prompt_ids[rows]
+        values = (self.critic if critic is None else critic)(
+            torch.cat([prompt_ids, rollout.response_ids[rows]], 1), torch.cat([rollout.prompt_mask[rows], rollout.response_mask[rows]], 1),
             position_ids=self.config.position_ids, packed=self.config.packed,
         )
+        return values[:, prompt_ids.shape[1] - 1 : -1]
+
+    def _global_count(self, count: float) -> float | None:
+        """A loss normaliser of the global mini-batch divided by the processes (DDP averages); None in one process."""
+        return float(self.dist.sum(count)) / self.dist.world_size if self.dist.enabled else None
 
     # -- one PPO step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict:
@@ -238,26 +257,30 @@ class PPOTrainer(RolloutTrainer):
                                                           "value_clip_fraction", "entropy", "grad_norm")}
         for order in orders:
             for start in range(0, c.prompts_per_step, size):
-                rows = order[start : start + size]
+                rows = self.dist.shard(order[start : start + size])  # this process's share (all of it in one process)
                 mb_mask = mask[rows]
-                logp, entropy = self.logprobs(self.policy, rollout, rows, with_entropy=True)
+                logp, entropy = self.logprobs(self.train_policy, rollout, rows, with_entropy=True)
                 with torch.no_grad():
-                    ratio_deviations.append(float(losses.zero_masked((logp.detach() - old_logp[rows]).exp() - 1, mb_mask).abs().max()))
+                    deviation = losses.zero_masked((logp.detach() - old_logp[rows]).exp() - 1, mb_mask).abs().max()
+                    ratio_deviations.append(self.dist.max(float(deviation)))
                 policy_loss, policy_stats = losses.ppo_policy_loss(
                     logp, old_logp[rows], advantages[rows], policy_mask[rows], clip_low=c.clip_low, clip_high=c.clip_high,
                     loss_agg=c.loss_agg, weights=None if weights is None else weights[rows],
+                    normalizer=self._global_count(losses.aggregation_denominator(policy_mask[rows], c.loss_agg)),
                 )
-                values = self._values(rollout, rows)
-                value_loss, value_clip_fraction = losses.ppo_value_loss(values, old_values[rows], returns[rows], mb_mask, c.value_clip)
+                values = self._values(rollout, rows, critic=self.train_critic)
+                value_loss, value_clip_fraction = losses.ppo_value_loss(values, old_values[rows], returns[rows], mb_mask, c.value_clip,
+                                                                        normalizer=self._global_count(float(mb_mask.sum())))
                 grad_norm = base.optimizer_step(
                     (policy_loss, value_loss), [self.policy_optimizer, self.critic_optimizer],
                     [self.policy.parameters(), self.critic.parameters()], c.max_grad_norm, names=("policy loss", "value loss"))
-                stats["policy_loss"].append(float(policy_loss.detach()))
-                stats["value_loss"].append(float(value_loss.detach()))
-                stats["clip_fraction"].append(policy_stats["clip_fraction"])
-                stats["approx_kl"].append(policy_stats["approx_kl"])
-                stats["value_clip_fraction"].append(value_clip_fraction)
-                stats["entropy"].append(float(losses.masked_mean(entropy.detach(), mb_mask)))
+                # per-process values → global ones (the losses: the sum of the processes' shares)
+                stats["policy_loss"].append(float(self.dist.sum(float(policy_loss.detach()))) / self.dist.world_size)
+                stats["value_loss"].append(float(self.dist.sum(float(value_loss.detach()))) / self.dist.world_size)
+                stats["clip_fraction"].append(self.dist.mean(policy_stats["clip_fraction"]))
+                stats["approx_kl"].append(self.dist.mean(policy_stats["approx_kl"]))
+                stats["value_clip_fraction"].append(self.dist.mean(value_clip_fraction))
+                stats["entropy"].append(self.dist.mean(float(losses.masked_mean(entropy.detach(), mb_mask))))
                 stats["grad_norm"].append(grad_norm)
 
         self.dump_step(step, rollout, rewards=penalised, loss_mask=policy_mask, trainer_logprobs=policy_logp, group_size=1)

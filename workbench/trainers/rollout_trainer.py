@@ -291,6 +291,19 @@ class RolloutTrainer(Trainer):
         inner = getattr(optimizer, "optimizer", None)
         return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
 
+    def refuse_separate_sampler_under_fsdp(self) -> None:
+        """Under FSDP2 (``self.dist.fsdp``) the policy's weights are shards: a sampler that copies them whole every step
+        (``sampler_precision``, ``rollout_staleness``, the vLLM engine) is refused by name."""
+        if not getattr(self.dist, "fsdp", False):
+            return
+        c = self.config
+        for field, default in (("sampler", "workbench"), ("sampler_precision", "fp32"), ("rollout_staleness", 0)):
+            value = getattr(c, field, default)
+            if value != default:
+                raise ConfigError(f"{type(c).__name__}.{field}={value!r} under FSDP2: a separate sampler loads the policy's "
+                                  f"whole weights every step, which FSDP2 holds in shards. Use {field}={default!r} with "
+                                  "FSDP2, or DDP (accelerate launch --multi_gpu).", field=field)
+
     def rollout_sampler(self):
         """None (the policy samples) or the copy that does (``prepare_sampler``): at ``sampler_precision``, holding the
         weights of ``rollout_staleness`` = k optimiser updates ago — the policy's weights before its last k updates

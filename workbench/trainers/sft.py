@@ -6,6 +6,10 @@ negative log-likelihood over answer tokens and EOS only (prompt tokens are maske
 deliberately short, so the RL notebooks start from a policy that is right only part of the time.
 The same trainer also takes pre-tokenised ``(ids, loss_mask)`` rows (e.g. chat-formatted conversations:
 ``trainers/realistic_chat.py``), right-padded the same way.
+
+Under ``accelerate launch`` (DDP or FSDP2, ``trainers/distributed.py``) every process draws the same batch and trains on
+its contiguous share of the rows; the token count that normalises the loss is summed over the processes first, so the
+loss and the update are those of one process with the whole batch (``batch_size`` must divide by the processes).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from workbench.core.batching import pad_sequences
 from workbench.modeling.scoring import forward, logprobs_from_logits
 from workbench.tasks import Problem, encode_response
 from workbench.trainers.base import Trainer, TrainerConfig, optimizer_step, prepare_policy, require
+from workbench.trainers.distributed import Distributed
 
 
 @dataclass
@@ -79,6 +84,8 @@ class SFTTrainer(Trainer):
         super().__init__()
         self.model, self.tokenizer, self.problems, self.config = model, tokenizer, problems, config
         _, self.base_learning_rate, self.optimizer = prepare_policy(config, model, disable_dropout=False)
+        self.dist = Distributed.current()
+        self.train_model, self.optimizer = self.dist.prepare(self.model, self.optimizer)  # the DDP wrapper trains
         self.rng = random.Random(config.seed)
 
     def modules(self):
@@ -97,15 +104,18 @@ class SFTTrainer(Trainer):
     def train_step(self, step: int) -> dict:
         rng = random.Random(self.config.seed * 1_000_003 + step)
         batch = [self.problems[rng.randrange(len(self.problems))] for _ in range(self.config.batch_size)]
+        batch = self.dist.shard(batch)  # this process's rows (all of them in one process)
         tensors = (rows_batch(batch, self.tokenizer.pad_token_id) if isinstance(batch[0], tuple)
                    else sft_batch(self.tokenizer, batch, self.config.pad_equals_eos))
         ids, attention_mask, loss_mask = (t.to(self.compute_device) for t in tensors)
         self.model.train()
-        logits = forward(self.model, ids, attention_mask)
+        logits = forward(self.train_model, ids, attention_mask)
         token_logprobs = logprobs_from_logits(logits[:, :-1], ids[:, 1:])
         mask = loss_mask[:, 1:].float()
-        loss = -losses.masked_sum(token_logprobs, mask) / mask.sum()
+        # the global batch's token count over the processes (DDP averages their gradients): the one-process loss
+        normalizer = float(self.dist.sum(float(mask.sum()))) / self.dist.world_size
+        loss = -losses.masked_sum(token_logprobs, mask) / normalizer
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate(step)
         grad_norm = optimizer_step(loss, [self.optimizer], [self.model.parameters()], self.config.max_grad_norm)
-        return {"loss": float(loss.detach()), "grad_norm": grad_norm}
+        return {"loss": float(self.dist.sum(float(loss.detach()))) / self.dist.world_size, "grad_norm": grad_norm}
