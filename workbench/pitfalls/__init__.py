@@ -61,6 +61,8 @@ Pitfall modules never import each other (an import-linter contract in pyproject.
 * ``nb34_packing_boundaries`` — P34: packed sequences attending across their boundaries.
 * ``nb35_multiturn_tool_tokens`` — P35: tool tokens inside a multi-turn response break reward-to-go and lengths.
 * ``nb36_rollout_correction`` — P36: rollout–training gaps and their corrections, measured as gradient estimators.
+* ``nb41_think_stripping_template`` — P41: a chat template that strips earlier ``<think>`` blocks, so turn N+1 is not
+  an extension of turn N.
 * ``nb42_turn_separator_dropped`` — P42: the turn separator dropped where token-in/token-out pieces meet at an
   assistant → tool boundary.
 * ``nb91_audit_your_trainer`` — not a pitfall: what notebook 91 shows of a ``workbench.audit`` run (figures, explorer,
