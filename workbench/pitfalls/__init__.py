@@ -65,6 +65,7 @@ Pitfall modules never import each other (an import-linter contract in pyproject.
   an extension of turn N.
 * ``nb42_turn_separator_dropped`` — P42: the turn separator dropped where token-in/token-out pieces meet at an
   assistant → tool boundary.
+* ``nb43_aborted_requests_bias`` — P43: in-flight requests aborted at a weight update — the survivors are biased short.
 * ``nb44_speculative_acceptance`` — P44: speculative decoding with an acceptance rule that does not preserve the policy.
 * ``nb91_audit_your_trainer`` — not a pitfall: what notebook 91 shows of a ``workbench.audit`` run (figures, explorer,
   metrics); notebook 90's figures, explorer and metrics live with the peer lab, in ``workbench.peers.expectations``.
