@@ -310,6 +310,13 @@ PARAMETER_RULES: dict[str, Rule] = {
     "tool_lengths": non_empty_list(integer(0)),
     "max_response_length": COUNT,
     "overlong_buffer": COUNT,
+    # notebooks 41–44
+    "draft_model": Rule('"auto" (tiny-arith-gpt2 where it shares the tokenizer, else the policy perturbed) or ' + MODEL.accepts,
+                        lambda v: None if v == "auto" else _model_problem(v)),
+    "acceptance": one_of(lambda: ("typical", "resample_target"), "non-preserving acceptance rule"),
+    "update_interval": COUNT,
+    "update_intervals": non_empty_list(COUNT),
+    "slots": COUNT,
 }
 # Parameters whose default's type is all there is to check (any bool, any string, any seed).
 TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",

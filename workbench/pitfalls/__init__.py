@@ -61,6 +61,12 @@ Pitfall modules never import each other (an import-linter contract in pyproject.
 * ``nb34_packing_boundaries`` — P34: packed sequences attending across their boundaries.
 * ``nb35_multiturn_tool_tokens`` — P35: tool tokens inside a multi-turn response break reward-to-go and lengths.
 * ``nb36_rollout_correction`` — P36: rollout–training gaps and their corrections, measured as gradient estimators.
+* ``nb41_think_stripping_template`` — P41: a chat template that strips earlier ``<think>`` blocks, so turn N+1 is not
+  an extension of turn N.
+* ``nb42_turn_separator_dropped`` — P42: the turn separator dropped where token-in/token-out pieces meet at an
+  assistant → tool boundary.
+* ``nb43_aborted_requests_bias`` — P43: in-flight requests aborted at a weight update — the survivors are biased short.
+* ``nb44_speculative_acceptance`` — P44: speculative decoding with an acceptance rule that does not preserve the policy.
 * ``nb91_audit_your_trainer`` — not a pitfall: what notebook 91 shows of a ``workbench.audit`` run (figures, explorer,
   metrics); notebook 90's figures, explorer and metrics live with the peer lab, in ``workbench.peers.expectations``.
 * ``nb92_watch_a_training_run`` — not a pitfall: what notebook 92 shows of a ``workbench.watch`` run.
