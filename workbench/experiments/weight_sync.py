@@ -95,3 +95,23 @@ def sync_training(trainer, sampler, tokenizer, problems, *, steps: int, sync_int
             with torch.no_grad():
                 push(trainer, sampler)
     return records
+
+
+def no_update_reason(histories) -> str | None:
+    """Why the trainer never moved, or None: every batch of every run got one reward for all its responses (a checkpoint
+    that never, or always, solves the task), so every REINFORCE advantage was 0. ``histories``: ``sync_training``
+    records, any nesting of lists."""
+    records = list(_records(histories))
+    if not records or any(r.get("reward_spread", 1.0) != 0 for r in records):
+        return None
+    return (f"every sampled batch got one reward for all its responses (mean {records[-1].get('reward', 0):.2g}: this "
+            "checkpoint does not solve the task, or always does), so every REINFORCE advantage is 0 and the trainer never "
+            "moved: nothing for the sync to miss; use a checkpoint trained on the task")
+
+
+def _records(histories):
+    for item in histories:
+        if isinstance(item, dict):
+            yield item
+        else:
+            yield from _records(item)

@@ -206,11 +206,9 @@ def not_shown(result: dict, *, gap_threshold: float = 1e-2) -> str | None:
     head = headline_row(result)
     if head["bug"] > gap_threshold:
         return None
-    if all(h.get("reward_spread", 1.0) == 0 for runs in result["runs"].values() for run in runs for h in run):
-        return (f"every batch of {result['steps']} steps got one reward for all its responses (mean "
-                f"{result['runs'][('base', result['intervals'][0])][0][-1].get('reward', 0):.2g}: this checkpoint does not "
-                "solve the task), so every REINFORCE advantage is 0 and the adapter never moved: nothing for the sync to miss; "
-                "use a checkpoint trained on the task")
+    frozen = ws.no_update_reason(list(result["runs"].values()))
+    if frozen:
+        return frozen
     return (f"the LoRA adapter moved this checkpoint's policy by only {head['bug']:.1e} nats/token in {result['steps']} steps "
             f"(threshold {gap_threshold:g}): a sampler left at the initial policy is not yet distinguishable; raise the "
             "learning rate or the steps")
