@@ -61,12 +61,14 @@ def step_record(step: int, sampler_logp: torch.Tensor, trainer_logp: torch.Tenso
 
 def sync_training(trainer, sampler, tokenizer, problems, *, steps: int, sync_interval: int, push: Push,
                   batch_size: int = 8, lr: float = 1e-3, seed: int = 0, max_new_tokens: int = 6,
-                  initial=None, before_rollout: Callable[[torch.nn.Module, int], None] | None = None) -> list[dict]:
+                  initial=None, before_rollout: Callable[[torch.nn.Module, int], None] | None = None,
+                  after_rollout: Callable[[torch.nn.Module, int], None] | None = None) -> list[dict]:
     """Train ``trainer`` for ``steps`` REINFORCE steps on batches sampled by ``sampler``, calling ``push(trainer,
     sampler)`` after every ``sync_interval``-th update; one ``step_record`` per step (before that step's update).
 
     ``initial`` scores the drift (default: a frozen copy of ``trainer`` as it is now). ``before_rollout(sampler,
-    step)`` runs just before each rollout (an engine waking up, for example). Both models are changed in place: pass
+    step)`` runs just before each rollout (an engine waking up, for example), ``after_rollout(sampler, step)`` just after
+    it (the engine going back to sleep). Both models are changed in place: pass
     copies. Batches are drawn from ``problems`` in an order fixed by ``seed``, and so are the sampler's draws.
     """
     if sync_interval < 1:
@@ -81,6 +83,8 @@ def sync_training(trainer, sampler, tokenizer, problems, *, steps: int, sync_int
         if before_rollout is not None:
             before_rollout(sampler, step)
         batch = rollout_batch(sampler, tokenizer, picked, seed=seed * 100_003 + step, max_new_tokens=max_new_tokens)
+        if after_rollout is not None:
+            after_rollout(sampler, step)
         r = batch["rollout"]
         logp = scored(trainer, r)
         with torch.no_grad():
