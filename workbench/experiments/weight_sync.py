@@ -110,7 +110,7 @@ def no_update_reason(histories) -> str | None:
         return None
     return (f"every sampled batch got one reward for all its responses (mean {records[-1].get('reward', 0):.2g}: this "
             "checkpoint does not solve the task, or always does), so every REINFORCE advantage is 0 and the trainer never "
-            "moved: nothing for the sync to miss; use a checkpoint trained on the task")
+            "moved, so nothing stale or re-anchored can show; use a checkpoint trained on the task")
 
 
 def _records(histories):

@@ -64,6 +64,7 @@ Pitfall modules never import each other (an import-linter contract in pyproject.
 * ``nb37_lora_sync`` — P37: the LoRA adapter never reaches the sampler; every sync pushes the frozen base.
 * ``nb38_tied_embeddings_sync`` — P38: a tied head synced under one name; the sampler's untied ``lm_head`` stays stale.
 * ``nb39_sleep_wake_weights`` — P39: weights dropped by a level-2 sleep and reloaded from disk on wake, over the trainer's sync.
+* ``nb40_resume_kl_reference`` — P40: a resume that copies the KL reference from the resumed policy resets the KL budget.
 * ``nb91_audit_your_trainer`` — not a pitfall: what notebook 91 shows of a ``workbench.audit`` run (figures, explorer,
   metrics); notebook 90's figures, explorer and metrics live with the peer lab, in ``workbench.peers.expectations``.
 * ``nb92_watch_a_training_run`` — not a pitfall: what notebook 92 shows of a ``workbench.watch`` run.
