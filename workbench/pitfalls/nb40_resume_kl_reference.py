@@ -210,7 +210,8 @@ def headline_sentence(result: dict) -> str:
     return (f"at each resume the bug's loss saw a KL of {head['bug_kl_seen_at_resume']:.0e} while the policy was "
             f"{head['kl_initial_at_resume']:.3f} nats/token from π_0; over the last quarter the KL to π_0 is {head['bug']:.3f} "
             f"(bug) vs {head['fix']:.3f} (fix), bug − fix {head['effect']:+.3f} ± {head['se']:.2g} s.e. over seeds "
-            f"{result['seeds']} (MDE {head['mde']:.2g}); the fix's loss sees the KL to π_0 to {head['fix_mismatch']:.0e}"
+            f"{result['seeds']} (MDE {head['mde']:.2g}); the fix's loss sees the KL to π_0 "
+            + ("exactly" if head["fix_mismatch"] == 0 else f"to {head['fix_mismatch']:.0e}")
             + (" (fixed)." if fixed else " — not fixed."))
 
 
