@@ -310,6 +310,13 @@ PARAMETER_RULES: dict[str, Rule] = {
     "tool_lengths": non_empty_list(integer(0)),
     "max_response_length": COUNT,
     "overlong_buffer": COUNT,
+    # notebooks 37–40
+    "steps": integer(2),
+    "intervals": non_empty_list(COUNT),
+    "lora_rank": COUNT,
+    "resumes": non_empty_list(COUNT),
+    "kl_coef": NON_NEGATIVE,
+    "sleep_level": Rule("1 (offload the weights) or 2 (discard them)", lambda v: None if v in (1, 2) and _is_int(v) else "is not 1 or 2"),
     # notebooks 41–44
     "draft_model": Rule('"auto" (tiny-arith-gpt2 where it shares the tokenizer, else the policy perturbed) or ' + MODEL.accepts,
                         lambda v: None if v == "auto" else _model_problem(v)),

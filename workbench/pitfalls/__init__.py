@@ -61,6 +61,10 @@ Pitfall modules never import each other (an import-linter contract in pyproject.
 * ``nb34_packing_boundaries`` — P34: packed sequences attending across their boundaries.
 * ``nb35_multiturn_tool_tokens`` — P35: tool tokens inside a multi-turn response break reward-to-go and lengths.
 * ``nb36_rollout_correction`` — P36: rollout–training gaps and their corrections, measured as gradient estimators.
+* ``nb37_lora_sync`` — P37: the LoRA adapter never reaches the sampler; every sync pushes the frozen base.
+* ``nb38_tied_embeddings_sync`` — P38: a tied head synced under one name; the sampler's untied ``lm_head`` stays stale.
+* ``nb39_sleep_wake_weights`` — P39: weights dropped by a level-2 sleep and reloaded from disk on wake, over the trainer's sync.
+* ``nb40_resume_kl_reference`` — P40: a resume that copies the KL reference from the resumed policy resets the KL budget.
 * ``nb41_think_stripping_template`` — P41: a chat template that strips earlier ``<think>`` blocks, so turn N+1 is not
   an extension of turn N.
 * ``nb42_turn_separator_dropped`` — P42: the turn separator dropped where token-in/token-out pieces meet at an
