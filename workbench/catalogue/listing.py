@@ -310,6 +310,10 @@ PARAMETER_RULES: dict[str, Rule] = {
     "tool_lengths": non_empty_list(integer(0)),
     "max_response_length": COUNT,
     "overlong_buffer": COUNT,
+    # notebooks 45–48
+    "unparseable_shares": non_empty_list(PROBABILITY),
+    "headline_share": PROBABILITY,
+    "accuracy": number(lambda v: 0 < v < 1, "a number in (0, 1)"),
 }
 # Parameters whose default's type is all there is to check (any bool, any string, any seed).
 TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",
