@@ -314,6 +314,9 @@ PARAMETER_RULES: dict[str, Rule] = {
     "unparseable_shares": non_empty_list(PROBABILITY),
     "headline_share": PROBABILITY,
     "accuracy": number(lambda v: 0 < v < 1, "a number in (0, 1)"),
+    **{name: COUNT for name in ("n_sequences", "length", "n_contexts", "epochs")},
+    "clip_low": number(lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "clip_high": POSITIVE,
 }
 # Parameters whose default's type is all there is to check (any bool, any string, any seed).
 TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",
