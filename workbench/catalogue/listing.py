@@ -318,6 +318,8 @@ PARAMETER_RULES: dict[str, Rule] = {
     "clip_low": number(lambda v: 0 < v < 1, "a number in (0, 1)"),
     "clip_high": POSITIVE,
     "engine_temperature": POSITIVE,
+    "granularities": non_empty_list(one_of(lambda: ("tensor", "channel"), "FP8 scale granularity")),
+    "headline_granularity": one_of(lambda: ("tensor", "channel"), "FP8 scale granularity"),
 }
 # Parameters whose default's type is all there is to check (any bool, any string, any seed).
 TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",
