@@ -71,6 +71,7 @@ def test_engine_part_skipped_with_its_reason(qwen, monkeypatch):
     assert not wrong_shape["ran"] and "head_dim" in wrong_shape["reason"]
 
 
+@pytest.mark.slow  # ~5 CPU-seconds: two figures checked for legibility and an explorer sampling twice
 def test_metrics_figures_lines_and_explorer(qwen):
     from workbench.viz import legibility
 
