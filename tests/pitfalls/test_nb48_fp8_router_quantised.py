@@ -83,6 +83,8 @@ def test_metrics_figures_lines_and_explorer(mixtral_result):
     explorer = fr.fp8_explorer({**result, ("router kept", "tensor"): result["router kept", "channel"],
                                 ("router missed", "tensor"): result["router missed", "channel"],
                                 ("router alone", "tensor"): result["router alone", "channel"]}, ("channel", "tensor"))
-    assert explorer.renders == 1 and explorer.last["granularity"] == "channel"
+    assert explorer.renders == 1 and explorer.last["granularity"] == "channel" and explorer.last["panel"] == "entropy"
     explorer.controls["granularity"].value = "tensor"
     assert explorer.renders == 2 and explorer.last["granularity"] == "tensor"
+    explorer.controls["panel"].value = "disagreement"
+    assert explorer.renders == 3 and explorer.last["panel"] == "disagreement"

@@ -42,6 +42,7 @@ VARIANTS = (*IGNORE_LISTS, "router alone")  # "router alone": only the router we
 VARIANT_COLORS = {"router kept": plots.FIX_COLOR, "router missed": plots.BUG_COLOR, "router alone": plots.SERIES_COLORS[0]}
 MIN_GAP = 1e-3  # nats per token: the router alone must move the log-probs by at least this
 Z = 2.0  # standard errors by which the bug's gap must exceed the fix's
+EXPLORER_PANELS = {"load entropy": "entropy", "log-prob gap": "gaps", "route flips": "disagreement"}
 
 
 # ---- measurements --------------------------------------------------------------------------------
@@ -282,20 +283,23 @@ def fp8_note(n_prompts: int, max_new_tokens: int) -> str:
 
 # ---- explorer ------------------------------------------------------------------------------------
 def fp8_explorer(result: dict, granularities) -> Explorer:
-    """A choice of granularity: the expert-load entropy per layer of the trainer and the FP8 copies (a dense model: the
-    log-prob gaps at that granularity)."""
+    """A choice of panel (expert-load entropy per layer, log-prob gap, route flips) and of granularity, redrawn for the
+    trainer and the FP8 copies (a dense model has only the log-prob gap)."""
 
-    def draw(granularity):
+    def draw(panel, granularity):
         fig, ax = plt.subplots(figsize=(6, 3.8))
-        if result["moe"]:
+        if panel == "entropy" and result["moe"]:
             plot_entropy(ax, result, granularity)
+        elif panel == "disagreement" and result["moe"]:
+            plot_disagreement(ax, result, (granularity,))
         else:
             plot_gaps(ax, result, (granularity,))
         fig.tight_layout()
-        return headline(result, granularity)
+        return {"panel": panel, **headline(result, granularity)}
 
-    control = widgets.Dropdown(options=list(granularities), value=granularities[0], description="scale")
-    return Explorer({"granularity": control}, draw, title="P48: FP8 copies with and without the router quantised")
+    controls = {"panel": widgets.Dropdown(options=list(EXPLORER_PANELS.items()), value="entropy", description="show"),
+                "granularity": widgets.Dropdown(options=list(granularities), value=granularities[0], description="scale")}
+    return Explorer(controls, draw, title="P48: FP8 copies with and without the router quantised")
 
 
 # ---- metrics -------------------------------------------------------------------------------------
