@@ -324,10 +324,20 @@ PARAMETER_RULES: dict[str, Rule] = {
     "update_interval": COUNT,
     "update_intervals": non_empty_list(COUNT),
     "slots": COUNT,
+    # notebooks 45–48
+    "unparseable_shares": non_empty_list(PROBABILITY),
+    "headline_share": PROBABILITY,
+    "accuracy": number(lambda v: 0 < v < 1, "a number in (0, 1)"),
+    **{name: COUNT for name in ("n_sequences", "length", "n_contexts", "epochs")},
+    "clip_low": number(lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "clip_high": POSITIVE,
+    "engine_temperature": POSITIVE,
+    "granularities": non_empty_list(one_of(lambda: ("tensor", "channel"), "FP8 scale granularity")),
+    "headline_granularity": one_of(lambda: ("tensor", "channel"), "FP8 scale granularity"),
 }
 # Parameters whose default's type is all there is to check (any bool, any string, any seed).
 TYPE_ONLY_PARAMETERS = ("seed", "smoke", "out_dir", "interactive", "first_message", "second_message", "create_envs",
-                        "reuse_results", "run_trl", "deep", "packed")
+                        "reuse_results", "run_trl", "deep", "packed", "run_engine")
 # Parameter pairs whose checkpoints must share a tokenizer (one scores the other's token ids).
 SHARED_TOKENIZER = (("model", "reference_model"),)
 

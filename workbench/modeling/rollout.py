@@ -75,6 +75,7 @@ from workbench.modeling.decode import StaticDecoder, unsupported_reason
 from workbench.modeling.draw import multinomial_one
 from workbench.modeling.graphed_decode import GraphedDecoder, capturable
 
+LOGPROBS_MODES = ("processed", "raw")
 DRAWS = ("multinomial", "inverse_cdf")
 
 
@@ -195,6 +196,7 @@ def sample(
     static_cache: bool = False,
     draw: str = "multinomial",
     cuda_graph: bool = False,
+    logprobs_mode: str = "processed",
 ) -> Rollout:
     """Sample up to ``max_new_tokens`` tokens for each left-padded prompt (see module doc).
 
@@ -206,8 +208,13 @@ def sample(
     ``cuda_graph``: with ``static_cache`` on a CUDA model, each decode step replays one captured CUDA graph
     (``workbench.modeling.graphed_decode``: attention over the whole cache buffer under a mask, so log-probs move by
     float noise); ignored on a CPU and under CUDA autocast (``graphed_decode.capturable``).
+    ``logprobs_mode``: ``"processed"`` (default) returns the log-probs of the distribution each token was drawn from
+    (after temperature and filters); ``"raw"`` returns them from the untempered, unfiltered logits, as vLLM's default
+    ``raw_logprobs`` does (pitfall P47, notebook 47).
     """
     check_filters(top_k, top_p)
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode={logprobs_mode!r}; use one of {LOGPROBS_MODES}")
     truncated = (top_k > 0 or top_p < 1.0) and not greedy
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
@@ -222,9 +229,9 @@ def sample(
     prompt_ids, prompt_mask, generator = prompt_ids.to(device), prompt_mask.to(device), generator_on(generator, device)
     if draw not in DRAWS:
         raise ValueError(f"draw={draw!r}; use one of {DRAWS}")
-    if engine == "hf" and (truncated or draw != "multinomial"):
-        raise ValueError("top_k/top_p and draw='inverse_cdf' are implemented by engine='workbench' only; "
-                         "drop them or use the workbench engine")
+    if engine == "hf" and (truncated or draw != "multinomial" or logprobs_mode != "processed"):
+        raise ValueError("top_k/top_p, draw='inverse_cdf' and logprobs_mode='raw' are implemented by engine='workbench' "
+                         "only; drop them or use the workbench engine")
     if engine == "hf":
         return _sample_with_generate(
             model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
@@ -241,7 +248,7 @@ def sample(
             model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
             pad_token_id=pad_token_id, temperature=temperature, stop_at_eos=stop_at_eos, greedy=greedy,
             generator=generator, truncated=truncated, top_k=top_k, top_p=top_p, share_prefill=share_prefill,
-            static_cache=static_cache, draw=draw, cuda_graph=cuda_graph,
+            static_cache=static_cache, draw=draw, cuda_graph=cuda_graph, raw_logprobs=logprobs_mode == "raw",
         )
     # clones made outside inference mode: ordinary tensors that autograd may use later
     raw_response = torch.stack(tokens, dim=1).clone()
@@ -289,7 +296,7 @@ def _prefill(model, prompt_ids, attention_mask, position_ids, share: bool):
 
 def _sampling_loop(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_id, pad_token_id, temperature,
                    stop_at_eos, greedy, generator, truncated, top_k, top_p, share_prefill, static_cache, draw,
-                   cuda_graph=False):
+                   cuda_graph=False, raw_logprobs=False):
     """The cached decoding loop: the sampled tokens and their log-probs, one tensor per step."""
     stop_ids = _stop_ids(eos_token_id, prompt_ids.device)
     attention_mask = prompt_mask.clone()
@@ -325,7 +332,8 @@ def _sampling_loop(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_
             token = _inverse_cdf_draw(step_logprobs.exp(), generator)
         else:
             token = multinomial_one(step_logprobs.exp(), generator)
-        logprob = step_logprobs.gather(-1, token[:, None]).squeeze(-1)
+        returned = F.log_softmax(last_logits.float(), dim=-1) if raw_logprobs else step_logprobs
+        logprob = returned.gather(-1, token[:, None]).squeeze(-1)
         if stop_at_eos:  # a finished row only pads, as generate() does
             token = token.masked_fill(finished, pad_token_id)
         tokens.append(token)

@@ -71,6 +71,10 @@ Pitfall modules never import each other (an import-linter contract in pyproject.
   assistant → tool boundary.
 * ``nb43_aborted_requests_bias`` — P43: in-flight requests aborted at a weight update — the survivors are biased short.
 * ``nb44_speculative_acceptance`` — P44: speculative decoding with an acceptance rule that does not preserve the policy.
+* ``nb45_unparseable_gold_reward`` — P45: reward 1 when the gold answer cannot be parsed — hidden by group normalisation only.
+* ``nb46_clip_higher_noop`` — P46: a ratio exp(lp − lp.detach()) ≡ 1 — clip-higher never fires over PPO epochs.
+* ``nb47_engine_raw_logprobs`` — P47: the sampler (vLLM's default) returns log-probs before temperature.
+* ``nb48_fp8_router_quantised`` — P48: FP8 rollout weights with an ignore-list that misses the MoE router.
 * ``nb91_audit_your_trainer`` — not a pitfall: what notebook 91 shows of a ``workbench.audit`` run (figures, explorer,
   metrics); notebook 90's figures, explorer and metrics live with the peer lab, in ``workbench.peers.expectations``.
 * ``nb92_watch_a_training_run`` — not a pitfall: what notebook 92 shows of a ``workbench.watch`` run.
