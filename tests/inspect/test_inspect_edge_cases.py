@@ -84,3 +84,14 @@ def test_a_gap_that_grows_only_while_the_lag_ramps_up_is_staleness_not_a_missing
     assert "P28" in found and "P37" not in found
     growing = _lagged([2] * 6, [0.01, 0.03, 0.06, 0.1, 0.2, 0.3], np.random.default_rng(6))  # same lag, gap grows
     assert "P37" in {item.pitfall for item in inspect(growing, show_progress=False).findings}
+
+
+def test_responses_aborted_in_flight_are_named_with_their_lengths():
+    rng = np.random.default_rng(7)
+    rows = [_row(0, g, [*rng.integers(3, 50, 6).tolist(), 2], float(member % 2), rng) for g in range(8) for member in range(4)]
+    clean = {item.pitfall for item in inspect(rows, show_progress=False).findings}
+    aborted = [_row(0, 8 + k, rng.integers(3, 50, 20).tolist(), 0.0, rng, finish="abort", loss_mask=[0] * 20) for k in range(4)]
+    found = {item.pitfall: item for item in inspect(rows + aborted, show_progress=False).findings}
+    assert "P43" not in clean and found["P43"].severity == "warning"
+    assert found["P43"].evidence["aborted"] == 4 and found["P43"].evidence["aborted_untrained"] == 4
+    assert found["P43"].evidence["aborted_mean_length"] == 20 and found["P43"].evidence["completed_mean_length"] == 7

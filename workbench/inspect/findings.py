@@ -6,8 +6,8 @@ Each finding names the catalogue's pitfall (``NOTEBOOKS``: its notebook) and car
 Thresholds are constants here, so a reader can see what "large" means:
 
 * ``Mismatch`` — P12 (training–inference gap, verl's ``rollout_corr/`` metrics) and P37 (a gap growing over steps);
-* ``Truncation`` — S3 (responses without a stop, responses that go on after their EOS), P11 (truncated responses
-  scored like finished ones);
+* ``Truncation`` — S3 (responses without a stop, responses that go on after their EOS), P43 (responses aborted in
+  flight), P11 (truncated responses scored like finished ones);
 * ``Tokens`` — P8 (the EOS that ends responses masked out of the loss), P21 (two BOS), S4 (prompt tokens trained);
 * ``Groups`` — P16 (groups without reward signal; near-zero group std that a ``std != 0`` filter lets through);
 * ``Staleness`` — P28 (samples from a policy older than the step that trains on them).
@@ -30,12 +30,14 @@ NOTEBOOKS = {
     "P11": "notebooks/11_truncated_responses.ipynb", "P12": "notebooks/12_logprob_mismatch.ipynb",
     "P16": "notebooks/16_group_statistics.ipynb", "P21": "notebooks/21_duplicate_bos.ipynb",
     "P28": "notebooks/28_async_staleness.ipynb", "P37": "notebooks/37_lora_sync.ipynb",
+    "P43": "notebooks/43_aborted_requests_bias.ipynb",
 }
 K3_INFO, K3_WARNING, K3_ERROR = 1e-4, 1e-3, 1e-2  # rollout_corr/k3_kl over the dump: a bf16 sampler and an fp32
 # trainer sit near 1e-4..1e-3 (info), one sampler's weights behind at 1e-3..1e-2 (warning)
 GROWTH_STEPS, GROWTH_CORRELATION, GROWTH_RATIO, GROWTH_FLOOR = 3, 0.8, 3.0, 1e-3  # P37: steps, rank correlation,
 # the last third's mean k3 over the first third's, the last step's k3
 LENGTH_SHARE_WARNING = 0.5  # S3: share of responses ending without a stop
+ABORT_SHARE_WARNING = 0.01  # P43: share of responses aborted in flight (finish 'abort')
 CONTINUED_SHARE_ERROR = 0.01  # S3: share of responses trained past their first EOS
 EOS_SHARE = 0.5  # the final token of at least this share of stopped responses is taken for the EOS
 MASKED_EOS_SHARE = 0.5  # P8: share of stopped responses whose final token is masked out
@@ -134,6 +136,7 @@ class Truncation:
         self.length_rewards = [0, 0.0, math.inf, -math.inf]  # count, sum, min, max of truncated responses' rewards
         self.stop_rewards = [0, 0.0, math.inf, -math.inf]
         self.responses, self.example = 0, {}
+        self.lengths = {}  # finish reason → [responses, response tokens, responses with a trained token]
 
     def add(self, rollout: Rollout) -> None:
         if rollout.response_ids is None:
@@ -143,6 +146,8 @@ class Truncation:
         if rollout.finish is not None:
             self.finished[rollout.finish] += 1
             self.example.setdefault(rollout.finish, rollout.where)
+            sums = self.lengths.setdefault(rollout.finish, [0, 0, 0])
+            sums[0], sums[1], sums[2] = sums[0] + 1, sums[1] + len(ids), sums[2] + bool(rollout.mask().any())
             if rollout.finish == "stop" and len(ids):
                 self.last_tokens[int(ids[-1])] += 1
             if rollout.reward is not None and rollout.finish in ("stop", "length") and rollout.mask().any():
@@ -186,6 +191,18 @@ class Truncation:
                                f"EOS (id {eos}) with trained tokens: mask everything after the first EOS",
                                {"continued": continued, "continued_share": continued / self.responses, "eos_token_id": eos},
                                self.example.get("continued", "dump")))
+        aborted = self.lengths.get("abort", [0, 0, 0])
+        done = [a + b for a, b in zip(self.lengths.get("stop", [0, 0, 0]), self.lengths.get("length", [0, 0, 0]), strict=True)]
+        if told and aborted[0] / told >= ABORT_SHARE_WARNING:
+            abort_mean, done_mean = aborted[1] / aborted[0], done[1] / done[0] if done[0] else math.nan
+            out.append(finding("P43", "warning", f"{aborted[0]} responses ({aborted[0] / told:.1%}) were aborted in flight (finish "
+                               f"'abort'), {abort_mean:.3g} tokens long when cut against {done_mean:.3g} for completed ones; "
+                               f"{aborted[0] - aborted[2]} of them train no token: long responses are aborted more often, so "
+                               "dropping or restarting them biases the trained responses short — continue them after the "
+                               "weight update (partial rollouts) instead",
+                               {"aborted": aborted[0], "aborted_share": aborted[0] / told, "aborted_mean_length": abort_mean,
+                                "completed_mean_length": done_mean, "aborted_untrained": aborted[0] - aborted[2]},
+                               self.example.get("abort", "dump")))
         count, total, low, high = self.length_rewards
         if count and high > self.stop_rewards[2]:  # a truncated response got more than the worst finished one
             stop_mean = self.stop_rewards[1] / self.stop_rewards[0] if self.stop_rewards[0] else math.nan
