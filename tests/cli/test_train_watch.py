@@ -28,6 +28,8 @@ def test_two_steps_watched_with_every_tracker(tmp_path, capsys, monkeypatch):
     code = main(["train", "grpo", "--model", "tiny-gpt2", "--steps", "2", "--output-dir", str(out), "--quiet",
                  "--watch", "--report-to", "tensorboard", "trackio", "wandb", "--set", "position_ids=model"])
     assert code == 0, capsys.readouterr().err
+    done = [line for line in capsys.readouterr().out.splitlines() if line.startswith("done: ")]
+    assert len(done) == 1 and "nan" not in done[0]  # an undefined value says why instead
     report = json.loads((out / "report.json").read_text())
     assert "S1" in {f["pitfall"] for f in report["findings"] if f["severity"] == "error"}
     assert report["observed"]["optimizer_steps"] == 2 and (out / "report.html").exists()
@@ -35,6 +37,7 @@ def test_two_steps_watched_with_every_tracker(tmp_path, capsys, monkeypatch):
     trained = [{f"train/{k}": v for k, v in row.items() if isinstance(v, float) and math.isfinite(v)} for row in history]
     undefined = {f"train/{k}" for row in history for k, v in row.items() if isinstance(v, float) and math.isnan(v)}
     assert len(trained) == 2 and "train/loss" in trained[0] and undefined  # e.g. a length mean over no correct row
+    assert all(f"{name[6:]}=n/a (" in done[0] for name in undefined if not math.isfinite(history[-1][name[6:]]))
 
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()

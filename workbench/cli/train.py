@@ -42,6 +42,7 @@ from workbench.core.errors import (
     NonFiniteError,
     ParameterError,
 )
+from workbench.core.numbers import NOT_MEASURED, shown
 from workbench.core.trackers import TRACKERS, finite_scalars, open_trackers, tracker_names
 from workbench.experiments.checkpoints import load
 from workbench.modeling.tiny import TRAINED_CHECKPOINTS
@@ -192,6 +193,20 @@ def step_logger(trackers, observer=None):
     return on_step
 
 
+# Why a step leaves a history value undefined (NaN): the done line says so instead of printing "nan".
+UNDEFINED_AT_A_STEP = {
+    "ratio_deviation_later": "one optimisation step per rollout batch: no later step",
+    "length_correct": "no correct response in the last batch",
+    "length_incorrect": "no incorrect response in the last batch",
+}
+
+
+def done_line(last: dict) -> str:
+    """The last step's numbers, "n/a (<why>)" where one is undefined, never "nan"."""
+    return "done: " + ", ".join(f"{k}={shown(v, '.4g', UNDEFINED_AT_A_STEP.get(k, NOT_MEASURED))}"
+                                for k, v in last.items() if isinstance(v, float))
+
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=tuple(TASKS), default="arith",
                         help="arith (answers of 1-3 characters), sums (scratchpad responses of 8-37 tokens) or restate "
@@ -246,5 +261,5 @@ def main(args) -> int:
         return 1
     last = summary["history"][-1] if summary["history"] else {}
     if int(os.environ.get("RANK", "0")) == 0:
-            print("done: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items() if isinstance(v, float)))
+            print(done_line(last))
     return 0
