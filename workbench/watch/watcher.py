@@ -17,7 +17,8 @@ Attached for the duration of a ``with`` block, nothing else changes in the run:
   step, or any in-place write the parameters' version counters show) and passed again after it is P29;
 * ``deep=True`` — a gradient hook on the body's last hidden state (whose gradient is W^T ∂L/∂logits,
   position by position): which positions receive gradient (S4) and which sampling distribution the loss
-  differentiates (P6, P14); and the sampler's log-probs re-scored by the training model (P12).
+  differentiates (P6, P14); and a rollout sampled by a copy in another dtype re-scored by the training model (the
+  evidence of P12, which light mode flags from what the sampler announces).
 
 One method per check, named ``_check_…`` (``_check_left_padding`` for S1, …; S2 and S3 have several checks, P23 two):
 each decides one finding from the measurements it is given. The entry points (``_pre``, ``_post``, ``_generate``,
