@@ -16,6 +16,8 @@ def test_shown_formats_a_number_and_names_why_one_is_undefined():
 def test_the_reason_follows_the_record():
     assert why_undefined("se", {"seeds": 1}) == ONE_SEED == why_undefined("prediction.mde", {"seeds": 1})
     assert why_undefined("threshold", {"seeds": 1}) == ONE_SEED and why_undefined("mde", {"seeds": 3, "se": 0.0}) == NO_SPREAD
+    assert why_undefined("effects.reward.mde", {"seeds": 1, "noise": 0.0}) == NO_SPREAD  # one seed, a flat difference
+    assert why_undefined("training.reward_end_std_over_seeds", {}) == "one seed: no spread over seeds"
     assert why_undefined("mde", {"seeds": 3, "se": 0.1}) == NOT_MEASURED and why_undefined("effect", {"seeds": 1}) == NOT_MEASURED
     assert shown_field("mde", {"mde": math.nan, "seeds": 1}) == "n/a (one seed: no noise estimate)"
     assert shown_field("mde", {"mde": 0.0123, "seeds": 3}) == "0.0123"

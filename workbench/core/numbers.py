@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 
 ONE_SEED = "one seed: no noise estimate"
-NO_SPREAD = "s.e. 0: no spread to size it"
+NO_SPREAD = "noise 0: no spread to size it"
+ONE_SEED_SPREAD = "one seed: no spread over seeds"
 NOT_MEASURED = "not measured"
 NOISE_STATISTICS = ("se", "noise", "threshold", "mde")  # the fields one seed leaves undefined
 
@@ -48,16 +49,18 @@ def shown(value, spec: str = ".3g", why: str = NOT_MEASURED) -> str:
 
 
 def why_undefined(name: str, record: dict | None = None) -> str:
-    """Why the statistic ``name`` of ``record`` is undefined: one seed (no noise, threshold or MDE), a spread of
-    exactly 0 (no MDE), else "not measured". ``name`` may be dotted (``prediction.mde``): its last part counts."""
+    """Why the statistic ``name`` of ``record`` is undefined: a noise of exactly 0 (no MDE), one seed (no noise,
+    threshold or MDE; no spread over seeds for a ``…over_seeds`` name), else "not measured". ``name`` may be dotted
+    (``prediction.mde``): its last part counts."""
     record = record or {}
     field = name.rsplit(".", 1)[-1]
     if field in NOISE_STATISTICS:
+        if field == "mde" and as_number(record.get("se", record.get("noise"))) == 0:
+            return NO_SPREAD
         if as_number(record.get("seeds")) == 1:
             return ONE_SEED
-        spread = as_number(record.get("se", record.get("noise")))
-        if field == "mde" and spread == 0:
-            return NO_SPREAD
+    if field.endswith("over_seeds"):  # a spread over seeds (std_over_seeds): NaN below two seeds
+        return ONE_SEED_SPREAD
     return NOT_MEASURED
 
 
