@@ -13,7 +13,9 @@ on first use (so ``import workbench.audit`` still loads only torch):
 * ``PPOConfig``, ``PPOTrainer``, ``GRPOConfig``, ``GRPOTrainer``, ``DPOConfig``, ``DPOTrainer``,
   ``SFTConfig``, ``SFTTrainer`` — the trainers (``workbench.trainers.*``);
 * ``audit`` — check your own trainer's functions (``workbench.audit``);
-* ``watch`` — observe a real training run and report the pitfalls it shows (``workbench.watch``, callable).
+* ``watch`` — observe a real training run and report the pitfalls it shows (``workbench.watch``, callable);
+* ``inspect`` — read a rollout dump brought home from a run elsewhere and report the pitfalls it shows
+  (``workbench.inspect``, callable).
 
 The library's own modules import each name from its home, never through this file.
 """
@@ -35,7 +37,7 @@ _PUBLIC = {
     "SFTConfig": "workbench.trainers.sft",
     "SFTTrainer": "workbench.trainers.sft",
 }
-_SUBMODULES = ("audit", "watch")
+_SUBMODULES = ("audit", "watch", "inspect")
 
 __all__ = sorted(_PUBLIC) + list(_SUBMODULES)
 

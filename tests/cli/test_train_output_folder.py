@@ -45,3 +45,14 @@ def test_a_launched_rank_leaves_on_its_error_with_the_code_and_its_words_but_wit
     alone = subprocess.run([sys.executable, "-c", EXIT], capture_output=True, text=True, timeout=120,
                            env={k: v for k, v in os.environ.items() if k != "WORLD_SIZE"})
     assert (alone.returncode, alone.stdout) == (0, "refusedteardown reached\n")
+
+
+def test_a_dump_folder_that_cannot_be_made_exits_2_before_the_model_loads(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main([*ARGS, "--dump-rollouts", str(blocker)]) == 2
+    assert "--dump-rollouts" in capsys.readouterr().err
+    assert main([*ARGS, "--dump-rollouts", str(blocker / "below")]) == 2
+    err = capsys.readouterr().err
+    assert f"--dump-rollouts {blocker / 'below'}: the folder cannot be made (Not a directory)" in err
+    assert main([*ARGS, "--dump-rollouts", str(tmp_path / "dump"), "--dump-format", "csv"]) == 2  # the config refuses the format

@@ -28,6 +28,7 @@ SUBCOMMANDS = {
     "audit": ("workbench.cli.audit", "run a workbench.audit check on your own loss / log-prob / generate / step function"),
     "grade": ("workbench.cli.grade", "grade submitted exercise notebooks: grades.csv and one feedback page each"),
     "watch": ("workbench.cli.watch", "run a training script with every Hugging Face model it builds watched (workbench.watch)"),
+    "inspect": ("workbench.cli.inspect", "read a rollout dump (generic, slime, verl) and report the pitfalls it shows"),
 }
 
 

@@ -22,6 +22,11 @@ pairs is accepted with any task).
 ``--report-to tensorboard trackio wandb`` (any of them, several at once) logs every step's history (``train/…``) and,
 with ``--watch``, the watch's counters (``watch/…``), step by step, through ``workbench.core.trackers``: TensorBoard
 scalars in ``--output-dir/tensorboard``, trackio's local store, a W&B run (offline unless ``WANDB_MODE`` says otherwise).
+
+``--dump-rollouts DIR`` (PPO/GRPO) writes every step's responses into ``DIR`` as they are trained on, one record per
+response (``workbench.core.rollout_dump``: ids, the sampler's and the training forward's log-probs, loss mask, reward,
+finish reason, policy version), one file per step: what ``python -m workbench inspect`` reads. A ``DIR`` that cannot be
+made or written is refused before the model loads.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from workbench.core.errors import (
     ParameterError,
 )
 from workbench.core.numbers import NOT_MEASURED, shown
+from workbench.core.rollout_dump import DumpError, RolloutDumpWriter
 from workbench.core.trackers import TRACKERS, finite_scalars, open_trackers, tracker_names
 from workbench.experiments.checkpoints import load
 from workbench.modeling.tiny import TRAINED_CHECKPOINTS
@@ -124,10 +130,23 @@ def default_model(task: str, sampler: str) -> str:
     return f"{checkpoint}-hd32"
 
 
+def check_dump_folder(config) -> None:
+    """``--dump-rollouts DIR``: refuse a folder that cannot be made or written (a file there, no permission) before the
+    model loads; the trainer writes into it from its first step."""
+    folder = getattr(config, "dump_rollouts", None)
+    if folder is None:
+        return
+    try:
+        RolloutDumpWriter(str(folder), format=config.dump_format)
+    except DumpError as exc:
+        raise InputError(str(exc)) from None
+
+
 def run(args) -> dict:
     config_cls, trainer_cls = trainer_classes(args.trainer)
     config = build_config(config_cls, args.set or [], args.output_dir, {**task_defaults(config_cls, args), **config_values(args)})
     config.progress = config.progress and not args.quiet
+    check_dump_folder(config)
     data = load_data(args.trainer, args.data, args.limit, args.task)
     model = args.model or default_model(args.task, getattr(config, "sampler", "workbench"))
     policy, tokenizer = load(model, device=args.device, pad_token=args.pad_token, verbose=not args.quiet)

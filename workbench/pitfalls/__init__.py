@@ -64,5 +64,6 @@ Pitfall modules never import each other (an import-linter contract in pyproject.
 * ``nb91_audit_your_trainer`` — not a pitfall: what notebook 91 shows of a ``workbench.audit`` run (figures, explorer,
   metrics); notebook 90's figures, explorer and metrics live with the peer lab, in ``workbench.peers.expectations``.
 * ``nb92_watch_a_training_run`` — not a pitfall: what notebook 92 shows of a ``workbench.watch`` run.
+* ``nb93_inspect_a_run`` — not a pitfall: rollout dumps of GRPO runs with planted faults, read by ``workbench.inspect``.
 * ``nb94_engine_lab`` — notebook 94: vLLM's CPU build in the loop, four pitfalls of its defaults measured in the engine.
 """

@@ -172,19 +172,8 @@ COST_PANELS = ("decoding steps", "tokens thrown away (%)", "wall time (ms)")
 BUG_FIX_LABELS = {"bug": "always max_new_tokens (bug)", "fix": "stop at EOS (fix)"}
 
 
-def legend_under(fig, axes, labels=None) -> None:
-    """One legend for ``fig`` under its panels, from the labelled lines of ``axes[0]`` (``labels`` replaces their
-    labels), each axis' own legend removed: the panels share their series, a legend per panel would cover data."""
-    handles = [line for line in axes[0].get_lines() if not line.get_label().startswith("_")]
-    for ax in axes:
-        if ax.get_legend() is not None:
-            ax.get_legend().remove()
-    fig.legend(handles, labels or [h.get_label() for h in handles], loc="lower center", ncol=len(handles), fontsize=9,
-               bbox_to_anchor=(0.5, 0.0))
-
-
 def plot_generation_cost(axes, costs: dict) -> None:
-    """Decoding steps, wasted share and wall time vs batch size, bug and fix (the legend: ``legend_under``)."""
+    """Decoding steps, wasted share and wall time vs batch size, bug and fix (one legend under the panels: ``plots.figure_legend``)."""
     sizes = sorted(costs)
     for name, bug in (("bug", True), ("fix", False)):
         kw = {"color": plots.bug_fix_color(bug), "marker": "o" if bug else "s", "ls": "-" if bug else "--",
@@ -204,8 +193,7 @@ def plot_generation_cost(axes, costs: dict) -> None:
 def figure_generation_cost(costs: dict):
     fig, axes = plots.panel_grid(3, panel_height=3.0)
     plot_generation_cost(axes, costs)
-    legend_under(fig, axes)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend under the panels
+    plots.figure_legend(fig, axes[0])
     return fig
 
 
@@ -228,14 +216,8 @@ def figure_pad_eos_masks(masks: dict, eos_token_id: int):
     """The two loss masks side by side over one key for both (the union of their keys) under the panels."""
     fig, axes = plots.panel_grid(2, panel_height=3.0)
     plot_pad_eos_masks(axes, masks, eos_token_id)
-    keys = {}
-    for ax in axes:
-        legend = ax.get_legend()
-        keys.update({text.get_text(): handle for text, handle in zip(legend.get_texts(), legend.legend_handles, strict=True)})
-        legend.remove()
     axes[1].set_ylabel("")
-    fig.legend(list(keys.values()), list(keys), loc="lower center", ncol=len(keys), fontsize=9, bbox_to_anchor=(0.5, 0.0))
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    plots.figure_legend(fig, axes)
     return fig
 
 
@@ -251,8 +233,7 @@ def figure_ppo(runs: dict):
     """``plot_ppo`` in a row, one legend under the panels (``ppo_note`` says what a ring and the seed are)."""
     fig, axes = plots.panel_grid(3, panel_height=3.0)
     plot_ppo(axes, runs)
-    legend_under(fig, axes, list(PPO_VARIANTS))
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    plots.figure_legend(fig, axes[0], labels=list(PPO_VARIANTS))
     return fig
 
 

@@ -151,11 +151,7 @@ def figure_loss_masks(batch: PreferenceBatch, audits: dict[str, list[dict]]):
     fig, axes = plots.panel_grid(len(MODES), panel_height=3.0)
     for ax, mode in zip(axes, MODES, strict=True):
         plot_loss_mask(ax, batch, mode, audits[mode], key=ax is axes[-1])
-    key = axes[-1].get_legend()
-    key.remove()
-    fig.legend(key.legend_handles, [text.get_text() for text in key.get_texts()], loc="lower center", ncol=2, fontsize=9,
-               frameon=False)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    plots.figure_legend(fig, axes[-1], ncol=2)
     return fig
 
 
@@ -215,7 +211,7 @@ def loss_masks_note(batch: PreferenceBatch) -> str:
 def training_note(runs: dict) -> str:
     """The caption of the training figure: what the lines, bands and markers are."""
     seeds = max(len(h) for h in runs.values())
-    lines = f"mean over {seeds} seeds, band ± 1 std" if seeds > 1 else "one seed"
+    lines = plots.bands_caption(runs, window=1)
     return (f"Curves: {lines}; 'none' (dotted) lies on 'both' (thick): their margins are the same, rings mark where one "
             "hides the other. Reward accuracy: share of pairs whose implicit reward prefers the chosen answer. Held-out: "
             "greedy accuracy before (□) and after (●) training" + (", dots: seeds." if seeds > 1 else "."))

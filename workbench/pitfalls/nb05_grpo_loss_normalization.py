@@ -314,8 +314,7 @@ def training_note(runs: dict, train_steps: int) -> str:
     """The caption of the training figure: what the lines, bands and colours are."""
     modes, seeds = list(runs), max(len(h) for h in runs.values())
     window = max(1, train_steps // 10)
-    lines = (f"mean over {seeds} seeds, band ± 1 std" if seeds > 1 else "one seed") + (
-        f", {window}-step moving average" if window > 1 else "")
+    lines = plots.bands_caption(runs, window)
     colours = f"bug (vermilion): {modes[1]}, fix (blue): {modes[0]}" if len(modes) > 1 else f"mode: {modes[0]}"
     return (f"Curves: {lines}; {colours}; rings mark where one mode's line hides another's. Held-out: greedy accuracy "
             "before (□) and after (●) training"

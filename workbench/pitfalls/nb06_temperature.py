@@ -127,8 +127,7 @@ def ppo_note(runs: dict, ppo_steps: int) -> str:
     """The caption of the PPO figure: what the curves, bands and markers are."""
     seeds = max(len(h) for h in runs.values())
     window = max(1, ppo_steps // 10)
-    curves = (f"mean over {seeds} seeds, band ± 1 std" if seeds > 1 else "one seed") + (
-        f", {window}-step moving average" if window > 1 else "")
+    curves = plots.bands_caption(runs, window)
     band = " (band: min–max over seeds)" if seeds > 1 else ""
     return (f"Curves: {curves}; max |ρ − 1| on a log axis{band}. Held-out: greedy accuracy before (□) and after (●) "
             "training" + (", dots: seeds." if seeds > 1 else "."))

@@ -183,7 +183,7 @@ def step0_figure_note(results: dict, tolerance: float = 1e-4) -> str:
 def ppo_note(runs: dict) -> str:
     """The caption of the PPO figure: what the curves, bands and markers are."""
     seeds = max(len(h) for h in runs.values())
-    curves = f"mean over {seeds} seeds, band ± 1 std" if seeds > 1 else "one seed"
+    curves = plots.bands_caption(runs, window=1)
     band = "band: min–max over seeds; " if seeds > 1 else ""
     return (f"Curves: {curves}; max |ρ − 1| on a log axis ({band}an exact 0 is drawn on the dotted floor line). KL: per "
             "response. Held-out: greedy accuracy in eval mode before (□) and after (●) training"

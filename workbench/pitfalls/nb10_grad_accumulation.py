@@ -143,12 +143,15 @@ def grad_accumulation_explorer(mask: torch.Tensor, micro_batch_counts: list[int]
             i = list(micro_batch_counts).index(micro_batches)
             ax.axvline(micro_batches, color=plots.NEUTRAL_COLOR, lw=0.8, ls=":")
             result.update(error_bug=errors["per_micro_batch"][i], error_fix=errors["global"][i])
-            ax.set_title(f"{micro_batches} micro-batches: relative error {result['error_bug']:.2e} (bug) vs "
+            split = f"{micro_batches} micro-batch" + ("es" if micro_batches != 1 else "")
+            ax.set_title(f"{split}: relative error {result['error_bug']:.2e} (bug) vs "
                          f"{result['error_fix']:.1e} (fix)", fontsize=9)
         else:
             fig, weights_ax = plt.subplots(figsize=(6, 2.5))
         weights_ax.bar(range(len(tokens)), bug, color=plots.BUG_COLOR, label="per-token weight, bug")
         weights_ax.axhline(1 / sum(tokens), color=plots.FIX_COLOR, label="per-token weight, fix")
+        ticks = range(0, len(tokens), max(1, len(tokens) // 8))  # whole micro-batches, numbered from 1
+        weights_ax.set_xticks(ticks, [str(i + 1) for i in ticks])
         weights_ax.set_xlabel("micro-batch")
         weights_ax.set_ylabel("weight")
         plots.legend_outside(weights_ax, "right")

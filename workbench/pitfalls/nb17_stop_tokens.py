@@ -116,7 +116,7 @@ SCENARIO_COLORS = (plots.BUG_COLOR, plots.NEUTRAL_COLOR, plots.FIX_COLOR)  # the
 
 def _labels(runs: dict) -> list[str]:
     """The configurations' names wrapped to a bar's width."""
-    return [textwrap.fill(n, 14) for n in runs]
+    return [textwrap.fill(n, 14, break_long_words=False) for n in runs]
 
 
 def plot_truncated(ax, runs: dict, colors=SCENARIO_COLORS) -> None:

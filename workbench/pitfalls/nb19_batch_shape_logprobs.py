@@ -27,6 +27,7 @@ import random
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 
 from workbench.core import progress
@@ -281,8 +282,16 @@ def figure_micro_batch_sweep(sizes: list[int], sweeps: dict):
 
 
 def plot_log_ratio(ax, name: str, result: dict) -> None:
-    """Histogram of one case's per-token log ρ at lr 0 (a spike at 0 when the layouts match)."""
-    ax.hist(result["log_ratio"].float().numpy(), bins=60, log=True, color=plots.bug_fix_color("(bug)" in name))
+    """Histogram of one case's per-token log ρ at lr 0 (a spike at 0 when the layouts match); a log count axis only
+    where the counts span ≥ 8×."""
+    values = result["log_ratio"].float().numpy()
+    spread = max(float(np.abs(values).max()) if values.size else 0.0, 1e-3)
+    counts, _, _ = ax.hist(values, bins=60, range=(-spread, spread), color=plots.bug_fix_color("(bug)" in name))
+    seen = counts[counts > 0]
+    if seen.size and seen.max() >= 8 * seen.min():
+        ax.set_yscale("log")
+    if values.size and not np.abs(values).max():
+        ax.text(0.02, 0.92, "every token: log ρ = 0 exactly", transform=ax.transAxes, fontsize=9, va="top")
     ax.set(xlabel="log ρ per response token at lr 0 (nats)", ylabel="tokens", title=name)
 
 

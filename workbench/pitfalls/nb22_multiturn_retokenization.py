@@ -168,13 +168,15 @@ def plot_turn_log_ratio(ax, stats: dict, highlight: int | None = None) -> None:
     x = range(stats["episodes"])
     bars = ax.bar(x, stats["log_ratio_bug"].numpy(), color=plots.BUG_COLOR, label="re-encoded from text (bug)")
     ax.plot(x, stats["log_ratio_fix"].numpy(), "s", ms=3, color=plots.FIX_COLOR, label="sampled ids carried over (fix)")
-    if highlight is not None:
-        bars[highlight].set_edgecolor(plots.NEUTRAL_COLOR)
-        bars[highlight].set_linewidth(2)
     ax.set(xlabel="episode", ylabel="turn-1 log ρ at lr 0 (nats)")
     low, high = ax.get_ylim()  # bars stick to 0: add a margin so the fix's squares at 0 clear the axes edge
     span = max(high - low, 1e-9)
-    ax.set_ylim(low - 0.06 * span, high + 0.06 * span)
+    ax.set_ylim(low - 0.06 * span, high + 0.14 * span)
+    if highlight is not None:  # the selected episode: a black outline and a marker over its bar
+        bars[highlight].set_edgecolor("black")
+        bars[highlight].set_linewidth(2.5)
+        top = max(float(stats["log_ratio_bug"][highlight]), 0.0)
+        ax.plot([highlight], [top + 0.07 * span], "v", ms=7, color="black")
     plots.integer_axis(ax.xaxis)
     plots.legend_outside(ax, ncol=2)
 

@@ -198,9 +198,7 @@ def figure_softcapping(rows: list[dict], widest: dict):
     plot_cap_curves(axes[0], cap, max(widest[CAP_MODES[0]]["max_raw_logit"], 2 * (cap or 0)), legend=False)
     plot_kl(axes[1], rows, "kl", legend=False)
     plot_kl(axes[2], rows, "k3", legend=False)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=9, frameon=False)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    plots.figure_legend(fig, axes[0], ncol=3)
     return fig
 
 

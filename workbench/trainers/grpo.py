@@ -226,12 +226,16 @@ class GRPOTrainer(RolloutTrainer):
             # gives exactly these numbers). One process only: under DDP the training forward is the wrapper's.
             first_is_own_old = not self.dist.enabled
             old_logp = self.score_in_layout(self.policy, rollout, layout[1:] if first_is_own_old else layout)
+        dumped_logp = None
         records: dict[str, list[float]] = {k: [] for k in ("loss", "clip_fraction", "kl", "entropy", "grad_norm", "ratio_deviation_max")}
         for iteration in range(c.num_iterations):
             for index, rows in enumerate(layout):
                 logp, entropy = self.logprobs(self.train_policy, rollout, rows, with_entropy=True)
                 if first_is_own_old and iteration == 0 and index == 0:
                     old_logp[rows] = logp.detach()
+                if old_logp is None and c.dump_rollouts is not None:  # one optimiser step: this forward is π_old
+                    dumped_logp = torch.zeros_like(rollout.rollout_logprobs) if dumped_logp is None else dumped_logp
+                    dumped_logp[rows] = logp.detach().float()
                 weights = None if corrected is None or corrected.weights is None else corrected.weights[rows]
                 if isinstance(spec, correction.TrlMode) and spec.off_policy_mask_threshold is not None:
                     kept = correction.off_policy_mask(advantages[rows], logp, rollout.rollout_logprobs[rows], loss_mask[rows],
@@ -252,6 +256,8 @@ class GRPOTrainer(RolloutTrainer):
                 records["ratio_deviation_max"].append(self.dist.max(stats["ratio_deviation_max"]))
                 records["entropy"].append(self.dist.mean(float(losses.masked_mean(entropy.detach(), loss_mask[rows]))))
 
+        self.dump_step(step, rollout, rewards=rewards, loss_mask=loss_mask, group_size=c.num_generations,
+                       trainer_logprobs=old_logp if old_logp is not None else dumped_logp)
         lengths = rollout.response_lengths.float()
         correct = rewards > 0
         ratio_deviations = records.pop("ratio_deviation_max")

@@ -275,6 +275,7 @@ class PPOTrainer(RolloutTrainer):
                 stats["entropy"].append(float(losses.masked_mean(entropy.detach(), mb_mask)))
                 stats["grad_norm"].append(grad_norm)
 
+        self.dump_step(step, rollout, rewards=penalised, loss_mask=policy_mask, trainer_logprobs=policy_logp, group_size=1)
         lengths = rollout.response_lengths.float()
         return {
             "reward": float(scores.mean()),

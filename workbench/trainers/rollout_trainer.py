@@ -17,7 +17,10 @@ objective, the rollout–training gap and its correction, and the switches of pi
   (ρ = 1 and KL = 0 before any update, also in bf16: see ``tests/trainers/test_invariances.py``);
 * ``rollout_sampler`` — the model that samples when the gap is asked for: a copy of the policy at
   ``sampler_precision``, holding the weights of ``rollout_staleness`` steps ago;
-* ``correct_rollout`` — ``core.rollout_correction`` on π_old and the sampler's log-probs (``rollout_correction``).
+* ``correct_rollout`` — ``core.rollout_correction`` on π_old and the sampler's log-probs (``rollout_correction``);
+* ``dump_step`` — with ``dump_rollouts`` set, the step's responses as the generic dump records
+  (``core.rollout_dump``: ids, the sampler's and π_old's log-probs per token, loss mask, reward, finish reason,
+  temperature, the step whose weights sampled them), one file per step, written whole before the next step starts.
 
 ``sampler="vllm"`` samples with vLLM's CPU build instead (``workbench.engines.sampler.EngineSampler``, in the engine
 environment's process): the policy's weights pushed through the engine's reload path before every step's rollout, the
@@ -37,6 +40,8 @@ from workbench.core import losses
 from workbench.core import rollout_correction as correction
 from workbench.core.batching import pad_sequences
 from workbench.core.errors import ConfigError, RolloutCorrectionError
+from workbench.core.rollout_dump import FORMATS as DUMP_FORMATS
+from workbench.core.rollout_dump import DumpError, RolloutDumpWriter, step_records
 from workbench.engines.checks import LOGPROBS_MODES
 from workbench.engines.sampler import EngineOptions, EngineSampler
 from workbench.modeling.rollout import Rollout, sample
@@ -121,6 +126,13 @@ class RolloutConfig(TrainerConfig):
     rollout_staleness: int = 0
     """Sample with the policy's weights of this many steps ago (each step is ``optimizer_steps_per_batch``
     updates; fewer steps into the run, the initial weights): an asynchronous trainer's stale rollouts."""
+    # ---- Rollout dump ----------------------------------------------------------------------
+    dump_rollouts: str | None = None
+    """A folder to write every step's responses into, one record per response (``core.rollout_dump``: token ids, the
+    sampler's and the training forward's log-probs, loss mask, reward, finish reason, policy version), one file per
+    step written whole: what ``python -m workbench inspect`` reads. One process only."""
+    dump_format: str = "jsonl"
+    """``jsonl`` or ``parquet`` (needs pyarrow): the format of the ``dump_rollouts`` files."""
     # ---- Pitfall switches (the default is the fix) -----------------------------------------
     position_ids: str = "mask"
     """S1: ``mask`` derives the training forward's position ids from the attention mask (fix);
@@ -152,6 +164,7 @@ class RolloutConfig(TrainerConfig):
         require(self, "rollout_staleness", self.rollout_staleness >= 0, "must be ≥ 0 (steps)")
         require_choice(self, "sampler", SAMPLERS)
         require_choice(self, "engine_logprobs_mode", LOGPROBS_MODES)
+        require_choice(self, "dump_format", DUMP_FORMATS)
         require(self, "rollout_staleness", self.sampler == "workbench" or self.rollout_staleness == 0,
                 "must be 0 with sampler='vllm' (the engine holds the latest weights)")
         try:
@@ -178,6 +191,8 @@ class RolloutTrainer(Trainer):
 
     config: RolloutConfig
     problems: list[Problem]
+    # where the dump goes and in which format: reporting, not computing, so a resumed run may change them
+    RESUMABLE_CHANGES = Trainer.RESUMABLE_CHANGES + ("dump_rollouts", "dump_format")
 
     @property
     def stop_ids(self) -> list[int]:
@@ -296,6 +311,38 @@ class RolloutTrainer(Trainer):
             return super().train(steps, on_step)
         finally:
             self.close_engine()
+
+    def policy_version(self, step: int) -> int:
+        """The step whose weights sampled step ``step``'s rollout: ``step`` itself, or ``rollout_staleness`` steps
+        earlier once the sampler's weight history is that long (``rollout_sampler``)."""
+        history = self.__dict__.get("_sampler_weights")
+        return step if history is None or self.config.sampler != "workbench" else step - (len(history) - 1)
+
+    def dump_step(self, step: int, rollout: Rollout, *, rewards: torch.Tensor, loss_mask: torch.Tensor,
+                  trainer_logprobs: torch.Tensor | None, group_size: int) -> None:
+        """With ``dump_rollouts`` set: write step ``step``'s responses (``core.rollout_dump``), the first call of a run
+        removing the files of this and later steps a killed run left. ``trainer_logprobs``: π_old per token."""
+        c = self.config
+        if c.dump_rollouts is None:
+            return
+        writer = self.__dict__.get("_dump_writer")
+        if writer is None:
+            if self.dist is not None and self.dist.enabled:
+                raise ConfigError(f"dump_rollouts={c.dump_rollouts!r}: rollout dumps are written by one process only; "
+                                  "run without accelerate launch, or leave dump_rollouts unset", field="dump_rollouts")
+            try:
+                writer = RolloutDumpWriter(str(c.dump_rollouts), format=c.dump_format)
+            except DumpError as exc:
+                raise ConfigError(str(exc), field="dump_rollouts") from None
+            writer.start(step)
+            self._dump_writer = writer
+        records = step_records(
+            step, prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask, response_ids=rollout.response_ids,
+            response_mask=rollout.response_mask, reward=rewards, finished=rollout.finished,
+            rollout_logprobs=rollout.rollout_logprobs, trainer_logprobs=trainer_logprobs, loss_mask=loss_mask,
+            group_size=group_size, temperature=c.temperature, policy_version=self.policy_version(step),
+        )
+        writer.write_step(step, records)
 
     def correct_rollout(self, old_logp: torch.Tensor, rollout: Rollout, mask: torch.Tensor):
         """``core.rollout_correction`` on π_old and the sampler's log-probs over ``mask``: a ``Correction`` whose

@@ -33,6 +33,7 @@ class Explorer:
         self.renders = 0
         for control in controls.values():
             control.observe(self._redraw, names="value")
+            _show_whole_labels(control)
         header = [widgets.HTML(f"<b>{title}</b>")] if title else []
         self.widget = widgets.VBox(header + [widgets.HBox(list(controls.values())), self.output])
         self._redraw()
@@ -47,6 +48,16 @@ class Explorer:
                 self.last = self.draw(**self.values())
             plt.show()
         self.renders += 1
+
+
+def _show_whole_labels(control: widgets.ValueWidget) -> None:
+    """A control's description and its buttons as wide as their text (ipywidgets cuts both at a fixed width)."""
+    if getattr(control, "description", "") and hasattr(control.style, "description_width"):
+        control.style.description_width = "initial"
+    if isinstance(control, widgets.ToggleButtons):
+        control.style.button_width = "auto"
+    if isinstance(control, widgets.Dropdown):
+        control.layout.width = "max-content"
 
 
 def with_switch_flipped(measure: Callable[[Any, bool], Any], value: Any, switch: bool) -> dict[tuple[Any, bool], Any]:

@@ -507,15 +507,25 @@ def panel_grid(panels: int, *, columns: int | None = None, panel_height: float =
     return fig, flat[:panels]
 
 
-def figure_legend(fig, ax, ncol: int) -> None:
-    """One legend for the whole figure, under its panels, from ``ax``'s lines: the panels' own legends removed, and the
-    seed count and "(under …, ringed)" notes of a panel's labels left to the caption printed under the figure."""
-    handles, labels = ax.get_legend_handles_labels()
+def figure_legend(fig, axes, ncol: int | None = None, *, labels: list[str] | None = None) -> None:
+    """One legend for the whole figure, under its panels: the labelled artists and legend entries of ``axes`` (one axis
+    or several; a label found on several panels once), every panel's own legend removed, ``labels`` (in order) in place
+    of their labels, else their labels without the seed count and "(under …, ringed)" notes, which the caption printed
+    under the figure gives; ``ncol`` entries per row (default all in one)."""
+    key = {}
+    for axis in np.atleast_1d(axes):
+        handles, texts = axis.get_legend_handles_labels()
+        legend = axis.get_legend()
+        if legend is not None:  # a legend of proxy artists (a colour key) holds entries no artist of the axis carries
+            handles, texts = handles + list(legend.legend_handles), texts + [t.get_text() for t in legend.get_texts()]
+        for handle, text in zip(handles, texts, strict=True):
+            key.setdefault(text, handle)
     for axis in fig.axes:
         if axis.get_legend() is not None:
             axis.get_legend().remove()
-    labels = [re.sub(r" \((n=|under ).*$", "", label) for label in labels]
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
+    labels = list(labels) if labels is not None else [re.sub(r" \((n=|under ).*$", "", text) for text in key]
+    ncol = ncol or len(labels)
+    fig.legend(list(key.values())[:len(labels)], labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
     rows = -(-len(labels) // ncol)
     fig.tight_layout(rect=(0, (0.15 + 0.22 * rows) / fig.get_size_inches()[1], 1, 1))
 

@@ -12,6 +12,8 @@ import operator
 
 import torch
 
+from workbench.core.sampling_filters import filter_logits, kept_set
+
 ABSOLUTE_POSITION_NAMES = ("wpe", "embed_positions", "position_embeddings")
 ROTARY_CONFIG_FIELDS = ("rope_theta", "rope_scaling", "rope_parameters")
 
@@ -216,23 +218,9 @@ def paired_prompt_gaps(input_ids: torch.Tensor, mask: torch.Tensor, moved: torch
 TEMPERATURE_GRID = [math.exp(math.log(0.2) + i * (math.log(5.0) - math.log(0.2)) / 96) for i in range(97)]
 
 
-def _filtered(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Top-k then top-p (nucleus) truncation of scores, as the sampler does (reimplemented here so this
-    package stays torch-only)."""
-    if top_k and top_k < scores.shape[-1]:
-        kth = scores.topk(top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if top_p < 1.0:
-        ordered, order = scores.sort(dim=-1, descending=True)
-        probabilities = ordered.softmax(-1)
-        drop = (probabilities.cumsum(-1) - probabilities) >= top_p  # the mass before a token already reaches top_p
-        scores = scores.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
-    return scores
-
-
 def _gradient_directions(logits: torch.Tensor, labels: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0):
     """onehot(label) − softmax(filter(z / τ)): the direction of ∂ log p(label) / ∂z under that distribution."""
-    scores = _filtered(logits / temperature, top_k, top_p)
+    scores = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
     direction = -scores.softmax(-1)
     return direction.scatter_add(-1, labels[:, None], torch.ones_like(labels[:, None], dtype=direction.dtype))
 
@@ -269,6 +257,6 @@ def differentiated_distribution(hidden: torch.Tensor, hidden_grad: torch.Tensor,
     if top_k or top_p < 1.0:
         out["fit_filtered"] = float(median_cosine(tau, top_k, top_p))
         scores = logits / tau
-        kept = _filtered(scores, top_k, top_p).isfinite()
+        kept = kept_set(scores, top_k=top_k, top_p=top_p)
         out["kept_mass"] = float((scores.softmax(-1) * kept).sum(-1).mean())
     return out
