@@ -25,11 +25,13 @@ def point_trackio_at(folder: Path, monkeypatch) -> None:
 
 
 def trackio_history(project: str, run: str) -> dict[int, dict[str, float]]:
-    """``{step: {metric: value}}`` of a trackio run, from the local store."""
+    """``{step: {metric: value}}`` of a trackio run, from the local store (the logs of one step merged)."""
     from trackio.sqlite_storage import SQLiteStorage
 
-    rows = SQLiteStorage.get_logs(project, run)
-    return {row["step"]: {k: v for k, v in row.items() if k not in ("step", "timestamp")} for row in rows}
+    history: dict[int, dict[str, float]] = {}
+    for row in SQLiteStorage.get_logs(project, run):  # two logs at one step: two rows, merged here
+        history.setdefault(row["step"], {}).update({k: v for k, v in row.items() if k not in ("step", "timestamp")})
+    return history
 
 
 def wandb_records(path: Path):
