@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 WANDB_BLOCK = 32768  # the .wandb file is a LevelDB-style log: 32 KiB blocks of records, each with a 7-byte header
@@ -47,6 +48,8 @@ def wandb_records(path: Path):
             position += left
             continue
         length, kind = int.from_bytes(data[position + 4:position + 6], "little"), data[position + 6]
+        if position + 7 + length > len(data):  # a record still being written
+            break
         chunk = data[position + 7:position + 7 + length]
         position += 7 + length
         if kind == 0:  # zero padding
@@ -58,12 +61,24 @@ def wandb_records(path: Path):
             yield record
 
 
+def finished_records(path: Path, seconds: float = 60.0) -> list:
+    """The records of a W&B run file once its ``exit`` record is written: ``finish()`` can return while W&B's service
+    process is still writing the file."""
+    deadline = time.monotonic() + seconds
+    while True:
+        records = list(wandb_records(path))
+        if any(record.WhichOneof("record_type") == "exit" for record in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 def wandb_history(folder: Path) -> dict[int, dict[str, float]]:
     """``{step: {metric: value}}`` of the one W&B offline run under ``folder`` (``wandb/offline-run-*/run-*.wandb``)."""
     files = sorted(Path(folder).glob("**/offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
+    records = finished_records(files[0])
     history: dict[int, dict[str, float]] = {}
-    for record in wandb_records(files[0]):
+    for record in records:
         if record.WhichOneof("record_type") == "history":
             items = {("/".join(item.nested_key) or item.key): json.loads(item.value_json) for item in record.history.item}
             step = int(items.pop("_step", record.history.step.num))
