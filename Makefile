@@ -14,7 +14,7 @@ $(BIN)/python:
 
 # Reinstall when the pinned dependency list changes.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[test,peers]"
+	$(BIN)/python -m pip install --quiet -e ".[test,peers,trackers]"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -10,50 +10,19 @@ Exit code 2 when Chromium or a notebook is missing, 1 when no bar showed within 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from a checkout: the workbench package beside it
+from workbench.catalogue.lab_server import jupyterlab_server, shut_down_kernels  # noqa: E402
+
 CHROMIUM = Path("/usr/bin/chromium")
 BAR = ".jp-OutputArea-output .widget-hprogress"
-
-
-def start_lab(root: Path, state: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    settings = state / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(state / "config"),
-           "JUPYTER_RUNTIME_DIR": str(state / "runtime"), "JUPYTERLAB_SETTINGS_DIR": str(state / "settings")}
-    process = subprocess.Popen([sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-                                "--IdentityProvider.token=progress", f"--ServerApp.root_dir={root}", "--allow-root"],
-                               stdout=open(state / "jupyterlab.log", "w"), stderr=subprocess.STDOUT, env=env)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.5)
-    return process, f"http://127.0.0.1:{port}"
-
-
-def shut_down_kernels(base: str) -> None:
-    headers = {"Authorization": "token progress"}
-    with urllib.request.urlopen(urllib.request.Request(f"{base}/api/kernels", headers=headers), timeout=30) as reply:
-        for kernel in json.load(reply):
-            urllib.request.urlopen(urllib.request.Request(f"{base}/api/kernels/{kernel['id']}", method="DELETE",
-                                                          headers=headers), timeout=30).close()
+TOKEN = "progress"
 
 
 def main() -> int:
@@ -81,12 +50,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "notebooks"
         shutil.copytree(REPO / "notebooks", root)
-        process, base = start_lab(root, Path(tmp))
-        with sync_playwright() as p:
+        state = Path(tmp)
+        settings = state / "settings" / "@jupyterlab" / "apputils-extension"
+        settings.mkdir(parents=True)
+        (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+        with jupyterlab_server(root, state, TOKEN, JUPYTERLAB_SETTINGS_DIR=str(state / "settings")) as (base, token), \
+                sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"])
             for stem in stems:
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.goto(f"{base}/lab/workspaces/{stem}/tree/{stem}.ipynb?reset&token=progress")
+                page.goto(f"{base}/lab/workspaces/{stem}/tree/{stem}.ipynb?reset&token={token}")
                 page.wait_for_selector(".jp-Notebook", timeout=120_000)
                 try:  # a fresh JupyterLab may ask which kernel to start: its default, python3
                     page.locator(".jp-Dialog .jp-mod-accept").first.click(timeout=10_000)
@@ -117,10 +90,8 @@ def main() -> int:
                     page.screenshot(path=str(out / f"{stem}_progress.png"))
                     print(f"{stem}: {text} → {out / f'{stem}_progress.png'}")
                 page.close()
-                shut_down_kernels(base)
+                shut_down_kernels(base, token)
             browser.close()
-        process.terminate()
-        process.wait(timeout=30)
     return status
 
 

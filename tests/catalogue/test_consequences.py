@@ -47,7 +47,10 @@ def test_a_list_of_predictions_gives_a_row_each_and_cells_never_say_nan():
     assert len(rows) == 2
     assert consequences.cells(rows[0]) == ["12_tis", "wrong answers grow longer", "scratchpad", "+", "1 ± 0.1", "0.43", "3",
                                            "larger, as predicted"]
-    assert consequences.cells(rows[1])[4:6] == ["0 ± —", "—"]
+    assert consequences.cells(rows[1])[4:6] == ["0 ± n/a (not measured)", "n/a (not measured)"]
+    one_seed = consequences.consequence_rows({"05": {"metrics": {"prediction": record(0.5, "nan", False, mde="nan", seeds=1)}}})
+    assert consequences.cells(one_seed[0])[4:7] == ["0.5 ± n/a (one seed: no noise estimate)",
+                                                    "n/a (one seed: no noise estimate)", "1"]
     table = consequences.markdown_table(rows)
     assert table.splitlines()[0].startswith("| notebook | consequence | task |") and table.count("\n") == 3
     assert "nan" not in table.lower()

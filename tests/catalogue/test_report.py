@@ -118,3 +118,18 @@ def test_peer_environment_records_versions_not_paths():
     env = environment("torch")
     assert "executable" not in env and env["python"].count(".") == 2
     assert not any("/" in str(v) for v in env.values() if not isinstance(v, dict))
+
+
+def test_a_one_seed_smoke_run_says_why_its_noise_and_mde_are_undefined_never_nan(tmp_path):
+    one_seed = {"consequence": "wrong answers grow longer", "direction": "+", "effect": 0.5, "se": "nan", "threshold": "nan",
+                "mde": "nan", "larger": False, "seeds": 1, "task": "sums", "measure": "incorrect_length", "agrees": False}
+    metrics = {"reproduced": True, "fixed": True, "headline": {"what": "length", "unit": "tokens", "bug": 3.0, "fix": 2.0},
+               "metrics": {"prediction": one_seed, "length_bug": 3.0, "length_fix": float("nan"), "gain": float("nan")}}
+    smoke = NotebookResult(stem="05_x", purpose="p", out_dir=str(tmp_path / "05_x"), parameters={}, seconds=1.0, ok=True,
+                           metrics=metrics)
+    page = report.write_report(tmp_path, [smoke], total_seconds=1, smoke=True).read_text()
+    assert "<td>0.5 ± n/a (one seed: no noise estimate)</td><td>n/a (one seed: no noise estimate)</td>" in page  # the table
+    for field in ("se", "threshold", "mde"):  # the section's other numbers
+        assert f"<td>prediction.{field}</td><td>n/a (one seed: no noise estimate)</td>" in page
+    assert "<td>gain</td><td>n/a (not measured)</td>" in page and "<td>n/a (not measured)</td>" in page  # length_fix
+    assert not re.search(r"\bnan\b", page.lower())

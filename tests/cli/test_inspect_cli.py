@@ -78,3 +78,29 @@ def test_inspector_failure_exits_3(dumps, capsys, monkeypatch):
     monkeypatch.setattr(findings.Staleness, "add", broken)
     assert main(["inspect", dumps[None], "--quiet"]) == 3
     assert "the inspector failed" in capsys.readouterr().err
+
+
+def test_report_to_logs_each_steps_diagnostics_and_the_counts(dumps, capsys, tmp_path, monkeypatch):
+    pytest.importorskip("trackio")
+    from tracker_history import point_trackio_at, trackio_history
+
+    from workbench.inspect.report import InspectReport
+
+    point_trackio_at(tmp_path / "trackio", monkeypatch)
+    monkeypatch.setenv("TRACKIO_PROJECT", "inspect-cli")
+    assert main(["inspect", dumps["pad_eos"], "--json", "--quiet", "--report-to", "trackio"]) == 1
+    report = InspectReport.from_dict(json.loads(capsys.readouterr().out))
+    logged = trackio_history("inspect-cli", "inspect")
+    assert sorted(logged) == [0, 1, 2, 3] and logged[3]["inspect/P8"] == 1.0 and logged[3]["inspect/errors"] >= 1
+    for step, values in report.per_step.items():  # each step's diagnostics at its step
+        assert {name: logged[step][name] for name in values} == pytest.approx(values, rel=1e-12)
+    overall = {f"overall/{name}": value for name, value in report.metrics.items()}  # the whole dump's, at the last step
+    assert overall and {name: logged[3][name] for name in overall} == pytest.approx(overall, rel=1e-12)
+
+
+def test_an_undefined_metric_says_why_never_nan():
+    from workbench.inspect.report import InspectReport
+
+    report = InspectReport(metrics={"rollout_corr/k3_kl": float("nan")}, per_step={0: {"rollout_corr/k3_kl": 0.5}, 1: {}})
+    assert "rollout_corr/k3_kl=n/a (not measured)" in str(report)
+    assert "<td>n/a (not measured at this step)</td>" in report.html() and "nan" not in report.html().lower()

@@ -77,3 +77,12 @@ def test_a_count_below_one_is_refused_by_name(argv, words, capsys):
     with pytest.raises(SystemExit) as exit_:  # not -j 0 run as -j 1, nor --limit 0 taking every row
         main(argv)
     assert exit_.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_the_done_line_says_why_a_value_is_undefined_never_nan():
+    from workbench.cli.train import done_line
+
+    line = done_line({"step": 3, "loss": 0.25, "ratio_deviation_later": float("nan"), "length_correct": float("nan"),
+                      "other": float("nan")})
+    assert line == ("done: loss=0.25, ratio_deviation_later=n/a (one optimisation step per rollout batch: no later step), "
+                    "length_correct=n/a (no correct response in the last batch), other=n/a (not measured)")

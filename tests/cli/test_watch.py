@@ -105,3 +105,20 @@ def test_a_process_part_states_its_longest_watched_block(tmp_path, monkeypatch):
     part = json.loads(Path(watch_child.write_part()).read_text())
     assert part["cost"] == {"mode": "light", "watch_seconds": 1.5, "watched_seconds": 10.0}
     assert part["observed"]["models_watched"] == 2
+
+
+def test_report_to_logs_the_reports_counters_and_a_missing_tracker_exits_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if the trackers extra were not installed
+    assert main(["watch", "--out", str(tmp_path / "none"), "--report-to", "wandb", "--", sys.executable, "-c", "pass"]) == 2
+    assert "pip install 'rlhf-pitfalls-workbench[trackers]'" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()  # said before the script ran
+    pytest.importorskip("trackio")
+    from tracker_history import point_trackio_at, trackio_history
+
+    point_trackio_at(tmp_path / "trackio", monkeypatch)
+    monkeypatch.setenv("TRACKIO_PROJECT", "watch-cli")
+    assert main(["watch", "--out", str(tmp_path / "w"), "--report-to", "trackio", "--", sys.executable, "-c", "pass"]) == 0
+    logged = trackio_history("watch-cli", "watch-w")
+    report = json.loads((tmp_path / "w" / "report.json").read_text())
+    assert sorted(logged) == [0] and logged[0] == Report.from_dict(report).scalars("watch/")
+    assert logged[0]["watch/errors"] == 0.0 and "logged the report's counters to trackio" in capsys.readouterr().out

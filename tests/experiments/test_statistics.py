@@ -164,3 +164,12 @@ def test_training_summary_states_the_prediction_then_its_outcome_then_the_table(
     assert lines[-1].startswith("(bug − fix: seq-mean − token-mean;")
     opposite = statistics.training_summary({"m": _effect(-2.2, 0.4)}, runs, prediction, "sums").splitlines()[1]
     assert opposite.endswith("opposite to the prediction.")
+
+
+def test_one_seed_sentences_say_why_the_noise_is_undefined_never_nan():
+    one = _diffs_effect([1.0])
+    assert "± n/a (one seed: no noise estimate)" in one.sentence() and "nan" not in one.sentence()
+    record = statistics.prediction(one, "wrong answers grow longer", "+", "sums")
+    sentence = statistics.prediction_sentence(json.loads(json.dumps(record)), "tokens")  # as read from metrics.json
+    assert sentence == ("predicted on sums: wrong answers grow longer, bug − fix > 0; measured +1 ± n/a (one seed: no noise "
+                        "estimate) (1 seed(s), one seed: no noise estimate): no effect seen (no noise estimate)")

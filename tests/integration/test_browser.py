@@ -4,16 +4,13 @@ Needs Debian's Chromium at /usr/bin/chromium (``.ci/run`` installs it) and the P
 package (no browser download: ``executable_path`` points at the system Chromium).
 """
 
-import contextlib
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from workbench.catalogue.lab_server import jupyterlab_server, shut_down_kernels
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -24,44 +21,6 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="Chromium is not installed at /usr/bin/chromium (apt-get install chromium)"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def jupyterlab_server(root_dir: Path, state: Path, **env_extra: str):
-    """Start JupyterLab serving ``root_dir`` on a free loopback port; yields ``(url, token)``, stops it on exit.
-
-    Its config and runtime folders and its log (``jupyterlab.log``) go under ``state``, so that no user setting reaches
-    the test; ``env_extra`` adds environment variables (a settings folder). Waits up to 60 s for the port to open.
-    """
-    port, token = free_port(), "workbench-test"
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(state / "config"), JUPYTER_RUNTIME_DIR=str(state / "runtime"),
-               **env_extra)
-    log = open(state / "jupyterlab.log", "w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}", "--allow-root",
-         "--LabApp.news_url=", "--LabServerApp.extension_manager=readonly"],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
-    )
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}", token
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
 
 
 @pytest.fixture
@@ -260,17 +219,4 @@ def test_every_notebook_runs_in_jupyterlab_and_its_explorer_redraws(lab_of_copie
         page.screenshot(path=str(shots / f"{stem}_end.png"))
     finally:
         page.close()
-        _shut_down_kernels(base, token)
-
-
-def _shut_down_kernels(base: str, token: str) -> None:
-    """Every kernel of the server shut down (a closed page leaves its kernel running, with its models in memory)."""
-    import json
-    import urllib.request
-
-    headers = {"Authorization": f"token {token}"}
-    with urllib.request.urlopen(urllib.request.Request(f"{base}/api/kernels", headers=headers), timeout=30) as reply:
-        kernels = json.load(reply)
-    for kernel in kernels:
-        request = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}", method="DELETE", headers=headers)
-        urllib.request.urlopen(request, timeout=30).close()
+        shut_down_kernels(base, token)

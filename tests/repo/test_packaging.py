@@ -11,7 +11,7 @@ def pyproject_requirements():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     project = data["project"]
     extras = project["optional-dependencies"]
-    return set(project["dependencies"]) | set(extras["test"]) | set(extras["peers"])
+    return set(project["dependencies"]) | set(extras["test"]) | set(extras["peers"]) | set(extras["trackers"])
 
 
 def environment_pip_requirements():

@@ -24,13 +24,13 @@ PAIRS = [{"prompt": "1+2=", "chosen": "3", "rejected": "4"}, {"prompt": "12+34="
 CPU = dict(use_cpu=True, bf16=False, report_to="none", logging_steps=1, max_steps=1)
 
 
-def grpo_step(arch: str, callback: WatchCallback):
+def grpo_step(arch: str, callback: WatchCallback, **settings):
     from datasets import Dataset  # datasets, trl: optional (the peers extra)
     from trl import GRPOConfig, GRPOTrainer
 
     model, tokenizer = tiny_model(arch, seed=1)
     args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="watch-grpo-"), per_device_train_batch_size=8, num_generations=2,
-                      max_completion_length=6, beta=0.0, **CPU)
+                      max_completion_length=6, beta=0.0, **{**CPU, **settings})
     trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions], args=args,
                           train_dataset=Dataset.from_list([{"prompt": prompt} for prompt in PROMPTS] * 4), processing_class=tokenizer,
                           callbacks=[callback])
@@ -68,3 +68,29 @@ def test_trl_dpo_step_has_no_s4():
     assert "S4" not in report.pitfalls() and not report.errors, str(report)
     assert report.observed["paired_forwards"] >= 1  # the pair check ran on TRL's chosen-then-rejected forward
 
+
+
+@pytest.mark.slow  # a TRL GRPO step with two trackers: ~8 s of CPU
+def test_the_counters_reach_trackio_and_wandb_through_report_to(tmp_path, monkeypatch):
+    pytest.importorskip("trackio")
+    pytest.importorskip("wandb")
+    from tracker_history import point_trackio_at, trackio_history, wandb_history
+
+    point_trackio_at(tmp_path / "trackio", monkeypatch)
+    for variable, value in (("WANDB_MODE", "offline"), ("WANDB_DIR", str(tmp_path)), ("WANDB_SILENT", "true"),
+                            ("WANDB_PROJECT", "callback")):
+        monkeypatch.setenv(variable, value)
+    callback = WatchCallback()
+    trainer = grpo_step("gpt2", callback, report_to=["trackio", "wandb"], project="callback", run_name="watched",
+                        trackio_static_space_id=False)
+    import wandb
+
+    wandb.finish()  # transformers leaves the W&B run open until the process ends; a script's end finishes it
+    history = trainer.state.log_history  # the step's log, then the training summary's: each carries the counters
+    assert len(history) == 2 and history[0]["watch/S1"] == 1 and history[0]["watch/errors"] == 1
+    for tracked in (trackio_history("callback", "watched"), wandb_history(tmp_path)):
+        rows = [tracked[step] for step in sorted(tracked) if "train/watch/forwards" in tracked[step]]  # TRL's profiling aside
+        assert len(rows) == len(history)
+        for row, logged in zip(rows, history, strict=True):
+            watched = {key: value for key, value in logged.items() if key.startswith("watch/")}
+            assert len(watched) > 5 and {key: row[f"train/{key}"] for key in watched} == watched  # transformers adds train/

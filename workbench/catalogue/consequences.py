@@ -17,8 +17,7 @@ Pure functions over plain ``metrics.json`` payloads: the HTML report (``report.p
 
 from __future__ import annotations
 
-import math
-
+from workbench.core.numbers import shown, why_undefined
 from workbench.experiments import statistics
 
 VERDICTS = statistics.PREDICTION_VERDICTS
@@ -38,9 +37,9 @@ def verdict_of(record: dict) -> tuple[str, str]:
     return statistics.prediction_verdict(record)
 
 
-def format_number(value: float) -> str:
-    """Three significant digits; "—" for a value not measured (NaN)."""
-    return f"{value:.3g}" if math.isfinite(value) else "—"
+def format_number(value: float, why: str = "not measured") -> str:
+    """Three significant digits; "n/a (<why>)" for a value that is undefined (NaN), never "nan"."""
+    return shown(value, ".3g", why)
 
 
 def consequence_rows(metrics_by_notebook: dict[str, dict]) -> list[dict]:
@@ -77,7 +76,8 @@ HEADER = ["notebook", "consequence", "task", "predicted (bug − fix)", "effect 
 def cells(row: dict) -> list[str]:
     """The table's cells of one row, as text (``HEADER``'s order)."""
     return [row["notebook"], row["consequence"], row["task"], row["direction"],
-            f"{format_number(row['effect'])} ± {format_number(row['se'])}", format_number(row["mde"]),
+            f"{format_number(row['effect'])} ± {format_number(row['se'], why_undefined('se', row))}",
+            format_number(row["mde"], why_undefined("mde", row)),
             "—" if row["seeds"] is None else str(row["seeds"]), row["verdict_text"]]
 
 

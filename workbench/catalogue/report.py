@@ -18,7 +18,8 @@ must score 1.
 
 A headline that was not measured (NaN: the notebook skipped its measurement, e.g. no peer
 environments) reads "not run: `make peers`" — the command named in the notebook's ``skipped`` reason —
-never ``nan``. The page is shareable: it names versions, never this machine's paths (the run folder,
+never ``nan``; any other undefined number reads "n/a (<why>)" (``core.numbers``: "one seed: no noise estimate" for the
+noise, threshold and MDE of a one-seed run). The page is shareable: it names versions, never this machine's paths (the run folder,
 the repository, the home and temporary folders are written as ``<run>``, ``<repo>``, ``~``, ``<tmp>``).
 """
 
@@ -39,6 +40,7 @@ from pathlib import Path
 from workbench.catalogue.consequences import HEADER as CONSEQUENCE_HEADER
 from workbench.catalogue.consequences import cells as consequence_cells
 from workbench.catalogue.consequences import consequence_rows, tally
+from workbench.core.numbers import NOT_MEASURED, is_undefined, shown, why_undefined
 from workbench.core.paths import REPO_ROOT
 
 VERDICT_CLASS = {"reproduced + fixed": "good", "failed": "bad"}
@@ -161,12 +163,22 @@ def shareable(text: str, roots: list[tuple[str, str]] | None = None) -> str:
     return text
 
 
-def _format(value) -> str:
+def _format(value, why: str = NOT_MEASURED) -> str:
+    """A metric as the page shows it: floats to 4 significant digits; an undefined one (NaN, or the ``"nan"`` text
+    ``core.jsonsafe`` stores) as "n/a (<why>)", never "nan"."""
     if isinstance(value, bool) or value is None:
         return html.escape(str(value))
-    if isinstance(value, float):
-        return f"{value:.4g}"
+    if isinstance(value, float) or is_undefined(value):
+        return html.escape(shown(value, ".4g", why))
     return html.escape(shareable(str(value)))
+
+
+def _why(name: str, flat: dict) -> str:
+    """Why the flattened metric ``name`` would be undefined, judged from its record's other fields (``a.b.mde`` with
+    ``a.b.seeds`` 1: one seed)."""
+    prefix = name.rsplit(".", 1)[0] + "." if "." in name else ""
+    record = {n[len(prefix):]: v for n, v in flat.items() if n.startswith(prefix) and "." not in n[len(prefix):]}
+    return why_undefined(name, record)
 
 
 def not_run_text(metrics: dict) -> str:
@@ -221,14 +233,15 @@ def _section(result, out: Path) -> str:
                      f"<figcaption>main figure: {html.escape(result.main_figure)}</figcaption></figure>")
     if metrics.get("metrics"):
         pairs, others = group_metrics(metrics["metrics"])
+        flat = dict(_flatten(metrics["metrics"]))
         if pairs:
             parts.append("<details open><summary>key numbers, bug vs fix</summary>" + _table(
                 ["measure", "bug", "fix", "unit"],
                 [[html.escape(n), _format(b), _format(f), html.escape(u)] for n, b, f, u in pairs]) + "</details>")
         if others:
             parts.append("<details><summary>other numbers</summary>" + _table(
-                ["measure", "value", "unit"], [[html.escape(n), _format(v), html.escape(unit_of(n))] for n, v in others[:60]])
-                + "</details>")
+                ["measure", "value", "unit"],
+                [[html.escape(n), _format(v, _why(n, flat)), html.escape(unit_of(n))] for n, v in others[:60]]) + "</details>")
     parameters = metrics.get("parameters") or {k: v for k, v in result.parameters.items() if k != "out_dir"}
     parts.append("<details><summary>effective parameters</summary>" + _table(
         ["parameter", "value"], [[html.escape(k), html.escape(shareable(json.dumps(v)))] for k, v in parameters.items()])

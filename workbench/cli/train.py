@@ -20,8 +20,9 @@ pairs is accepted with any task).
 ``--watch`` runs the training inside ``workbench.watch`` (policy, reference, optimiser) and writes its
 ``report.json`` / ``report.html`` into ``--output-dir`` (under DDP each rank watches, rank 0 merges and writes:
 ``tests/integration/test_watch_ranks.py``);
-``--report-to tensorboard`` writes every step's history (``train/…``) and, with ``--watch``, the watch's counters
-(``watch/…``) as TensorBoard scalars into ``--output-dir/tensorboard``, step by step.
+``--report-to tensorboard trackio wandb`` (any of them, several at once) logs every step's history (``train/…``) and,
+with ``--watch``, the watch's counters (``watch/…``), step by step, through ``workbench.core.trackers``: TensorBoard
+scalars in ``--output-dir/tensorboard``, trackio's local store, a W&B run (offline unless ``WANDB_MODE`` says otherwise).
 
 ``--dump-rollouts DIR`` (PPO/GRPO) writes every step's responses into ``DIR`` as they are trained on, one record per
 response (``workbench.core.rollout_dump``: ids, the sampler's and the training forward's log-probs, loss mask, reward,
@@ -47,7 +48,9 @@ from workbench.core.errors import (
     NonFiniteError,
     ParameterError,
 )
+from workbench.core.numbers import NOT_MEASURED, shown
 from workbench.core.rollout_dump import DumpError, RolloutDumpWriter
+from workbench.core.trackers import TRACKERS, finite_scalars, open_trackers, tracker_names
 from workbench.experiments.checkpoints import load
 from workbench.modeling.tiny import TRAINED_CHECKPOINTS
 from workbench.tasks import prompt_ids
@@ -58,7 +61,7 @@ from workbench.trainers.registry import TRAINERS, trainer_classes
 from workbench.watch.ranks import merged
 from workbench.watch.watcher import watch
 
-REPORT_TO = ("none", "tensorboard")
+REPORT_TO = ("none", *TRACKERS)
 
 
 def build_config(config_cls, assignments: list[str], output_dir: str | None, options: dict | None = None):
@@ -160,19 +163,22 @@ def run(args) -> dict:
 def _train_and_report(args, trainer, config, policy, tokenizer, model: str) -> dict:
     """``run``'s training and the files it writes besides the checkpoints: TensorBoard scalars, ``history.json``, the
     watch report."""
-    writer = tensorboard_writer(config.output_dir) if args.report_to == "tensorboard" and trainer.is_main_process else None
+    names = tracker_names(args.report_to) if trainer.is_main_process else []
+    trackers = open_trackers(names, output_dir=config.output_dir, config=config.to_dict(),
+                             run_name=f"train-{args.trainer}" + (f"-{Path(config.output_dir).name}" if config.output_dir else ""))
+    if not args.quiet:
+        for where in trackers.where:
+            print(f"logging to {where}")
     observer = watched(trainer, policy, tokenizer) if args.watch else None
-    if writer is not None:
-        log_each_step(trainer, writer, observer)
+    on_step = step_logger(trackers, observer) if trackers else None
     try:
         if observer is None:
-            history = trainer.train()
+            history = trainer.train(on_step=on_step)
         else:
             with observer:
-                history = trainer.train()
+                history = trainer.train(on_step=on_step)
     finally:
-        if writer is not None:
-            writer.close()
+        trackers.close()
     summary = {"trainer": args.trainer, "task": args.task, "model": model, "config": config.to_dict(), "history": history}
     if config.output_dir and trainer.is_main_process:
         atomic_write_json(Path(config.output_dir) / "history.json", summary)
@@ -194,31 +200,31 @@ def watched(trainer, policy, tokenizer):
     return watch(policy, tokenizer=tokenizer, reference=getattr(trainer, "reference", None), optimizer=optimizer)
 
 
-def tensorboard_writer(output_dir: str | None):
-    if not output_dir:
-        raise InputError("--report-to tensorboard writes into --output-dir/tensorboard: give --output-dir DIR")
-    try:
-        from torch.utils.tensorboard import SummaryWriter  # tensorboard: only with --report-to tensorboard
-    except ImportError as exc:
-        raise InputError(f"--report-to tensorboard needs the tensorboard package ({exc}); pip install -e .") from exc
-    return SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
+def step_logger(trackers, observer=None):
+    """``train``'s ``on_step``: each step's history record as ``train/<name>`` (all but ``step``, the x axis) and the
+    watch's counters as ``watch/<name>``, to every tracker of ``trackers`` (``workbench.core.trackers.Trackers``)."""
 
-
-def log_each_step(trainer, writer, observer=None) -> None:
-    """After every ``train_step``: its numbers as ``train/<name>`` and the watch's counters as ``watch/<name>``."""
-    step_once = trainer.train_step
-
-    def train_step(step: int) -> dict:
-        metrics = step_once(step)
-        scalars = {f"train/{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    def on_step(record: dict) -> None:
+        scalars = {f"train/{k}": v for k, v in finite_scalars(record).items() if k != "step"}
         if observer is not None:
             scalars.update(observer.report().scalars("watch/"))
-        for tag, value in scalars.items():
-            writer.add_scalar(tag, float(value), global_step=step)
-        writer.flush()
-        return metrics
+        trackers.log(scalars, record["step"])
 
-    trainer.train_step = train_step
+    return on_step
+
+
+# Why a step leaves a history value undefined (NaN): the done line says so instead of printing "nan".
+UNDEFINED_AT_A_STEP = {
+    "ratio_deviation_later": "one optimisation step per rollout batch: no later step",
+    "length_correct": "no correct response in the last batch",
+    "length_incorrect": "no incorrect response in the last batch",
+}
+
+
+def done_line(last: dict) -> str:
+    """The last step's numbers, "n/a (<why>)" where one is undefined, never "nan"."""
+    return "done: " + ", ".join(f"{k}={shown(v, '.4g', UNDEFINED_AT_A_STEP.get(k, NOT_MEASURED))}"
+                                for k, v in last.items() if isinstance(v, float))
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -238,8 +244,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--watch", action="store_true",
                         help="run inside workbench.watch; its report.json/report.html go into --output-dir")
-    parser.add_argument("--report-to", choices=REPORT_TO, default="none",
-                        help="tensorboard: the history (and --watch's counters) as scalars in --output-dir/tensorboard")
+    parser.add_argument("--report-to", nargs="+", choices=REPORT_TO, default=["none"], metavar="TRACKER",
+                        help="tensorboard, trackio, wandb (several at once) or none: the history (and --watch's counters) "
+                             "step by step; trackio and wandb need the trackers extra")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -274,5 +281,5 @@ def main(args) -> int:
         return 1
     last = summary["history"][-1] if summary["history"] else {}
     if int(os.environ.get("RANK", "0")) == 0:
-            print("done: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items() if isinstance(v, float)))
+            print(done_line(last))
     return 0

@@ -10,6 +10,9 @@ SIGINT to the script, which unwinds and writes; this command waits for it) the p
 Exit codes: 0 the script succeeded and no finding of error severity; 1 findings of error severity; 2 bad input
 (no command, a command that cannot be started); 3 the script itself failed (non-zero exit; the report is
 still written); 130 interrupted (Ctrl-C; the report of what ran is written).
+
+``--report-to trackio wandb tensorboard`` logs the merged report's counters (``watch/…``, ``Report.scalars``) as one
+point at step 0 through ``workbench.core.trackers``, the path ``train --report-to`` uses.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import time
 from pathlib import Path
 
 from workbench.cli.watch_child import DEEP_VARIABLE, OUT_VARIABLE
+from workbench.core.errors import InputError
+from workbench.core.trackers import TRACKERS, check_installed, open_trackers
 from workbench.watch.report import Report
 
 SITECUSTOMIZE = '''"""Written by `python -m workbench watch`: watch every Hugging Face model this process builds."""
@@ -41,6 +46,9 @@ except Exception as _exc:  # never break the user's script
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="folder for report.json and report.html (default: runs/watch-<timestamp>)")
     parser.add_argument("--deep", action="store_true", help="also the gradient checks (S4, P6, P14, P12's re-scoring): costlier")
+    parser.add_argument("--report-to", nargs="+", choices=("none", *TRACKERS), default=["none"], metavar="TRACKER",
+                        help="tensorboard (into --out), trackio, wandb (several at once) or none: the report's counters "
+                             "as scalars; trackio and wandb need the trackers extra")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command that trains, e.g. -- python my_train.py --lr 1e-5")
 
 
@@ -81,6 +89,11 @@ def main(args) -> int:
         print("error: no command to watch; give it after --, e.g. python -m workbench watch -- python my_train.py", file=sys.stderr)
         return 2
     out = Path(args.out or Path("runs") / time.strftime("watch-%Y%m%d-%H%M%S"))
+    try:  # a missing tracker package is bad input, said before the script runs
+        names = check_installed(args.report_to)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     for stale in glob.glob(str(out / "parts" / "*.json")):  # an earlier run into the same folder
         os.remove(stale)
@@ -97,6 +110,11 @@ def main(args) -> int:
         print("note: the script built no Hugging Face model that could be watched (transformers' PreTrainedModel), or its "
               "interpreter cannot import workbench", file=sys.stderr)
     print(f"report: {html_path} ({json_path})")
+    if names:
+        with open_trackers(names, output_dir=str(out), run_name=f"watch-{out.name}") as trackers:
+            trackers.log(report.scalars("watch/"), step=0)
+            for where in trackers.where:
+                print(f"logged the report's counters to {where}")
     if status in (-signal.SIGINT, 128 + signal.SIGINT):
         print("interrupted: the report covers what ran", file=sys.stderr)
         return 130

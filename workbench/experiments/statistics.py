@@ -29,6 +29,7 @@ import numpy as np
 
 from workbench.core.errors import ParameterError
 from workbench.core.jsonsafe import jsonable
+from workbench.core.numbers import shown, why_undefined
 
 # Two-sided 95 % critical values of Student's t by degrees of freedom (n seeds → n − 1): with 3 seeds an
 # effect needs |mean difference| > 4.30 standard errors, not 2. Between listed values the smaller dof's
@@ -108,8 +109,9 @@ class Effect:
             verdict += (f" — no effect larger than {self.mde:.2g}{unit} could be seen" if math.isfinite(self.mde)
                         else " — without a noise estimate no effect can be called larger")
         a, b = self.names
-        return (f"{self.key}: {a} {self.bug:.3g}, {b} {self.fix:.3g}{unit}; effect {self.difference:+.3g} ± {self.noise:.2g} "
-                f"({source}): {verdict}")
+        noise = shown(self.noise, ".2g", why_undefined("noise", vars(self)))
+        return (f"{self.key}: {a} {shown(self.bug)}, {b} {shown(self.fix)}{unit}; effect {shown(self.difference, '+.3g')} ± "
+                f"{noise} ({source}): {verdict}")
 
 
 def _paired(key: str, a, b, names: tuple[str, str], threshold: float, noise: float | None = None) -> Effect:
@@ -275,9 +277,15 @@ def prediction_sentence(record: dict, unit: str = "") -> str:
     threshold, mde = recorded_number(record.get("threshold")), recorded_number(record.get("mde"))
     sign = ">" if record.get("direction") == "+" else "<"
     _, text = prediction_verdict(record)
-    power = "s.e. 0: no spread" if se == 0 else f"needs > {threshold:.2f} s.e. = {mde:.2g}{unit}"
+    if se == 0:
+        power = "s.e. 0: no spread"
+    elif not math.isfinite(se):
+        power = why_undefined("se", record)
+    else:
+        power = f"needs > {shown(threshold, '.2f', why_undefined('threshold', record))} s.e. = {shown(mde, '.2g')}{unit}"
+    spread = shown(se, ".2g", why_undefined("se", record)) + (unit if math.isfinite(se) else "")
     return (f"predicted on {record.get('task')}: {record.get('consequence')}, bug − fix {sign} 0; measured "
-            f"{effect:+.3g} ± {se:.2g}{unit} ({record.get('seeds')} seed(s), {power}): {text}")
+            f"{shown(effect, '+.3g')} ± {spread} ({record.get('seeds')} seed(s), {power}): {text}")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@ import html
 from dataclasses import dataclass, field
 
 from workbench.core.jsonsafe import jsonable
+from workbench.core.numbers import shown
 from workbench.watch.report import Finding, Report
+
+NOT_AT_STEP = "not measured at this step"
 
 
 @dataclass
@@ -35,16 +38,21 @@ class InspectReport(Report):
     def __str__(self) -> str:
         lines = super().__str__().splitlines()
         if self.metrics:
-            lines.append("metrics: " + ", ".join(f"{name}={value:.4g}" for name, value in self.metrics.items()))
+            lines.append("metrics: " + ", ".join(f"{name}={shown(value, '.4g')}" for name, value in self.metrics.items()))
         return "\n".join(lines)
 
     def html(self) -> str:
         """The watch's fragment, then the metrics and the per-step ``rollout_corr/`` diagnostics as tables."""
-        metrics = "".join(f"<tr><td>{html.escape(name)}</td><td>{value:.6g}</td></tr>" for name, value in self.metrics.items())
+        metrics = "".join(f"<tr><td>{html.escape(name)}</td><td>{html.escape(shown(value, '.6g'))}</td></tr>"
+                          for name, value in self.metrics.items())
         names = sorted({name for values in self.per_step.values() for name in values})
         header = "".join(f"<th>{html.escape(name.removeprefix('rollout_corr/'))}</th>" for name in names)
-        steps = "".join(f"<tr><td>{step}</td>" + "".join(f"<td>{values.get(name, float('nan')):.4g}</td>" for name in names)
-                        + "</tr>" for step, values in sorted(self.per_step.items()))
+
+        def cell(values: dict, name: str) -> str:
+            return f"<td>{html.escape(shown(values.get(name, float('nan')), '.4g', NOT_AT_STEP))}</td>"
+
+        steps = "".join(f"<tr><td>{step}</td>" + "".join(cell(values, name) for name in names) + "</tr>"
+                        for step, values in sorted(self.per_step.items()))
         return (super().html().removesuffix("</div>") + f"<p>metrics</p><table>{metrics}</table>"
                 + (f"<p>rollout_corr/ by step</p><table><tr><th>step</th>{header}</tr>{steps}</table>" if steps else "")
                 + "</div>")

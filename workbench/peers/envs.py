@@ -16,18 +16,17 @@ probes of that peer are reported as skipped with the reason.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-TORCH_PIN = "torch==2.13.0"
+from workbench.core import pinned_envs
+from workbench.core.pinned_envs import STAMP, TORCH_PIN, EnvStatus, read_stamp
+
+__all__ = ["STAMP", "TORCH_PIN", "EnvStatus", "read_stamp"]  # the life cycle's names, kept importable from here
 STANDINS = Path(__file__).resolve().parent / "standins"
-STAMP = "stamp.json"
 PIP_TIMEOUT = 1200  # seconds for one pip call (a source build that hangs is a skip, not a stuck CI)
 
 
@@ -87,26 +86,11 @@ SPECS: dict[str, EnvSpec] = {s.name: s for s in (
 )}
 
 
-@dataclass
-class EnvStatus:
-    name: str
-    ready: bool
-    python: str | None
-    reason: str = ""
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 def peers_root(root: str | os.PathLike | None = None) -> Path:
     """Where the environments live: ``$WORKBENCH_PEERS_DIR`` if set, else the user's cache
     (``$XDG_CACHE_HOME`` or ``~/.cache``) ``/workbench/peers``, outside any checkout, so a fresh clone
     (CI) reuses environments whose stamp still matches their spec instead of rebuilding ~9 GB."""
-    if root or os.environ.get("WORKBENCH_PEERS_DIR"):
-        return Path(root or os.environ["WORKBENCH_PEERS_DIR"])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "workbench" / "peers"
+    return pinned_envs.cache_root(root, "WORKBENCH_PEERS_DIR", "peers")
 
 
 def get_spec(name: str) -> EnvSpec:
@@ -119,27 +103,9 @@ def env_dir(spec: EnvSpec, root=None) -> Path:
     return peers_root(root) / spec.name
 
 
-def read_stamp(path: Path) -> dict | None:
-    try:
-        return json.loads((path / STAMP).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def locate(spec: EnvSpec, root=None) -> EnvStatus:
     """The environment's python if it exists and its stamp matches the spec, else why not."""
-    path = env_dir(spec, root)
-    python = path / "bin" / "python"
-    if not python.exists():
-        failed = path.with_name(path.name + ".failed")
-        why = failed.read_text().strip()[-600:] if failed.exists() else "run `make peers` to create it"
-        return EnvStatus(spec.name, False, None, f"environment {path} does not exist ({why})")
-    stamp = read_stamp(path)
-    if stamp is None:
-        return EnvStatus(spec.name, False, None, f"environment {path} has no {STAMP} (creation did not finish)")
-    if stamp.get("pins") != spec.pins():
-        return EnvStatus(spec.name, False, None, f"environment {path} was built for other pins; run `make peers`")
-    return EnvStatus(spec.name, True, str(python))
+    return pinned_envs.locate(env_dir(spec, root), spec.name, spec.pins(), "peers")
 
 
 def install_commands(spec: EnvSpec, python: str, constraints: str) -> list[list[str]]:
@@ -160,41 +126,21 @@ def create(spec: EnvSpec, root=None, log=None, force: bool = False) -> EnvStatus
     status = locate(spec, root)
     if status.ready and not force:
         return status
-    path = env_dir(spec, root)
-    failed = path.with_name(path.name + ".failed")
-    start = time.time()
-    if path.exists():
-        shutil.rmtree(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    base = getattr(sys, "_base_executable", sys.executable)
     env = {**os.environ, **spec.build_env, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    log(f"[peers] creating {path} ({spec.note})")
-    try:
-        subprocess.run([base, "-m", "venv", str(path)], check=True, capture_output=True, text=True)
-        python = str(path / "bin" / "python")
-        constraints = path / "constraints.txt"
-        constraints.write_text(TORCH_PIN + "\n")
+
+    def install(python: str, constraints: Path) -> dict:
         for cmd in install_commands(spec, python, str(constraints)):
             log("[peers]   " + " ".join(cmd[3:]))
             subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, timeout=PIP_TIMEOUT)
-        torch_version = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], check=True,
-                                       capture_output=True, text=True).stdout.strip()
-        if not torch_version.startswith("2.13.0"):
-            raise RuntimeError(f"torch {torch_version} was installed instead of {TORCH_PIN}")
-        freeze = subprocess.run([python, "-m", "pip", "freeze"], check=True, capture_output=True, text=True).stdout
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, RuntimeError, OSError) as exc:
-        detail = getattr(exc, "stderr", None) or str(exc)
-        reason = f"could not create {spec.name}: {detail.strip()[-800:]}"
-        shutil.rmtree(path, ignore_errors=True)  # a half-built environment is never used
-        failed.write_text(reason + "\n")
-        log(f"[peers] {reason}")
-        return EnvStatus(spec.name, False, None, reason, time.time() - start)
-    stamp = {"pins": spec.pins(), "freeze": freeze.splitlines(), "created": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (path / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
-    if failed.exists():
-        failed.unlink()
-    log(f"[peers] {spec.name} ready in {time.time() - start:.0f} s")
-    return EnvStatus(spec.name, True, str(path / "bin" / "python"), "", time.time() - start)
+        pinned_envs.installed_torch(python)
+        return {"freeze": pinned_envs.pip_freeze(python)}
+
+    path = env_dir(spec, root)
+    log(f"[peers] creating {path} ({spec.note})")
+    status = pinned_envs.build(path, spec.name, spec.pins(), install, log, "peers")
+    if status.ready:
+        log(f"[peers] {spec.name} ready in {status.seconds:.0f} s")
+    return status
 
 
 def main(argv=None) -> int:

@@ -17,8 +17,9 @@ Attached for the duration of a ``with`` block, nothing else changes in the run:
   step, or any in-place write the parameters' version counters show) and passed again after it is P29;
 * ``deep=True`` — a gradient hook on the body's last hidden state (whose gradient is W^T ∂L/∂logits,
   position by position): which positions receive gradient (S4) and which sampling distribution the loss
-  differentiates (P6, P14); and the sampler's log-probs re-scored by the training model (P12, with verl's
-  ``rollout_corr/`` diagnostics and health thresholds: ``watch.mismatch``).
+  differentiates (P6, P14); and a rollout drawn by another model than the policy (another dtype, older weights, an
+  engine) re-scored by the training model (P12's evidence, with verl's ``rollout_corr/`` diagnostics and health
+  thresholds: ``watch.mismatch``; light mode flags P12 from what the sampler announces).
 
 One method per check, named ``_check_…`` (``_check_left_padding`` for S1, …; S2 and S3 have several checks, P23 two):
 each decides one finding from the measurements it is given. The entry points (``_pre``, ``_post``, ``_generate``,
