@@ -166,12 +166,31 @@ def _callers_threads():
         torch.set_num_threads(previous)
 
 
+
+def is_tiny_on_cpu(model) -> bool:
+    """A model under ``TINY_MODEL_PARAMETERS`` on the CPU: its operations are too small for a second torch thread to
+    repay the synchronisation, which a shared CPU turns into spinning."""
+    return next(model.parameters()).device.type == "cpu" and count_parameters(model) < TINY_MODEL_PARAMETERS
+
+
+@contextlib.contextmanager
+def one_thread_if_tiny(model):
+    """One torch thread while a tiny model works on the CPU (``is_tiny_on_cpu``), as ``train_variants`` runs one; the
+    caller's setting is restored."""
+    previous = torch.get_num_threads()
+    try:
+        if is_tiny_on_cpu(model):
+            torch.set_num_threads(1)
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
 def _loaded(model, before, threads, loading):
     """``model`` loaded as a run loads it: ``threads`` set (None: one for a tiny model on the CPU), ``before`` applied."""
     if threads is not None:
         torch.set_num_threads(threads)
     policy, tokenizer = load(model, **(loading or {}))
-    if threads is None and next(policy.parameters()).device.type == "cpu" and count_parameters(policy) < TINY_MODEL_PARAMETERS:
+    if threads is None and is_tiny_on_cpu(policy):
         torch.set_num_threads(1)
     if before is not None:
         before(policy)

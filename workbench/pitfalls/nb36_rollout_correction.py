@@ -24,7 +24,6 @@ so any bias an estimator shows is the gap's.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 
@@ -38,10 +37,10 @@ from workbench.core import progress
 from workbench.core import rollout_correction as rc
 from workbench.core.batching import repeated_rows
 from workbench.experiments import statistics
+from workbench.experiments.comparison import one_thread_if_tiny
 from workbench.experiments.gradient_estimators import bias_variance
 from workbench.modeling.rollout import sample
 from workbench.tasks import encode_prompts, load_problems, score_responses, task_info
-from workbench.trainers.base import TINY_MODEL_PARAMETERS
 from workbench.trainers.grpo import GRPOConfig, GRPOTrainer
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
@@ -223,21 +222,6 @@ def gap_sources(model, actors: dict, temperature: float) -> dict[str, dict]:
         sources[stale_name(lag)] = {"sampler": model, "trainer": actor, "temperature": 1.0, "report_temperature": None}
     sources[BEFORE_TEMPERATURE] = {"sampler": model, "trainer": model, "temperature": temperature, "report_temperature": 1.0}
     return sources
-
-
-@contextlib.contextmanager
-def one_thread_if_tiny(model):
-    """One torch thread while a tiny model (under ``TINY_MODEL_PARAMETERS``) works on the CPU, as
-    ``comparison.train_variants`` runs one: its operations are too small for a second thread to repay the
-    synchronisation, which a shared CPU turns into spinning. The caller's setting is restored."""
-    previous = torch.get_num_threads()
-    tiny = next(model.parameters()).device.type == "cpu" and sum(p.numel() for p in model.parameters()) < TINY_MODEL_PARAMETERS
-    try:
-        if tiny:
-            torch.set_num_threads(1)
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 @torch.no_grad()

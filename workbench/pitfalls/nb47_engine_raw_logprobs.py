@@ -16,16 +16,14 @@ every gap is the sampler's.
 
 from __future__ import annotations
 
-import contextlib
-
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
 from workbench.engines import envs
+from workbench.experiments.comparison import one_thread_if_tiny
 from workbench.modeling.rollout import sample
 from workbench.modeling.scoring import response_logprobs
-from workbench.trainers.base import TINY_MODEL_PARAMETERS
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
@@ -47,20 +45,6 @@ def ratio_stats(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: to
     return {"max_ratio_deviation": float((rho - 1).abs()[keep].max()), "mean_abs_log_ratio": float(log_ratio.abs()[keep].mean()),
             "first_token_ratio": float(first.mean()), "above_cap": float((rho[keep] > tis_cap).float().mean()),
             "tis_weight": float(rho[keep].clamp(max=tis_cap).mean())}
-
-
-@contextlib.contextmanager
-def one_thread_if_tiny(model):
-    """One torch thread while a tiny model (under ``TINY_MODEL_PARAMETERS``) works on the CPU; the caller's setting
-    is restored."""
-    threads = torch.get_num_threads()
-    tiny = next(model.parameters()).device.type == "cpu" and sum(p.numel() for p in model.parameters()) < TINY_MODEL_PARAMETERS
-    try:
-        if tiny:
-            torch.set_num_threads(1)
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @torch.no_grad()

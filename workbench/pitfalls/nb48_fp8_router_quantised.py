@@ -26,10 +26,10 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
+from workbench.experiments.comparison import one_thread_if_tiny
 from workbench.modeling.rollout import sample
 from workbench.modeling.routing_replay import RoutingHooks, is_topk_router, route_disagreement
 from workbench.modeling.scoring import token_logprobs
-from workbench.trainers.base import TINY_MODEL_PARAMETERS
 from workbench.viz import plots
 from workbench.viz.explorer import Explorer
 
@@ -136,14 +136,8 @@ def _kept(routes: dict[str, torch.Tensor], seq_mask: torch.Tensor) -> dict[str, 
 def measure(model, tokenizer, ids, mask, *, granularities, max_new_tokens: int = 8, seed: int = 0) -> dict:
     """``fp8_gaps`` on one torch thread when the model is tiny and on the CPU (a second thread only spins on operations
     this small); the caller's setting is restored."""
-    threads = torch.get_num_threads()
-    tiny = next(model.parameters()).device.type == "cpu" and sum(p.numel() for p in model.parameters()) < TINY_MODEL_PARAMETERS
-    try:
-        if tiny:
-            torch.set_num_threads(1)
+    with one_thread_if_tiny(model):
         return fp8_gaps(model, tokenizer, ids, mask, granularities=tuple(granularities), max_new_tokens=max_new_tokens, seed=seed)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def headline(result: dict, granularity: str = "tensor") -> dict:
