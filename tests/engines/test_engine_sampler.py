@@ -108,7 +108,6 @@ def train_grpo_vllm(out, *options, trainer="grpo") -> list[dict]:
     return summary["history"]
 
 
-@pytest.mark.slow  # three GRPO steps through the engine: ~25 s of the default suite's 4 minutes
 def test_train_grpo_sampler_vllm_logs_the_gap_each_step(tmp_path):
     """The must-show command: three GRPO steps sampled by the fp32 engine, ``rollout_corr/`` each step, max |Δ log p|
     ≤ 1e-4 (8.6e-6 to 1.4e-5 measured)."""
