@@ -104,3 +104,22 @@ def test_metrics_printers_figures_and_explorer():
     assert explorer.renders == 1 and explorer.last["interval"] == 2
     explorer.controls["measure"].value = "drift"
     assert explorer.renders == 2 and explorer.last["bug_tail"] > 0
+
+
+def test_gpt2_conv1d_projections_take_an_adapter_and_merge_exactly():
+    """GPT-2 stores its projections as transformers' Conv1D (weight (in, out)): wrapped and merged like nn.Linear."""
+    import torch
+
+    from workbench.experiments.checkpoints import load
+
+    trainer, _ = load("tiny-arith-gpt2")
+    sampler, _ = load("tiny-arith-gpt2")
+    ls.with_lora(trainer)
+    adapters = [m for m in trainer.modules() if isinstance(m, ls.LoRALinear)]
+    assert adapters and all(m.transposed for m in adapters)
+    for module in adapters:
+        torch.nn.init.normal_(module.lora_B.weight, std=0.02, generator=torch.Generator().manual_seed(0))
+    ls.push_for("merged")(trainer, sampler)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert float((trainer(ids).logits - sampler(ids).logits).abs().max()) < 1e-4

@@ -40,15 +40,18 @@ class LoRALinear(torch.nn.Module):
     """``base_layer(x) + (alpha / rank) · lora_B(lora_A(x))`` with the base frozen; B starts at 0, so the wrapped model
     is the base model until the adapter trains (PEFT's initialisation and parameter names)."""
 
-    def __init__(self, base: torch.nn.Linear, rank: int, alpha: float, generator: torch.Generator):
+    def __init__(self, base: torch.nn.Module, rank: int, alpha: float, generator: torch.Generator):
         super().__init__()
         self.base_layer = base
         for p in base.parameters():
             p.requires_grad_(False)
-        self.lora_A = torch.nn.Linear(base.in_features, rank, bias=False)
-        self.lora_B = torch.nn.Linear(rank, base.out_features, bias=False)
+        # GPT-2's Conv1D stores its weight as (in, out), nn.Linear as (out, in)
+        self.transposed = is_conv1d(base)
+        out_features, in_features = base.weight.shape[::-1] if self.transposed else base.weight.shape
+        self.lora_A = torch.nn.Linear(in_features, rank, bias=False)
+        self.lora_B = torch.nn.Linear(rank, out_features, bias=False)
         with torch.no_grad():
-            self.lora_A.weight.copy_(torch.randn(rank, base.in_features, generator=generator) / base.in_features ** 0.5)
+            self.lora_A.weight.copy_(torch.randn(rank, in_features, generator=generator) / in_features ** 0.5)
             self.lora_B.weight.zero_()
         self.scale = alpha / rank
 
@@ -56,7 +59,13 @@ class LoRALinear(torch.nn.Module):
         return self.base_layer(x) + self.scale * self.lora_B(self.lora_A(x))
 
     def merged_weight(self) -> torch.Tensor:
-        return self.base_layer.weight + self.scale * self.lora_B.weight @ self.lora_A.weight
+        delta = self.scale * self.lora_B.weight @ self.lora_A.weight
+        return self.base_layer.weight + (delta.T if self.transposed else delta)
+
+
+def is_conv1d(module) -> bool:
+    """transformers' ``Conv1D`` (GPT-2's projections: a linear layer whose weight is stored transposed)."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
 
 
 def with_lora(model, *, rank: int = 8, alpha: float = 16.0, seed: int = 0):
@@ -69,11 +78,11 @@ def with_lora(model, *, rank: int = 8, alpha: float = 16.0, seed: int = 0):
     for module in list(model.modules()):
         for name in TARGETS:
             child = getattr(module, name, None)
-            if isinstance(child, torch.nn.Linear):
+            if isinstance(child, torch.nn.Linear) or is_conv1d(child):
                 setattr(module, name, LoRALinear(child, rank, alpha, generator))
                 wrapped += 1
     if not wrapped:
-        raise ValueError(f"with_lora: no nn.Linear named one of {TARGETS} in {type(model).__name__}; "
+        raise ValueError(f"with_lora: no nn.Linear or Conv1D named one of {TARGETS} in {type(model).__name__}; "
                          "LoRA targets the attention and MLP projections")
     return model
 
