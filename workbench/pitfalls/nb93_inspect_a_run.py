@@ -172,6 +172,22 @@ def verdict(reports: dict[str, InspectReport]) -> tuple[bool, bool]:
     return all(entry["named"] for entry in named(reports).values()), not reports[CLEAN].errors
 
 
+def not_shown(reports: dict[str, InspectReport]) -> list[str]:
+    """Why a planted fault went unnamed on this checkpoint, with the numbers the inspector measured (``not_shown``)."""
+    reasons = []
+    for fault, row in named(reports).items():
+        if row["named"]:
+            continue
+        report = reports[fault]
+        shares = {key.removeprefix("inspect/finish_").removesuffix("_share"): round(value, 3)
+                  for key, value in report.metrics.items() if key.startswith("inspect/finish_")}
+        reasons.append(f"the inspector did not name {row['pitfall']} in the '{fault}' dump of this checkpoint: k3 KL "
+                       f"{report.metrics.get('rollout_corr/k3_kl', float('nan')):.2g} per token, finish shares {shares or 'none'}, "
+                       f"findings {sorted(report.pitfalls()) or 'none'} (a checkpoint that never stops or never earns a "
+                       "reward leaves some faults nothing to show)")
+    return reasons
+
+
 # ---- figures -------------------------------------------------------------------------------------
 def plot_gap_heatmap(ax, gaps: np.ndarray, title: str, vmax: float):
     """One run's per-token gap, responses down and positions across; returns the image (for a colour bar)."""
@@ -330,7 +346,7 @@ def metrics(reports: dict[str, InspectReport], per_step: dict[str, dict[int, dic
     """``notebook_api.write_metrics``'s keyword arguments for notebook 93."""
     reproduced, fixed = verdict(reports)
     return dict(
-        notebook="93_inspect_a_run", reproduced=reproduced, fixed=fixed,
+        notebook="93_inspect_a_run", reproduced=reproduced, fixed=fixed, not_shown=not_shown(reports),
         metrics={"named": named(reports), "eos_token_id": eos_token_id,
                  "errors": {run: len(report.errors) for run, report in reports.items()},
                  "pitfalls": {run: sorted(report.pitfalls()) for run, report in reports.items()},
