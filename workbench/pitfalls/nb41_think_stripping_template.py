@@ -68,6 +68,8 @@ def encode(tokenizer, text: str) -> list[int]:
 @torch.no_grad()
 def _sample(model, contexts, turn_end_id, pad, max_new_tokens, generator, *, stop: bool) -> list[list[int]]:
     """Sampled ids per context; with ``stop`` up to and including the turn end, else the turn end is never kept."""
+    if not contexts:  # no turn finished before: nothing to continue
+        return []
     ids, mask = pad_sequences(contexts, pad, side="left")
     rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=turn_end_id, pad_token_id=pad,
                      generator=generator)

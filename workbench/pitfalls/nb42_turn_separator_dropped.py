@@ -108,6 +108,8 @@ def tool_episodes(model, tokenizer, n_episodes: int, *, turn_end_id: int, max_ne
 
 
 def _sample(model, prompts, turn_end_id, pad, max_new_tokens, generator, keep_open: bool = False) -> list:
+    if not prompts:  # no first turn finished: no episode to continue
+        return []
     ids, mask = pad_sequences(prompts, pad, side="left")
     rollout = sample(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=turn_end_id, pad_token_id=pad,
                      generator=generator)
