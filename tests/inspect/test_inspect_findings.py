@@ -3,12 +3,11 @@ and on the clean dump (no finding at all); the streamed rollout_corr/ metrics ag
 
 import numpy as np
 import pytest
-import torch
 
 from workbench.core.rollout_correction import mismatch_metrics
 from workbench.inspect import inspect, synthetic
 from workbench.inspect.findings import K3_ERROR
-from workbench.inspect.gaps import GapSums
+from workbench.inspect.gaps import GapSums, padded_logprobs
 
 EXPECTED = {"mismatch": ("P12", "error"), "growing_gap": ("P37", "error"), "no_stop": ("S3", "warning"),
             "after_eos": ("S3", "error"), "truncation_rewarded": ("P11", "warning"), "pad_eos": ("P8", "error"),
@@ -43,28 +42,17 @@ def test_evidence_carries_the_numbers():
     assert by_id["double_bos"]["P21"].evidence["double_bos_share"] == 1.0
 
 
-def _padded(rows):
-    width = max(len(row["response_ids"]) for row in rows)
-    train, sampled, mask = (torch.zeros(len(rows), width, dtype=torch.float64) for _ in range(3))
-    for i, row in enumerate(rows):
-        n = len(row["response_ids"])
-        train[i, :n] = torch.tensor(row["trainer_logprobs"], dtype=torch.float64)
-        sampled[i, :n] = torch.tensor(row["rollout_logprobs"], dtype=torch.float64)
-        mask[i, :n] = torch.tensor(row["loss_mask"][-n:], dtype=torch.float64)
-    return train, sampled, mask
-
-
 @pytest.mark.parametrize("fault", [None, "mismatch", "pad_eos"])
 def test_streamed_metrics_equal_mismatch_metrics_per_step(fault):
     rows = list(synthetic.records(fault, steps=3, seed=5))
     rows[0]["loss_mask"] = [0] * len(rows[0]["loss_mask"])  # an empty row counts as verl counts it
     report = inspect(rows, show_progress=False)
     for step in range(3):
-        expected = mismatch_metrics(*_padded([row for row in rows if row["step"] == step]))
+        expected = mismatch_metrics(*padded_logprobs([row for row in rows if row["step"] == step]))
         assert report.per_step[step].keys() == expected.keys()
         for name, value in expected.items():
             assert report.per_step[step][name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
-    whole = mismatch_metrics(*_padded(rows))
+    whole = mismatch_metrics(*padded_logprobs(rows))
     for name, value in whole.items():
         assert report.metrics[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
 

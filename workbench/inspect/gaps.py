@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from workbench.core.rollout_correction import PREFIX, SAFETY_BOUND
 
@@ -138,3 +139,18 @@ def trend(steps: list[int], values: list[float]) -> dict:
     third = max(len(ordered) // 3, 1)
     first, last = float(np.mean(ordered[:third])), float(np.mean(ordered[-third:]))
     return {"steps": len(steps), "rank_correlation": correlation, "growth": last / first if first > 0 else math.inf}
+
+
+def padded_logprobs(rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Generic records (with ``trainer_logprobs`` and ``rollout_logprobs``) as right-padded float64 tensors (trainer,
+    rollout, response mask), rows × longest response: what ``core.rollout_correction.mismatch_metrics`` takes. A
+    ``loss_mask`` over prompt and response is cut to its response part; without one every response token counts."""
+    width = max(len(row["response_ids"]) for row in rows)
+    trainer, rollout, mask = (torch.zeros(len(rows), width, dtype=torch.float64) for _ in range(3))
+    for i, row in enumerate(rows):
+        n = len(row["response_ids"])
+        trainer[i, :n] = torch.tensor(row["trainer_logprobs"], dtype=torch.float64)
+        rollout[i, :n] = torch.tensor(row["rollout_logprobs"], dtype=torch.float64)
+        mask[i, :n] = torch.tensor(row.get("loss_mask", [1] * n)[-n:], dtype=torch.float64)
+    return trainer, rollout, mask
+

@@ -26,13 +26,13 @@ from pathlib import Path
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 
 from workbench.core import progress
 from workbench.core.rollout_correction import mismatch_metrics
 from workbench.core.rollout_dump import RolloutDumpWriter, read_dump
 from workbench.experiments.checkpoints import load
 from workbench.inspect.findings import K3_INFO, K3_WARNING
+from workbench.inspect.gaps import padded_logprobs
 from workbench.inspect.inspector import inspect
 from workbench.inspect.report import InspectReport
 from workbench.tasks import rl_problems
@@ -91,13 +91,7 @@ def gap_by_step(records: list[dict]) -> dict[int, dict[str, float]]:
     out = {}
     for step in steps:
         rows = [r for r in records if r["step"] == step]
-        width = max(len(r["response_ids"]) for r in rows)
-        trained, sampled, mask = (torch.zeros(len(rows), width, dtype=torch.float64) for _ in range(3))
-        for i, r in enumerate(rows):
-            n = len(r["response_ids"])
-            trained[i, :n] = torch.tensor(r["trainer_logprobs"], dtype=torch.float64)
-            sampled[i, :n] = torch.tensor(r["rollout_logprobs"], dtype=torch.float64)
-            mask[i, :n] = torch.tensor(r["loss_mask"], dtype=torch.float64)
+        trained, sampled, mask = padded_logprobs(rows)
         metrics = mismatch_metrics(trained, sampled, mask)
         metrics["abs_log_ratio_mean"] = float(((trained - sampled).abs() * mask).sum() / mask.sum().clamp(min=1))
         out[step] = {k: float(v) for k, v in metrics.items()}
